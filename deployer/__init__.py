@@ -1,0 +1,1 @@
+"""tfdeploy control side: plan, push, start, watch and tear down TensorFlow clusters."""

@@ -1,0 +1,83 @@
+"""The few typed errors tfdeploy raises; only the CLI turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitStatus(enum.IntEnum):
+    """Exit codes shared by every command, so scripts can tell the failure classes apart."""
+
+    OK = 0
+    JOB_FAILED = 1
+    USAGE = 2
+    UNREACHABLE = 3
+    INTERRUPTED = 130
+
+
+class TfdeployError(Exception):
+    """Base class: an expected failure with a message for the user and an optional hint."""
+
+    exit_status = ExitStatus.JOB_FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(TfdeployError):
+    """The command line itself is wrong (unknown run id, bad flag combination)."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class InventoryError(TfdeployError):
+    """An inventory file is wrong; the message names the file, the key path and what was expected."""
+
+    exit_status = ExitStatus.USAGE
+
+    def __init__(self, path: str, key: str, expected: str, *, hint: str | None = None) -> None:
+        where = f"{path}: {key}" if key else path
+        super().__init__(f"{where}: {expected}", hint=hint)
+        self.path = path
+        self.key = key
+        self.expected = expected
+
+
+class HostError(TfdeployError):
+    """A host could not be reached or failed a check; nothing was started because of it."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+    def __init__(self, host: str, cause: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{host}: {cause}", hint=hint)
+        self.host = host
+        self.cause = cause
+
+
+class HostsFailed(TfdeployError):
+    """Several hosts failed at once (preflight, push, exec); carries one HostError per host."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+    def __init__(self, failures: list[HostError], *, what: str = "preflight failed") -> None:
+        lines = "\n".join(f"  {f.message}" for f in failures)
+        hints = sorted({f.hint for f in failures if f.hint})
+        super().__init__(
+            f"{what} on {len(failures)} host(s); nothing was started:\n{lines}",
+            hint="\n".join(hints) or None,
+        )
+        self.failures = failures
+
+
+class JobFailed(TfdeployError):
+    """A task of the job failed or a deadline passed; the message says which task and why."""
+
+    exit_status = ExitStatus.JOB_FAILED
+
+
+class Interrupted(TfdeployError):
+    """The user pressed Ctrl-C; everything started was stopped."""
+
+    exit_status = ExitStatus.INTERRUPTED

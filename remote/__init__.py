@@ -1,0 +1,1 @@
+"""tfdeploy remote side: stdlib-only code that runs on every host."""
