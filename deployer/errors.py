@@ -33,7 +33,7 @@ class UsageError(TfdeployError):
 
 
 class InventoryError(TfdeployError):
-    """An inventory file is wrong; the message names the file, the key path and what was expected."""
+    """An inventory file is wrong; the message names the file, the key path and what is expected."""
 
     exit_status = ExitStatus.USAGE
 

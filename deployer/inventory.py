@@ -1,0 +1,234 @@
+"""The inventory file: which hosts exist, how to reach them and which tasks each runs.
+
+Parsing does no I/O beyond reading the one file (and checking that the code directory exists), so
+every mistake is reported before any host is touched.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deployer.errors import InventoryError
+from deployer.schema import Table
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+HOST_KEY_MODES = ("strict", "accept-new")
+TRANSPORTS = ("ssh", "local")
+BUILTIN_SERVER = "tfdeploy:server"
+
+# Names end up in remote paths and run ids, so they must never contain '/' or be '..'.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How to reach a host; [ssh] gives the defaults and a host's own `ssh` table overrides them."""
+
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+    jump: str | None = None
+    host_keys: str = "strict"
+    known_hosts: str | None = None
+    connect_timeout: float = 10.0
+    ssh_config: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One `tasks` entry of a host; `count` copies of it become tasks of the plan."""
+
+    role: str
+    count: int = 1
+    gpus: tuple[int, ...] | None = None
+    command: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    key: str = ""  # key path in the inventory, for messages about this entry
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    tf_address: str
+    port: int
+    gpus: int
+    share_gpus: bool
+    transport: str
+    python: str
+    workdir: str
+    ssh: SSHSettings
+    tasks: tuple[TaskSpec, ...]
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    code: Path
+    command: str | None
+    python: str
+    workdir: str
+    port: int
+    env: dict[str, str]
+    setup: tuple[str, ...]
+    role_commands: dict[str, str]
+    secret_env: tuple[str, ...]
+    start_timeout: float
+    stop_grace: float
+    evaluator_grace: float
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    job: Job
+    hosts: tuple[Host, ...]
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Reads and validates an inventory file; raises InventoryError naming file and key path."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InventoryError(str(path), "", "file not found") from None
+    except OSError as exc:
+        raise InventoryError(str(path), "", f"cannot be read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InventoryError(str(path), "", "is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InventoryError(str(path), "", f"invalid TOML: {exc}") from None
+    return parse_inventory(data, path)
+
+
+def parse_inventory(data: dict[str, object], path: Path) -> Inventory:
+    root = Table(data, "", str(path))
+    job = _parse_job(root.sub_table("job", required=True), path)
+    ssh_defaults = _parse_ssh(root.sub_table("ssh"), SSHSettings())
+    host_tables = root.table_list("hosts", required=True)
+    root.finish()
+    hosts = tuple(_parse_host(t, job, ssh_defaults) for t in host_tables)
+    _check_unique_hosts(hosts, str(path))
+    return Inventory(path=path, job=job, hosts=hosts)
+
+
+def _name(table: Table, key: str, value: str) -> str:
+    if not _NAME.match(value) or ".." in value:
+        table.fail(key, f"expected a name of letters, digits and . _ - : @, got {value!r}")
+    return value
+
+
+def _parse_job(t: Table, inventory_path: Path) -> Job:
+    name = _name(t, "name", t.required_string("name"))
+    code_text = t.required_string("code")
+    code = (inventory_path.parent / Path(code_text).expanduser()).resolve()
+    if not code.is_dir():
+        t.fail("code", f"expected a directory, but {code} does not exist or is not a directory")
+    role_commands = {"ps": BUILTIN_SERVER} | t.string_map("role_commands")
+    for role in role_commands:
+        if role not in ROLES:
+            t.fail(f"role_commands.{role}", f"expected one of the roles {', '.join(ROLES)}")
+    if role_commands.get("evaluator") == BUILTIN_SERVER:
+        t.fail("role_commands.evaluator", "an evaluator runs the user's code, not a TF server")
+    job = Job(
+        name=name,
+        code=code,
+        command=t.string("command"),
+        python=t.string("python", "python3") or "python3",
+        workdir=t.string("workdir", "~/.tfdeploy") or "~/.tfdeploy",
+        port=t.integer("port", 2222, minimum=1, maximum=65535),
+        env=t.string_map("env"),
+        setup=t.string_list("setup"),
+        role_commands=role_commands,
+        secret_env=t.string_list("secret_env"),
+        start_timeout=t.number("start_timeout", 120.0, minimum=1) or 120.0,
+        stop_grace=t.number("stop_grace", 10.0) or 0.0,
+        evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
+    )
+    t.finish()
+    return job
+
+
+def _parse_ssh(t: Table, base: SSHSettings) -> SSHSettings:
+    timeout = t.number("connect_timeout", base.connect_timeout, minimum=0.1)
+    settings = SSHSettings(
+        user=t.string("user", base.user),
+        port=t.integer("port", base.port, minimum=1, maximum=65535),
+        identity=t.string("identity", base.identity),
+        jump=t.string("jump", base.jump),
+        host_keys=t.choice("host_keys", HOST_KEY_MODES, base.host_keys),
+        known_hosts=t.string("known_hosts", base.known_hosts),
+        connect_timeout=timeout if timeout is not None else base.connect_timeout,
+        ssh_config=t.string("ssh_config", base.ssh_config),
+    )
+    t.finish()
+    return settings
+
+
+def _parse_host(t: Table, job: Job, ssh_defaults: SSHSettings) -> Host:
+    address = t.required_string("address")
+    name = _name(t, "name", t.string("name", address) or address)
+    ssh = _parse_ssh(t.sub_table("ssh"), ssh_defaults)
+    task_tables = t.table_list("tasks", required=True)
+    host = Host(
+        name=name,
+        address=address,
+        tf_address=t.string("tf_address", address) or address,
+        port=t.integer("port", job.port, minimum=1, maximum=65535),
+        gpus=t.integer("gpus", 0, minimum=0),
+        share_gpus=t.boolean("share_gpus", False),
+        transport=t.choice("transport", TRANSPORTS, "ssh"),
+        python=t.string("python", job.python) or job.python,
+        workdir=t.string("workdir", job.workdir) or job.workdir,
+        ssh=ssh,
+        tasks=tuple(_parse_task(tt) for tt in task_tables),
+        key=t.path,
+    )
+    t.finish()
+    return host
+
+
+def _parse_task(t: Table) -> TaskSpec:
+    role = t.string("role", required=True)
+    if role not in ROLES:
+        t.fail("role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+    assert role is not None
+    gpus = t.index_list("gpus", what="a GPU index") if t.has("gpus") else None
+    task = TaskSpec(
+        role=role,
+        count=t.integer("count", 1, minimum=1, maximum=1024),
+        gpus=gpus,
+        command=t.string("command"),
+        env=t.string_map("env"),
+        key=t.path,
+    )
+    t.finish()
+    return task
+
+
+def _check_unique_hosts(hosts: tuple[Host, ...], file: str) -> None:
+    names: dict[str, str] = {}
+    endpoints: dict[tuple[str, int, str], str] = {}
+    for host in hosts:
+        if host.name in names:
+            raise InventoryError(
+                file,
+                f"{host.key}.name",
+                f"duplicate host name {host.name!r} (also {names[host.name]})",
+            )
+        names[host.name] = host.key
+        endpoint = (host.address, host.ssh.port, host.transport)
+        if endpoint in endpoints:
+            raise InventoryError(
+                file,
+                f"{host.key}.address",
+                f"{host.address} port {host.ssh.port} is already listed as {endpoints[endpoint]}",
+                hint="list a host once and give it several tasks instead",
+            )
+        endpoints[endpoint] = host.key

@@ -1,0 +1,281 @@
+"""Turns an inventory into the exact list of tasks: roles, indices, ports, GPUs, TF_CONFIG.
+
+This is pure computation: `plan` and `up` print and run the same Plan, so what a user previews is
+what every host receives.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass
+from functools import cached_property
+
+from deployer.errors import InventoryError
+from deployer.inventory import BUILTIN_SERVER, Host, Inventory, Job, TaskSpec
+
+CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator is never in the cluster dict (TF_NOTES)
+PLACEHOLDERS = ("task_type", "task_index", "chief_hosts", "worker_hosts", "ps_hosts")
+RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFDEPLOY_RUN_ID", "TFDEPLOY_TASK")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One process of the job on one host, with everything it will be started with."""
+
+    role: str
+    index: int
+    host: str
+    address: str  # the tf_address other tasks use to reach it
+    port: int | None  # None for evaluators: they serve nothing
+    gpus: tuple[int, ...]
+    command: str
+    env: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    @property
+    def is_server(self) -> bool:
+        return self.command == BUILTIN_SERVER
+
+    @property
+    def awaited(self) -> bool:
+        """The job ends when every awaited task has exited; servers and evaluators never end."""
+        return self.role in ("chief", "worker") and not self.is_server
+
+
+@dataclass(frozen=True)
+class Plan:
+    inventory: Inventory
+    tasks: tuple[Task, ...]
+    cluster: dict[str, list[str]]
+
+    @property
+    def job(self) -> Job:
+        return self.inventory.job
+
+    @cached_property
+    def hosts(self) -> tuple[Host, ...]:
+        """Hosts that run at least one task, in inventory order."""
+        used = {t.host for t in self.tasks}
+        return tuple(h for h in self.inventory.hosts if h.name in used)
+
+    def tasks_on(self, host: str) -> tuple[Task, ...]:
+        return tuple(t for t in self.tasks if t.host == host)
+
+    def task(self, name: str) -> Task:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A task before its command and environment are known: where it runs and what it gets."""
+
+    spec: TaskSpec
+    host: Host
+    role: str
+    index: int
+    port: int | None
+    gpus: tuple[int, ...]
+
+
+def make_plan(inventory: Inventory) -> Plan:
+    """Plans every task; raises InventoryError for rules a single key cannot express."""
+    file = str(inventory.path)
+    slots = _place_tasks(inventory)
+    _check_roles(slots, file)
+    _check_ports(slots, file)
+    cluster = {
+        role: [f"{s.host.tf_address}:{s.port}" for s in slots if s.role == role]
+        for role in CLUSTER_ROLES
+        if any(s.role == role for s in slots)
+    }
+    tasks = tuple(_finish_task(s, inventory, cluster) for s in slots)
+    if not any(t.awaited for t in tasks):
+        raise InventoryError(
+            file,
+            "job.role_commands",
+            "every chief and worker runs the built-in server, so nothing would ever finish",
+            hint="give the chief (or the workers) the training command",
+        )
+    return Plan(inventory=inventory, tasks=tasks, cluster=cluster)
+
+
+def _place_tasks(inventory: Inventory) -> list[_Slot]:
+    counters = dict.fromkeys(("chief", "worker", "ps", "evaluator"), 0)
+    slots: list[_Slot] = []
+    for host in inventory.hosts:
+        expanded = [spec for spec in host.tasks for _ in range(spec.count)]
+        gpus = _assign_gpus(host, expanded, str(inventory.path))
+        next_port = host.port
+        for spec, task_gpus in zip(expanded, gpus, strict=True):
+            port = None
+            if spec.role != "evaluator":
+                port, next_port = next_port, next_port + 1
+            slots.append(_Slot(spec, host, spec.role, counters[spec.role], port, task_gpus))
+            counters[spec.role] += 1
+    return slots
+
+
+def _assign_gpus(host: Host, specs: list[TaskSpec], file: str) -> list[tuple[int, ...]]:
+    """Explicit lists stay; the host's other GPUs are split in contiguous blocks among the rest.
+
+    ps tasks get no GPU unless they name one: they only hold variables.
+    """
+    owner: dict[int, str] = {}
+    for spec in specs:
+        for gpu in spec.gpus or ():
+            if host.gpus and gpu >= host.gpus:
+                raise InventoryError(
+                    file,
+                    f"{spec.key}.gpus",
+                    f"GPU {gpu} does not exist: host {host.name!r} has {host.gpus} GPU(s), "
+                    f"indices 0-{host.gpus - 1}",
+                )
+            if gpu in owner and not host.share_gpus:
+                shared_with = (
+                    f"the {spec.count} copies of this task"
+                    if owner[gpu] == spec.key
+                    else f"this task and {owner[gpu]}"
+                )
+                raise InventoryError(
+                    file,
+                    f"{spec.key}.gpus",
+                    f"GPU {gpu} would be shared by {shared_with}",
+                    hint=f"give each task its own GPUs, or set share_gpus = true on {host.key}",
+                )
+            owner[gpu] = spec.key
+    free = [g for g in range(host.gpus) if g not in owner]
+    implicit = [i for i, s in enumerate(specs) if s.gpus is None and s.role != "ps"]
+    result: list[tuple[int, ...]] = [s.gpus or () for s in specs]
+    if implicit:
+        base, extra = divmod(len(free), len(implicit))
+        start = 0
+        for n, i in enumerate(implicit):
+            size = base + (extra if n == 0 else 0)
+            result[i] = tuple(free[start : start + size])
+            start += size
+    return result
+
+
+def _check_roles(slots: list[_Slot], file: str) -> None:
+    chiefs = [s for s in slots if s.role == "chief"]
+    if len(chiefs) > 1:
+        raise InventoryError(
+            file,
+            f"{chiefs[1].spec.key}.role",
+            f"at most one chief per job, found {len(chiefs)}",
+            hint="make the others workers",
+        )
+    if not any(s.role in ("chief", "worker") for s in slots):
+        raise InventoryError(file, "hosts", "expected at least one task with role chief or worker")
+
+
+def _check_ports(slots: list[_Slot], file: str) -> None:
+    taken: dict[tuple[str, int], str] = {}
+    for s in slots:
+        if s.port is None:
+            continue
+        where = f"{s.role}:{s.index} on host {s.host.name!r}"
+        if s.port > 65535:
+            raise InventoryError(
+                file, f"{s.host.key}.port", f"{where} would get port {s.port}, above 65535"
+            )
+        key = (s.host.tf_address, s.port)
+        if key in taken:
+            raise InventoryError(
+                file,
+                f"{s.host.key}.port",
+                f"port {s.port} on {s.host.tf_address} is given to both {taken[key]} and {where}",
+                hint="give one of the hosts another port range (port = ...)",
+            )
+        taken[key] = where
+
+
+def _finish_task(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> Task:
+    template, source = _command_template(s, inventory)
+    command = template
+    if template != BUILTIN_SERVER:
+        values = {
+            "task_type": s.role,
+            "task_index": str(s.index),
+            **{f"{role}_hosts": ",".join(cluster.get(role, [])) for role in CLUSTER_ROLES},
+        }
+        command = _fill(template, values, str(inventory.path), source)
+    env = _task_env(s, inventory, cluster)
+    return Task(
+        role=s.role,
+        index=s.index,
+        host=s.host.name,
+        address=s.host.tf_address,
+        port=s.port,
+        gpus=s.gpus,
+        command=command,
+        env=env,
+    )
+
+
+def _command_template(s: _Slot, inventory: Inventory) -> tuple[str, str]:
+    job = inventory.job
+    if s.spec.command:
+        return s.spec.command, f"{s.spec.key}.command"
+    if s.role in job.role_commands:
+        return job.role_commands[s.role], f"job.role_commands.{s.role}"
+    if job.command:
+        return job.command, "job.command"
+    raise InventoryError(
+        str(inventory.path),
+        s.spec.key,
+        f"no command for this {s.role}",
+        hint=f"set job.command, job.role_commands.{s.role} or command on this task",
+    )
+
+
+def _fill(template: str, values: dict[str, str], file: str, source: str) -> str:
+    """Substitutes {placeholders}; anything else in braces is a mistake (write {{ }} for braces)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise InventoryError(
+            file, source, f"malformed braces ({exc})", hint="write {{ and }} for literal braces"
+        ) from None
+    for name in fields:
+        if name not in PLACEHOLDERS:
+            raise InventoryError(
+                file,
+                source,
+                f"unknown placeholder {{{name}}}; known: "
+                + ", ".join("{" + p + "}" for p in PLACEHOLDERS),
+                hint="write {{ and }} for literal braces",
+            )
+    return template.format_map(values)
+
+
+def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> dict[str, str]:
+    job = inventory.job
+    for source, env in (("job.env", job.env), (f"{s.spec.key}.env", s.spec.env)):
+        for name in env:
+            if name in RESERVED_ENV:
+                raise InventoryError(
+                    str(inventory.path),
+                    f"{source}.{name}",
+                    f"{name} is set by tfdeploy for each task",
+                    hint="remove it; use gpus = [...] to choose GPUs",
+                )
+    tf_config = {"cluster": cluster, "task": {"type": s.role, "index": s.index}}
+    return {
+        **job.env,
+        **s.spec.env,
+        "TF_CONFIG": json.dumps(tf_config),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in s.gpus),
+        "TFDEPLOY_TASK": f"{s.role}:{s.index}",
+    }

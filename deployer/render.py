@@ -1,0 +1,68 @@
+"""Static renderings for people and scripts: the plan as a rich table and as one JSON document."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from deployer.plan import Plan, Task
+from deployer.secrets import masked
+
+
+def _gpu_text(task: Task) -> str:
+    return ",".join(str(g) for g in task.gpus) or "-"
+
+
+def plan_table(plan: Plan) -> RenderableType:
+    """One row per task, then the TF_CONFIG each task gets (secrets masked)."""
+    job = plan.job
+    table = Table(title=f"job {job.name}: {len(plan.tasks)} tasks on {len(plan.hosts)} hosts")
+    for column in ("task", "host", "address", "GPUs", "command"):
+        table.add_column(column, overflow="fold")
+    for task in plan.tasks:
+        address = task.endpoint if task.port is not None else f"{task.address} (no server)"
+        table.add_row(task.name, task.host, address, _gpu_text(task), Text(task.command))
+    configs = Text()
+    for task in plan.tasks:
+        configs.append(f"{task.name:<12}", style="bold")
+        configs.append(f" TF_CONFIG={task.env['TF_CONFIG']}\n")
+    return Group(table, Text("TF_CONFIG per task", style="bold underline"), configs)
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    job = plan.job
+    secret = job.secret_env
+    return {
+        "job": {
+            "name": job.name,
+            "code": str(job.code),
+            "command": job.command,
+            "python": job.python,
+            "workdir": job.workdir,
+            "port": job.port,
+            "setup": list(job.setup),
+            "env": masked(job.env, secret),
+            "cluster": plan.cluster,
+        },
+        "tasks": [
+            {
+                "role": t.role,
+                "index": t.index,
+                "host": t.host,
+                "address": t.address,
+                "port": t.port,
+                "gpus": list(t.gpus),
+                "command": t.command,
+                "env": masked(t.env, secret),
+            }
+            for t in plan.tasks
+        ],
+    }
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan_document(plan), indent=2)

@@ -1,0 +1,168 @@
+"""Typed reading of one TOML table, so every inventory mistake names its file, key path and fix."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn, TypeVar
+
+from deployer.errors import InventoryError
+
+T = TypeVar("T")
+
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    list: "a list",
+    dict: "a table",
+}
+
+
+def describe(value: object) -> str:
+    """Names a TOML value's type the way a user wrote it, for 'expected X, got Y' messages."""
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"number {value}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+class Table:
+    """A TOML table being read: each getter checks one key; `finish` rejects keys nobody read.
+
+    Reading through this class is what guarantees that an unknown or misspelled key is an error
+    with a suggestion instead of being silently ignored.
+    """
+
+    def __init__(self, data: Mapping[str, Any], path: str, file: str) -> None:
+        self._data = data
+        self._seen: set[str] = set()
+        self.path = path
+        self.file = file
+
+    def key_path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, expected: str, *, hint: str | None = None) -> NoReturn:
+        raise InventoryError(
+            self.file, self.key_path(key) if key else self.path, expected, hint=hint
+        )
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
+    def _get(self, key: str, kind: type[T], default: T | None, required: bool) -> T | None:
+        self._seen.add(key)
+        if key not in self._data:
+            if required:
+                self.fail(key, f"is missing: expected {_TYPE_NAMES[kind]}")
+            return default
+        value = self._data[key]
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            self.fail(key, f"expected {_TYPE_NAMES[kind]}, got {describe(value)}")
+        return value  # type: ignore[no-any-return]
+
+    def string(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        value = self._get(key, str, default, required)
+        if value is not None and not value.strip():
+            self.fail(key, "expected a non-empty string")
+        return value
+
+    def required_string(self, key: str) -> str:
+        value = self.string(key, required=True)
+        assert value is not None
+        return value
+
+    def integer(
+        self, key: str, default: int, *, minimum: int = 0, maximum: int | None = None
+    ) -> int:
+        value = self._get(key, int, default, False)
+        assert value is not None
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = f" and at most {maximum}" if maximum is not None else ""
+            self.fail(key, f"expected an integer of at least {minimum}{upper}, got {value}")
+        return value
+
+    def number(self, key: str, default: float | None, *, minimum: float = 0.0) -> float | None:
+        value = self._get(key, float, default, False)
+        if value is not None and value < minimum:
+            self.fail(key, f"expected a number of at least {minimum:g}, got {value:g}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, bool, default, False)
+        assert value is not None
+        return value
+
+    def choice(self, key: str, choices: Iterable[str], default: str) -> str:
+        allowed = list(choices)
+        value = self.string(key, default)
+        assert value is not None
+        if value not in allowed:
+            options = " or ".join(repr(c) for c in allowed)
+            self.fail(key, f"expected {options}, got {value!r}")
+        return value
+
+    def string_list(self, key: str) -> tuple[str, ...]:
+        items = self._get(key, list, [], False) or []
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                self.fail(f"{key}[{i}]", f"expected a string, got {describe(item)}")
+        return tuple(items)
+
+    def index_list(self, key: str, *, what: str) -> tuple[int, ...]:
+        """A list of distinct integers >= 0, such as GPU indices."""
+        items = self._get(key, list, [], False) or []
+        for i, item in enumerate(items):
+            if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+                self.fail(f"{key}[{i}]", f"expected {what} (an integer >= 0), got {describe(item)}")
+        if len(set(items)) != len(items):
+            self.fail(key, f"lists an entry twice: {items}")
+        return tuple(items)
+
+    def string_map(self, key: str) -> dict[str, str]:
+        """A table whose values must all be strings (environment variables, role commands)."""
+        table = self._get(key, dict, {}, False) or {}
+        for name, value in table.items():
+            if not isinstance(value, str):
+                self.fail(
+                    f"{key}.{name}",
+                    f"expected a string, got {describe(value)}",
+                    hint='quote the value, e.g. NAME = "1"',
+                )
+        return dict(table)
+
+    def sub_table(self, key: str, *, required: bool = False) -> Table:
+        value = self._get(key, dict, {}, required) or {}
+        return Table(value, self.key_path(key), self.file)
+
+    def table_list(self, key: str, *, required: bool = False) -> list[Table]:
+        items = self._get(key, list, [], required) or []
+        if required and not items:
+            self.fail(key, "expected at least one entry")
+        tables = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                self.fail(f"{key}[{i}]", f"expected a table, got {describe(item)}")
+            tables.append(Table(item, f"{self.key_path(key)}[{i}]", self.file))
+        return tables
+
+    def finish(self) -> None:
+        """Rejects keys that no getter asked for, suggesting the closest known key."""
+        for key in self._data:
+            if key not in self._seen:
+                close = difflib.get_close_matches(key, sorted(self._seen), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else None
+                known = ", ".join(sorted(self._seen))
+                self.fail(key, f"unknown key (known keys here: {known})", hint=hint)
