@@ -243,12 +243,19 @@ def _command_template(s: _Slot, inventory: Inventory) -> tuple[str, str]:
 def _fill(template: str, values: dict[str, str], file: str, source: str) -> str:
     """Substitutes {placeholders}; anything else in braces is a mistake (write {{ }} for braces)."""
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        fields = [(f, s, c) for _, f, s, c in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
         raise InventoryError(
             file, source, f"malformed braces ({exc})", hint="write {{ and }} for literal braces"
         ) from None
-    for name in fields:
+    for name, spec, conversion in fields:
+        if spec or conversion:
+            raise InventoryError(
+                file,
+                source,
+                f"placeholder {{{name}}} takes no format spec or conversion",
+                hint="write {{ and }} for literal braces",
+            )
         if name not in PLACEHOLDERS:
             raise InventoryError(
                 file,
