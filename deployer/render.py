@@ -25,7 +25,8 @@ def plan_table(plan: Plan) -> RenderableType:
         table.add_column(column, overflow="fold")
     for task in plan.tasks:
         address = task.endpoint if task.port is not None else f"{task.address} (no server)"
-        table.add_row(task.name, task.host, address, _gpu_text(task), Text(task.command))
+        # Text, not str: addresses come from the inventory and rich would parse "[...]" as markup.
+        table.add_row(task.name, task.host, Text(address), _gpu_text(task), Text(task.command))
     configs = Text()
     for task in plan.tasks:
         configs.append(f"{task.name:<12}", style="bold")
