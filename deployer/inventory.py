@@ -181,7 +181,7 @@ def _parse_host(t: Table, job: Job, ssh_defaults: SSHSettings) -> Host:
         address=address,
         tf_address=t.string("tf_address", address) or address,
         port=t.integer("port", job.port, minimum=1, maximum=65535),
-        gpus=t.integer("gpus", 0, minimum=0),
+        gpus=t.integer("gpus", 0, minimum=0, maximum=1024),
         share_gpus=t.boolean("share_gpus", False),
         transport=t.choice("transport", TRANSPORTS, "ssh"),
         python=t.string("python", job.python) or job.python,
