@@ -63,7 +63,10 @@ class Table:
         self._seen.add(key)
         if key not in self._data:
             if required:
-                self.fail(key, f"is missing: expected {_TYPE_NAMES[kind]}")
+                unread = [k for k in self._data if k not in self._seen]
+                close = difflib.get_close_matches(key, unread, n=1, cutoff=0.6)
+                hint = f"found {close[0]!r}: did you mean {key!r}?" if close else None
+                self.fail(key, f"is missing: expected {_TYPE_NAMES[kind]}", hint=hint)
             return default
         value = self._data[key]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
