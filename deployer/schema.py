@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, TypeVar
 
@@ -99,6 +100,8 @@ class Table:
 
     def number(self, key: str, default: float | None, *, minimum: float = 0.0) -> float | None:
         value = self._get(key, float, default, False)
+        if value is not None and not math.isfinite(value):
+            self.fail(key, f"expected a finite number, got {value}")
         if value is not None and value < minimum:
             self.fail(key, f"expected a number of at least {minimum:g}, got {value:g}")
         return value
