@@ -1,0 +1,208 @@
+"""tfdeploy's remote agent: one JSON request on stdin, one JSON reply on stdout (PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import platform
+import shutil
+import socket
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import procs
+import runs
+import store
+import taskops
+
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+CONNECT_TIMEOUT = 0.2
+DEFAULT_MAX_BYTES = 256 * 1024
+
+
+def op_hello(req: dict[str, Any]) -> dict[str, Any]:
+    workdir = runs.workdir_path(req)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ports = _ports(req, "ports")
+    return {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "tensorflow": _tensorflow_version(),
+        "workdir": str(workdir),
+        "disk_free": shutil.disk_usage(workdir).free,
+        "busy_ports": [p for p in ports if not _bindable(p)],
+        "agent_id": runs.agent_id(),
+    }
+
+
+def _tensorflow_version() -> str | None:
+    """Read from package metadata: importing TensorFlow costs seconds and half a gigabyte."""
+    for dist in TF_DISTRIBUTIONS:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _ports(req: dict[str, Any], key: str) -> list[int]:
+    ports = runs.param(req, key, list, [])
+    for port in ports:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise runs.AgentError(f"{key} must be TCP port numbers (1-65535), got {port!r:.40}")
+    return ports
+
+
+def _bindable(port: int) -> bool:
+    """TF servers bind the wildcard address, so that is the bind that must succeed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT):
+            return True
+    except OSError:
+        return False
+
+
+def op_poll(req: dict[str, Any]) -> dict[str, Any]:
+    run_dir = runs.run_path(req)
+    if runs.param(req, "heartbeat", bool, False):
+        runs.touch(run_dir / "lease")
+    offsets = runs.param(req, "offsets", dict, {})
+    max_bytes = runs.param(req, "max_bytes", int, DEFAULT_MAX_BYTES)
+    if max_bytes < 0:
+        raise runs.AgentError(f"max_bytes must be zero or more, got {max_bytes}")
+    return {
+        "tasks": procs.run_statuses(run_dir),
+        "logs": _read_logs(run_dir, offsets, max_bytes),
+        "listening": [p for p in _ports(req, "ports") if _listening(p)],
+    }
+
+
+def _read_logs(run_dir: Path, offsets: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    paths, starts, wants = [], [], []
+    for name, offset in offsets.items():
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise runs.AgentError(f"the log offset of {name} must be a byte count, got {offset!r}")
+        path = run_dir / "tasks" / runs.task_dirname(name) / "output.log"
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        paths.append(path)
+        starts.append(offset)
+        wants.append(max(0, size - offset))
+    logs = {}
+    for name, path, start, share in zip(
+        offsets, paths, starts, fair_shares(wants, max_bytes), strict=True
+    ):
+        data = _read_at(path, start, share)
+        logs[name] = {"offset": start + len(data), "data": base64.b64encode(data).decode()}
+    return logs
+
+
+def fair_shares(wants: list[int], budget: int) -> list[int]:
+    """Split budget so a chatty task cannot starve a quiet one: small wants are met first."""
+    shares = [0] * len(wants)
+    left = budget
+    order = sorted(range(len(wants)), key=wants.__getitem__)
+    for rank, index in enumerate(order):
+        shares[index] = min(wants[index], left // (len(order) - rank))
+        left -= shares[index]
+    return shares
+
+
+def _read_at(path: Path, offset: int, count: int) -> bytes:
+    if count <= 0:
+        return b""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(count)
+
+
+def op_runs(req: dict[str, Any]) -> dict[str, Any]:
+    root = runs.workdir_path(req) / "runs"
+    found = []
+    for run_dir in root.iterdir() if root.is_dir() else []:
+        if not run_dir.is_dir():
+            continue
+        meta = runs.read_json(run_dir / "run.json")
+        meta = meta if isinstance(meta, dict) else {}
+        created = meta.get("created")
+        if not isinstance(created, int | float):
+            created = run_dir.stat().st_mtime  # half-written run: its directory's age will do
+        found.append(
+            {
+                "run_id": run_dir.name,
+                "job": meta.get("job"),
+                "created": created,
+                "detached": meta.get("detached"),
+                "tasks": procs.run_statuses(run_dir),
+            }
+        )
+    return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
+
+
+OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "hello": op_hello,
+    "have": store.op_have,
+    "materialize": store.op_materialize,
+    "setup": store.op_setup,
+    "start": taskops.op_start,
+    "poll": op_poll,
+    "stop": taskops.op_stop,
+    "runs": op_runs,
+}
+
+
+def handle(raw: bytes) -> dict[str, Any]:
+    """One request to one reply; request mistakes become ok:false, never a traceback."""
+    try:
+        req = json.loads(raw)
+    except ValueError as exc:
+        return _error(f"the request is not valid JSON: {exc}")
+    if not isinstance(req, dict):
+        return _error("the request must be a JSON object")
+    if req.get("v") != runs.PROTOCOL_VERSION:
+        return _error(f"agent speaks protocol {runs.PROTOCOL_VERSION}, got {req.get('v')!r}")
+    op = OPS.get(req.get("op"))  # type: ignore[arg-type]
+    if op is None:
+        return _error(f"unknown op {req.get('op')!r}; known ops: {', '.join(OPS)}")
+    try:
+        result = op(req)
+    except runs.AgentError as exc:
+        return _error(str(exc))
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return _error(f"op {req['op']} failed on this host: {exc.strerror or exc}{where}")
+    return {"v": runs.PROTOCOL_VERSION, "ok": True, **result}
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"v": runs.PROTOCOL_VERSION, "ok": False, "error": message}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1 and argv[1] == "supervise":
+        import supervisor  # only supervisors need it; keeps every request's startup lean
+
+        return supervisor.main(argv[2:])
+    reply = handle(sys.stdin.buffer.read())
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,144 @@
+"""Process identity and task state: /proc start ticks, process-group signals, task status."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import runs
+
+STARTING, RUNNING, EXITED, LOST = "starting", "running", "exited", "lost"
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start_ticks) of a pid, or None when it does not exist.
+
+    comm (field 2) may hold spaces and parentheses, so fields are counted after the LAST ')'.
+    """
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return fields[0].decode(), int(fields[19])  # fields 3 (state) and 22 (starttime)
+    except (IndexError, ValueError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    stat = proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
+def process_alive(pid: Any, ticks: Any) -> bool:
+    """True if pid is still the same live process (not recycled, not a zombie)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    stat = proc_stat(pid)
+    return stat is not None and stat[1] == ticks and stat[0] not in {"Z", "X"}
+
+
+def signal_group(pgid: Any, ticks: Any, sig: int) -> bool:
+    """Signal exactly the recorded group; False when it is gone.
+
+    If the leader pid exists with other start ticks it was recycled, and a pid is only
+    reused once no group carries it, so our group is gone. If the leader is gone but
+    members remain, killpg still reaches them.
+    """
+    if not isinstance(pgid, int) or pgid <= 1:
+        return False
+    stat = proc_stat(pgid)
+    if stat is not None and stat[1] != ticks:
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_alive(pgid: Any, ticks: Any) -> bool:
+    return signal_group(pgid, ticks, 0) and bool(live_members(pgid))
+
+
+def live_members(pgid: int) -> list[int]:
+    """Non-zombie processes of a group.
+
+    killpg(pgid, 0) also succeeds for zombies, and orphaned zombies linger until init
+    gets round to reaping them, which would make a dead group look alive.
+    """
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            data = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry.name))
+    return members
+
+
+def task_state(task_dir: Path) -> tuple[str, Any, Any]:
+    """(state, pid.json, exit.json) of one task, following the state table of PROTOCOL.md."""
+    ended = runs.read_json(task_dir / "exit.json")
+    if ended is not None:
+        return EXITED, runs.read_json(task_dir / "pid.json"), ended
+    pids = runs.read_json(task_dir / "pid.json")
+    if not isinstance(pids, dict):
+        return STARTING, None, None
+    supervisor = process_alive(pids.get("supervisor"), pids.get("supervisor_ticks"))
+    if supervisor or group_alive(pids.get("pgid"), pids.get("start_ticks")):
+        return RUNNING, pids, None
+    # The supervisor may have written exit.json and quit between our two reads.
+    ended = runs.read_json(task_dir / "exit.json")
+    return (EXITED if ended is not None else LOST), pids, ended
+
+
+def task_status(task_dir: Path) -> dict[str, Any]:
+    spec = runs.read_json(task_dir / "spec.json")
+    name = spec.get("name") if isinstance(spec, dict) else None
+    state, pids, ended = task_state(task_dir)
+    pids = pids if isinstance(pids, dict) else {}
+    ended = ended if isinstance(ended, dict) else {}
+    try:
+        log_bytes: int | None = (task_dir / "output.log").stat().st_size
+    except OSError:
+        log_bytes = None
+    return {
+        "name": name if isinstance(name, str) else task_dir.name,
+        "state": state,
+        "pid": pids.get("pid"),
+        "pgid": pids.get("pgid"),
+        "started": pids.get("started"),
+        "ended": ended.get("ended"),
+        "exit_code": ended.get("code"),
+        "signal": ended.get("signal"),
+        "reason": ended.get("reason"),
+        "log_bytes": log_bytes,
+    }
+
+
+def run_statuses(run_dir: Path) -> list[dict[str, Any]]:
+    return [task_status(d) for d in runs.task_dirs(run_dir)]
+
+
+def exit_record(returncode: int | None, reason: str | None, ended: float) -> dict[str, Any]:
+    """exit.json content; a negative returncode is death by that signal."""
+    code = returncode if returncode is not None and returncode >= 0 else None
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    if reason is None:
+        reason = "signal" if sig is not None else "exited"
+    return {"code": code, "signal": sig, "ended": ended, "reason": reason}
+
+
+def stopped_record(sig: int) -> dict[str, Any]:
+    """exit.json written by a stop when no supervisor is left to record the real status."""
+    return {"code": None, "signal": sig, "ended": time.time(), "reason": "stopped"}

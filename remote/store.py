@@ -1,0 +1,159 @@
+"""Content store and run code: the have, materialize and setup ops."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import runs
+
+TAIL_LINES = 20
+_LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES}
+
+
+def op_have(req: dict[str, Any]) -> dict[str, Any]:
+    store = runs.workdir_path(req) / "store"
+    hashes = [runs.check_hash(h) for h in runs.param(req, "hashes", list)]
+    return {"missing": [h for h in hashes if not (store / h).is_file()]}
+
+
+def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
+    workdir = runs.workdir_path(req)
+    run_dir = runs.run_path(req, must_exist=False)
+    entries = [_file_entry(item) for item in runs.param(req, "files", list)]
+    store = runs.make_private_dir(workdir / "store")
+    missing = [str(rel) for rel, digest, _ in entries if not (store / digest).is_file()]
+    if missing:
+        count, first = len(missing), missing[0]
+        raise runs.AgentError(f"the store lacks the content of {count} file(s), {first!r} first")
+    runs.make_private_dir(workdir / "runs")
+    runs.make_private_dir(run_dir)
+    _write_run_json(req, run_dir)
+    runs.touch(run_dir / "lease")
+    code = run_dir / "code"
+    code.mkdir(exist_ok=True)
+    for rel, digest, mode in entries:
+        _place(store / digest, code, rel, mode)
+    return {"files": len(entries)}
+
+
+def _file_entry(item: Any) -> tuple[PurePosixPath, str, int]:
+    if not isinstance(item, list) or len(item) != 3 or not isinstance(item[2], int):
+        raise runs.AgentError(f"each of 'files' must be [relpath, sha256, mode], got {item!r:.80}")
+    return runs.check_relpath(item[0]), runs.check_hash(item[1]), item[2]
+
+
+def _write_run_json(req: dict[str, Any], run_dir: Path) -> None:
+    old = runs.read_json(run_dir / "run.json")
+    lease = runs.param(req, "lease_seconds", (int, float), None)
+    meta = {
+        "run_id": run_dir.name,
+        "job": runs.param(req, "job", str),
+        # A second materialize (new code, same run) keeps the run's age.
+        "created": old.get("created") if isinstance(old, dict) else time.time(),
+        "detached": runs.param(req, "detached", bool, False),
+        "lease_seconds": lease,
+        "controller": req.get("controller"),
+    }
+    runs.write_json(run_dir / "run.json", meta)
+
+
+def _place(src: Path, code: Path, rel: PurePosixPath, mode: int) -> None:
+    """Hard-link one file into code/; copy when linking is impossible or would change a mode."""
+    dest = code.joinpath(*rel.parts)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not dest.parent.resolve().is_relative_to(code.resolve()):
+        raise runs.AgentError(f"unsafe relative path {str(rel)!r}: a symlink leads out of code/")
+    want = (mode & 0o777) | 0o400
+    st = src.stat()
+    if st.st_mode & 0o777 != want and st.st_nlink == 1:
+        os.chmod(src, want)  # only the store holds this inode, so nobody else sees the change
+    tmp = dest.with_name(f".{dest.name}.tfdeploy-tmp")
+    if st.st_nlink > 1 and st.st_mode & 0o777 != want:
+        _copy(src, tmp, want)  # linking would change the mode of another run's file
+    else:
+        _link_or_copy(src, tmp, want)
+    os.replace(tmp, dest)
+
+
+def _link_or_copy(src: Path, tmp: Path, mode: int) -> None:
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        if exc.errno not in _LINK_FALLBACK:
+            raise
+        _copy(src, tmp, mode)
+
+
+def _copy(src: Path, tmp: Path, mode: int) -> None:
+    tmp.unlink(missing_ok=True)
+    shutil.copyfile(src, tmp)
+    os.chmod(tmp, mode)
+
+
+def op_setup(req: dict[str, Any]) -> dict[str, Any]:
+    run_dir = runs.run_path(req)
+    commands = runs.param(req, "commands", list)
+    if not all(isinstance(c, str) for c in commands):
+        raise runs.AgentError("parameter 'commands' must be a list of strings")
+    env = check_env(runs.param(req, "env", dict, {}))
+    fingerprint = runs.check_name(runs.param(req, "fingerprint", str), "fingerprint")
+    setup_dir = runs.make_private_dir(run_dir.parent.parent / "setup")
+    marker = setup_dir / f"{fingerprint}.ok"
+    # Two runs sharing a host and a fingerprint must not run the same setup side by side.
+    with open(setup_dir / f"{fingerprint}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():
+            return {"ran": False, "code": 0, "tail": []}
+        runs.touch(run_dir / "lease")
+        code, tail = _run_setup(run_dir, commands, env)
+        if code == 0:
+            runs.write_json(marker, {"run_id": run_dir.name, "ended": time.time()})
+    return {"ran": True, "code": code, "tail": tail}
+
+
+def _run_setup(run_dir: Path, commands: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    log_path = run_dir / "setup.log"
+    full_env = {**os.environ, **env}
+    code = 0
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        for command in commands:
+            log.write(f"tfdeploy setup: {command}\n".encode())
+            log.flush()
+            returncode = subprocess.run(
+                ["/bin/sh", "-c", command],
+                cwd=run_dir / "code",
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                check=False,
+            ).returncode
+            if returncode != 0:
+                code = returncode if returncode > 0 else 128 - returncode  # shell convention
+                break
+    return code, _tail(log_path, start)
+
+
+def _tail(path: Path, start: int) -> list[str]:
+    with open(path, "rb") as f:
+        # Only the end matters; a pip install can log megabytes.
+        f.seek(max(start, f.seek(0, os.SEEK_END) - 64 * 1024))
+        text = f.read().decode("utf-8", errors="replace")
+    return text.splitlines()[-TAIL_LINES:]
+
+
+def check_env(env: dict[str, Any]) -> dict[str, str]:
+    """Env values reach execve as-is, so only string keys/values without NUL or '=' in keys."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or not isinstance(value, str) or "\0" in value:
+            raise runs.AgentError(f"environment variable {key!r} needs a name and a string value")
+    return env

@@ -1,0 +1,204 @@
+"""Per-task supervisor: runs the task's process group, enforces stop and lease, records the exit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import procs
+import runs
+
+TICK = 0.25  # how often the stop marker is looked at; stop ops signal the group themselves
+LEASE_CHECK = 1.0
+STRAGGLER_WAIT = 2.0
+
+
+class _Supervisor:
+    def __init__(self, run_dir: Path, task_dir: Path) -> None:
+        self.run_dir, self.task_dir = run_dir, task_dir
+        spec = runs.read_json(task_dir / "spec.json")
+        if not isinstance(spec, dict):
+            raise SystemExit(f"supervisor: no readable spec.json in {task_dir}")
+        self.spec: dict[str, Any] = spec
+        self.grace = float(spec.get("grace") or 10.0)
+        self.terminated = False
+        self.reason: str | None = None
+        self.kill_at: float | None = None
+        self.next_lease_check = time.monotonic() + LEASE_CHECK
+        self.pgid = 0
+        self.ticks: int | None = None
+
+    def run(self) -> None:
+        proc = self._spawn()
+        if proc is None:
+            return
+        returncode = self._watch(proc)
+        ended = time.time()
+        if self.reason is None and (self.terminated or (self.task_dir / "stop").exists()):
+            self.reason = "stopped"
+        self._reap_stragglers()
+        record = procs.exit_record(returncode, self.reason, ended)
+        runs.write_json(self.task_dir / "exit.json", record)
+
+    def _spawn(self) -> subprocess.Popen[bytes] | None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        log_fd = os.open(self.task_dir / "output.log", flags, 0o600)
+        env = {**os.environ, **self.spec.get("env", {})}
+        try:
+            cwd = runs.task_cwd(self.run_dir, self.spec.get("cwd"))
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", _command(self.spec["command"])],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                process_group=0,
+            )
+        except (OSError, runs.AgentError) as exc:
+            # Nothing ran; say why in the task's own log, where the user will look.
+            os.write(log_fd, f"tfdeploy: cannot start the task: {exc}\n".encode())
+            runs.write_json(self.task_dir / "exit.json", procs.exit_record(127, None, time.time()))
+            return None
+        finally:
+            os.close(log_fd)
+        self.pgid, self.ticks = proc.pid, procs.start_ticks(proc.pid)
+        pids = {
+            "supervisor": os.getpid(),
+            "supervisor_ticks": procs.start_ticks(os.getpid()),
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "start_ticks": self.ticks,
+            "started": time.time(),
+        }
+        runs.write_json(self.task_dir / "pid.json", pids)
+        return proc
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> int:
+        waker = _Waker(proc.pid)
+        while True:
+            waker.wait(TICK)
+            returncode = proc.poll()
+            if returncode is not None:
+                return returncode
+            self._check_stop()
+
+    def _check_stop(self) -> None:
+        now = time.time()
+        if self.kill_at is not None:
+            if now >= self.kill_at:
+                procs.signal_group(self.pgid, self.ticks, signal.SIGKILL)
+                self.kill_at = None
+            return
+        if self.reason is not None:
+            return
+        marker = runs.read_json(self.task_dir / "stop")
+        if isinstance(marker, dict):
+            # The stop op already sent SIGTERM; we only guarantee the SIGKILL deadline.
+            self.reason = "stopped"
+            self.kill_at = float(marker.get("requested", now)) + float(marker.get("grace", 0))
+        elif self.terminated:
+            self._begin_stop("stopped")
+        elif time.monotonic() >= self.next_lease_check:
+            self.next_lease_check = time.monotonic() + LEASE_CHECK
+            if self._lease_expired(now):
+                self._begin_stop("lease expired")
+
+    def _begin_stop(self, reason: str) -> None:
+        self.reason = reason
+        procs.signal_group(self.pgid, self.ticks, signal.SIGTERM)
+        self.kill_at = time.time() + self.grace
+
+    def _lease_expired(self, now: float) -> bool:
+        meta = runs.read_json(self.run_dir / "run.json")
+        if not isinstance(meta, dict) or meta.get("detached") or meta.get("lease_seconds") is None:
+            return False
+        try:
+            beat = (self.run_dir / "lease").stat().st_mtime
+        except OSError:
+            return True  # the run is being removed under us: nobody will renew it
+        return now - beat > float(meta["lease_seconds"])
+
+    def _reap_stragglers(self) -> None:
+        """A task is its whole process group: members left behind by the leader end with it."""
+        if not _members_alive(self.pgid):
+            return
+        if self.kill_at is None:
+            _killpg_quiet(self.pgid, signal.SIGTERM)
+            self.kill_at = time.time() + self.grace
+        while _members_alive(self.pgid) and time.time() < self.kill_at:
+            time.sleep(0.05)
+        deadline = time.time() + STRAGGLER_WAIT
+        while _members_alive(self.pgid) and time.time() < deadline:
+            _killpg_quiet(self.pgid, signal.SIGKILL)
+            time.sleep(0.05)
+
+
+def _members_alive(pgid: int) -> bool:
+    # The leader is reaped by now and its pid stays unused while the group has members.
+    return _killpg_quiet(pgid, 0) and bool(procs.live_members(pgid))
+
+
+def _killpg_quiet(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _command(command: str) -> str:
+    """`tfdeploy:server` names the built-in TF server that sits next to this agent."""
+    if command.strip() == "tfdeploy:server":
+        server = runs.AGENT_DIR / "tfserver.py"
+        return f"exec {shlex.quote(sys.executable)} {shlex.quote(str(server))}"
+    return command
+
+
+class _Waker:
+    """Sleeps until the task exits, a signal arrives or the timeout passes, without busy polling."""
+
+    def __init__(self, pid: int) -> None:
+        try:
+            self.fds = [os.pidfd_open(pid)]
+        except OSError:
+            self.fds = []  # old kernel: fall back to ticking
+        read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self.fds.append(read_end)
+        self.wake = read_end
+
+    def wait(self, timeout: float) -> None:
+        ready, _, _ = select.select(self.fds, [], [], timeout)
+        if self.wake in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake, 512)
+
+
+def main(argv: list[str]) -> int:
+    """`agent.py supervise RUN_DIR TASK_DIR`, started detached by the start op."""
+    if len(argv) != 2:
+        print("usage: agent.py supervise RUN_DIR TASK_DIR", file=sys.stderr)
+        return 2
+    sup = _Supervisor(Path(argv[0]), Path(argv[1]))
+
+    def on_term(signum: int, frame: object) -> None:
+        sup.terminated = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    # Handlers, not SIG_IGN: ignored dispositions would be inherited by the task across exec.
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    sup.run()
+    return 0

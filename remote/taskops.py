@@ -1,0 +1,165 @@
+"""The start and stop ops: launch detached supervisors, stop process groups on a deadline."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import procs
+import runs
+import store
+
+AGENT = runs.AGENT_DIR / "agent.py"
+START_TIMEOUT = 10.0
+STOP_SLACK = 5.0  # after SIGKILL, how long a supervisor gets to record the exit
+POLL = 0.05
+DEFAULT_GRACE = 10.0
+
+
+def grace_param(req: dict[str, Any]) -> float:
+    grace = float(runs.param(req, "grace", (int, float), DEFAULT_GRACE))
+    if grace < 0:
+        raise runs.AgentError(f"grace must be zero or more seconds, got {grace}")
+    return grace
+
+
+def op_start(req: dict[str, Any]) -> dict[str, Any]:
+    run_dir = runs.run_path(req)
+    grace = grace_param(req)
+    specs = [_task_spec(item, run_dir) for item in runs.param(req, "tasks", list)]
+    dirnames = [runs.task_dirname(s["name"]) for s in specs]
+    if len(set(dirnames)) != len(dirnames):
+        raise runs.AgentError("two tasks of the request share a name (worker:1 and worker-1 clash)")
+    for spec, dirname in zip(specs, dirnames, strict=True):
+        if procs.task_state(run_dir / "tasks" / dirname)[0] == procs.RUNNING:
+            raise runs.AgentError(f"task {spec['name']} of run {run_dir.name} is still running")
+    runs.touch(run_dir / "lease")  # setup may have outlasted the lease; starting is a heartbeat
+    launched = [
+        (task_dir, _launch(run_dir, task_dir, spec, grace))
+        for spec, dirname in zip(specs, dirnames, strict=True)
+        for task_dir in [runs.make_private_dir(run_dir / "tasks" / dirname)]
+    ]
+    _wait_started(launched)
+    return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
+
+
+def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise runs.AgentError(f"each task must be an object (name, command), got {item!r:.80}")
+    name = runs.param(item, "name", str)
+    runs.task_dirname(name)
+    command = runs.param(item, "command", str)
+    if not command.strip():
+        raise runs.AgentError(f"task {name} has an empty command")
+    env = store.check_env(runs.param(item, "env", dict, {}))
+    cwd = runs.param(item, "cwd", str, None)
+    path = runs.task_cwd(run_dir, cwd)
+    if cwd is not None and not path.is_dir():
+        raise runs.AgentError(f"task {name} has cwd {cwd!r}, which is not a directory on this host")
+    return {"name": name, "command": command, "env": env, "cwd": cwd}
+
+
+def _launch(
+    run_dir: Path, task_dir: Path, spec: dict[str, Any], grace: float
+) -> subprocess.Popen[bytes]:
+    for stale in ("exit.json", "pid.json", "stop"):
+        (task_dir / stale).unlink(missing_ok=True)
+    runs.write_json(task_dir / "spec.json", {**spec, "grace": grace}, mode=0o600)
+    with open(task_dir / "supervisor.log", "ab") as err:
+        # A new session and no inherited stdio: the supervisor must outlive the SSH channel
+        # and must not hold its pipes open (sshd would wait for them).
+        return subprocess.Popen(
+            [sys.executable, str(AGENT), "supervise", str(run_dir), str(task_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def _wait_started(launched: list[tuple[Path, subprocess.Popen[bytes]]]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    pending = list(launched)
+    while pending and time.monotonic() < deadline:
+        still = []
+        for task_dir, sup in pending:
+            if (task_dir / "pid.json").exists() or (task_dir / "exit.json").exists():
+                continue
+            if sup.poll() is not None:
+                log = (task_dir / "supervisor.log").read_text(errors="replace").strip()
+                last = log.splitlines()[-1] if log else f"exit status {sup.returncode}"
+                raise runs.AgentError(f"the supervisor of task {task_dir.name} died: {last}")
+            still.append((task_dir, sup))
+        pending = still
+        if pending:
+            time.sleep(0.005)
+
+
+class _Stop:
+    """Stops one task: SIGTERM to its group, SIGKILL at the deadline, until exit.json exists."""
+
+    def __init__(self, task_dir: Path, grace: float, now: float) -> None:
+        self.task_dir, self.grace = task_dir, grace
+        self.begun_at = now
+        self.kill_at: float | None = None
+        self.last_signal: int | None = None
+        self.pids: dict[str, Any] | None = None
+        self.done = False
+
+    def step(self, now: float) -> None:
+        state, pids, _ = procs.task_state(self.task_dir)
+        if state == procs.STARTING and now - self.begun_at < START_TIMEOUT:
+            return  # the start op is about to write pid.json
+        if state == procs.RUNNING and self.pids is None:
+            self._begin(pids, now)
+        elif state == procs.RUNNING and self.kill_at is not None and now >= self.kill_at:
+            self._signal(signal.SIGKILL)
+            self.kill_at = None
+        elif state == procs.LOST and self.last_signal is not None:
+            # We signalled it and no supervisor is left to write the record: write it ourselves.
+            runs.write_json(self.task_dir / "exit.json", procs.stopped_record(self.last_signal))
+            self.done = True
+        elif state != procs.RUNNING:
+            self.done = True
+
+    def _begin(self, pids: dict[str, Any], now: float) -> None:
+        self.pids = pids
+        runs.write_json(self.task_dir / "stop", {"requested": time.time(), "grace": self.grace})
+        self._signal(signal.SIGTERM)
+        self.kill_at = now + self.grace
+
+    def _signal(self, sig: int) -> None:
+        assert self.pids is not None
+        if procs.signal_group(self.pids.get("pgid"), self.pids.get("start_ticks"), sig):
+            self.last_signal = sig
+        elif self.last_signal is None:
+            self.last_signal = sig  # already gone: a stop still ended it as far as anyone knows
+
+
+def op_stop(req: dict[str, Any]) -> dict[str, Any]:
+    run_dir = runs.run_path(req)
+    grace = grace_param(req)
+    names = runs.param(req, "tasks", list, None)
+    if names is None:
+        dirs = runs.task_dirs(run_dir)
+    else:
+        dirs = [run_dir / "tasks" / runs.task_dirname(n) for n in names]
+        for name, path in zip(names, dirs, strict=True):
+            if not path.is_dir():
+                raise runs.AgentError(f"run {run_dir.name} has no task {name}")
+    now = time.time()
+    stops = [_Stop(d, grace, now) for d in dirs]
+    deadline = now + grace + STOP_SLACK
+    while True:
+        now = time.time()
+        for stop in stops:
+            if not stop.done:
+                stop.step(now)
+        if all(s.done for s in stops) or now > deadline + START_TIMEOUT:
+            break
+        time.sleep(POLL)
+    return {"tasks": [procs.task_status(d) for d in dirs]}
