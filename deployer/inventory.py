@@ -199,7 +199,8 @@ def _parse_task(t: Table) -> TaskSpec:
     if role not in ROLES:
         t.fail("role", f"expected one of {', '.join(ROLES)}, got {role!r}")
     assert role is not None
-    gpus = t.index_list("gpus", what="a GPU index") if t.has("gpus") else None
+    listed = t.index_list("gpus", what="a GPU index")  # read even when absent: a known key
+    gpus = listed if t.has("gpus") else None
     task = TaskSpec(
         role=role,
         count=t.integer("count", 1, minimum=1, maximum=1024),
