@@ -12,10 +12,14 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
-from deployer.errors import ExitStatus, TfdeployError
+from deployer.errors import ExitStatus, TfdeployError, UsageError
+from deployer.fleet import Fleet
 from deployer.inventory import load_inventory
+from deployer.lifecycle import Deployment, UpOptions
 from deployer.plan import make_plan
-from deployer.render import plan_json, plan_table
+from deployer.render import plan_json, plan_table, status_json, status_table
+from deployer.runs import find_runs, follow_logs, resolve, stop_runs
+from deployer.view import PlainView, make_view
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,90 @@ def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
     return ExitStatus.OK
 
 
+def _cmd_up(args: argparse.Namespace, env: Env) -> int:
+    plan = make_plan(load_inventory(args.inventory))
+    options = UpOptions(detach=args.detach)
+    with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
+        view = make_view(env.out, env.raw_out)
+        return Deployment(plan, fleet, view, options).run()
+
+
+def _cmd_down(args: argparse.Namespace, env: Env) -> int:
+    target = resolve(args.target, args.inventory)
+    with Fleet(target.inventory.hosts) as fleet:
+        stopped = stop_runs(fleet, find_runs(fleet, target), grace=target.inventory.job.stop_grace)
+    if not stopped:
+        env.out.print(Text("nothing to stop: no running task of that run or job on its hosts"))
+    for r in stopped:
+        env.out.print(Text(f"stopped run {r.run_id} on {r.host}"))
+    return ExitStatus.OK
+
+
+def _cmd_status(args: argparse.Namespace, env: Env) -> int:
+    target = resolve(args.target, args.inventory)
+    with Fleet(target.inventory.hosts) as fleet:
+        runs = find_runs(fleet, target)
+    if args.json:
+        env.raw_out.write(status_json(runs) + "\n")
+    elif not runs:
+        env.out.print(Text("no runs found on the hosts"))
+    else:
+        env.out.print(status_table(runs))
+    return ExitStatus.OK
+
+
+def _cmd_logs(args: argparse.Namespace, env: Env) -> int:
+    target = resolve(args.run_id, args.inventory)
+    if target.run_id is None:
+        raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
+    view = PlainView(env.raw_out)
+    with Fleet(target.inventory.hosts) as fleet:
+        found = follow_logs(
+            fleet,
+            target.run_id,
+            lambda label, line: view.lines(label, [line]),
+            task=args.task,
+            tail=args.tail,
+            follow=args.follow,
+        )
+    if not found:
+        what = f"task {args.task} of run" if args.task else "run"
+        raise UsageError(f"no host has {what} {target.run_id}")
+    return ExitStatus.OK
+
+
+def _cmd_exec(args: argparse.Namespace, env: Env) -> int:
+    inventory = load_inventory(args.inventory)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("exec needs a command: tfdeploy exec INVENTORY -- CMD ...")
+    view = PlainView(env.raw_out)
+    with Fleet(inventory.hosts, concurrency=args.concurrency) as fleet:
+        results = fleet.each(
+            lambda m: m.agent.transport.run(["sh", "-c", " ".join(command)], timeout=None),
+            what="exec failed",
+        )
+    failed = 0
+    for host, result in results.items():
+        out = (result.stdout + result.stderr).decode(errors="replace").splitlines()
+        view.lines(host, out)
+        if result.exit_code != 0:
+            failed += 1
+            view.step(f"{host}: exit code {result.exit_code}")
+    return ExitStatus.JOB_FAILED if failed else ExitStatus.OK
+
+
+def _target_args(parser: argparse.ArgumentParser, name: str = "target") -> None:
+    parser.add_argument(name, help="an inventory file, or a run id")
+    parser.add_argument(
+        "-i",
+        "--inventory",
+        help="inventory whose hosts hold the run (when the run id is not known here)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfdeploy",
@@ -49,6 +137,38 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("inventory", help="inventory TOML file")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(handler=_cmd_plan)
+
+    up = verbs.add_parser(
+        "up", help="preflight, push, start and watch the job; tear down at the end"
+    )
+    up.add_argument("inventory", help="inventory TOML file")
+    up.add_argument("--detach", action="store_true", help="return once every task runs")
+    up.add_argument("--concurrency", type=int, default=32, help="hosts handled at once (32)")
+    up.set_defaults(handler=_cmd_up)
+
+    down = verbs.add_parser("down", help="stop a run (or every run of the inventory's job)")
+    _target_args(down)
+    down.set_defaults(handler=_cmd_down)
+
+    status = verbs.add_parser("status", help="tasks and states of runs, read from the hosts")
+    _target_args(status)
+    status.add_argument("--json", action="store_true", help="print one JSON document")
+    status.set_defaults(handler=_cmd_status)
+
+    logs = verbs.add_parser("logs", help="print (or follow) the logs of a run")
+    _target_args(logs, "run_id")
+    logs.add_argument("--task", help="only this task, e.g. worker:1")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep following until the run ends"
+    )
+    logs.add_argument("--tail", type=int, help="only the last N lines of each task")
+    logs.set_defaults(handler=_cmd_logs)
+
+    exec_ = verbs.add_parser("exec", help="run a shell command on every host, output prefixed")
+    exec_.add_argument("inventory", help="inventory TOML file")
+    exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+    exec_.add_argument("--concurrency", type=int, default=32, help="hosts handled at once (32)")
+    exec_.set_defaults(handler=_cmd_exec)
     return parser
 
 

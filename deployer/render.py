@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -10,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer.plan import Plan, Task
+from deployer.runs import HostRun
 from deployer.secrets import masked
 
 
@@ -67,3 +70,42 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 
 def plan_json(plan: Plan) -> str:
     return json.dumps(plan_document(plan), indent=2)
+
+
+def status_table(runs: Sequence[HostRun]) -> RenderableType:
+    table = Table(title="runs on the hosts, newest first")
+    table.add_column("run", no_wrap=True)
+    for column in ("task", "host", "state", "pid", "started", "outcome"):
+        table.add_column(column, overflow="fold")
+    for r in runs:
+        for t in r.tasks:
+            started = time.strftime("%H:%M:%S", time.localtime(t.started)) if t.started else "-"
+            table.add_row(
+                r.run_id,
+                t.name,
+                r.host,
+                t.state,
+                str(t.pid or "-"),
+                started,
+                t.outcome() if t.finished else "",
+            )
+    return table
+
+
+def status_json(runs: Sequence[HostRun]) -> str:
+    return json.dumps(
+        {
+            "runs": [
+                {
+                    "run_id": r.run_id,
+                    "host": r.host,
+                    "job": r.job,
+                    "created": r.created,
+                    "detached": r.detached,
+                    "tasks": [t.__dict__ for t in r.tasks],
+                }
+                for r in runs
+            ]
+        },
+        indent=2,
+    )

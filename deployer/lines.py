@@ -1,0 +1,54 @@
+"""Turns a task's raw log bytes into clean display lines, whatever progress bars wrote.
+
+Keras progress bars redraw with carriage returns and backspaces; printed as-is they garble a
+shared terminal. Each line keeps only its final state, and escape sequences are dropped.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+MAX_LINE = 4000  # a runaway line without newlines is cut, not buffered forever
+
+
+def clean(line: str) -> str:
+    """The text a terminal would finally show for one line."""
+    line = _ANSI.sub("", line)
+    if "\r" in line:
+        parts = [p for p in line.split("\r") if p]
+        line = parts[-1] if parts else ""
+    if "\b" in line:
+        out: list[str] = []
+        for ch in line:
+            if ch == "\b":
+                if out:
+                    out.pop()
+            else:
+                out.append(ch)
+        line = "".join(out)
+    return _CONTROL.sub("", line).rstrip()
+
+
+class LineAssembler:
+    """Feeds bytes in any chunking; yields each complete line once (UTF-8 split safely)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        text = self._partial + self._decoder.decode(data)
+        *complete, self._partial = text.split("\n")
+        if len(self._partial) > MAX_LINE:
+            complete.append(self._partial)
+            self._partial = ""
+        return [clean(line) for line in complete]
+
+    def flush(self) -> list[str]:
+        """The unterminated last line, once the task has ended."""
+        rest = self._partial + self._decoder.decode(b"", final=True)
+        self._partial = ""
+        return [clean(rest)] if rest.strip() else []

@@ -1,0 +1,123 @@
+"""Pushes the job's code: only contents a host's store lacks travel, so re-deploys send nothing.
+
+Each host keeps a content store (WORKDIR/store/<sha256>); a run's code directory is hard-linked
+from it. Unchanged files therefore cost one hash lookup, not a transfer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pathspec
+
+from deployer.agent import Agent
+from deployer.errors import InventoryError
+
+IGNORE_FILES = (".gitignore", ".tfdeployignore")
+ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".tfdeployignore")
+
+
+@dataclass(frozen=True)
+class CodeFile:
+    path: str  # relative, '/'-separated
+    sha256: str
+    mode: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: Path
+    files: tuple[CodeFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def by_hash(self) -> dict[str, CodeFile]:
+        return {f.sha256: f for f in self.files}
+
+
+@dataclass(frozen=True)
+class PushResult:
+    files: int  # files in the run's code directory
+    sent_files: int
+    sent_bytes: int
+
+
+def _ignore_spec(root: Path) -> pathspec.GitIgnoreSpec:
+    lines = list(ALWAYS_IGNORED)
+    for name in IGNORE_FILES:
+        path = root / name
+        if path.is_file():
+            lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def scan(root: Path) -> Manifest:
+    """Lists and hashes the code directory, honouring .gitignore and .tfdeployignore at its top."""
+    spec = _ignore_spec(root)
+    files: list[CodeFile] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if rel_dir == "." else rel_dir + "/"
+        dirnames[:] = sorted(d for d in dirnames if not spec.match_file(prefix + d + "/"))
+        for name in sorted(filenames):
+            rel = prefix + name
+            full = Path(dirpath) / name
+            if spec.match_file(rel) or not full.is_file():
+                continue
+            try:
+                data = full.read_bytes()
+            except OSError as exc:
+                raise InventoryError(str(root), "job.code", f"cannot read {rel}: {exc}") from None
+            files.append(
+                CodeFile(
+                    path=rel,
+                    sha256=hashlib.sha256(data).hexdigest(),
+                    mode=full.stat().st_mode & 0o777,
+                    size=len(data),
+                )
+            )
+    return Manifest(root=root, files=tuple(files))
+
+
+def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushResult:
+    """Sends the contents the host lacks, then has the agent build the run directory."""
+    by_hash = manifest.by_hash()
+    missing = agent.missing(sorted(by_hash))
+    store = f"{agent.home}/store"
+    sent = 0
+    for sha in missing:
+        code_file = by_hash[sha]
+        data = (manifest.root / code_file.path).read_bytes()
+        agent.transport.put(data, f"{store}/{sha}", mode=0o600)
+        sent += len(data)
+    files = [[f.path, f.sha256, f.mode] for f in manifest.files]
+    agent.call("materialize", files=files, **run_fields)
+    return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
+
+
+def setup_fingerprint(commands: tuple[str, ...], env: dict[str, str], manifest: Manifest) -> str:
+    """Identifies a setup: its commands, env and the code files they name (requirements.txt...).
+
+    Hashing only the named files keeps an unrelated code edit from re-running a slow pip install.
+    """
+    named = set()
+    for command in commands:
+        try:
+            named.update(shlex.split(command))
+        except ValueError:
+            named.update(command.split())
+    digest = hashlib.sha256()
+    for part in (*commands, *sorted(f"{k}={v}" for k, v in env.items())):
+        digest.update(part.encode() + b"\0")
+    for f in manifest.files:
+        if f.path in named or f.path.lstrip("./") in named:
+            digest.update(f"{f.path}={f.sha256}\0".encode())
+    return digest.hexdigest()[:16]

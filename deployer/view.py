@@ -1,0 +1,165 @@
+"""What a person sees while a job runs: a live task table over interleaved, prefixed log lines.
+
+Two renderers share one small interface: LiveView for terminals (rich Live; log lines scroll above
+a table that stays put) and PlainView for pipes and CI logs (one prefixed line per event).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TextIO
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+PALETTE = (
+    "cyan",
+    "magenta",
+    "green",
+    "yellow",
+    "blue",
+    "bright_red",
+    "bright_cyan",
+    "bright_magenta",
+    "bright_green",
+    "bright_blue",
+)
+STATE_STYLES = {"running": "green", "exited": "bold", "lost": "red", "starting": "yellow"}
+
+
+def task_colour(label: str) -> str:
+    """A stable colour per task, the same in every run, so a reader learns it."""
+    return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    name: str  # role:index
+    host: str
+    state: str
+    pid: int | None = None
+    gpus: str = "-"
+    started: float | None = None
+    ended: float | None = None
+    restarts: int = 0
+    outcome: str = ""  # "exit code 0", "killed by signal 9" once finished
+    last_line: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.host}"
+
+
+class View(Protocol):
+    def step(self, text: str) -> None: ...
+    def lines(self, label: str, lines: Sequence[str]) -> None: ...
+    def tasks(self, rows: Sequence[TaskRow]) -> None: ...
+    def close(self) -> None: ...
+
+
+def _uptime(row: TaskRow, now: float) -> str:
+    if row.started is None:
+        return "-"
+    seconds = int((row.ended or now) - row.started)
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def task_table(rows: Sequence[TaskRow], now: float | None = None) -> Table:
+    now = time.time() if now is None else now
+    table = Table(expand=True, pad_edge=False)
+    for column in ("task", "host", "pid", "state", "GPUs", "uptime", "restarts"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("last line", overflow="ellipsis", no_wrap=True, ratio=1)
+    for row in rows:
+        state = row.state if not row.outcome else f"{row.state} ({row.outcome})"
+        table.add_row(
+            Text(row.name, style=task_colour(row.label)),
+            row.host,
+            str(row.pid or "-"),
+            Text(state, style=STATE_STYLES.get(row.state, "")),
+            row.gpus,
+            _uptime(row, now),
+            str(row.restarts),
+            Text(row.last_line),
+        )
+    return table
+
+
+def prefixed(label: str, line: str, width: int = 0) -> Text:
+    text = Text(f"{label:<{width}} | ", style=task_colour(label))
+    text.append(line)
+    return text
+
+
+class PlainView:
+    """For pipes: every log line and every step as one plain, prefixed line."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._states: dict[str, str] = {}
+
+    def step(self, text: str) -> None:
+        self._out.write(f"tfdeploy: {text}\n")
+        self._out.flush()
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self._out.write("".join(f"{label} | {line}\n" for line in lines))
+        self._out.flush()
+
+    def tasks(self, rows: Sequence[TaskRow]) -> None:
+        for row in rows:
+            shown = f"{row.state} ({row.outcome})" if row.outcome else row.state
+            if self._states.get(row.label) != shown:
+                self._states[row.label] = shown
+                pid = f" pid {row.pid}" if row.pid else ""
+                self.step(f"{row.label}{pid} {shown}")
+
+    def close(self) -> None:
+        self._out.flush()
+
+
+class LiveView:
+    """For terminals: log lines scroll above a task table that redraws in place."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._rows: Sequence[TaskRow] = ()
+        self._status = Text("")
+        self._width = 12
+        self._live = Live(
+            get_renderable=self._render,
+            console=console,
+            refresh_per_second=4,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+
+    def _render(self) -> RenderableType:
+        return Group(task_table(self._rows), self._status) if self._rows else self._status
+
+    def step(self, text: str) -> None:
+        self._status = Text(f"tfdeploy: {text}", style="bold")
+        self._console.print(self._status)
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self._width = max(self._width, len(label))
+        for line in lines:
+            self._console.print(prefixed(label, line, self._width), soft_wrap=True)
+
+    def tasks(self, rows: Sequence[TaskRow]) -> None:
+        self._rows = list(rows)
+        self._live.refresh()
+
+    def close(self) -> None:
+        self._live.stop()
+
+
+def make_view(console: Console, out: TextIO) -> View:
+    return LiveView(console) if console.is_terminal else PlainView(out)
