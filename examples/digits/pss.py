@@ -12,9 +12,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--steps-per-epoch", type=int, default=50)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="total steps; overrides --epochs (rounded up)"
+    )
     parser.add_argument("--batch", type=int, default=64, help="batch size per worker step")
     parser.add_argument("--lr", type=float, default=0.01)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.steps is not None:
+        args.epochs = max(1, -(-args.steps // args.steps_per_epoch))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
