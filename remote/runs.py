@@ -134,12 +134,11 @@ def make_private_dir(path: Path) -> Path:
 
 
 def agent_id(directory: Path = AGENT_DIR) -> str:
-    """Content id of the agent's files, so two tfdeploy versions never share a directory."""
+    """Content id of the agent's files, computed exactly as the control side names the directory."""
     digest = hashlib.sha256()
     for path in sorted(directory.glob("*.py"), key=lambda p: p.name):
-        content = path.read_bytes()
-        digest.update(f"{path.name}\0{len(content)}\0".encode())
-        digest.update(content)
+        if path.name != "__init__.py":  # the package marker is not pushed to hosts
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 

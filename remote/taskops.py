@@ -112,8 +112,8 @@ class _Stop:
 
     def step(self, now: float) -> None:
         state, pids, _ = procs.task_state(self.task_dir)
-        if state == procs.STARTING and now - self.begun_at < START_TIMEOUT:
-            return  # the start op is about to write pid.json
+        if state == procs.STARTING and self._may_still_start(now):
+            return  # a start op is about to write pid.json
         if state == procs.RUNNING and self.pids is None:
             self._begin(pids, now)
         elif state == procs.RUNNING and self.kill_at is not None and now >= self.kill_at:
@@ -125,6 +125,13 @@ class _Stop:
             self.done = True
         elif state != procs.RUNNING:
             self.done = True
+
+    def _may_still_start(self, now: float) -> bool:
+        try:
+            written = (self.task_dir / "spec.json").stat().st_mtime
+        except OSError:
+            return False  # no spec: nothing will ever start here
+        return now - max(written, self.begun_at) < START_TIMEOUT
 
     def _begin(self, pids: dict[str, Any], now: float) -> None:
         self.pids = pids
