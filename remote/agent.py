@@ -49,7 +49,7 @@ def _tensorflow_version() -> str | None:
 
 
 def _ports(req: dict[str, Any], key: str) -> list[int]:
-    ports = runs.param(req, key, list, [])
+    ports: list[int] = runs.param(req, key, list, [])
     for port in ports:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise runs.AgentError(f"{key} must be TCP port numbers (1-65535), got {port!r:.40}")
