@@ -81,6 +81,8 @@ class TaskStatus:
         """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports."""
         if self.state == "lost":
             return "lost (its supervisor vanished: host crash or kill -9)"
+        if self.reason in ("stopped", "lease expired"):
+            return f"{self.reason} by tfdeploy" if self.reason == "stopped" else self.reason
         if self.signal is not None:
             return f"killed by signal {self.signal}"
         return f"exit code {self.exit_code}"

@@ -91,7 +91,8 @@ def task_table(rows: Sequence[TaskRow], now: float | None = None) -> Table:
 
 
 def prefixed(label: str, line: str, width: int = 0) -> Text:
-    text = Text(f"{label:<{width}} | ", style=task_colour(label))
+    text = Text()
+    text.append(f"{label:<{width}} | ", style=task_colour(label))
     text.append(line)
     return text
 
@@ -158,6 +159,7 @@ class LiveView:
         self._live.refresh()
 
     def close(self) -> None:
+        self._status = Text("")  # every step is already in the scrollback
         self._live.stop()
 
 

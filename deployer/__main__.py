@@ -1,0 +1,5 @@
+"""Lets `python -m deployer` work like the `tfdeploy` script (tests use it)."""
+
+from deployer.cli import main
+
+main()
