@@ -9,7 +9,6 @@ import shutil
 import socket
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,8 @@ def op_hello(req: dict[str, Any]) -> dict[str, Any]:
 
 def _tensorflow_version() -> str | None:
     """Read from package metadata: importing TensorFlow costs seconds and half a gigabyte."""
+    from importlib import metadata  # 13 ms: only hello pays for it, not every poll
+
     for dist in TF_DISTRIBUTIONS:
         try:
             return metadata.version(dist)

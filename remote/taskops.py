@@ -73,7 +73,8 @@ def _launch(
         # A new session and no inherited stdio: the supervisor must outlive the SSH channel
         # and must not hold its pipes open (sshd would wait for them).
         return subprocess.Popen(
-            [sys.executable, str(AGENT), "supervise", str(run_dir), str(task_dir)],
+            # -S: the supervisor needs no site-packages, and skipping them halves its startup.
+            [sys.executable, "-S", str(AGENT), "supervise", str(run_dir), str(task_dir)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
