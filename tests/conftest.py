@@ -1,0 +1,119 @@
+"""Shared fixtures: the SSH lab (real sshd hosts) and helpers to write inventories for it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import tests.lab
+from tests.lab import Lab, LabHost, cleanup, start_lab
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    # A CI timeout or `kill` sends SIGTERM: turn it into an interrupt so fixtures tear down.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    """8 flat hosts for the whole session; always stopped, also on failures and Ctrl-C."""
+    yield from _lab_session(8, "flat")
+
+
+@pytest.fixture(scope="session")
+def bastion_lab() -> Iterator[Lab]:
+    """2 private hosts behind a dual-homed bastion; built only when a test asks for it."""
+    yield from _lab_session(2, "bastion")
+
+
+def _lab_session(n: int, topology: str) -> Iterator[Lab]:
+    if tests.lab.lab_mode() == "netns":
+        cleanup.clean_stale()  # namespaces and links of an earlier run that was SIGKILLed
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm)
+    the_lab = start_lab(n, topology)
+    try:
+        yield the_lab
+    finally:
+        the_lab.stop()
+
+
+@pytest.fixture
+def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
+    """`lab_inventory(tasks, code=..., job=..., ssh=..., hosts=...)`: an inventory in tmp_path."""
+
+    def write(
+        tasks: list[list[dict[str, Any]]],
+        *,
+        code: str | Path | None = None,
+        job: dict[str, Any] | None = None,
+        ssh: dict[str, Any] | None = None,
+        hosts: list[LabHost] | None = None,
+        name: str = "inventory.toml",
+    ) -> Path:
+        job_table = {"code": str(code or tmp_path)} | (job or {})
+        return lab.write_inventory(
+            tmp_path / name, tasks=tasks, job=job_table, ssh=ssh, hosts=hosts
+        )
+
+    return write
+
+
+@pytest.fixture
+def clean_lab(lab: Lab) -> Iterator[Lab]:
+    """The lab, checked after the test: nothing of the test may still run or listen on any host."""
+    yield lab
+    left = {h.name: lab.leftovers(h) for h in lab.hosts}
+    left = {name: items for name, items in left.items() if items}
+    assert not left, f"the test left processes or ports behind on lab hosts: {left}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Every `isolated` test skips with a reason on the loopback fallback, never silently passes.
+    if tests.lab.lab_mode() == "netns":
+        return
+    reason = pytest.mark.skip(
+        reason="needs the namespace lab (root); TFDEPLOY_LAB=loopback or no root gives "
+        "the loopback fallback without isolation or faults"
+    )
+    for item in items:
+        if "isolated" in item.keywords:
+            item.add_marker(reason)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    # After fixture teardown (the runner's own sessionfinish): fail the run if a lab left
+    # anything behind, since later runs and other people's labs would trip over it.
+    result = yield
+    for the_lab in tests.lab.started:
+        the_lab.stop()
+    problems = _residue()
+    deadline = time.monotonic() + 5
+    while problems and time.monotonic() < deadline:
+        # A killed host's last zombie may wait a moment for the machine's init to reap it.
+        time.sleep(0.1)
+        problems = _residue()
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                "LAB LEFTOVERS after the session:\n  " + "\n  ".join(problems), red=True
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
+
+
+def _residue() -> list[str]:
+    problems = []
+    for the_lab in tests.lab.started:
+        inodes = getattr(the_lab, "ns_inodes", set())
+        found = cleanup.residue(the_lab.id, ns_inodes=inodes)
+        problems += [f"lab {the_lab.id}: {item}" for item in found]
+    return problems

@@ -1,0 +1,76 @@
+"""The test lab: N isolated SSH hosts on this machine (namespaces as root, else loopback sshd)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+from tests.lab import cleanup
+from tests.lab.base import Lab
+from tests.lab.loopback import LoopbackLab
+from tests.lab.model import VENV_PYTHON, LabError, LabHost, LabUnsupported, Proc
+from tests.lab.netns import NamespaceLab
+
+__all__ = [
+    "VENV_PYTHON",
+    "Lab",
+    "LabError",
+    "LabHost",
+    "LabUnsupported",
+    "LoopbackLab",
+    "NamespaceLab",
+    "Proc",
+    "lab_mode",
+    "start_lab",
+]
+
+# Every lab this process started, so an atexit hook and the session-end check can find them.
+started: list[Lab] = []
+
+
+def lab_mode() -> str:
+    """ "netns" as root unless TFDEPLOY_LAB=loopback forces the fallback; else "loopback"."""
+    forced = os.environ.get("TFDEPLOY_LAB", "").strip().lower()
+    if forced not in ("", "auto", "netns", "loopback"):
+        raise LabError(f"TFDEPLOY_LAB={forced!r}: use 'loopback', 'netns' or leave it unset")
+    if forced == "loopback":
+        return "loopback"
+    if os.geteuid() != 0:
+        if forced == "netns":
+            raise LabError("TFDEPLOY_LAB=netns needs root (network namespaces)")
+        return "loopback"
+    return "netns"
+
+
+def start_lab(n: int = 8, topology: str = "flat", *, persistent: bool = False) -> Lab:
+    """Bring up `n` hosts ("flat"), or `n` private hosts behind a bastion ("bastion").
+
+    Returns once every host's sshd accepts connections. A `persistent` lab (the CLI's) is not
+    tied to this process: it outlives it and only `stop()` or `python -m tests.lab down` ends it.
+    """
+    if topology not in ("flat", "bastion"):
+        raise LabError(f"unknown topology {topology!r}: use 'flat' or 'bastion'")
+    if not 1 <= n <= 200:
+        raise LabError(f"a lab has 1 to 200 hosts, not {n}")
+    mode = lab_mode()
+    lab_id, directory = cleanup.new_lab_dir()
+    lab: NamespaceLab | LoopbackLab
+    if mode == "netns":
+        lab = NamespaceLab(lab_id=lab_id, directory=directory, persistent=persistent)
+    else:
+        lab = LoopbackLab(lab_id=lab_id, directory=directory, persistent=persistent)
+    if not persistent:
+        started.append(lab)
+    try:
+        lab.start(n, topology)
+    except BaseException:
+        lab.stop()
+        raise
+    return lab
+
+
+@atexit.register
+def _stop_all() -> None:
+    # Last resort when a test run ends without its fixtures' teardown (e.g. an error in a hook).
+    for lab in started:
+        lab.stop()

@@ -1,0 +1,78 @@
+"""`python -m tests.lab up N --inventory FILE` / `down [ID]` / `list`: the lab for people."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tests.lab import LabError, cleanup, start_lab
+
+
+def _up(args: argparse.Namespace) -> int:
+    lab = start_lab(args.n, args.topology, persistent=True)
+    tasks = [[{"role": "worker"}] for _ in lab.hosts]
+    job = {"code": str(Path(args.code).resolve()), "command": args.command}
+    inventory = lab.write_inventory(args.inventory, tasks=tasks, job=job)
+    print(
+        f"lab {lab.id} up: {len(lab.hosts)} hosts ({'namespaces' if lab.isolated else 'loopback'})"
+    )
+    for h in lab.all_hosts:
+        print(f"  {h.name:8} {h.address}:{h.port}  hostname {h.hostname}")
+    print(f"inventory:  {inventory}")
+    print(f"ssh:        ssh -F {lab.ssh_config} {lab.hosts[0].name}")
+    print(f"stop with:  python -m tests.lab down {lab.id}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    ids = sorted(cleanup.all_ids()) if args.all else args.ids
+    if not ids:
+        print("nothing to stop (give a lab id, or --all)", file=sys.stderr)
+        return 2
+    for lab_id in ids:
+        state = cleanup.read_state(lab_id) or {}
+        owner = state.get("owner")
+        if owner and cleanup.is_alive(lab_id) and not args.all:
+            print(f"lab {lab_id} belongs to a running test (pid {owner['pid']}); skipped")
+            continue
+        cleanup.destroy(lab_id, subnets=state.get("unreachable", []))
+        print(f"lab {lab_id} down")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    for lab_id in sorted(cleanup.all_ids()):
+        state = cleanup.read_state(lab_id) or {}
+        hosts = ", ".join(f"{h['name']}={h['address']}" for h in state.get("hosts", []))
+        alive = "alive" if cleanup.is_alive(lab_id) else "stale"
+        print(f"{lab_id}  {alive}  {cleanup.lab_dir(lab_id)}  {hosts}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start a lab that outlives this command")
+    up.add_argument("n", type=int, help="number of hosts")
+    up.add_argument("--topology", choices=["flat", "bastion"], default="flat")
+    up.add_argument("--inventory", default="lab.toml", help="where to write the inventory")
+    up.add_argument("--code", default=os.getcwd(), help="job.code of the inventory")
+    up.add_argument("--command", default="python3 train.py", help="job.command of the inventory")
+    down = sub.add_parser("down", help="stop labs by id")
+    down.add_argument("ids", nargs="*")
+    down.add_argument(
+        "--all", action="store_true", help="every lab of this machine, also live ones"
+    )
+    sub.add_parser("list", help="show the labs of this machine")
+    args = parser.parse_args(argv)
+    try:
+        return {"up": _up, "down": _down, "list": _list}[args.cmd](args)
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,472 @@
+"""The real lab: each host is a network + mount + PID + UTS namespace running its own sshd."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.lab import cleanup, procs, sshconf
+from tests.lab.base import HostRef, Lab, is_sshd, wait_until
+from tests.lab.model import VENV_PYTHON, LabError, LabHost, Proc
+
+_INIT_SRC = Path(__file__).with_name("hostinit.py")
+_PR_SET_PDEATHSIG = 1
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Runs as the first process of a new host (inside its netns, before the PID 1 init takes over).
+_BOOT = """set -e
+hostname {hostname}
+mount -t tmpfs -o mode=0700 lab-root /root
+mount -t tmpfs -o mode=1777 lab-tmp /tmp
+ip link set lo up
+{links}
+mkdir -p /run/sshd
+/usr/sbin/sshd -f {config} -E {log}
+exec /usr/bin/python3 {init} {name}
+"""
+
+
+@dataclass
+class _Slot:
+    """What the lab knows about one host besides its public LabHost."""
+
+    host: LabHost
+    netns: str
+    veth: str  # root-namespace end of the host's (first) link
+    nets: list[tuple[str, str, str]]  # (interface inside, address/prefix, mac) per link
+    neighbours: list[tuple[str, str, str]]  # permanent (address, mac, dev) entries inside
+    proc: subprocess.Popen[bytes] | None = None
+    init: int = 0  # pid of the host's PID 1, as the root namespace sees it
+    pidns: int = 0
+    crashed: bool = False
+
+
+def _mac(octet: int, index: int) -> str:
+    # Deterministic per subnet and host, so permanent ARP entries can be written in advance.
+    return f"02:77:{octet:02x}:{index:02x}:00:02"
+
+
+def _pdeathsig() -> None:
+    # If the test process dies (even by SIGKILL), its hosts die with it instead of lingering.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class NamespaceLab(Lab):
+    """Hosts in namespaces on bridges; needs root. Built by `start_lab`, not directly."""
+
+    isolated = True
+
+    def __init__(self, *, lab_id: str, directory: Path, persistent: bool = False) -> None:
+        super().__init__(lab_id=lab_id, directory=directory, user="root", python=VENV_PYTHON)
+        self.persistent = persistent
+        self._slots: dict[str, _Slot] = {}
+        self._unreachable: list[str] = []
+        self.topology = "flat"
+
+    # -- bring-up --------------------------------------------------------------------------------
+
+    def _plan(self, n: int, topology: str, octets: list[int]) -> list[str]:
+        """Fill in hosts and slots; returns the `ip -batch` lines that build the network."""
+        pub = octets[0]
+        bridge = f"tfl{self.id}b"
+        lines = [
+            f"link add {bridge} type bridge forward_delay 0",
+            f"link set {bridge} up",
+            f"addr add 10.77.{pub}.1/24 dev {bridge}",
+        ]
+        members: list[tuple[str, int, int, str]] = []  # (name, subnet octet, last octet, veth)
+        if topology == "bastion":
+            priv = octets[1]
+            pbridge = f"tfl{self.id}p"
+            lines += [f"link add {pbridge} type bridge forward_delay 0", f"link set {pbridge} up"]
+            # The private subnet must never follow the default route off this machine.
+            self._unreachable = [f"10.77.{priv}.0/24"]
+            lines.append(f"route add unreachable 10.77.{priv}.0/24")
+            members.append(("bastion", pub, 254, f"tfl{self.id}x"))
+            members += [(f"h{i}", priv, 10 + i, f"tfl{self.id}h{i}") for i in range(1, n + 1)]
+        else:
+            members += [(f"h{i}", pub, 10 + i, f"tfl{self.id}h{i}") for i in range(1, n + 1)]
+        for name, octet, last, veth in members:
+            address = f"10.77.{octet}.{last}"
+            host = LabHost(name, address, 22, f"{name}-{self.id}")
+            ns = f"{cleanup.NETNS_PREFIX}{self.id}-{name}"
+            mac = _mac(octet, last)
+            slot = _Slot(host, ns, veth, [("eth0", f"{address}/24", mac)], [])
+            br = bridge if octet == pub else f"tfl{self.id}p"
+            lines += [
+                f"netns add {ns}",
+                f"link add {veth} type veth peer name eth0 address {mac} netns {ns}",
+                f"link set {veth} master {br} up",
+            ]
+            if octet == pub:
+                # Permanent ARP: after a link cut, packets vanish (a timeout, as with a dead
+                # cloud host) instead of failing fast with "No route to host".
+                lines.append(f"neigh replace {address} lladdr {mac} dev {bridge} nud permanent")
+            self._slots[name] = slot
+            if name == "bastion":
+                self.bastion = host
+            else:
+                self.hosts.append(host)
+        if topology == "bastion":
+            priv = octets[1]
+            b = self._slots["bastion"]
+            leg = f"tfl{self.id}y"
+            mac = _mac(priv, 254)
+            b.nets.append(("eth1", f"10.77.{priv}.254/24", mac))
+            lines += [
+                f"link add {leg} type veth peer name eth1 address {mac} netns {b.netns}",
+                f"link set {leg} master tfl{self.id}p up",
+            ]
+            for h in self.hosts:
+                b.neighbours.append(
+                    (h.address, _mac(priv, int(h.address.rsplit(".", 1)[1])), "eth1")
+                )
+        return lines
+
+    def _write_files(self) -> None:
+        (self.dir / "hostinit.py").write_text(_INIT_SRC.read_text())
+        self.authorized_keys.write_text(Path(f"{self.key_path}.pub").read_text())
+        known = []
+        for slot in self._slots.values():
+            d = self.dir / slot.host.name
+            conf = sshconf.sshd_config(
+                host_key=d / "ssh_host_ed25519_key",
+                authorized_keys=self.authorized_keys,
+                pid_file=d / "sshd.pid",
+                listen="0.0.0.0:22",
+                allow_user="root",
+            )
+            (d / "sshd_config").write_text(conf)
+            pub = (d / "ssh_host_ed25519_key.pub").read_text()
+            known.append(sshconf.known_hosts_line(slot.host, pub, alias=slot.host.name))
+        self.known_hosts.write_text("".join(known))
+        private = [h.name for h in self.hosts] if self.bastion else []
+        self.ssh_config.write_text(
+            sshconf.ssh_config(
+                self.all_hosts,
+                user=self.user,
+                key=self.key_path,
+                known_hosts=self.known_hosts,
+                jump=self.bastion,
+                private=private,
+            )
+        )
+
+    def _save_state(self) -> None:
+        owner = None
+        if not self.persistent:
+            owner = {"pid": os.getpid(), "start": cleanup.start_time(os.getpid())}
+        state = {
+            "id": self.id,
+            "owner": owner,
+            "topology": self.topology,
+            "unreachable": self._unreachable,
+            "hosts": [vars(s.host) for s in self._slots.values()],
+            "bastion": self.bastion.name if self.bastion else None,
+        }
+        (self.dir / "state.json").write_text(json.dumps(state, indent=2))
+
+    def start(self, n: int, topology: str) -> None:
+        """Build the network and boot all hosts in parallel; returns when every sshd listens."""
+        self.topology = topology
+        names = [f"h{i}" for i in range(1, n + 1)] + (["bastion"] if topology == "bastion" else [])
+        sshconf.keygen_all([self.key_path] + [self.dir / h / "ssh_host_ed25519_key" for h in names])
+        with open(cleanup.LOCK_PATH, "a") as lock:
+            # One lab at a time picks subnets and records them, so two labs never share one.
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            octets = _free_octets(2 if topology == "bastion" else 1)
+            lines = self._plan(n, topology, octets)
+            self._write_files()
+            self._save_state()
+            done = cleanup.ip_batch(lines)
+            if done.returncode != 0:
+                raise LabError(f"building the lab network failed: {done.stderr.strip()}")
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
+        for slot in self._slots.values():
+            self._boot(slot)
+        for slot in self._slots.values():
+            self._await_boot(slot)
+
+    def _boot(self, slot: _Slot) -> None:
+        links = []
+        for dev, addr, _ in slot.nets:
+            links += [f"ip link set {dev} up", f"ip addr replace {addr} dev {dev}"]
+        for addr, mac, dev in slot.neighbours:
+            links.append(f"ip neigh replace {addr} lladdr {mac} dev {dev} nud permanent")
+        d = self.dir / slot.host.name
+        script = _BOOT.format(
+            hostname=shlex.quote(slot.host.hostname),
+            links="\n".join(links),
+            config=shlex.quote(str(d / "sshd_config")),
+            log=shlex.quote(str(d / "sshd.log")),
+            init=shlex.quote(str(self.dir / "hostinit.py")),
+            name=slot.host.name,
+        )
+        argv = ["ip", "netns", "exec", slot.netns, "unshare", "--uts", "--mount", "--pid"]
+        argv += ["--fork", "--mount-proc", "--kill-child", "--propagation", "private"]
+        argv += ["/bin/sh", "-c", script]
+        # pdeathsig fires when the spawning *thread* exits, so only tie hosts to the main thread.
+        tie = not self.persistent and threading.current_thread() is threading.main_thread()
+        with open(d / "boot.log", "ab") as log:
+            slot.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the test run, which then stops the lab
+                preexec_fn=_pdeathsig if tie else None,
+                env={"PATH": _PATH, "HOME": "/root", "LANG": "C.UTF-8"},
+            )
+        slot.crashed = False
+
+    def _await_boot(self, slot: _Slot, timeout: float = 15) -> None:
+        assert slot.proc is not None
+        deadline = time.monotonic() + timeout
+        children = Path(f"/proc/{slot.proc.pid}/task/{slot.proc.pid}/children")
+        while True:
+            if slot.proc.poll() is not None:
+                log = (self.dir / slot.host.name / "boot.log").read_text(errors="replace")
+                raise LabError(f"host {slot.host.name} failed to boot:\n{log[-2000:]}")
+            try:
+                kids = children.read_text().split()
+            except OSError:
+                kids = []
+            if kids:
+                init = int(kids[0])
+                raw = procs.read_raw(init)
+                # sshd daemonizes before it binds, so "init runs" is not yet "ready": wait for
+                # the listening socket and for the bridge to forward the host's link.
+                if raw is not None and "hostinit.py" in raw.cmdline and self._ready(slot, init):
+                    slot.init = init
+                    slot.pidns = procs.ns_inode(init, "pid") or 0
+                    return
+            if time.monotonic() > deadline:
+                raise LabError(f"host {slot.host.name} did not boot within {timeout:.0f}s")
+            time.sleep(0.01)
+
+    def _ready(self, slot: _Slot, init: int) -> bool:
+        if 22 not in procs.listening(f"/proc/{init}/net"):
+            return False
+        legs = [slot.veth] + ([f"tfl{self.id}y"] if slot.host == self.bastion else [])
+        return all(self._forwarding(leg) for leg in legs)
+
+    def _forwarding(self, dev: str) -> bool:
+        # 3 = BR_STATE_FORWARDING: only then does the bridge pass the host's packets.
+        try:
+            state = Path(f"/sys/class/net/{dev}/brport/state").read_text().strip()
+        except OSError:
+            return False
+        return self._operstate(dev) == "up" and state == "3"
+
+    # -- inspection ------------------------------------------------------------------------------
+
+    def _slot(self, ref: HostRef) -> _Slot:
+        return self._slots[self.host(ref).name]
+
+    def _live(self, ref: HostRef) -> _Slot:
+        slot = self._slot(ref)
+        if slot.crashed or self.stopped:
+            raise LabError(f"host {slot.host.name} is down (crashed or lab stopped)")
+        return slot
+
+    def run(
+        self, host: HostRef, cmd: Sequence[str] | str, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the host without SSH (nsenter into all its namespaces).
+
+        A background process must redirect its output, or this waits for it to close the pipes.
+        """
+        slot = self._live(host)
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        ns_argv = ["nsenter", "-t", str(slot.init), "-n", "-m", "-p", "-u", "--", *argv]
+        env = {"PATH": _PATH, "HOME": "/root", "USER": "root", "LANG": "C.UTF-8"}
+        return subprocess.run(
+            ns_argv, capture_output=True, text=True, timeout=timeout, env=env, cwd="/"
+        )
+
+    def processes(self, host: HostRef) -> list[Proc]:
+        slot = self._slot(host)
+        if slot.crashed:
+            return []
+        return procs.to_procs(procs.in_pidns(slot.pidns), inner=True)
+
+    def listening_ports(self, host: HostRef) -> set[int]:
+        slot = self._slot(host)
+        if slot.crashed:
+            return set()  # sockets die with the processes that own them
+        return procs.listening(f"/proc/{slot.init}/net")
+
+    def _is_init(self, p: Proc) -> bool:
+        return p.pid == 1
+
+    def _outer_pid(self, host: HostRef, pid: int) -> int:
+        slot = self._live(host)
+        for raw in procs.in_pidns(slot.pidns):
+            if raw.inner_pid == pid:
+                return raw.pid
+        raise LabError(f"no process {pid} on {slot.host.name}")
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def _operstate(self, dev: str) -> str:
+        try:
+            return Path(f"/sys/class/net/{dev}/operstate").read_text().strip()
+        except OSError:
+            return "gone"
+
+    def cut_link(self, host: HostRef) -> None:
+        """Take the host's link down: packets to and from it vanish (connects time out)."""
+        slot = self._live(host)
+        subprocess.run(["ip", "link", "set", slot.veth, "down"], check=True)
+        wait_until(f"{slot.veth} down", lambda: self._operstate(slot.veth) == "down")
+
+    def restore_link(self, host: HostRef) -> None:
+        slot = self._slot(host)
+        subprocess.run(["ip", "link", "set", slot.veth, "up"], check=True)
+        wait_until(f"{slot.veth} forwarding", lambda: self._forwarding(slot.veth))
+
+    def _sshd_listeners(self, slot: _Slot) -> list[procs.RawProc]:
+        raws = procs.in_pidns(slot.pidns)
+        by_outer = {r.pid: r for r in raws}
+        # The listener is the sshd whose parent is the host's init; sessions are its children.
+        return [
+            r
+            for r in raws
+            if by_outer.get(r.ppid) is not None
+            and by_outer[r.ppid].inner_pid == 1
+            and is_sshd(Proc(r.inner_pid, 0, 0, "", r.cmdline))
+        ]
+
+    def kill_sshd(self, host: HostRef) -> None:
+        """SIGKILL the host's sshd listener: open sessions live on, new connects are refused."""
+        slot = self._live(host)
+        for r in self._sshd_listeners(slot):
+            os.kill(r.pid, signal.SIGKILL)
+        wait_until("sshd to stop listening", lambda: 22 not in self.listening_ports(slot.host))
+
+    def start_sshd(self, host: HostRef) -> None:
+        slot = self._live(host)
+        d = self.dir / slot.host.name
+        done = self.run(
+            slot.host, ["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")]
+        )
+        if done.returncode != 0:
+            raise LabError(f"sshd did not start on {slot.host.name}: {done.stderr.strip()}")
+        wait_until("sshd to listen", lambda: 22 in self.listening_ports(slot.host))
+
+    def crash_host(self, host: HostRef) -> None:
+        """SIGKILL the host's init: the kernel kills every process of its PID namespace."""
+        slot = self._live(host)
+        os.kill(slot.init, signal.SIGKILL)
+        assert slot.proc is not None
+        slot.proc.wait(timeout=10)
+        wait_until(f"{slot.host.name} to die", lambda: not procs.in_pidns(slot.pidns))
+        slot.crashed = True
+
+    def revive_host(self, host: HostRef) -> None:
+        """Boot a fresh host in the crashed one's place: same address, same host key."""
+        slot = self._slot(host)
+        if not slot.crashed:
+            raise LabError(f"host {slot.host.name} is not crashed")
+        self._boot(slot)
+        self._await_boot(slot)
+
+    def _tc(self, slot: _Slot, *args: str) -> list[subprocess.CompletedProcess[str]]:
+        both = [["tc", *args[:2], "dev", slot.veth, *args[2:]]]
+        both.append(["tc", "-n", slot.netns, *args[:2], "dev", "eth0", *args[2:]])
+        return [subprocess.run(a, capture_output=True, text=True) for a in both]
+
+    def cap_bandwidth(self, host: HostRef, rate: str = "1mbit") -> None:
+        """Shape both directions of the host's link with tbf to `rate` (e.g. "1mbit")."""
+        slot = self._live(host)
+        for done in self._tc(
+            slot,
+            "qdisc",
+            "replace",
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "32kb",
+            "latency",
+            "400ms",
+        ):
+            if done.returncode != 0:
+                raise LabError(f"tc failed on {slot.host.name}: {done.stderr.strip()}")
+
+    def uncap_bandwidth(self, host: HostRef) -> None:
+        slot = self._live(host)
+        self._tc(slot, "qdisc", "del", "root")  # "no such qdisc" when not capped is fine
+
+    def tcp_probe(self, host: HostRef, timeout: float = 1.0) -> str:
+        """One TCP connect to the host's sshd from the root ns: "ok", "refused" or "timeout"."""
+        h = self.host(host)
+        try:
+            with socket.create_connection((h.address, h.port), timeout=timeout):
+                return "ok"
+        except ConnectionRefusedError:
+            return "refused"
+        except TimeoutError:
+            return "timeout"
+        except OSError as e:
+            return f"error: {e}"
+
+    # -- teardown --------------------------------------------------------------------------------
+
+    @property
+    def ns_inodes(self) -> set[int]:
+        """Namespace inodes of all hosts ever booted, for residue checks after stop."""
+        return {s.pidns for s in self._slots.values() if s.pidns}
+
+    def stop(self) -> None:
+        """SIGKILL every host, delete namespaces, veths and bridges; wait until they are gone."""
+        if self.stopped:
+            return
+        self.stopped = True
+        # Killing each PID 1 kills its whole PID namespace; unshare then reaps it and exits, so
+        # no zombie is left for the machine's init to collect (slowly) later.
+        for slot in self._slots.values():
+            if slot.init and not slot.crashed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.init, signal.SIGKILL)
+        for slot in self._slots.values():
+            if slot.proc is not None:
+                try:
+                    slot.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    slot.proc.kill()
+                    slot.proc.wait()
+        cleanup.kill_in_netns([s.netns for s in self._slots.values()])
+        inodes = self.ns_inodes
+        wait_until(
+            "lab processes to be gone",
+            lambda: not any(procs.ns_inode(p, "pid") in inodes for p in procs.all_pids()),
+        )
+        cleanup.destroy(self.id, subnets=self._unreachable)
+
+
+def _free_octets(count: int) -> list[int]:
+    """Third octets of 10.77.X.0/24 subnets that no route or address of this machine uses."""
+    used = set()
+    for args in (["ip", "-4", "route", "show", "table", "all"], ["ip", "-4", "addr"]):
+        text = subprocess.run(args, capture_output=True, text=True).stdout
+        used |= {int(m) for m in re.findall(r"\b10\.77\.(\d+)\.", text)}
+    free = [o for o in range(256) if o not in used]
+    if len(free) < count:
+        raise LabError("no free 10.77.X.0/24 subnet left: stop old labs (python -m tests.lab down)")
+    return random.sample(free, count)
