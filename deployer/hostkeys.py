@@ -68,7 +68,7 @@ def known_hosts_path(path: str | None) -> str:
     return os.path.expanduser(path or "~/.ssh/known_hosts")
 
 
-def configure_client(client: paramiko.SSHClient, known_hosts: str, mode: str) -> None:
+def configure_client(host: str, client: paramiko.SSHClient, known_hosts: str, mode: str) -> None:
     """Load known_hosts into `client` and install the policy for `mode`, replacing any other.
 
     fabric's Connection installs AutoAddPolicy in its constructor; this must run after it.
@@ -81,9 +81,7 @@ def configure_client(client: paramiko.SSHClient, known_hosts: str, mode: str) ->
         try:
             keys.load(known_hosts)
         except OSError as exc:
-            raise HostError(
-                "known_hosts", f"cannot read {known_hosts}: {exc.strerror or exc}"
-            ) from exc
+            raise HostError(host, f"cannot read {known_hosts}: {exc.strerror or exc}") from exc
     policy: paramiko.MissingHostKeyPolicy
     policy = AcceptNewPolicy(known_hosts) if mode == "accept-new" else StrictPolicy()
     client.set_missing_host_key_policy(policy)

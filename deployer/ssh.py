@@ -92,7 +92,10 @@ def plan_hops(target: SSHTarget) -> list[Hop]:
     hops.append(Hop(main, keys, bool(keys), ""))
     for hop in hops:
         hostkeys.configure_client(
-            hop.conn.client, hostkeys.known_hosts_path(target.known_hosts), target.host_keys
+            target.name,
+            hop.conn.client,
+            hostkeys.known_hosts_path(target.known_hosts),
+            target.host_keys,
         )
     return hops
 
@@ -298,8 +301,7 @@ def _auth_error(target: SSHTarget, hop: Hop, strategy: _KeysThenAgent) -> HostEr
         keys += f" + {strategy.agent_keys} agent key(s)"
     return HostError(
         target.name,
-        f"{hop.where}authentication failed (user={hop.conn.user}, host={hop.conn.host}, "
-        f"key={keys})",
+        f"{hop.where}authentication failed for {who} (user={hop.conn.user}, key={keys})",
         hint=f"is the public key in ~{hop.conn.user}/.ssh/authorized_keys on {hop.conn.host}, "
         "and is the user name right?",
     )

@@ -220,10 +220,11 @@ class SSHTransport:
         )
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
-        self._transport()
+        # Connect before taking the SFTP lock: connect/close take the locks in the other order.
+        transport = self._transport()
         with self._sftp_lock:
             try:
-                sftp = self._sftp_client()
+                sftp = self._sftp_client(transport)
                 path = self._absolute(sftp, remote_path)
                 self._makedirs(sftp, posixpath.dirname(path))
                 part = f"{path}.part-{secrets.token_hex(6)}"
@@ -246,9 +247,8 @@ class SSHTransport:
             except (paramiko.SSHException, EOFError) as exc:
                 raise self._lost(["put", remote_path], exc) from exc
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
+    def _sftp_client(self, transport: paramiko.Transport) -> paramiko.SFTPClient:
         if self._sftp is None or self._sftp.sock.closed:
-            transport = self._transport()
             sftp = paramiko.SFTPClient.from_transport(transport)
             if sftp is None:
                 raise HostError(self.name, "the SFTP subsystem is not available")

@@ -282,7 +282,8 @@ def test_unauthorized_key_names_user_host_and_key(
     key = make_key(tmp_path, "stranger")
     host = lab.hosts[0]
     t = SSHTransport(target_for(lab, host, identity=str(key)))
-    pattern = rf"authentication failed \(user={lab.user}, host={re.escape(host.address)}, key={key}"
+    who = re.escape(f"{lab.user}@{host.address}")
+    pattern = rf"authentication failed for {who} \(user={lab.user}, key={key}"
     expect_host_error(t.connect, pattern)
 
 
@@ -366,6 +367,7 @@ def assert_safe_chain(t: SSHTransport, hops: int) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.isolated  # the bastion topology needs namespaces
 def test_explicit_jump_through_the_bastion(bastion_lab: Any) -> None:
     b, host = bastion_lab.bastion, bastion_lab.hosts[0]
     jump = f"{bastion_lab.user}@{b.address}:{b.port}"
@@ -379,6 +381,7 @@ def test_explicit_jump_through_the_bastion(bastion_lab: Any) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.isolated  # the bastion topology needs namespaces
 def test_jump_from_an_ssh_config_proxyjump_alias(bastion_lab: Any) -> None:
     host = bastion_lab.hosts[1]
     t = SSHTransport(
@@ -398,6 +401,7 @@ def test_jump_from_an_ssh_config_proxyjump_alias(bastion_lab: Any) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.isolated  # the bastion topology needs namespaces
 def test_unknown_jump_host_key_is_refused_and_named(bastion_lab: Any, tmp_path: Path) -> None:
     b, host = bastion_lab.bastion, bastion_lab.hosts[0]
     known = tmp_path / "known_hosts"
@@ -406,6 +410,35 @@ def test_unknown_jump_host_key_is_refused_and_named(bastion_lab: Any, tmp_path: 
     t = SSHTransport(target_for(bastion_lab, host, jump=jump, known_hosts=str(known)))
     error = expect_host_error(t.connect, r"jump host .* host key of .* is not in")
     assert error.hint and f"ssh-keyscan -p {b.port} {b.address}" in error.hint
+
+
+@pytest.mark.lab
+@pytest.mark.isolated
+def test_cut_link_to_the_bastion_fails_a_jumped_run(bastion_lab: Any) -> None:
+    b, host = bastion_lab.bastion, bastion_lab.hosts[1]
+    jump = f"{bastion_lab.user}@{b.address}:{b.port}"
+    t = SSHTransport(target_for(bastion_lab, host, jump=jump))
+    t.connect()
+    errors: list[HostError] = []
+
+    def long_run() -> None:
+        try:
+            t.run(["sleep", "120"])
+        except HostError as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=long_run, daemon=True)
+    runner.start()
+    time.sleep(0.5)
+    bastion_lab.cut_link(b)
+    cut_at = time.monotonic()
+    try:
+        runner.join(timeout=20)
+        assert errors and "connection lost" in errors[0].message
+        assert time.monotonic() - cut_at < 12
+    finally:
+        bastion_lab.restore_link(b)
+        t.close()
 
 
 # -- local -------------------------------------------------------------------------------------
