@@ -152,7 +152,7 @@ def test_inventory_round_trips_through_tomllib(lab: Lab, lab_inventory, tmp_path
     assert data["hosts"][1] == {
         "name": "h2",
         "address": lab.hosts[1].address,
-        "port": lab.hosts[1].port,
+        "ssh": {"port": lab.hosts[1].port},
         "tasks": [{"role": "worker", "count": 2}, {"role": "ps"}],
     }
     with pytest.raises(LabError, match="code"):
@@ -480,7 +480,7 @@ def test_cli_up_writes_a_ready_inventory_and_down_removes_the_lab(tmp_path: Path
             ["ssh", "-F", str(config), "h2", "echo up"], capture_output=True, text=True, timeout=20
         )
         assert done.stdout == "up\n", done.stderr
-        assert h["port"] > 0 and data["ssh"]["host_keys"] == "strict"
+        assert h["ssh"]["port"] > 0 and data["ssh"]["host_keys"] == "strict"
     finally:
         down = subprocess.run([*cli, "down", lab_id], cwd=REPO, capture_output=True, text=True)
     assert down.returncode == 0, down.stderr

@@ -77,5 +77,7 @@ def render_inventory(
     for host, host_tasks in zip(hosts, tasks, strict=True):
         lines += ["", "[[hosts]]"]
         lines += [f"name = {toml_value(host.name)}", f"address = {toml_value(host.address)}"]
-        lines += [f"port = {host.port}", f"tasks = {toml_value(list(host_tasks))}"]
+        # A host's own `port` is its first TF port in the inventory contract; SSH's goes in `ssh`.
+        lines += [f"ssh = {toml_value({'port': host.port})}"]
+        lines += [f"tasks = {toml_value(list(host_tasks))}"]
     return "\n".join(lines) + "\n"
