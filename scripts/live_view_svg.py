@@ -1,4 +1,4 @@
-"""Regenerates docs/live-view.svg from a real `up` of an inventory (default: inventories/local.toml).
+"""Regenerates docs/live-view.svg from a real `up` (default inventory: inventories/local.toml).
 
 It runs the real deployment and, once the job has produced some output, snapshots the live view's
 own renderables (prefixed log lines over the task table) into an SVG with rich's exporter.
