@@ -17,6 +17,7 @@ from deployer.schema import Table
 ROLES = ("chief", "worker", "ps", "evaluator")
 HOST_KEY_MODES = ("strict", "accept-new")
 TRANSPORTS = ("ssh", "local")
+FAILURE_POLICIES = ("teardown", "restart")
 BUILTIN_SERVER = "tfdeploy:server"
 
 # Names end up in remote paths and run ids, so they must never contain '/' or be '..'.
@@ -46,6 +47,8 @@ class TaskSpec:
     gpus: tuple[int, ...] | None = None
     command: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    threads: int | None = None  # TF intra/inter-op and OpenMP threads for this task
+    cpus: str | None = None  # CPU list to pin the task to, e.g. "0-3" or "0,2"
     key: str = ""  # key path in the inventory, for messages about this entry
 
 
@@ -80,6 +83,12 @@ class Job:
     start_timeout: float
     stop_grace: float
     evaluator_grace: float
+    on_failure: str = "teardown"  # teardown | restart
+    max_restarts: int = 3  # per task, with on_failure = "restart"
+    stall_timeout: float | None = None  # fail when awaited tasks are silent this long
+    lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
+    firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
+    forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,12 @@ def _parse_job(t: Table, inventory_path: Path) -> Job:
         start_timeout=t.number("start_timeout", 120.0, minimum=1) or 120.0,
         stop_grace=t.number("stop_grace", 10.0) or 0.0,
         evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
+        on_failure=t.choice("on_failure", FAILURE_POLICIES, "teardown"),
+        max_restarts=t.integer("max_restarts", 3, minimum=0, maximum=1000),
+        stall_timeout=t.number("stall_timeout", None, minimum=1),
+        lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
+        firewall=t.boolean("firewall", False),
+        forward_env=t.string_list("forward_env"),
     )
     t.finish()
     return job
@@ -207,10 +222,23 @@ def _parse_task(t: Table) -> TaskSpec:
         gpus=gpus,
         command=t.string("command"),
         env=t.string_map("env"),
+        threads=t.integer("threads", 0, minimum=0, maximum=4096) or None,
+        cpus=_cpu_list(t),
         key=t.path,
     )
     t.finish()
     return task
+
+
+_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def _cpu_list(t: Table) -> str | None:
+    """A Linux CPU list ("0-3", "0,2,4-5"), as taskset and cgroups write them."""
+    cpus = t.string("cpus")
+    if cpus is not None and not _CPU_LIST.match(cpus):
+        t.fail("cpus", f'expected a CPU list such as "0-3" or "0,2", got {cpus!r}')
+    return cpus
 
 
 def _check_unique_hosts(hosts: tuple[Host, ...], file: str) -> None:
