@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from io import StringIO
 from pathlib import Path
@@ -16,6 +15,7 @@ from deployer.cli import Env, run
 from deployer.errors import InventoryError
 from deployer.inventory import Inventory, load_inventory
 from deployer.plan import Plan, make_plan
+from tests.lab.inventory import toml_key, toml_value
 
 JOB = """\
 [job]
@@ -72,42 +72,6 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _toml_string(value: str) -> str:
-    parts = ['"']
-    for ch in value:
-        if ch in '"\\':
-            parts.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            parts.append(f"\\u{ord(ch):04x}")
-        else:
-            parts.append(ch)
-    parts.append('"')
-    return "".join(parts)
-
-
-def toml_value(value: Any) -> str:
-    """One TOML value, tables written inline (enough for generated inventories)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return (
-            "{" + ", ".join(f"{_toml_string(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
-        )
-    raise TypeError(f"no TOML for {type(value).__name__}")
-
-
 def to_toml(document: dict[str, Any]) -> str:
     """A whole document as top-level `key = value` lines (inline tables and arrays)."""
-    return "".join(f"{_toml_string(k)} = {toml_value(v)}\n" for k, v in document.items())
+    return "".join(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in document.items())
