@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
+from deployer import firewall
 from deployer.errors import ExitStatus, TfdeployError, UsageError
 from deployer.fleet import Fleet
 from deployer.inventory import load_inventory
@@ -51,7 +53,12 @@ def _cmd_up(args: argparse.Namespace, env: Env) -> int:
 def _cmd_down(args: argparse.Namespace, env: Env) -> int:
     target = resolve(args.target, args.inventory)
     with Fleet(target.inventory.hosts) as fleet:
-        stopped = stop_runs(fleet, find_runs(fleet, target), grace=target.inventory.job.stop_grace)
+        found = find_runs(fleet, target)
+        stopped = stop_runs(fleet, found, grace=target.inventory.job.stop_grace)
+        if target.inventory.job.firewall:  # after the stop: ports stay closed until tasks are gone
+            for r in found:
+                for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):
+                    env.err.print(Text(f"could not remove the firewall rules on {failure.message}"))
     if not stopped:
         env.out.print(Text("nothing to stop: no running task of that run or job on its hosts"))
     for r in stopped:
@@ -99,10 +106,12 @@ def _cmd_exec(args: argparse.Namespace, env: Env) -> int:
         command = command[1:]
     if not command:
         raise UsageError("exec needs a command: tfdeploy exec INVENTORY -- CMD ...")
+    # One argument is a shell snippet ('nvidia-smi | head'); several are an argv, kept verbatim.
+    shell = command[0] if len(command) == 1 else shlex.join(command)
     view = PlainView(env.raw_out)
     with Fleet(inventory.hosts, concurrency=args.concurrency) as fleet:
         results = fleet.each(
-            lambda m: m.agent.transport.run(["sh", "-c", " ".join(command)], timeout=None),
+            lambda m: m.agent.transport.run(["sh", "-c", shell], timeout=None),
             what="exec failed",
         )
     failed = 0
