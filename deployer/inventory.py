@@ -6,6 +6,7 @@ every mistake is reported before any host is touched.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -119,10 +120,10 @@ def load_inventory(path: str | Path) -> Inventory:
 def parse_inventory(data: dict[str, object], path: Path) -> Inventory:
     root = Table(data, "", str(path))
     job = _parse_job(root.sub_table("job", required=True), path)
-    ssh_defaults = _parse_ssh(root.sub_table("ssh"), SSHSettings())
+    ssh_defaults = _parse_ssh(root.sub_table("ssh"), SSHSettings(), path.parent.absolute())
     host_tables = root.table_list("hosts", required=True)
     root.finish()
-    hosts = tuple(_parse_host(t, job, ssh_defaults) for t in host_tables)
+    hosts = tuple(_parse_host(t, job, ssh_defaults, path.parent.absolute()) for t in host_tables)
     _check_unique_hosts(hosts, str(path))
     return Inventory(path=path, job=job, hosts=hosts)
 
@@ -170,26 +171,37 @@ def _parse_job(t: Table, inventory_path: Path) -> Job:
     return job
 
 
-def _parse_ssh(t: Table, base: SSHSettings) -> SSHSettings:
+def _parse_ssh(t: Table, base: SSHSettings, inventory_dir: Path | None = None) -> SSHSettings:
     timeout = t.number("connect_timeout", base.connect_timeout, minimum=0.1)
+
+    def path(key: str, default: str | None) -> str | None:
+        # Relative files are relative to the inventory, like `code`: the same file works from
+        # any working directory. '~' paths are left for the transport to expand.
+        value = t.string(key)
+        if value is None:
+            return default
+        if value.startswith("~") or inventory_dir is None:
+            return value
+        return os.path.normpath(inventory_dir / value)
+
     settings = SSHSettings(
         user=t.string("user", base.user),
         port=t.integer("port", base.port, minimum=1, maximum=65535),
-        identity=t.string("identity", base.identity),
+        identity=path("identity", base.identity),
         jump=t.string("jump", base.jump),
         host_keys=t.choice("host_keys", HOST_KEY_MODES, base.host_keys),
-        known_hosts=t.string("known_hosts", base.known_hosts),
+        known_hosts=path("known_hosts", base.known_hosts),
         connect_timeout=timeout if timeout is not None else base.connect_timeout,
-        ssh_config=t.string("ssh_config", base.ssh_config),
+        ssh_config=path("ssh_config", base.ssh_config),
     )
     t.finish()
     return settings
 
 
-def _parse_host(t: Table, job: Job, ssh_defaults: SSHSettings) -> Host:
+def _parse_host(t: Table, job: Job, ssh_defaults: SSHSettings, inventory_dir: Path) -> Host:
     address = t.required_string("address")
     name = _name(t, "name", t.string("name", address) or address)
-    ssh = _parse_ssh(t.sub_table("ssh"), ssh_defaults)
+    ssh = _parse_ssh(t.sub_table("ssh"), ssh_defaults, inventory_dir)
     task_tables = t.table_list("tasks", required=True)
     host = Host(
         name=name,

@@ -6,6 +6,9 @@ import re
 import tomllib
 from pathlib import Path
 
+from deployer.inventory import load_inventory
+from deployer.plan import make_plan
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -20,7 +23,7 @@ def test_inventory_matches_the_vagrantfile() -> None:
     expected = [(f"h{i}", f"{prefix}{first + i - 1}") for i in range(1, n + 1)]
     inventory = tomllib.loads((REPO / "inventories" / "vagrant.toml").read_text())
     assert [(h["name"], h["address"]) for h in inventory["hosts"]] == expected
-    assert all(h["port"] == 22 and h["tasks"] for h in inventory["hosts"])
+    assert all(h["tasks"] for h in inventory["hosts"])
     assert inventory["ssh"]["host_keys"] == "strict"
     # The Vagrantfile names its VMs h1..hN with these hostnames, as the inventory does.
     assert 'node.vm.hostname = "h#{i}"' in (REPO / "vagrant" / "Vagrantfile").read_text()
@@ -32,3 +35,12 @@ def test_provision_script_installs_python_tensorflow_and_the_key() -> None:
     assert inventory["job"]["python"].startswith("/opt/tfdeploy/venv/")
     assert "python3 -m venv /opt/tfdeploy/venv" in script and "tensorflow" in script
     assert "authorized_keys" in script
+
+
+def test_the_vagrant_inventory_plans_three_mwms_workers() -> None:
+    """The file is a valid inventory: code dir, key paths and tasks resolve as a user runs it."""
+    inventory = load_inventory(REPO / "inventories" / "vagrant.toml")
+    plan = make_plan(inventory)
+    assert [t.endpoint for t in plan.tasks] == [f"192.168.56.{i}:2222" for i in (11, 12, 13)]
+    assert (inventory.job.code / "mwms.py").is_file()
+    assert inventory.hosts[0].ssh.identity == str(REPO / ".vagrant-lab" / "id_ed25519")
