@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from deployer import firewall
 from deployer.agent import Poll, TaskStatus
 from deployer.errors import HostError, HostsFailed, Interrupted, JobFailed
 from deployer.fleet import Fleet, Member
@@ -85,6 +86,7 @@ class Deployment:
         self.started_hosts: set[str] = set()  # hosts where start was attempted: teardown's list
         self._torn_down = False
         self.push_results: dict[str, PushResult] = {}
+        self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self.members = [fleet.member(h.name) for h in plan.hosts]
 
     # ---- phases -------------------------------------------------------------------------
@@ -94,6 +96,7 @@ class Deployment:
             manifest = self.preflight()
             self.push(manifest)
             self.setup(manifest)
+            self.firewall_up()
             self.start()
             if self.options.detach:
                 self.view.step(
@@ -126,6 +129,8 @@ class Deployment:
                 what="hosts disagree on the TensorFlow version",
             )
         problems = [p for name, f in facts.items() for p in self._check_facts(name, f, manifest)]
+        if self.plan.job.firewall:
+            problems += firewall.check(self.fleet, self.members)
         if problems:
             raise HostsFailed(problems)
         python = sorted({str(f.get("python")) for f in facts.values()})
@@ -220,6 +225,22 @@ class Deployment:
         if skipped:
             self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
 
+    def firewall_up(self) -> None:
+        """With job.firewall: TF ports accept only the cluster's addresses, before any start."""
+        if not self.plan.job.firewall:
+            return
+        self.firewalled = [m.name for m in self.members]  # a partial add is cleaned up too
+        firewall.add(self.fleet, self.members, self.plan, self.run_id)
+        self.view.step(
+            f"firewall: TF ports accept only {', '.join(firewall.allowed_addresses(self.plan))}"
+        )
+
+    def firewall_down(self) -> None:
+        members = [self.fleet.member(h) for h in self.firewalled]
+        self.firewalled = []
+        for failure in firewall.remove(self.fleet, members, self.run_id):
+            self.view.step(f"could not remove the firewall rules on {failure.message}")
+
     def start(self) -> None:
         deadline = self.clock() + self.plan.job.start_timeout
         for group in start_groups(self.plan):
@@ -307,6 +328,7 @@ class Deployment:
         """Stops every task of the run on every host it started on; reports what it could not."""
         members = [self.fleet.member(h) for h in sorted(self.started_hosts)]
         if not members or self._torn_down:
+            self.firewall_down()
             return
         self._torn_down = True
         grace = self.plan.job.stop_grace
@@ -321,6 +343,7 @@ class Deployment:
         for failure in failures:
             self.view.step(f"could not stop the run on {failure.message}")
         self._poll_all(heartbeat=False, tolerate=True)
+        self.firewall_down()
 
     # ---- watching helpers -------------------------------------------------------------
 

@@ -155,6 +155,12 @@ def op_runs(req: dict[str, Any]) -> dict[str, Any]:
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
 
 
+def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
+    import firewall  # only firewall calls pay for its imports
+
+    return firewall.op_firewall(req)
+
+
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "hello": op_hello,
     "have": store.op_have,
@@ -164,6 +170,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "poll": op_poll,
     "stop": taskops.op_stop,
     "runs": op_runs,
+    "firewall": op_firewall,
 }
 
 
