@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 import traceback
@@ -16,11 +17,11 @@ from rich.text import Text
 from deployer import firewall
 from deployer.errors import ExitStatus, TfdeployError, UsageError
 from deployer.fleet import Fleet
-from deployer.inventory import load_inventory
+from deployer.inventory import Inventory, load_inventory
 from deployer.lifecycle import Deployment, UpOptions
 from deployer.plan import make_plan
 from deployer.render import plan_json, plan_table, status_json, status_table
-from deployer.runs import find_runs, follow_logs, resolve, stop_runs
+from deployer.runs import Target, find_runs, follow_logs, resolve, stop_runs
 from deployer.view import PlainView, make_view
 
 
@@ -33,8 +34,26 @@ class Env:
     raw_out: TextIO
 
 
+def _inventory(path: str) -> Inventory:
+    """Loads (pure), then discovers [aws] hosts: the one place the CLI does that I/O."""
+    inventory = load_inventory(path)
+    if inventory.aws is None:
+        return inventory
+    from deployer.aws import resolve_hosts  # boto3 only for inventories that use [aws]
+
+    return resolve_hosts(inventory)
+
+
+def _with_aws_hosts(target: Target) -> Target:
+    if target.inventory.aws is None:
+        return target
+    from deployer.aws import resolve_hosts
+
+    return dataclasses.replace(target, inventory=resolve_hosts(target.inventory))
+
+
 def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
-    plan = make_plan(load_inventory(args.inventory))
+    plan = make_plan(_inventory(args.inventory))
     if args.json:
         env.raw_out.write(plan_json(plan) + "\n")
     else:
@@ -43,7 +62,7 @@ def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_up(args: argparse.Namespace, env: Env) -> int:
-    plan = make_plan(load_inventory(args.inventory))
+    plan = make_plan(_inventory(args.inventory))
     options = UpOptions(detach=args.detach)
     with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
         view = make_view(env.out, env.raw_out)
@@ -51,7 +70,7 @@ def _cmd_up(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_down(args: argparse.Namespace, env: Env) -> int:
-    target = resolve(args.target, args.inventory)
+    target = _with_aws_hosts(resolve(args.target, args.inventory))
     with Fleet(target.inventory.hosts) as fleet:
         found = find_runs(fleet, target)
         stopped = stop_runs(fleet, found, grace=target.inventory.job.stop_grace)
@@ -67,7 +86,7 @@ def _cmd_down(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_status(args: argparse.Namespace, env: Env) -> int:
-    target = resolve(args.target, args.inventory)
+    target = _with_aws_hosts(resolve(args.target, args.inventory))
     with Fleet(target.inventory.hosts) as fleet:
         runs = find_runs(fleet, target)
     if args.json:
@@ -80,7 +99,7 @@ def _cmd_status(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace, env: Env) -> int:
-    target = resolve(args.run_id, args.inventory)
+    target = _with_aws_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
     view = PlainView(env.raw_out)
@@ -100,7 +119,7 @@ def _cmd_logs(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_exec(args: argparse.Namespace, env: Env) -> int:
-    inventory = load_inventory(args.inventory)
+    inventory = _inventory(args.inventory)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]

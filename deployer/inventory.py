@@ -11,9 +11,13 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deployer.errors import InventoryError
 from deployer.schema import Table
+
+if TYPE_CHECKING:
+    from deployer.aws import AwsSettings, Instance
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 HOST_KEY_MODES = ("strict", "accept-new")
@@ -67,6 +71,7 @@ class Host:
     ssh: SSHSettings
     tasks: tuple[TaskSpec, ...]
     key: str = ""
+    gpus_auto: bool = False  # gpus = "auto": `gpus` is 0 until preflight asks nvidia-smi
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class Inventory:
     path: Path
     job: Job
     hosts: tuple[Host, ...]
+    aws: AwsSettings | None = None  # [aws]: hosts from EC2, added by deployer.aws.resolve_hosts
+    instances: tuple[Instance, ...] = ()  # the EC2 instances resolve_hosts found, in host order
 
 
 def load_inventory(path: str | Path) -> Inventory:
@@ -121,11 +128,16 @@ def parse_inventory(data: dict[str, object], path: Path) -> Inventory:
     root = Table(data, "", str(path))
     job = _parse_job(root.sub_table("job", required=True), path)
     ssh_defaults = _parse_ssh(root.sub_table("ssh"), SSHSettings(), path.parent.absolute())
-    host_tables = root.table_list("hosts", required=True)
+    aws = None
+    if root.has("aws"):  # hosts from EC2 are found later, by deployer.aws.resolve_hosts
+        from deployer.aws import parse_aws  # boto3 itself is imported only for discovery
+
+        aws = parse_aws(root.sub_table("aws"), job, ssh_defaults)
+    host_tables = root.table_list("hosts", required=aws is None)
     root.finish()
     hosts = tuple(_parse_host(t, job, ssh_defaults, path.parent.absolute()) for t in host_tables)
     _check_unique_hosts(hosts, str(path))
-    return Inventory(path=path, job=job, hosts=hosts)
+    return Inventory(path=path, job=job, hosts=hosts, aws=aws)
 
 
 def _name(table: Table, key: str, value: str) -> str:
@@ -203,12 +215,14 @@ def _parse_host(t: Table, job: Job, ssh_defaults: SSHSettings, inventory_dir: Pa
     name = _name(t, "name", t.string("name", address) or address)
     ssh = _parse_ssh(t.sub_table("ssh"), ssh_defaults, inventory_dir)
     task_tables = t.table_list("tasks", required=True)
+    gpus, gpus_auto = read_gpu_count(t)
     host = Host(
         name=name,
         address=address,
         tf_address=t.string("tf_address", address) or address,
         port=t.integer("port", job.port, minimum=1, maximum=65535),
-        gpus=t.integer("gpus", 0, minimum=0, maximum=1024),
+        gpus=gpus,
+        gpus_auto=gpus_auto,
         share_gpus=t.boolean("share_gpus", False),
         transport=t.choice("transport", TRANSPORTS, "ssh"),
         python=t.string("python", job.python) or job.python,
@@ -240,6 +254,23 @@ def _parse_task(t: Table) -> TaskSpec:
     )
     t.finish()
     return task
+
+
+def read_gpu_count(t: Table) -> tuple[int, bool]:
+    """`gpus = N` or `gpus = "auto"` (count them with nvidia-smi at preflight): (N, auto)."""
+    if not t.has("gpus"):
+        t.integer("gpus", 0)  # marks the key as known
+        return 0, False
+    try:
+        return t.integer("gpus", 0, minimum=0, maximum=1024), False
+    except InventoryError as not_a_count:
+        try:
+            word = t.string("gpus")
+        except InventoryError:
+            raise not_a_count from None
+        if word != "auto":
+            t.fail("gpus", f'expected an integer or "auto" (count with nvidia-smi), got {word!r}')
+        return 0, True
 
 
 _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")

@@ -6,16 +6,25 @@ own), every task that was started is stopped before `up` returns, unless the use
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deployer import firewall
 from deployer.agent import Poll, TaskStatus
 from deployer.errors import HostError, HostsFailed, Interrupted, JobFailed
 from deployer.fleet import Fleet, Member
+from deployer.gpus import (
+    GpuMonitor,
+    GpuReport,
+    check_gpus,
+    gpu_reports,
+    monitored_hosts,
+    wants_gpus,
+)
 from deployer.lines import LineAssembler
 from deployer.plan import Plan, Task
 from deployer.secrets import mask_text
@@ -74,6 +83,7 @@ class Deployment:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.plan = plan
         self.fleet = fleet
@@ -88,6 +98,10 @@ class Deployment:
         self.push_results: dict[str, PushResult] = {}
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self.members = [fleet.member(h.name) for h in plan.hosts]
+        self.gpu_monitor = GpuMonitor(set(), clock=clock)
+        environ = os.environ if environ is None else environ
+        # job.forward_env: only the names listed there, never the controller's env implicitly.
+        self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
 
     # ---- phases -------------------------------------------------------------------------
 
@@ -129,6 +143,7 @@ class Deployment:
                 what="hosts disagree on the TensorFlow version",
             )
         problems = [p for name, f in facts.items() for p in self._check_facts(name, f, manifest)]
+        problems += self._check_gpus(facts)
         if self.plan.job.firewall:
             problems += firewall.check(self.fleet, self.members)
         if problems:
@@ -142,7 +157,23 @@ class Deployment:
 
     def _hello(self, member: Member) -> dict[str, object]:
         ports = [t.port for t in self.plan.tasks_on(member.name) if t.port is not None]
-        return member.agent.install(ports)
+        facts = member.agent.install(ports)
+        if wants_gpus(member.host):
+            facts["gpus"] = member.agent.call("gpus")
+        return facts
+
+    def _check_gpus(self, facts: dict[str, dict[str, object]]) -> list[HostError]:
+        """Re-plans with the GPUs the hosts reported (gpus = "auto") and checks requested ones."""
+        reports = gpu_reports(facts)
+        self.plan, problems, warnings = check_gpus(self.plan, reports)
+        for warning in warnings:
+            self.view.step(f"warning: {warning}")
+        self.watches = {t.name: _TaskWatch(t) for t in self.plan.tasks}
+        self.gpu_monitor.hosts = monitored_hosts(self.plan, reports)
+        missing = sorted(set(self.plan.job.forward_env) - set(self.forwarded))
+        if missing:
+            self.view.step(f"warning: forward_env: {', '.join(missing)} are not set here")
+        return problems
 
     def _check_facts(
         self, host: str, facts: dict[str, object], manifest: Manifest
@@ -274,7 +305,7 @@ class Deployment:
         return {
             "name": task.name,
             "command": command,
-            "env": {**task.env, "TFDEPLOY_RUN_ID": self.run_id},
+            "env": {**self.forwarded, **task.env, "TFDEPLOY_RUN_ID": self.run_id},
         }
 
     def _wait_listening(self, servers: list[Task], deadline: float) -> None:
@@ -370,6 +401,10 @@ class Deployment:
             self._update(poll.tasks)
             for name, (offset, data) in poll.logs.items():
                 self._feed(name, offset, data)
+        if self.gpu_monitor.due():
+            gpu_members = [self.fleet.member(h) for h in sorted(self.gpu_monitor.hosts)]
+            replies, _ = self.fleet.each_settled(lambda m: m.agent.call("gpus"), gpu_members)
+            self.gpu_monitor.update({n: GpuReport.from_json(r) for n, r in replies.items()})
         self._show_rows()
         return polls
 
@@ -399,6 +434,7 @@ class Deployment:
                     state=s.state if s else "pending",
                     pid=s.pid if s else None,
                     gpus=",".join(map(str, w.task.gpus)) or "-",
+                    gpu_use=self.gpu_monitor.usage(w.task),
                     started=s.started if s else None,
                     ended=s.ended if s else None,
                     outcome=s.outcome() if s and s.finished else "",

@@ -44,6 +44,7 @@ class TaskRow:
     state: str
     pid: int | None = None
     gpus: str = "-"
+    gpu_use: str = ""  # "87% 20.1/22.5 GiB" of the task's GPUs, when the host has nvidia-smi
     started: float | None = None
     ended: float | None = None
     restarts: int = 0
@@ -72,21 +73,26 @@ def _uptime(row: TaskRow, now: float) -> str:
 def task_table(rows: Sequence[TaskRow], now: float | None = None) -> Table:
     now = time.time() if now is None else now
     table = Table(expand=True, pad_edge=False)
+    gpu_use = any(row.gpu_use for row in rows)  # the column only where nvidia-smi answered
     for column in ("task", "host", "pid", "state", "GPUs", "uptime", "restarts"):
         table.add_column(column, no_wrap=True)
+        if column == "GPUs" and gpu_use:
+            table.add_column("GPU use", no_wrap=True)
     table.add_column("last line", overflow="ellipsis", no_wrap=True, ratio=1)
     for row in rows:
         state = row.state if not row.outcome else f"{row.state} ({row.outcome})"
-        table.add_row(
+        cells: list[RenderableType] = [
             Text(row.name, style=task_colour(row.label)),
             row.host,
             str(row.pid or "-"),
             Text(state, style=STATE_STYLES.get(row.state, "")),
             row.gpus,
+            *([row.gpu_use or "-"] if gpu_use else []),
             _uptime(row, now),
             str(row.restarts),
             Text(row.last_line),
-        )
+        ]
+        table.add_row(*cells)
     return table
 
 

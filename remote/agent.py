@@ -161,6 +161,12 @@ def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
     return firewall.op_firewall(req)
 
 
+def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
+    import gpuinfo  # only GPU queries pay for its imports
+
+    return gpuinfo.op_gpus(req)
+
+
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "hello": op_hello,
     "have": store.op_have,
@@ -170,6 +176,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "poll": op_poll,
     "stop": taskops.op_stop,
     "runs": op_runs,
+    "gpus": op_gpus,
     "firewall": op_firewall,
 }
 

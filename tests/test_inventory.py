@@ -224,7 +224,7 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
         ),
         pytest.param(
             ONE_HOST.replace('address = "10.0.0.1"', 'address = "h"\ngpus = "4"'),
-            "hosts[0].gpus: expected an integer, got string '4'",
+            "hosts[0].gpus: expected an integer or \"auto\" (count with nvidia-smi), got '4'",
             None,
             id="gpus-wrong-type",
         ),

@@ -1,0 +1,312 @@
+"""EC2 discovery against moto's EC2 implementation (no real AWS), and `up` through a bastion.
+
+moto is the sanctioned AWS stand-in: boto3 sends its real requests and moto answers them in this
+process. The CLI therefore runs in-process here (`deployer.cli.run` with an injected Env): a
+subprocess would not see moto's in-process EC2.
+"""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from rich.console import Console
+
+from deployer.aws import DiscoveryError, resolve_hosts
+from deployer.cli import Env, run
+from deployer.errors import InventoryError
+from deployer.inventory import load_inventory
+from tests.lab import Lab
+from tests.lab.inventory import toml_value
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "digits"
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """moto's EC2 with fake credentials; no profile or config of this machine is read."""
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    with mock_aws():
+        yield boto3.client("ec2", region_name=REGION)
+
+
+_AMI: dict[int, str] = {}
+
+
+def launch(ec2: Any, tags: dict[str, str], *, kind: str = "g5.xlarge", **extra: Any) -> str:
+    """One instance in its own reservation (moto pages describe_instances by reservation)."""
+    if id(ec2) not in _AMI:  # describing moto's images is slow: once per test
+        _AMI[id(ec2)] = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    reply = ec2.run_instances(
+        ImageId=_AMI[id(ec2)],
+        MinCount=1,
+        MaxCount=1,
+        InstanceType=kind,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+        ],
+        **extra,
+    )
+    return str(reply["Instances"][0]["InstanceId"])
+
+
+def described(ec2: Any, ids: list[str]) -> list[dict[str, Any]]:
+    reply = ec2.describe_instances(InstanceIds=ids)
+    return [i for r in reply["Reservations"] for i in r["Instances"]]
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    env = Env(
+        out=Console(file=out, width=250, color_system=None),
+        err=Console(file=err, width=250, color_system=None),
+        raw_out=out,
+    )
+    code = run(list(argv), env)
+    return int(code), out.getvalue(), err.getvalue()
+
+
+def write_inventory(tmp_path: Path, aws: str, *, static: str = "", job: str = "") -> Path:
+    path = tmp_path / "aws.toml"
+    path.write_text(
+        f'[job]\nname = "mnist"\ncode = "{EXAMPLES}"\ncommand = "python3 mwms.py"\n{job}\n'
+        f'[aws]\nregion = "{REGION}"\n{aws}\n{static}'
+    )
+    return path
+
+
+WORKERS = """
+[[aws.hosts]]
+filters = { "tag:tfdeploy-job" = "mnist", "tag:tfdeploy-role" = "worker" }
+ssh_address = "public"
+tf_address = "private"
+tasks = [{ role = "worker" }]
+gpus = 1
+"""
+
+
+def test_discovers_running_tagged_instances_in_launch_order(ec2: Any, tmp_path: Path) -> None:
+    worker = {"tfdeploy-job": "mnist", "tfdeploy-role": "worker"}
+    running = [launch(ec2, worker) for _ in range(3)]
+    stopped = launch(ec2, worker)
+    ec2.stop_instances(InstanceIds=[stopped])
+    gone = launch(ec2, worker)
+    ec2.terminate_instances(InstanceIds=[gone])
+    launch(ec2, {"tfdeploy-job": "other", "tfdeploy-role": "worker"})
+    launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "ps"})
+    static = '[[hosts]]\nname = "static1"\naddress = "10.1.1.1"\ntasks = [{ role = "chief" }]\n'
+    inventory = load_inventory(write_inventory(tmp_path, WORKERS, static=static))
+    assert [h.name for h in inventory.hosts] == ["static1"]  # loading does no discovery
+
+    resolved = resolve_hosts(inventory)
+    raw = sorted(described(ec2, running), key=lambda i: (i["LaunchTime"], i["InstanceId"]))
+    assert [h.name for h in resolved.hosts] == ["static1"] + [i["InstanceId"] for i in raw]
+    for host, instance in zip(resolved.hosts[1:], raw, strict=True):
+        assert host.address == instance["PublicIpAddress"]  # ssh_address = "public"
+        assert host.tf_address == instance["PrivateIpAddress"]  # tf_address = "private"
+        assert host.gpus == 1 and not host.gpus_auto
+        assert [t.role for t in host.tasks] == ["worker"]
+    assert [i.id for i in resolved.instances] == [h.name for h in resolved.hosts[1:]]
+    assert resolve_hosts(inventory).hosts == resolved.hosts  # stable across plan and up
+
+
+def test_discovery_follows_every_page(ec2: Any, tmp_path: Path) -> None:
+    ids = {launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "worker"}) for _ in range(12)}
+    pages = list(ec2.get_paginator("describe_instances").paginate(PaginationConfig={"PageSize": 5}))
+    assert len(pages) >= 3  # moto really pages: one describe call would see only 5
+    inventory = load_inventory(write_inventory(tmp_path, WORKERS))
+    resolved = resolve_hosts(inventory, page_size=5)
+    assert {h.name for h in resolved.hosts} == ids
+
+
+def test_plan_shows_the_discovered_instances(ec2: Any, tmp_path: Path) -> None:
+    ids = [launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "worker"}) for _ in range(2)]
+    path = write_inventory(tmp_path, WORKERS)
+    code, out, err = cli("plan", str(path))
+    assert code == 0, err
+    for instance in described(ec2, ids):
+        row = re.search(rf"^.*{instance['InstanceId']}.*$", out, re.M)
+        assert row, out
+        for value in ("g5.xlarge", instance["Placement"]["AvailabilityZone"]):
+            assert value in row.group(0)
+        assert instance["PrivateIpAddress"] in row.group(0)
+        assert instance["PublicIpAddress"] in row.group(0)
+    code, out, _ = cli("plan", "--json", str(path))
+    doc = json.loads(out)
+    assert sorted(i["id"] for i in doc["instances"]) == sorted(ids)
+    assert {t["host"] for t in doc["tasks"]} == set(ids)
+
+
+def test_zero_matches_is_an_error_naming_the_filters(ec2: Any, tmp_path: Path) -> None:
+    launch(ec2, {"tfdeploy-job": "other", "tfdeploy-role": "worker"})
+    code, _, err = cli("plan", str(write_inventory(tmp_path, WORKERS)))
+    assert code == 2
+    assert "aws.hosts[0].filters: no running EC2 instance in us-east-1 matches" in err
+    assert "tag:tfdeploy-job=mnist, tag:tfdeploy-role=worker" in err
+
+
+def test_missing_credentials_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No moto here: boto3 must stop before sending anything, for want of credentials.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-profile lookup
+    inventory = load_inventory(write_inventory(tmp_path, WORKERS))
+    with pytest.raises(DiscoveryError, match="no AWS credentials found") as info:
+        resolve_hosts(inventory)
+    assert info.value.hint and "aws configure" in info.value.hint
+    code, _, err = cli("plan", str(write_inventory(tmp_path, WORKERS)))
+    assert code == 2 and "error: no AWS credentials found" in err and "Traceback" not in err
+
+
+def test_unknown_profile_and_missing_boto3_are_clear_errors(
+    ec2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_inventory(tmp_path, 'profile = "nosuch"\n' + WORKERS)
+    code, _, err = cli("plan", str(path))
+    assert code == 2 and "AWS profile 'nosuch' is not configured" in err
+    monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` sees when absent
+    code, _, err = cli("plan", str(write_inventory(tmp_path, WORKERS)))
+    assert code == 2 and "boto3 is not installed" in err
+    assert "pip install 'tfdeploy[aws]'" in err
+
+
+def test_an_instance_matched_by_two_groups_is_an_error(ec2: Any, tmp_path: Path) -> None:
+    launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "worker"})
+    both = WORKERS + WORKERS.replace('"worker" }\nssh', '["worker", "ps"] }\nssh')
+    with pytest.raises(InventoryError, match=r"aws.hosts\[1\].filters: instance i-\w+ is also"):
+        resolve_hosts(load_inventory(write_inventory(tmp_path, both)))
+
+
+def test_public_address_wanted_but_missing(ec2: Any, tmp_path: Path) -> None:
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.0.0/24")["Subnet"]["SubnetId"]
+    launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "worker"}, SubnetId=subnet)
+    with pytest.raises(InventoryError, match=r"ssh_address: instance i-\w+ has no public IP"):
+        resolve_hosts(load_inventory(write_inventory(tmp_path, WORKERS)))
+
+
+@pytest.mark.parametrize(
+    ("snippet", "message"),
+    [
+        ('filters = { "tag:x" = 3 }', "aws.hosts[0].filters.tag:x: expected a string or a list"),
+        ("filters = {}", "aws.hosts[0].filters: expected at least one filter"),
+        ('filters = { "tag:x" = "y" }\nssh_address = "elastic"', "expected 'public' or 'private'"),
+        (
+            'filters = { "tag:x" = "y" }\ngpus = "many"',
+            'expected an integer or "auto" (count with nvidia-smi), got \'many\'',
+        ),
+        ('filters = { "tag:x" = "y" }\ngpu = 2', "unknown key"),
+        ('filters = { "instance-state-name" = "stopped" }', "running instances only"),
+    ],
+)
+def test_aws_section_mistakes_name_the_key(tmp_path: Path, snippet: str, message: str) -> None:
+    group = f'[[aws.hosts]]\n{snippet}\ntasks = [{{ role = "worker" }}]\n'
+    with pytest.raises(InventoryError) as info:
+        load_inventory(write_inventory(tmp_path, group))
+    assert message in info.value.message
+
+
+def test_the_example_aws_inventory_plans_against_matching_instances(ec2: Any) -> None:
+    example = ROOT / "inventories" / "aws.toml"
+    text = example.read_text()
+    assert "tensorflow[and-cuda]" in text and "jump" in text and "p4d.24xlarge" in text
+    launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "chief"}, kind="p4d.24xlarge")
+    for _ in range(2):
+        launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "worker"}, kind="g5.12xlarge")
+    for _ in range(2):
+        launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "ps"}, kind="c6i.4xlarge")
+    code, out, err = cli("plan", "--json", str(example))
+    assert code == 0, err
+    doc = json.loads(out)
+    roles = sorted(f"{t['role']}:{t['index']}" for t in doc["tasks"])
+    assert roles == ["chief:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    types = {i["id"]: i["type"] for i in doc["instances"]}
+    chief = next(t for t in doc["tasks"] if t["role"] == "chief")
+    assert types[chief["host"]] == "p4d.24xlarge"
+    assert chief["gpus"] == list(range(8))  # the p4d's 8 GPUs, declared in the example
+    ps_hosts = {t["host"] for t in doc["tasks"] if t["role"] == "ps"}
+    assert {types[h] for h in ps_hosts} == {"c6i.4xlarge"}
+    assert all(t["gpus"] == [] for t in doc["tasks"] if t["role"] == "ps")
+
+
+# -- end to end: EC2 instances (moto) whose addresses are the bastion lab's private hosts ----------
+
+
+@pytest.mark.lab
+@pytest.mark.isolated
+@pytest.mark.tf
+@pytest.mark.slow
+def test_up_on_discovered_instances_trains_through_the_bastion(
+    bastion_lab: Lab, ec2: Any, tmp_path: Path
+) -> None:
+    lab = bastion_lab
+    assert lab.bastion is not None
+    network = ipaddress.ip_network(f"{lab.hosts[0].address}/16", strict=False)
+    vpc = ec2.create_vpc(CidrBlock=str(network))["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=str(network))["Subnet"]["SubnetId"]
+    # moto takes the private IP we ask for: the "EC2" instances are the lab's private hosts.
+    ids = [
+        launch(
+            ec2,
+            {"tfdeploy-job": "labjob", "tfdeploy-role": "worker"},
+            SubnetId=subnet,
+            PrivateIpAddress=h.address,
+        )
+        for h in lab.hosts
+    ]
+    by_ip = {i["PrivateIpAddress"]: i for i in described(ec2, ids)}
+    order = sorted(by_ip.values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))
+    jump = f"{lab.user}@{lab.bastion.address}:{lab.bastion.port}"
+    ssh = {
+        "user": lab.user,
+        "identity": str(lab.key_path),
+        "known_hosts": str(lab.known_hosts),
+        "jump": jump,
+        "connect_timeout": 5,
+    }
+    tf_env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    path = tmp_path / "aws-lab.toml"
+    path.write_text(
+        "[job]\n"
+        f'name = "labjob"\ncode = {toml_value(EXAMPLES)}\n'
+        f"command = {toml_value(lab.python + ' mwms.py --epochs 4')}\n"
+        f"python = {toml_value(lab.python)}\nenv = {toml_value(tf_env)}\n"
+        f"[ssh]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in ssh.items()) + "[aws]\n"
+        f'region = "{REGION}"\n'
+        "[[aws.hosts]]\n"
+        'filters = { "tag:tfdeploy-job" = "labjob", "tag:tfdeploy-role" = "worker" }\n'
+        'ssh_address = "private"\ntf_address = "private"\ntasks = [{ role = "worker" }]\n'
+    )
+    code, out, err = cli("up", str(path))
+    assert code == 0, f"{out}\n{err}"
+    accuracy = dict(re.findall(r"^(\S+@\S+)\s+\| test_accuracy=([0-9.]+)$", out, re.M))
+    assert set(accuracy) == {f"worker:{n}@{i['InstanceId']}" for n, i in enumerate(order)}
+    assert min(float(a) for a in accuracy.values()) >= 0.9
+    cluster = [f"{i['PrivateIpAddress']}:2222" for i in order]
+    configs = re.findall(r"^\S+\s+\| tfdeploy-env TF_CONFIG=(\{.*\}) CUDA", out, re.M)
+    assert {json.dumps(json.loads(c)["cluster"]) for c in configs} == {
+        json.dumps({"worker": cluster})
+    }
+    for h in lab.hosts:
+        assert not lab.leftovers(h), lab.leftovers(h)

@@ -1,0 +1,334 @@
+"""GPUs: nvidia-smi facts, the re-plan for gpus = "auto", preflight errors and the live view.
+
+The lab has no GPUs. tests/fakes/nvidia-smi is a HARDWARE STAND-IN: a shell script printing
+canned CSV in nvidia-smi's format, put in /root/bin of one lab host (each host has a private
+/root; the agent looks in ~/bin after PATH, see remote/gpuinfo.py). Everything else is real: sshd,
+the agent, the tasks.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from deployer.fleet import Fleet
+from deployer.gpus import GpuReport, check_gpus, usage_text
+from deployer.inventory import parse_inventory
+from deployer.lifecycle import Deployment, UpOptions
+from deployer.plan import make_plan
+from deployer.view import TaskRow, task_table
+from tests.lab import Lab, LabHost
+
+FAKE = Path(__file__).resolve().parent / "fakes" / "nvidia-smi"
+REMOTE = Path(__file__).resolve().parent.parent / "remote"
+
+
+def uuid(i: int) -> str:
+    return f"GPU-fa4e0000-0000-4000-8000-00000000000{i}"
+
+
+def gpus_csv(n: int, util: Sequence[int] = (), used: int = 0) -> str:
+    return "".join(
+        f"{i}, {uuid(i)}, NVIDIA A10G, 23028, {used}, {util[i] if i < len(util) else 0}\n"
+        for i in range(n)
+    )
+
+
+def report(n: int, apps: Sequence[tuple[int, int]] = (), util: Sequence[int] = ()) -> GpuReport:
+    return GpuReport.from_json(
+        {
+            "nvidia_smi": "/usr/bin/nvidia-smi",
+            "error": None,
+            "gpus": [
+                {
+                    "index": i,
+                    "uuid": uuid(i),
+                    "name": "NVIDIA A10G",
+                    "memory_total": 23028,
+                    "memory_used": 2048,
+                    "utilization": util[i] if i < len(util) else 0,
+                }
+                for i in range(n)
+            ],
+            "apps": [{"gpu_uuid": uuid(g), "pid": pid, "used_memory": 100} for g, pid in apps],
+        }
+    )
+
+
+def plan_for(hosts: list[dict[str, Any]], tmp_path: Path) -> Any:
+    data = {"job": {"name": "g", "code": str(tmp_path), "command": "x"}, "hosts": hosts}
+    return make_plan(parse_inventory(data, tmp_path / "inv.toml"))
+
+
+# -- the agent's op, on this machine with the stand-in on PATH ------------------------------------
+
+
+def test_agent_op_parses_nvidia_smi_output(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(FAKE)
+    (bin_dir / "nvidia-smi.apps.csv").write_text(f"{uuid(2)}, 4242, 512\n")
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(REMOTE)!r}); import agent; "
+        'print(json.dumps(agent.handle(b\'{"v": 1, "op": "gpus", "workdir": "/tmp"}\')))'
+    )
+    env = os.environ | {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    got = GpuReport.from_json(__import__("json").loads(done.stdout))
+    assert got.nvidia_smi == str(bin_dir / "nvidia-smi") and got.error is None
+    assert [g.index for g in got.gpus] == [0, 1, 2, 3]
+    assert got.gpus[1].memory_total == 23028 and got.gpus[1].name == "NVIDIA A10G"
+    assert got.apps == ((uuid(2), 4242),)
+    (bin_dir / "nvidia-smi.fail").touch()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    failed = GpuReport.from_json(__import__("json").loads(done.stdout))
+    assert failed.error and "exited with code 9" in failed.error and "NVIDIA driver" in failed.error
+    env["PATH"] = "/usr/bin:/bin"
+    env["HOME"] = str(tmp_path / "nohome")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert GpuReport.from_json(__import__("json").loads(done.stdout)).nvidia_smi is None
+
+
+# -- pure checks --------------------------------------------------------------------------------
+
+
+def test_auto_counts_gpus_and_replans_the_split(tmp_path: Path) -> None:
+    plan = plan_for(
+        [
+            {
+                "address": "a",
+                "gpus": "auto",
+                "tasks": [{"role": "worker", "count": 2}, {"role": "ps"}],
+            },
+            {"address": "b", "gpus": 2, "tasks": [{"role": "worker", "gpus": [1]}]},
+        ],
+        tmp_path,
+    )
+    assert [t.gpus for t in plan.tasks] == [(), (), (), (1,)]  # a's count is unknown yet
+    new, problems, warnings = check_gpus(plan, {"a": report(5), "b": report(2)})
+    assert problems == [] and warnings == []
+    assert [t.env["CUDA_VISIBLE_DEVICES"] for t in new.tasks] == ["0,1,2", "3,4", "", "1"]
+
+
+def test_preflight_problems_name_the_host(tmp_path: Path) -> None:
+    plan = plan_for(
+        [
+            {"address": "nosmi", "gpus": "auto", "tasks": [{"role": "worker"}]},
+            {"address": "small", "gpus": 8, "tasks": [{"role": "worker"}]},
+            {"address": "idx", "gpus": "auto", "tasks": [{"role": "chief", "gpus": [4]}]},
+            {"address": "cpu", "tasks": [{"role": "ps"}]},
+        ],
+        tmp_path,
+    )
+    no_smi = GpuReport(nvidia_smi=None, error=None, gpus=(), apps=())
+    _, problems, _ = check_gpus(
+        plan, {"nosmi": no_smi, "small": report(4), "idx": report(4), "cpu": no_smi}
+    )
+    messages = [p.message for p in problems]
+    assert messages == [
+        'nosmi: GPUs were requested (gpus = "auto") but nvidia-smi was not found on the host',
+        "small: gpus = 8 but nvidia-smi lists 4 GPU(s): indices 0, 1, 2, 3",
+        "idx: hosts[2].tasks[0].gpus: GPU 4 does not exist: nvidia-smi lists 4 GPU(s): "
+        "indices 0, 1, 2, 3",
+    ]
+    assert problems[0].hint and "NVIDIA driver" in problems[0].hint
+
+
+def test_busy_gpu_warns_and_shared_gpu_is_an_error(tmp_path: Path) -> None:
+    plan = plan_for([{"address": "a", "gpus": "auto", "tasks": [{"role": "worker"}]}], tmp_path)
+    _, problems, warnings = check_gpus(plan, {"a": report(2, apps=[(1, 777)])})
+    assert not problems
+    assert warnings == [
+        "a: GPU 1 (NVIDIA A10G), given to worker:0, already runs compute process(es) 777: "
+        "another job may be using it"
+    ]
+    from deployer.errors import InventoryError
+
+    two = [{"role": "worker", "gpus": [0]}, {"role": "worker", "gpus": [0]}]
+    with pytest.raises(InventoryError, match="GPU 0 would be shared"):
+        plan_for([{"address": "a", "gpus": "auto", "tasks": two}], tmp_path)
+    shared = plan_for(
+        [{"address": "a", "gpus": "auto", "share_gpus": True, "tasks": two}], tmp_path
+    )
+    assert not check_gpus(shared, {"a": report(1)})[1]
+
+
+def test_usage_text_and_the_view_column(tmp_path: Path) -> None:
+    plan = plan_for(
+        [{"address": "a", "gpus": 4, "tasks": [{"role": "worker", "count": 2}]}], tmp_path
+    )
+    r = report(4, util=[40, 60, 0, 100])
+    assert usage_text(plan.tasks[0], r) == "50% 4.0/45.0 GiB"
+    assert usage_text(plan.tasks[1], r) == "50% 4.0/45.0 GiB"
+    assert usage_text(plan.tasks[0], None) == ""
+
+    def render(rows: list[TaskRow]) -> str:
+        console = Console(file=io.StringIO(), width=140, color_system=None)
+        console.print(task_table(rows, now=100.0))
+        return console.file.getvalue()  # type: ignore[attr-defined]
+
+    with_use = render([TaskRow("worker:0", "a", "running", 7, "0,1", "50% 4.0/45.0 GiB", 90.0)])
+    assert "GPU use" in with_use and "50% 4.0/45.0 GiB" in with_use
+    assert "GPU use" not in render([TaskRow("worker:0", "a", "running", 7, "0,1")])
+
+
+# -- on the lab, with the stand-in on one host ---------------------------------------------------
+
+
+@pytest.fixture
+def fake_nvidia_smi(lab: Lab) -> Iterator[Callable[..., None]]:
+    """install(host, gpus=CSV, apps=CSV, fail=False): the stand-in in that host's /root/bin."""
+    used: list[LabHost] = []
+
+    def install(
+        host: LabHost, *, gpus: str | None = None, apps: str = "", fail: bool = False
+    ) -> None:
+        used.append(host)
+        script = [
+            "mkdir -p /root/bin",
+            f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
+            "chmod +x /root/bin/nvidia-smi",
+            f"printf %s {shlex.quote(apps)} > /root/bin/nvidia-smi.apps.csv",
+        ]
+        if gpus is not None:
+            script.append(f"printf %s {shlex.quote(gpus)} > /root/bin/nvidia-smi.gpus.csv")
+        if fail:
+            script.append("touch /root/bin/nvidia-smi.fail")
+        done = lab.run(host, " && ".join(script))
+        assert done.returncode == 0, done.stderr
+
+    yield install
+    for host in used:
+        lab.run(host, "rm -rf /root/bin")
+
+
+class RecordingView:
+    """A View that keeps what it was shown (a real renderer's input, not a mock of one)."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.output: list[str] = []
+        self.rows: list[list[TaskRow]] = []
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self.output += [f"{label} | {line}" for line in lines]
+
+    def tasks(self, rows: Sequence[TaskRow]) -> None:
+        self.rows.append(list(rows))
+
+    def close(self) -> None:
+        pass
+
+
+SHOW_ENV = (
+    "import os, time\n"
+    "names = ('CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH', 'CUDA_CACHE_PATH', 'NOT_FORWARDED')\n"
+    "print('env', *(f'{n}={os.environ.get(n, \"-\")}' for n in names), flush=True)\n"
+    "time.sleep(float(os.environ.get('SLEEP', '0')))\n"
+)
+
+
+@pytest.mark.lab
+def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
+    clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    gpu_host, cpu_host = lab.hosts[0], lab.hosts[1]
+    fake_nvidia_smi(
+        gpu_host, gpus=gpus_csv(4, util=[30, 50, 70, 90], used=1024), apps=f"{uuid(3)}, 999, 10\n"
+    )
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "show.py").write_text(SHOW_ENV)
+    path = lab_inventory(
+        [[{"role": "worker", "count": 2}], [{"role": "worker"}]],
+        code=code,
+        job={
+            "name": "gpus",
+            "command": f"{lab.python} show.py",
+            "env": {"SLEEP": "4"},
+            "forward_env": ["LD_LIBRARY_PATH", "CUDA_CACHE_PATH", "UNSET_HERE"],
+        },
+    )
+    text = path.read_text().replace(
+        f'name = "{gpu_host.name}"', f'name = "{gpu_host.name}"\ngpus = "auto"', 1
+    )
+    path.write_text(text)
+    plan = make_plan(parse_inventory(__import__("tomllib").loads(text), path))
+    view = RecordingView()
+    environ = {
+        "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+        "CUDA_CACHE_PATH": "/c",
+        "NOT_FORWARDED": "x",
+    }
+    with Fleet(plan.hosts) as fleet:
+        deployment = Deployment(plan, fleet, view, UpOptions(poll_interval=0.5), environ=environ)
+        assert deployment.run() == 0, view.steps
+    envs = {line.split(" | ")[0]: line.split(" | ")[1] for line in view.output if " | env " in line}
+    rest = "LD_LIBRARY_PATH=/usr/local/cuda/lib64 CUDA_CACHE_PATH=/c NOT_FORWARDED=-"
+    assert envs == {
+        f"worker:0@{gpu_host.name}": f"env CUDA_VISIBLE_DEVICES=0,1 {rest}",
+        f"worker:1@{gpu_host.name}": f"env CUDA_VISIBLE_DEVICES=2,3 {rest}",
+        f"worker:2@{cpu_host.name}": f"env CUDA_VISIBLE_DEVICES= {rest}",
+    }
+    assert any(
+        s == f"warning: {gpu_host.name}: GPU 3 (NVIDIA A10G), given to worker:1, already runs "
+        "compute process(es) 999: another job may be using it"
+        for s in view.steps
+    ), view.steps
+    assert "warning: forward_env: UNSET_HERE are not set here" in view.steps
+    uses = {(r.name, r.gpu_use) for rows in view.rows for r in rows if r.gpu_use}
+    assert uses == {("worker:0", "40% 2.0/45.0 GiB"), ("worker:1", "80% 2.0/45.0 GiB")}
+
+
+@pytest.mark.lab
+def test_gpu_preflight_errors_on_the_lab(
+    clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "x.py").write_text("print('never')\n")
+    fake_nvidia_smi(lab.hosts[0], gpus=gpus_csv(2))
+    fake_nvidia_smi(lab.hosts[2], fail=True)
+    path = lab_inventory(
+        [[{"role": "worker", "gpus": [3]}], [{"role": "worker"}], [{"role": "worker"}]],
+        code=code,
+        job={"name": "gpuerr", "command": f"{lab.python} x.py"},
+    )
+    text = path.read_text()
+    for host in lab.hosts[1:3]:  # host 1 has no nvidia-smi at all; host 2's fails
+        text = text.replace(f'name = "{host.name}"', f'name = "{host.name}"\ngpus = 2', 1)
+    path.write_text(text)
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "deployer", "up", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    h = [host.name for host in lab.hosts[:3]]
+    assert (
+        f"{h[0]}: hosts[0].tasks[0].gpus: GPU 3 does not exist: nvidia-smi lists 2 GPU(s): "
+        "indices 0, 1" in done.stderr
+    )
+    assert f"{h[1]}: GPUs were requested (gpus = 2) but nvidia-smi was not found" in done.stderr
+    assert re.search(
+        rf"{h[2]}: nvidia-smi failed: .* exited with code 9: NVIDIA-SMI has failed", done.stderr
+    )
+    assert "nothing was started" in done.stderr
