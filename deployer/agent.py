@@ -16,16 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from deployer.errors import HostError
+from deployer.session import Session, SessionEnded, open_session
 from deployer.transport import Transport
 
 PROTOCOL_VERSION = 1
 REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"
 
 # Runs on the host with only the interpreter: makes sure this agent version is installed (files
-# arrive on stdin), then hands the request to it. One round trip per host at preflight.
+# arrive on the first stdin line), answers the hello request in the same process, then keeps
+# serving requests on the same channel (`agent.serve`) until stdin closes: every later call of
+# the connection costs one round trip instead of an sshd session and a Python start (~50 ms of
+# host CPU). Fed all at once with EOF, it answers the hello alone and exits (one-shot mode).
 _BOOTSTRAP = """
-import json, os, subprocess, sys
-d = json.load(sys.stdin)
+import json, os, sys
+d = json.loads(sys.stdin.buffer.readline())
 home = os.path.join(os.path.expanduser(d["workdir"]), "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):
     os.makedirs(home, 0o700, exist_ok=True)
@@ -35,9 +39,9 @@ if not os.path.isfile(os.path.join(home, ".complete")):
             f.write(text)
         os.replace(tmp, os.path.join(home, name))
     open(os.path.join(home, ".complete"), "w").close()
-r = subprocess.run([sys.executable, os.path.join(home, "agent.py")],
-                   input=json.dumps(d["request"]).encode(), capture_output=True)
-sys.stdout.write(r.stdout.decode()); sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)
+sys.path.insert(0, home)
+import agent
+sys.exit(agent.serve(json.dumps(d["request"]).encode()))
 """
 
 
@@ -122,6 +126,7 @@ class Agent:
         self.python = python
         self.workdir = workdir
         self.home: str | None = None  # absolute workdir, known after install()
+        self._session: Session | None = None  # the bootstrap, still serving after install()
 
     @property
     def host(self) -> str:
@@ -142,29 +147,75 @@ class Agent:
             "files": agent_files(),
             "request": request,
         }
-        reply = self._exchange([self.python, "-c", _BOOTSTRAP], payload, timeout=60)
+        argv = [self.python, "-c", _BOOTSTRAP]
+        self.close_session()
+        try:
+            session = open_session(self.transport, argv)
+        except SessionEnded as exc:
+            self._reply(exc.exit_code, b"", exc.stderr)
+            raise  # _reply always raises for an ended session
+        if session is None:
+            reply = self._exchange(argv, payload, timeout=60)
+        else:
+            self._session = session
+            with session.lock:
+                reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
         self.home = reply["workdir"]
         return reply
 
-    def call(self, op: str, timeout: float | None = 60, **params: Any) -> dict[str, Any]:
+    def call(
+        self, op: str, timeout: float | None = 60, *, stream: bytes = b"", **params: Any
+    ) -> dict[str, Any]:
+        """One op; `stream` is raw bytes sent after the request line (materialize's contents)."""
         request = {"v": PROTOCOL_VERSION, "op": op, "workdir": self.workdir, **params}
-        return self._exchange([self.python, f"{self.agent_dir}/agent.py"], request, timeout)
+        session = self._session
+        if session is not None and session.lock.acquire(blocking=False):
+            try:
+                return self._over(session, json.dumps(request).encode() + b"\n" + stream, timeout)
+            finally:
+                session.lock.release()
+        # Busy session (another thread's call) or none: a one-shot agent process.
+        # -S: the agent is stdlib-only; skipping site-packages (a TF venv's .pth files) halves
+        # the interpreter's start, which every one-shot call pays on the host.
+        argv = [self.python, "-S", f"{self.agent_dir}/agent.py"]
+        return self._exchange(argv, request, timeout, stream)
+
+    def close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    def _over(self, session: Session, data: bytes, timeout: float | None) -> dict[str, Any]:
+        try:
+            line = session.request(data, timeout)
+        except SessionEnded as exc:
+            self._session = None
+            return self._reply(exc.exit_code, b"", exc.stderr)
+        except HostError:
+            self._session = None  # lost or timed out: later calls start afresh, one-shot
+            session.close()
+            raise
+        return self._reply(0, line, b"")
 
     def _exchange(
-        self, argv: list[str], request: dict[str, Any], timeout: float | None
+        self, argv: list[str], request: dict[str, Any], timeout: float | None, stream: bytes = b""
     ) -> dict[str, Any]:
-        result = self.transport.run(argv, stdin=json.dumps(request).encode(), timeout=timeout)
-        if result.exit_code == 127:
+        stdin = json.dumps(request).encode() + b"\n" + stream
+        result = self.transport.run(argv, stdin=stdin, timeout=timeout)
+        return self._reply(result.exit_code, result.stdout, result.stderr)
+
+    def _reply(self, exit_code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
+        if exit_code == 127:
             raise HostError(
                 self.host,
                 f"{self.python!r} was not found on the host",
                 hint="set job.python (or python on the host) to an installed interpreter",
             )
         try:
-            reply: dict[str, Any] = json.loads(result.stdout)
+            reply: dict[str, Any] = json.loads(stdout)
         except ValueError:
-            detail = (result.stderr or result.stdout).decode(errors="replace").strip()
-            last = detail.splitlines()[-1] if detail else f"exit code {result.exit_code}"
+            detail = (stderr or stdout).decode(errors="replace").strip()
+            last = detail.splitlines()[-1] if detail else f"exit code {exit_code}"
             raise HostError(self.host, f"the tfdeploy agent failed: {last}") from None
         if not reply.get("ok"):
             raise HostError(self.host, str(reply.get("error", "the agent refused the request")))

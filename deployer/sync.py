@@ -6,9 +6,11 @@ from it. Unchanged files therefore cost one hash lookup, not a transfer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shlex
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,19 +90,69 @@ def scan(root: Path) -> Manifest:
 
 
 def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushResult:
-    """Sends the contents the host lacks, then has the agent build the run directory."""
+    """Sends the contents the host lacks, then has the agent build the run directory.
+
+    Two agent calls per host: `have`, then `materialize` with the missing contents streamed
+    after its request line (batches of at most BATCH_BYTES, so memory stays bounded).
+    """
     by_hash = manifest.by_hash()
     missing = agent.missing(sorted(by_hash))
-    store = f"{agent.home}/store"
-    sent = 0
-    for sha in missing:
-        code_file = by_hash[sha]
-        data = (manifest.root / code_file.path).read_bytes()
-        agent.transport.put(data, f"{store}/{sha}", mode=0o600)
-        sent += len(data)
+    batches = _batches([by_hash[sha] for sha in missing])
     files = [[f.path, f.sha256, f.mode] for f in manifest.files]
-    agent.call("materialize", files=files, **run_fields)
+    for batch in batches[:-1]:  # only above BATCH_BYTES: store these, build the run dir last
+        agent.call(
+            "materialize",
+            files=[],
+            stream=_pack(manifest.root, batch),
+            **_blob_list(batch),
+            **run_fields,
+        )
+    last = batches[-1] if batches else ()
+    agent.call(
+        "materialize",
+        files=files,
+        stream=_pack(manifest.root, last),
+        **_blob_list(last),
+        **run_fields,
+    )
+    sent = sum(by_hash[sha].size for sha in missing)
     return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
+
+
+BATCH_BYTES = 32 * 1024 * 1024
+
+
+def _batches(files: list[CodeFile]) -> list[tuple[CodeFile, ...]]:
+    batches: list[tuple[CodeFile, ...]] = []
+    current: list[CodeFile] = []
+    size = 0
+    for f in files:
+        if current and size + f.size > BATCH_BYTES:
+            batches.append(tuple(current))
+            current, size = [], 0
+        current.append(f)
+        size += f.size
+    if current:
+        batches.append(tuple(current))
+    return batches
+
+
+def _blob_list(batch: tuple[CodeFile, ...]) -> dict[str, Any]:
+    return {"blobs": [[f.sha256, f.size] for f in batch]} if batch else {}
+
+
+_pack_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=2)
+def _pack_cached(root: Path, batch: tuple[CodeFile, ...]) -> bytes:
+    return b"".join((root / f.path).read_bytes() for f in batch)
+
+
+def _pack(root: Path, batch: tuple[CodeFile, ...]) -> bytes:
+    """The contents of a batch, concatenated; hosts missing the same files share one copy."""
+    with _pack_lock:  # one read of the files even when 32 hosts ask at once
+        return _pack_cached(root, batch)
 
 
 def setup_fingerprint(commands: tuple[str, ...], env: dict[str, str], manifest: Manifest) -> str:

@@ -208,12 +208,54 @@ def _error(message: str) -> dict[str, Any]:
     return {"v": runs.PROTOCOL_VERSION, "ok": False, "error": message}
 
 
+def serve(first: bytes | None = None) -> int:
+    """`agent.py serve`: many requests on one channel, one JSON line in, one JSON line out.
+
+    The interpreter and its imports cost ~50 ms of host CPU per one-shot call; a session pays
+    them once per connection. Ends when stdin closes (the controller or its connection left).
+    """
+    raw = first
+    while True:
+        if raw is None:
+            raw = sys.stdin.buffer.readline()
+            if not raw:
+                return 0
+        _reap()
+        try:
+            reply = handle(raw)
+        except Exception as exc:  # a one-shot call would crash; a session must answer and go on
+            reply = _error(f"the agent failed: {type(exc).__name__}: {exc}")
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+        _reap()
+        raw = None
+
+
+def _reap() -> None:
+    """Supervisors started by this long-lived process must not linger as zombies."""
+    import os
+
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1 and argv[1] == "supervise":
         import supervisor  # only supervisors need it; keeps every request's startup lean
 
         return supervisor.main(argv[2:])
-    reply = handle(sys.stdin.buffer.read())
+    if len(argv) > 1 and argv[1] == "serve":
+        return serve()
+    # The request is one JSON line; materialize's file contents (blobs) may follow it raw.
+    raw = sys.stdin.buffer.readline()
+    if not raw.endswith(b"\n"):
+        raw += sys.stdin.buffer.read()
+    reply = handle(raw)
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
     return 0
