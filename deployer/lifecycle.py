@@ -246,9 +246,8 @@ class Deployment:
             )
             if reply.get("code"):
                 tail = "\n    ".join(reply.get("tail") or [])
-                raise HostError(
-                    member.name, f"setup failed (exit code {reply['code']}):\n    {tail}"
-                )
+                message = f"setup failed (exit code {reply['code']}):\n    {tail}"
+                raise HostError(member.name, mask_text(message, job.env, job.secret_env))
             return bool(reply.get("ran"))
 
         ran = self.fleet.each(run_setup, self.members, what="setup failed")

@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 import tokenize
@@ -347,9 +348,17 @@ def test_cut_link_fails_a_running_command_and_new_connects_quickly(lab: Any) -> 
         assert time.monotonic() - started < 5
     finally:
         lab.restore_link(host)
+        kill_leftover(lab, host, "sleep 120")
     t.connect()  # a lost connection is replaced on the next call
     assert t.run(["echo", "back"]).stdout == b"back\n"
     t.close()
+
+
+def kill_leftover(lab: Any, host: Any, cmdline: str) -> None:
+    """A cut link leaves the remote command running (sshd never hears the client go): end it."""
+    for p in lab.processes(host):
+        if p.cmdline == cmdline:
+            lab.run(host, ["kill", str(p.pid)])
 
 
 # -- jump hosts --------------------------------------------------------------------------------
@@ -439,6 +448,7 @@ def test_cut_link_to_the_bastion_fails_a_jumped_run(bastion_lab: Any) -> None:
     finally:
         bastion_lab.restore_link(b)
         t.close()
+        kill_leftover(bastion_lab, host, "sleep 120")
 
 
 # -- local -------------------------------------------------------------------------------------
@@ -511,3 +521,118 @@ def test_no_code_accepts_unknown_host_keys_silently() -> None:
     assert not offenders, "unknown host keys must never be accepted silently:\n" + "\n".join(
         offenders
     )
+
+
+# -- ssh-agent and ssh_config precedence --------------------------------------------------------
+
+
+@pytest.fixture
+def agent_with_locked_key(lab: Any, tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A real ssh-agent holding a passphrase-protected key that the lab hosts accept."""
+    key = make_key(tmp_path, "locked", passphrase="pass phrase")
+    askpass = tmp_path / "askpass"
+    askpass.write_text("#!/bin/sh\necho 'pass phrase'\n")
+    askpass.chmod(0o700)
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    env = {"SSH_AUTH_SOCK": str(sock)}
+    authorized = lab.authorized_keys.read_text()
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        added = subprocess.run(
+            ["ssh-add", str(key)],
+            env=os.environ | env | {"SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force"},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+        )
+        assert added.returncode == 0, added.stderr
+        lab.authorized_keys.write_text(authorized + Path(f"{key}.pub").read_text())
+        yield key, env
+    finally:
+        lab.authorized_keys.write_text(authorized)
+        agent.kill()
+        agent.wait()
+
+
+@pytest.mark.lab
+def test_passphrase_key_works_through_a_real_ssh_agent(
+    lab: Any, agent_with_locked_key: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, env = agent_with_locked_key
+    monkeypatch.setenv("SSH_AUTH_SOCK", env["SSH_AUTH_SOCK"])
+    # The identity file cannot be read without its passphrase: the agent signs instead.
+    t = SSHTransport(target_for(lab, lab.hosts[0], identity=str(key)))
+    try:
+        assert t.run(["echo", "via agent"]).stdout == b"via agent\n"
+    finally:
+        t.close()
+    # And with no identity at all: the agent's key alone (default ~/.ssh names absent or refused).
+    t = SSHTransport(target_for(lab, lab.hosts[1], identity=None))
+    try:
+        assert t.run(["echo", "agent only"]).stdout == b"agent only\n"
+    finally:
+        t.close()
+
+
+@pytest.mark.lab
+def test_passphrase_key_without_agent_never_waits_on_a_prompt(
+    lab: Any, tmp_path: Path, lab_inventory: Any
+) -> None:
+    """The real CLI, with a terminal-less stdin and no agent: a clear error, fast, exit 3."""
+    key = make_key(tmp_path, "locked2", passphrase="pp")
+    inventory = lab_inventory(
+        [[{"role": "worker"}]], job={"command": "true"}, ssh={"identity": str(key)}
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "deployer", "up", str(inventory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.PIPE,  # an open stdin nobody writes to: a prompt would hang here
+        env=env | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")},
+    )
+    assert result.returncode == 3, result.stderr
+    assert time.monotonic() - started < 30
+    assert "passphrase-protected and no ssh-agent has it" in " ".join(result.stderr.split())
+
+
+@pytest.mark.lab
+def test_explicit_inventory_settings_win_over_ssh_config(lab: Any, tmp_path: Path) -> None:
+    host = lab.hosts[2]
+    config = tmp_path / "ssh_config"
+    # Everything in the file is wrong for this lab, except HostName.
+    config.write_text(
+        f"Host {host.name}\n  HostName {host.address}\n  User nobody\n"
+        f"  IdentityFile {tmp_path}/no-such-key\n  ProxyJump nobody@192.0.2.1\n"
+    )
+    t = SSHTransport(
+        SSHTarget(
+            name=host.name,
+            address=host.name,
+            user=lab.user,
+            identity=str(lab.key_path),
+            jump="none",  # like OpenSSH's ProxyJump none: explicitly no jump host
+            known_hosts=str(lab.known_hosts),
+            ssh_config=str(config),
+            connect_timeout=5,
+        )
+    )
+    try:
+        assert t.run(["id", "-un"]).stdout == f"{lab.user}\n".encode()
+        assert len(t._hops) == 1
+    finally:
+        t.close()
+    # Without the explicit settings the file's wrong values really apply (the test can fail).
+    only_file = SSHTarget(
+        name=host.name,
+        address=host.name,
+        known_hosts=str(lab.known_hosts),
+        ssh_config=str(config),
+        connect_timeout=2,
+    )
+    expect_host_error(SSHTransport(only_file).connect, r"jump host nobody@192\.0\.2\.1")
