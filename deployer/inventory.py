@@ -27,6 +27,8 @@ BUILTIN_SERVER = "tfdeploy:server"
 
 # Names end up in remote paths and run ids, so they must never contain '/' or be '..'.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+# A job name starts every run id, which names a directory on each host: no ':' or '@' there.
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,9 @@ def _name(table: Table, key: str, value: str) -> str:
 
 
 def _parse_job(t: Table, inventory_path: Path) -> Job:
-    name = _name(t, "name", t.required_string("name"))
+    name = t.required_string("name")
+    if not _JOB_NAME.match(name) or ".." in name:
+        t.fail("name", f"expected a job name of letters, digits and . _ -, got {name!r}")
     code_text = t.required_string("code")
     code = (inventory_path.parent / Path(code_text).expanduser()).resolve()
     if not code.is_dir():

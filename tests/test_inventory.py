@@ -322,13 +322,13 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
         ),
         pytest.param(
             ONE_HOST.replace('name = "j"', 'name = "a/b"'),
-            "job.name: expected a name of letters, digits and . _ - : @, got 'a/b'",
+            "job.name: expected a job name of letters, digits and . _ -, got 'a/b'",
             None,
             id="job-name-slash",
         ),
         pytest.param(
             ONE_HOST.replace('name = "j"', 'name = "a..b"'),
-            "job.name: expected a name of letters, digits and . _ - : @, got 'a..b'",
+            "job.name: expected a job name of letters, digits and . _ -, got 'a..b'",
             None,
             id="job-name-dotdot",
         ),
@@ -438,3 +438,13 @@ def test_same_address_with_other_ssh_port_is_another_host(tmp_path: Path) -> Non
         ("10.0.0.1", 22, 2222),
         ("b", 2200, 3000),
     ]
+
+
+@pytest.mark.parametrize("name", ["a:b", "me@x", "..", "-x", "a/b"])
+def test_job_names_are_safe_in_run_ids(tmp_path: Path, name: str) -> None:
+    """The job name starts every run id, which is a directory name on every host."""
+    path = write_toml(tmp_path, ONE_HOST.replace('name = "j"', f'name = "{name}"'))
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert caught.value.key == "job.name"
+    assert "expected a job name of letters, digits and . _ -" in caught.value.message
