@@ -175,7 +175,8 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
         ),
         pytest.param(
             ONE_HOST.replace('{ role = "chief" }', '{ role = "chief", gpu = [0] }'),
-            "hosts[0].tasks[0].gpu: unknown key (known keys here: command, count, cpus, env, gpus, role, threads)",
+            "hosts[0].tasks[0].gpu: unknown key "
+            "(known keys here: command, count, cpus, env, gpus, role, threads)",
             "did you mean 'gpus'?",
             id="unknown-task-key",
         ),
