@@ -58,6 +58,8 @@ class TaskStatus:
     started: float | None = None
     ended: float | None = None
     log_bytes: int = 0
+    restarts: int = 0  # how often the task was started again after it ended
+    frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TaskStatus:
@@ -71,6 +73,8 @@ class TaskStatus:
             started=d.get("started"),
             ended=d.get("ended"),
             log_bytes=d.get("log_bytes") or 0,
+            restarts=d.get("restarts") or 0,
+            frozen=bool(d.get("frozen")),
         )
 
     @property
@@ -89,6 +93,9 @@ class TaskStatus:
             return f"{self.reason} by tfdeploy" if self.reason == "stopped" else self.reason
         if self.signal is not None:
             return f"killed by signal {self.signal}"
+        if self.exit_code is not None and 128 < self.exit_code <= 128 + 64:
+            # A shell running the command reports a child killed by signal N as 128+N.
+            return f"exit code {self.exit_code}: a process killed by signal {self.exit_code - 128}?"
         return f"exit code {self.exit_code}"
 
 
@@ -238,10 +245,11 @@ class Agent:
         max_bytes: int = 1 << 20,
         ports: Sequence[int] = (),
         heartbeat: bool = True,
+        timeout: float = 30,
     ) -> Poll:
         reply = self.call(
             "poll",
-            timeout=30,
+            timeout=timeout,
             run_id=run_id,
             offsets=offsets,
             max_bytes=max_bytes,

@@ -120,7 +120,7 @@ def plan_json(plan: Plan) -> str:
 def status_table(runs: Sequence[HostRun]) -> RenderableType:
     table = Table(title="runs on the hosts, newest first")
     table.add_column("run", no_wrap=True)
-    for column in ("task", "host", "state", "pid", "started", "outcome"):
+    for column in ("task", "host", "state", "pid", "started", "restarts", "outcome"):
         table.add_column(column, overflow="fold")
     for r in runs:
         for t in r.tasks:
@@ -132,6 +132,7 @@ def status_table(runs: Sequence[HostRun]) -> RenderableType:
                 t.state,
                 str(t.pid or "-"),
                 started,
+                str(t.restarts),
                 t.outcome() if t.finished else "",
             )
     return table

@@ -86,6 +86,28 @@ def live_members(pgid: int) -> list[int]:
     return members
 
 
+def frozen_members(pgid: Any) -> list[int]:
+    """Members of a group stopped by a signal (SIGSTOP, SIGTSTP): alive but never progressing.
+
+    A frozen peer hangs a ParameterServerStrategy chief silently; naming it in a stall report
+    saves the user a search.
+    """
+    if not isinstance(pgid, int) or pgid <= 1:
+        return []
+    frozen = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            data = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] in (b"T", b"t"):
+            frozen.append(int(entry.name))
+    return frozen
+
+
 def task_state(task_dir: Path) -> tuple[str, Any, Any]:
     """(state, pid.json, exit.json) of one task, following the state table of PROTOCOL.md."""
     ended = runs.read_json(task_dir / "exit.json")
@@ -112,9 +134,13 @@ def task_status(task_dir: Path) -> dict[str, Any]:
         log_bytes: int | None = (task_dir / "output.log").stat().st_size
     except OSError:
         log_bytes = None
+    restarts = spec.get("restarts") if isinstance(spec, dict) else 0
+    frozen = state == RUNNING and bool(frozen_members(pids.get("pgid")))
     return {
         "name": name if isinstance(name, str) else task_dir.name,
         "state": state,
+        "restarts": restarts if isinstance(restarts, int) else 0,
+        "frozen": frozen,
         "pid": pids.get("pid"),
         "pgid": pids.get("pgid"),
         "started": pids.get("started"),

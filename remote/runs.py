@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -125,6 +128,23 @@ def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
 def touch(path: Path) -> None:
     with open(path, "a"):
         os.utime(path)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Serialises start, setup launches and whole-run stops of one run.
+
+    Without it a stop arriving while a start is still creating task directories would list the
+    tasks too early and leave the late ones running (Ctrl-C during the start phase).
+    """
+    with open(run_dir / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def run_stopped(run_dir: Path) -> bool:
+    """A whole-run stop happened: nothing of this run may start any more."""
+    return (run_dir / "stop").exists()
 
 
 def make_private_dir(path: Path) -> Path:

@@ -7,12 +7,14 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+import procs
 import runs
 
 TAIL_LINES = 20
@@ -168,19 +170,38 @@ def _run_setup(run_dir: Path, commands: list[str], env: dict[str, str]) -> tuple
         for command in commands:
             log.write(f"tfdeploy setup: {command}\n".encode())
             log.flush()
-            returncode = subprocess.run(
-                ["/bin/sh", "-c", command],
-                cwd=run_dir / "code",
-                env=full_env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                check=False,
-            ).returncode
+            returncode = _run_one(run_dir, command, full_env, log)
             if returncode != 0:
                 code = returncode if returncode > 0 else 128 - returncode  # shell convention
                 break
     return code, _tail(log_path, start)
+
+
+def _run_one(run_dir: Path, command: str, env: dict[str, str], log: BinaryIO) -> int:
+    """One setup command in its own process group, recorded so a whole-run stop can end it.
+
+    Ctrl-C during setup must not leave a long `pip install` running on the hosts; the stop op
+    reads setup.json under the run lock, and a stopped run starts no further command.
+    """
+    with runs.run_lock(run_dir):
+        if runs.run_stopped(run_dir):
+            log.write(b"tfdeploy setup: the run was stopped; not running this command\n")
+            return 128 + signal.SIGTERM
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=run_dir / "code",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            process_group=0,
+        )
+        record = {"pgid": proc.pid, "start_ticks": procs.start_ticks(proc.pid)}
+        runs.write_json(run_dir / "setup.json", record)
+    try:
+        return proc.wait()
+    finally:
+        (run_dir / "setup.json").unlink(missing_ok=True)
 
 
 def _tail(path: Path, start: int) -> list[str]:

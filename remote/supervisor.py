@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +57,7 @@ class _Supervisor:
         try:
             cwd = runs.task_cwd(self.run_dir, self.spec.get("cwd"))
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", _command(self.spec["command"])],
+                ["/bin/sh", "-c", _command(self.spec["command"], env.get("PATH"))],
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -157,11 +159,26 @@ def _killpg_quiet(pgid: int, sig: int) -> bool:
     return True
 
 
-def _command(command: str) -> str:
-    """`tfdeploy:server` names the built-in TF server that sits next to this agent."""
+# A command made only of these characters is one simple command: no pipes, lists, redirections,
+# expansions or globs, so `exec` in front of it changes nothing but the process tree.
+_SIMPLE = re.compile(r"[A-Za-z0-9 _./:=,+@%-]+")
+
+
+def _command(command: str, path: str | None) -> str:
+    """`tfdeploy:server` names the built-in TF server that sits next to this agent.
+
+    A simple command is exec'd by the shell, so the task's pid is the user's process itself: a
+    `kill -9` of it is then recorded as signal 9, not as the shell's exit code 137.
+    """
     if command.strip() == "tfdeploy:server":
         server = runs.AGENT_DIR / "tfserver.py"
         return f"exec {shlex.quote(sys.executable)} {shlex.quote(str(server))}"
+    words = command.split()
+    if not (_SIMPLE.fullmatch(command) and words and "=" not in words[0]):
+        return command
+    # Only programs: a shell builtin (exit, cd, ...) cannot be exec'd.
+    if "/" in words[0] or shutil.which(words[0], path=path) is not None:
+        return f"exec {command}"
     return command
 
 

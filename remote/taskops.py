@@ -34,16 +34,20 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
     dirnames = [runs.task_dirname(s["name"]) for s in specs]
     if len(set(dirnames)) != len(dirnames):
         raise runs.AgentError("two tasks of the request share a name (worker:1 and worker-1 clash)")
-    for spec, dirname in zip(specs, dirnames, strict=True):
-        if procs.task_state(run_dir / "tasks" / dirname)[0] == procs.RUNNING:
-            raise runs.AgentError(f"task {spec['name']} of run {run_dir.name} is still running")
-    runs.touch(run_dir / "lease")  # setup may have outlasted the lease; starting is a heartbeat
-    launched = [
-        (task_dir, _launch(run_dir, task_dir, spec, grace))
-        for spec, dirname in zip(specs, dirnames, strict=True)
-        for task_dir in [runs.make_private_dir(run_dir / "tasks" / dirname)]
-    ]
-    _wait_started(launched)
+    # Under the run lock, so a whole-run stop sees either none or all of these tasks.
+    with runs.run_lock(run_dir):
+        if runs.run_stopped(run_dir):
+            raise runs.AgentError(f"run {run_dir.name} was stopped; nothing of it starts again")
+        for spec, dirname in zip(specs, dirnames, strict=True):
+            if procs.task_state(run_dir / "tasks" / dirname)[0] == procs.RUNNING:
+                raise runs.AgentError(f"task {spec['name']} of run {run_dir.name} is still running")
+        runs.touch(run_dir / "lease")  # setup may have outlasted the lease; starting is a heartbeat
+        launched = [
+            (task_dir, _launch(run_dir, task_dir, spec, grace))
+            for spec, dirname in zip(specs, dirnames, strict=True)
+            for task_dir in [runs.make_private_dir(run_dir / "tasks" / dirname)]
+        ]
+        _wait_started(launched)
     return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
 
 
@@ -66,9 +70,16 @@ def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
 def _launch(
     run_dir: Path, task_dir: Path, spec: dict[str, Any], grace: float
 ) -> subprocess.Popen[bytes]:
+    # Starting a task that already ran is a restart (failure policy "restart"): count it, so
+    # `status` shows it long after the controller that decided it is gone.
+    old = runs.read_json(task_dir / "spec.json")
+    restarts = int(old.get("restarts") or 0) if isinstance(old, dict) else 0
+    if (task_dir / "exit.json").exists():
+        restarts += 1
     for stale in ("exit.json", "pid.json", "stop"):
         (task_dir / stale).unlink(missing_ok=True)
-    runs.write_json(task_dir / "spec.json", {**spec, "grace": grace}, mode=0o600)
+    record = {**spec, "grace": grace, "restarts": restarts}
+    runs.write_json(task_dir / "spec.json", record, mode=0o600)
     with open(task_dir / "supervisor.log", "ab") as err:
         # A new session and no inherited stdio: the supervisor must outlive the SSH channel
         # and must not hold its pipes open (sshd would wait for them).
@@ -148,19 +159,47 @@ class _Stop:
             self.last_signal = sig  # already gone: a stop still ended it as far as anyone knows
 
 
+class _SetupStop:
+    """Stops a setup command that is still running: same SIGTERM-then-SIGKILL as a task."""
+
+    def __init__(self, record: dict[str, Any], grace: float, now: float) -> None:
+        self.pgid, self.ticks = record.get("pgid"), record.get("start_ticks")
+        self.kill_at: float | None = now + grace
+        self.done = not procs.signal_group(self.pgid, self.ticks, signal.SIGTERM)
+
+    def step(self, now: float) -> None:
+        if not procs.group_alive(self.pgid, self.ticks):
+            self.done = True
+        elif self.kill_at is not None and now >= self.kill_at:
+            procs.signal_group(self.pgid, self.ticks, signal.SIGKILL)
+            self.kill_at = None
+
+
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
-    run_dir = runs.run_path(req)
+    run_dir = runs.run_path(req, must_exist=False)
     grace = grace_param(req)
     names = runs.param(req, "tasks", list, None)
+    if not run_dir.is_dir():
+        # Ctrl-C before the code reached this host: there is nothing to stop, and that is fine.
+        if names:
+            raise runs.AgentError(f"there is no run {run_dir.name!r} on this host")
+        return {"tasks": []}
+    now = time.time()
+    stops: list[_Stop | _SetupStop] = []
     if names is None:
-        dirs = runs.task_dirs(run_dir)
+        with runs.run_lock(run_dir):  # no start is half-way through creating tasks now
+            if not runs.run_stopped(run_dir):
+                runs.write_json(run_dir / "stop", {"requested": now, "grace": grace})
+            dirs = runs.task_dirs(run_dir)
+            setup = runs.read_json(run_dir / "setup.json")
+            if isinstance(setup, dict):
+                stops.append(_SetupStop(setup, grace, now))
     else:
         dirs = [run_dir / "tasks" / runs.task_dirname(n) for n in names]
         for name, path in zip(names, dirs, strict=True):
             if not path.is_dir():
                 raise runs.AgentError(f"run {run_dir.name} has no task {name}")
-    now = time.time()
-    stops = [_Stop(d, grace, now) for d in dirs]
+    stops += [_Stop(d, grace, now) for d in dirs]
     deadline = now + grace + STOP_SLACK
     while True:
         now = time.time()

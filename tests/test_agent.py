@@ -435,3 +435,84 @@ def test_runs_lists_newest_first_and_tolerates_half_written_runs(workdir: Path) 
     assert first["tasks"][0]["name"] == "worker:0"
     broken_entry = next(r for r in listed if r["run_id"] == "broken")
     assert broken_entry["tasks"][0]["state"] == "starting"
+
+
+def test_stop_of_a_run_that_never_reached_the_host_is_a_no_op(workdir: Path) -> None:
+    # Ctrl-C during push: teardown asks hosts that may not have the run yet.
+    assert ok(call(workdir, "stop", run_id="absent", tasks=None, grace=0))["tasks"] == []
+    reply = call(workdir, "stop", run_id="absent", tasks=["worker:0"], grace=0)
+    assert reply["ok"] is False and "no run 'absent'" in reply["error"]
+
+
+def test_a_stopped_run_never_starts_again(workdir: Path) -> None:
+    new_run(workdir)
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
+    reply = call(workdir, "start", run_id="r1", tasks=[{"name": "worker:0", "command": "true"}])
+    assert reply["ok"] is False and "was stopped" in reply["error"]
+    assert not (workdir / "runs/r1/tasks/worker-0").exists()
+
+
+def test_a_stop_during_start_sees_every_task_of_that_start(workdir: Path) -> None:
+    # Ctrl-C while `start` is in flight: the stop waits for the start's lock, then stops all.
+    new_run(workdir)
+    tasks = [{"name": f"worker:{i}", "command": "sleep 30"} for i in range(4)]
+    request = {"v": 1, "op": "start", "workdir": str(workdir), "run_id": "r1", "tasks": tasks}
+    starter = subprocess.Popen(
+        [PYTHON, str(AGENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert starter.stdin is not None
+    starter.stdin.write(json.dumps(request))
+    starter.stdin.close()
+    wait_for(lambda: (workdir / "runs/r1/tasks").is_dir(), step=0.001)
+    stopped = ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))["tasks"]
+    starter.wait(timeout=20)
+    assert [t["name"] for t in stopped] == [f"worker:{i}" for i in range(4)]
+    assert {t["state"] for t in stopped} == {"exited"}
+
+
+def test_a_whole_run_stop_ends_a_running_setup(workdir: Path) -> None:
+    run_dir = new_run(workdir)
+    request = {
+        "v": 1,
+        "op": "setup",
+        "workdir": str(workdir),
+        "run_id": "r1",
+        "fingerprint": "slow",
+        "commands": ["echo $$ > setup.pid; sleep 60", "echo never > never.txt"],
+    }
+    setup = subprocess.Popen(
+        [PYTHON, str(AGENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert setup.stdin is not None
+    setup.stdin.write(json.dumps(request))
+    setup.stdin.close()
+    pid_file = run_dir / "code/setup.pid"
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip()))
+    began = time.monotonic()
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=1))
+    assert setup.stdout is not None and setup.wait(timeout=10) == 0
+    assert time.monotonic() - began < 3
+    reply = json.loads(setup.stdout.read())
+    assert reply["code"] == 128 + signal.SIGTERM and not alive(pid)
+    assert not (run_dir / "code/never.txt").exists()
+    assert not (workdir / "setup/slow.ok").exists()
+
+
+def test_restarts_are_counted_and_frozen_tasks_reported(workdir: Path) -> None:
+    new_run(workdir)
+    [first] = start(workdir, {"name": "worker:0", "command": "exit 1"})
+    assert first["restarts"] == 0
+    for n in (1, 2):
+        wait_state(workdir, "worker:0", "exited")
+        [again] = start(workdir, {"name": "worker:0", "command": "sleep 30"})
+        assert again["restarts"] == n
+        if n == 1:
+            os.kill(again["pid"], signal.SIGKILL)
+    running = wait_state(workdir, "worker:0", "running")
+    assert running["frozen"] is False
+    os.kill(running["pid"], signal.SIGSTOP)
+    try:
+        assert wait_for(lambda: status(workdir, "worker:0")["frozen"]) is True
+    finally:
+        os.kill(running["pid"], signal.SIGCONT)
+    assert status(workdir, "worker:0")["restarts"] == 2
