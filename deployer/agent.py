@@ -20,6 +20,13 @@ from deployer.session import Session, SessionEnded, open_session
 from deployer.transport import Transport
 
 PROTOCOL_VERSION = 1
+SERVE_IDLE_EXIT = 75  # remote/agent.py: a session that left while idle, its request unread
+
+
+class _SessionLeft(Exception):
+    """The host's session ended while idle; the request was never read, so resending is safe."""
+
+
 REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"
 
 # Runs on the host with only the interpreter: makes sure this agent version is installed (files
@@ -179,6 +186,8 @@ class Agent:
         if session is not None and session.lock.acquire(blocking=False):
             try:
                 return self._over(session, json.dumps(request).encode() + b"\n" + stream, timeout)
+            except _SessionLeft:
+                pass  # it left while idle, before reading this request: send it one-shot
             finally:
                 session.lock.release()
         # Busy session (another thread's call) or none: a one-shot agent process.
@@ -197,6 +206,8 @@ class Agent:
             line = session.request(data, timeout)
         except SessionEnded as exc:
             self._session = None
+            if exc.exit_code == SERVE_IDLE_EXIT:
+                raise _SessionLeft from None
             return self._reply(exc.exit_code, b"", exc.stderr)
         except HostError:
             self._session = None  # lost or timed out: later calls start afresh, one-shot

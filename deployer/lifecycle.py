@@ -6,6 +6,7 @@ own), every task that was started is stopped before `up` returns, unless the use
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from deployer import firewall
 from deployer.agent import Poll, TaskStatus
 from deployer.errors import HostError, HostsFailed, Interrupted, JobFailed
-from deployer.fleet import Fleet, Member
+from deployer.fleet import Fleet, Member, Pending
 from deployer.gpus import (
     GpuMonitor,
     GpuReport,
@@ -34,13 +35,25 @@ from deployer.view import TaskRow, View
 
 MIN_FREE_DISK = 100 * 1024 * 1024
 TAIL_LINES = 20
+# A host is declared lost when no poll has succeeded for this long. Shorter outages (a reset
+# connection that is re-opened, a slow reply under load) are retried every poll tick. A crashed
+# host refuses connections at once, a cut link leaves its poll unanswered; either way the window
+# runs from the last good contact, so both are seen within HOST_LOSS_S + a tick (< 10 s), never
+# after the kernel's ~15-minute retransmission timeout.
+HOST_LOSS_S = 6.0
+# A poll is one short agent call; one that takes longer is a failed contact (and is retried).
+POLL_TIMEOUT_S = 8.0
+POLL_WAIT_S = 1.0  # how long one tick waits for slow hosts before going on without them
+TOLERANT_WAIT_S = 2.0  # final reads (teardown, failure reports) wait this long for stragglers
 
 
 @dataclass(frozen=True)
 class UpOptions:
     detach: bool = False
     poll_interval: float = 0.25
-    lease_seconds: float | None = 60.0  # a controller silent this long makes hosts stop the run
+    # A controller silent this long makes hosts stop the run; None: the inventory's
+    # job.lease_seconds (default 60).
+    lease_seconds: float | None = None
 
 
 @dataclass
@@ -52,6 +65,9 @@ class _TaskWatch:
     status: TaskStatus | None = None
     lines: LineAssembler = field(default_factory=LineAssembler)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    restarts: int = 0  # restarts decided by this controller (failure policy "restart")
+    mark: tuple[object, ...] = ()  # (log bytes, state, restarts) at the last observed change
+    active_at: float = 0.0  # controller clock at that change: the stall watchdog's input
 
     @property
     def label(self) -> str:
@@ -93,7 +109,12 @@ class Deployment:
         self.sleep = sleep
         self.run_id = new_run_id(plan.job.name)
         self.watches = {t.name: _TaskWatch(t) for t in plan.tasks}
-        self.started_hosts: set[str] = set()  # hosts where start was attempted: teardown's list
+        self.started_hosts: set[str] = set()  # hosts where start was attempted: polled
+        self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
+        self.last_contact: dict[str, float] = {}  # host -> clock of its last successful poll
+        self.lost: dict[str, str] = {}  # host -> why it was declared lost
+        self._outages: set[str] = set()  # hosts whose last poll failed, not yet lost
+        self._inflight: dict[str, Pending[Poll]] = {}  # host -> its poll still running
         self._torn_down = False
         self.push_results: dict[str, PushResult] = {}
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
@@ -121,7 +142,11 @@ class Deployment:
             self.watch()
             return 0
         except KeyboardInterrupt:
-            self.view.step("interrupted: stopping every task that was started")
+            self.view.step(
+                "interrupted: stopping every task that was started (Ctrl-C again to kill at once)"
+            )
+            self.fleet.interrupt()  # abandon calls in flight (a push) so the stop is not queued
+            self._inflight.clear()
             self.teardown()
             raise Interrupted(f"interrupted; run {self.run_id} was stopped") from None
         except BaseException:
@@ -211,11 +236,14 @@ class Deployment:
 
     def push(self, manifest: Manifest) -> None:
         self._save_record()
+        # From here on a host may hold the run (and soon its setup processes): teardown asks them.
+        self.contacted_hosts.update(m.name for m in self.members)
+        lease = self.options.lease_seconds or self.plan.job.lease_seconds
         fields = {
             "run_id": self.run_id,
             "job": self.plan.job.name,
             "detached": self.options.detach,
-            "lease_seconds": None if self.options.detach else self.options.lease_seconds,
+            "lease_seconds": None if self.options.detach else lease,
             "controller": _controller_name(),
         }
         self.push_results = self.fleet.each(
@@ -291,10 +319,20 @@ class Deployment:
 
         def start_on(member: Member) -> list[TaskStatus]:
             payload = [self._start_payload(member, t) for t in by_host[member.name]]
-            return member.agent.start(self.run_id, payload, self.plan.job.stop_grace)
+            statuses = member.agent.start(self.run_id, payload, self.plan.job.stop_grace)
+            self.last_contact[member.name] = self.clock()
+            return statuses
 
-        for statuses in self.fleet.each(start_on, members, what="starting tasks failed").values():
+        results, failures = self.fleet.each_settled(start_on, members)
+        for statuses in results.values():
             self._update(statuses)
+        if failures:
+            # Others may have started: the caller's teardown stops them before `up` exits.
+            lines = "\n".join(f"  {f.message}" for f in failures)
+            raise JobFailed(
+                f"starting {names} failed on {len(failures)} host(s):\n{lines}",
+                hint="every task started so far was stopped; fix the host and run up again",
+            )
 
     def _start_payload(self, member: Member, task: Task) -> dict[str, object]:
         command = task.command
@@ -331,13 +369,22 @@ class Deployment:
         """Streams logs until every awaited task has exited; fails fast on the first failure."""
         awaited = [t.name for t in self.plan.tasks if t.awaited]
         self.view.step(f"watching; the job ends when {', '.join(awaited)} exit")
+        began = self.clock()
+        for w in self.watches.values():  # the stall clock starts now, not at the tasks' start
+            w.active_at = max(w.active_at, began)
         while True:
             self._poll_all()
             failed = self._first_failure(awaited)
+            if failed and self._may_restart(failed):
+                self._restart(failed)
+                continue
             if failed:
-                raise self._failure(failed, "failed")
+                restarts = self.watches[failed].restarts
+                after = f" after {restarts} restart(s)" if restarts else ""
+                raise self._failure(failed, f"failed{after}")
             if all(self._finished(n) for n in awaited):
                 break
+            self._check_stall(awaited)
             self.sleep(self.options.poll_interval)
         self._grace_for_evaluators()
         self.view.step(f"job succeeded: {', '.join(awaited)} exited 0; stopping the rest")
@@ -355,30 +402,117 @@ class Deployment:
             self._poll_all()
 
     def teardown(self) -> None:
-        """Stops every task of the run on every host it started on; reports what it could not."""
-        members = [self.fleet.member(h) for h in sorted(self.started_hosts)]
+        """Stops the run on every host that may hold it; reports what it could not.
+
+        The stop also ends a setup command still running (Ctrl-C during setup). A host already
+        declared lost is not waited for: its supervisors stop its tasks when the lease lapses.
+        """
+        hosts = sorted((self.contacted_hosts | self.started_hosts) - set(self.lost))
+        members = [self.fleet.member(h) for h in hosts]
         if not members or self._torn_down:
             self.firewall_down()
             return
         self._torn_down = True
+        for host in sorted(self.lost):
+            self.view.step(
+                f"host {host} was lost: its tasks stop by themselves once the controller's "
+                f"lease lapses ({self._lease():g} s without a heartbeat)"
+            )
         grace = self.plan.job.stop_grace
         try:
             _, failures = self.fleet.each_settled(
                 lambda m: m.agent.stop(self.run_id, grace=grace), members
             )
         except KeyboardInterrupt:  # a second Ctrl-C: no more grace
+            self.view.step("second Ctrl-C: killing every task now (SIGKILL)")
+            # Fresh threads: the graceful stops still hold the fleet's usual slots.
             _, failures = self.fleet.each_settled(
-                lambda m: m.agent.stop(self.run_id, grace=0), members
+                lambda m: m.agent.stop(self.run_id, grace=0), members, urgent=True
             )
         for failure in failures:
             self.view.step(f"could not stop the run on {failure.message}")
-        self._poll_all(heartbeat=False, tolerate=True)
+        with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
+            self._poll_all(heartbeat=False, tolerate=True)
         self.firewall_down()
+
+    def _lease(self) -> float:
+        return self.options.lease_seconds or self.plan.job.lease_seconds
+
+    # ---- failure policy and stall watchdog ----------------------------------------------
+
+    def _may_restart(self, name: str) -> bool:
+        """Policy "restart": a failed worker or ps is started again, at most max_restarts times."""
+        watch, job = self.watches[name], self.plan.job
+        status = watch.status
+        return (
+            job.on_failure == "restart"
+            and watch.task.role in ("worker", "ps")
+            and watch.restarts < job.max_restarts
+            and status is not None
+            and status.reason not in ("stopped", "lease expired")
+        )
+
+    def _restart(self, name: str) -> None:
+        """Same command, same TF_CONFIG, same host and port: PSS picks a restarted worker up."""
+        watch = self.watches[name]
+        member = self.fleet.member(watch.task.host)
+        outcome = watch.status.outcome() if watch.status else "failed"
+        watch.restarts += 1
+        self.view.step(
+            f"restarting {watch.label} ({outcome}): restart {watch.restarts} of "
+            f"{self.plan.job.max_restarts}"
+        )
+        try:
+            statuses = member.agent.start(
+                self.run_id, [self._start_payload(member, watch.task)], self.plan.job.stop_grace
+            )
+        except HostError as exc:
+            raise JobFailed(
+                f"restarting {watch.label} failed: {exc.cause}",
+                hint=f"the other tasks were stopped; its log: tfdeploy logs {self.run_id} "
+                f"--task {name}",
+            ) from None
+        self._update(statuses)
+
+    def _note_activity(self) -> None:
+        """Remembers when each task last wrote a byte, changed state or was restarted."""
+        now = self.clock()
+        for w in self.watches.values():
+            s = w.status
+            mark = (s.log_bytes, s.state, s.restarts, w.restarts) if s else ()
+            if mark != w.mark:
+                w.mark, w.active_at = mark, now
+
+    def _check_stall(self, awaited: list[str]) -> None:
+        """stall_timeout: a job whose awaited tasks all stay silent is hung, not working.
+
+        A ParameterServerStrategy chief waits forever, without a word, for a frozen worker; only
+        a watchdog outside TensorFlow can end that.
+        """
+        limit = self.plan.job.stall_timeout
+        if limit is None:
+            return
+        now = self.clock()
+        last = max(self.watches[n].active_at for n in awaited)
+        if now - last < limit:
+            return
+        running = [w for w in self.watches.values() if w.status and not w.status.finished]
+        frozen = [w.label for w in running if w.status and w.status.frozen]
+        silent = [w.label for w in running if now - w.active_at >= limit and w.label not in frozen]
+        report = f"silent for {limit:g} s or more: {', '.join(silent) or 'none'}"
+        if frozen:
+            report += f"; frozen (stopped by a signal, e.g. SIGSTOP): {', '.join(frozen)}"
+        raise JobFailed(
+            f"job stalled: no awaited task ({', '.join(awaited)}) wrote output or exited for "
+            f"{now - last:.0f} s (stall_timeout = {limit:g} s); {report}",
+            hint="a frozen or hung peer blocks TensorFlow without an error; every task was "
+            f"stopped. Logs: tfdeploy logs {self.run_id}",
+        )
 
     # ---- watching helpers -------------------------------------------------------------
 
     def _poll_all(self, *, heartbeat: bool = True, tolerate: bool = False) -> dict[str, Poll]:
-        members = [self.fleet.member(h) for h in sorted(self.started_hosts)]
+        members = [self.fleet.member(h) for h in sorted(self.started_hosts - set(self.lost))]
 
         def poll_one(member: Member) -> Poll:
             offsets = {
@@ -387,25 +521,79 @@ class Deployment:
                 if w.task.host == member.name and w.status is not None
             }
             ports = [t.port for t in self.plan.tasks_on(member.name) if t.port is not None]
-            return member.agent.poll(self.run_id, offsets, ports=ports, heartbeat=heartbeat)
-
-        polls, failures = self.fleet.each_settled(poll_one, members)
-        if failures and not tolerate:
-            lost = failures[0]
-            raise JobFailed(
-                f"lost contact with host {lost.host}: {lost.cause}",
-                hint="the other hosts were stopped; check the host and its network",
+            return member.agent.poll(
+                self.run_id, offsets, ports=ports, heartbeat=heartbeat, timeout=POLL_TIMEOUT_S
             )
+
+        # At most one poll per host in flight: it carries that host's offsets, so a late reply
+        # is still exact. A host that is slow to answer keeps neither the others' heartbeats
+        # (their leases) nor their logs waiting beyond POLL_WAIT_S.
+        for member in members:
+            if member.name not in self._inflight:
+                self._inflight[member.name] = self.fleet.submit(poll_one, member)
+        deadline = time.monotonic() + (TOLERANT_WAIT_S if tolerate else POLL_WAIT_S)
+        polls: dict[str, Poll] = {}
+        failures: list[HostError] = []
+        for member in members:
+            pending = self._inflight[member.name]
+            if not pending.wait(max(0.0, deadline - time.monotonic())):
+                continue
+            del self._inflight[member.name]
+            try:
+                polls[member.name] = pending.result()
+            except HostError as exc:
+                failures.append(exc)
+        now = self.clock()
+        for host in polls:
+            if host in self._outages:
+                self.view.step(f"contact with {host} is back; logs resume where they stopped")
+                self._outages.discard(host)
+            self.last_contact[host] = now
         for poll in polls.values():
             self._update(poll.tasks)
             for name, (offset, data) in poll.logs.items():
                 self._feed(name, offset, data)
+        self._note_activity()
+        if not tolerate:
+            silent = [m.name for m in members if m.name in self._inflight]
+            self._judge_failures(failures, silent, now)
         if self.gpu_monitor.due():
             gpu_members = [self.fleet.member(h) for h in sorted(self.gpu_monitor.hosts)]
             replies, _ = self.fleet.each_settled(lambda m: m.agent.call("gpus"), gpu_members)
             self.gpu_monitor.update({n: GpuReport.from_json(r) for n, r in replies.items()})
         self._show_rows()
         return polls
+
+    def _judge_failures(self, failures: list[HostError], silent: list[str], now: float) -> None:
+        """A failed or unanswered poll is an outage until HOST_LOSS_S pass without contact; then
+        the host is lost.
+
+        Each retry reconnects if the connection died, so a reset connection costs one tick and
+        the logs go on from the same byte offsets.
+        """
+        waiting = [HostError(h, "its poll is still unanswered") for h in silent]
+        for failure in failures + waiting:
+            since = now - self.last_contact.setdefault(failure.host, now)
+            if failure in waiting and since < HOST_LOSS_S:
+                continue  # slow, not (yet) failed: no message
+            if since < HOST_LOSS_S:
+                if failure.host not in self._outages:
+                    self._outages.add(failure.host)
+                    self.view.step(
+                        f"no answer from {failure.host} ({failure.cause}); retrying for up to "
+                        f"{HOST_LOSS_S:g} s"
+                    )
+                continue
+            self.lost[failure.host] = failure.cause
+            names = ", ".join(t.name for t in self.plan.tasks_on(failure.host))
+            self.view.step(f"host {failure.host} lost after {since:.1f} s without contact")
+            raise JobFailed(
+                f"host {failure.host} was lost: no contact for {since:.1f} s "
+                f"({failure.cause}); its tasks {names} stop by themselves when the "
+                f"controller's lease lapses ({self._lease():g} s)",
+                hint="the other hosts were stopped; check the host and its network, then "
+                f"`tfdeploy status {self.run_id} -i {self.plan.inventory.path}`",
+            )
 
     def _feed(self, name: str, offset: int, data: bytes) -> None:
         watch = self.watches[name]
@@ -436,6 +624,7 @@ class Deployment:
                     gpu_use=self.gpu_monitor.usage(w.task),
                     started=s.started if s else None,
                     ended=s.ended if s else None,
+                    restarts=max(w.restarts, s.restarts if s else 0),
                     outcome=s.outcome() if s and s.finished else "",
                     last_line=w.tail[-1] if w.tail else "",
                 )

@@ -212,23 +212,74 @@ def serve(first: bytes | None = None) -> int:
     """`agent.py serve`: many requests on one channel, one JSON line in, one JSON line out.
 
     The interpreter and its imports cost ~50 ms of host CPU per one-shot call; a session pays
-    them once per connection. Ends when stdin closes (the controller or its connection left).
+    them once per connection. Ends when stdin closes (the controller or its connection left),
+    or after SERVE_IDLE_S without a request (see _IdleExit).
     """
+    idle = _IdleExit()
     raw = first
     while True:
         if raw is None:
             raw = sys.stdin.buffer.readline()
             if not raw:
                 return 0
-        _reap()
-        try:
-            reply = handle(raw)
-        except Exception as exc:  # a one-shot call would crash; a session must answer and go on
-            reply = _error(f"the agent failed: {type(exc).__name__}: {exc}")
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
-        _reap()
+        with idle.busy():
+            _reap()
+            try:
+                reply = handle(raw)
+            except Exception as exc:  # a one-shot call would crash; a session must go on
+                reply = _error(f"the agent failed: {type(exc).__name__}: {exc}")
+            sys.stdout.write(json.dumps(reply) + "\n")
+            sys.stdout.flush()
+            _reap()
         raw = None
+
+
+SERVE_IDLE_S = 15.0
+SERVE_IDLE_EXIT = 75  # EX_TEMPFAIL: "left while idle; this request was never read, send it again"
+
+
+class _IdleExit:
+    """Ends a session nobody has used for SERVE_IDLE_S.
+
+    A cut link leaves the host's end of the connection open for hours (sshd's TCP keepalive is
+    the kernel's 2 h), and the session with it: an orphan process of tfdeploy. The controller
+    polls every fraction of a second while a run is watched, so a silent session is a dead one.
+    The exit never interrupts a request: a request read but not yet answered holds the lock,
+    and one that arrives as the session leaves is unanswered, which the client retries one-shot.
+    """
+
+    def __init__(self) -> None:
+        import os
+        import threading
+        import time
+
+        self._time = time.monotonic
+        self._limit = float(os.environ.get("TFDEPLOY_SERVE_IDLE_S") or SERVE_IDLE_S)  # tests
+        self._lock = threading.Lock()
+        self._last = self._time()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def busy(self) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def held() -> Any:
+            with self._lock:
+                yield
+                self._last = self._time()
+
+        return held()
+
+    def _watch(self) -> None:
+        import os
+        import time
+
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                if self._time() - self._last > self._limit:
+                    sys.stdout.flush()
+                    os._exit(SERVE_IDLE_EXIT)
 
 
 def _reap() -> None:

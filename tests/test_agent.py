@@ -516,3 +516,22 @@ def test_restarts_are_counted_and_frozen_tasks_reported(workdir: Path) -> None:
     finally:
         os.kill(running["pid"], signal.SIGCONT)
     assert status(workdir, "worker:0")["restarts"] == 2
+
+
+def test_an_idle_session_leaves_and_the_client_resends_one_shot(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cut link leaves the host's end of a session open for hours: it must not linger.
+    from deployer.agent import Agent
+    from deployer.transport import LocalTransport
+
+    monkeypatch.setenv("TFDEPLOY_SERVE_IDLE_S", "1")
+    agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
+    agent.install()
+    session = agent._session
+    assert session is not None
+    proc = session._proc  # type: ignore[attr-defined]
+    assert agent.call("runs")["runs"] == []  # over the session
+    assert proc.wait(timeout=5) == 75  # left while idle
+    assert agent.call("runs")["runs"] == []  # resent one-shot, no error
+    assert agent._session is None
