@@ -521,6 +521,7 @@ def test_second_ctrl_c_kills_at_once(clean_lab: Lab, lab_inventory: Any, tmp_pat
     took = time.monotonic() - began
     assert took < 15, f"the second Ctrl-C took {took:.1f} s to end the run (grace is 60 s)"
     assert "second Ctrl-C: killing every task now" in up.stdout
+    print(f"double Ctrl-C: exit {took:.1f} s after the first")
     states = final_states(inventory, up.run_id(), tmp_path)
     assert {t["signal"] for t in states.values()} == {9}
 
@@ -543,6 +544,7 @@ def test_up_killed_then_the_lease_stops_every_task(
     assert all(pids_of(lab, h, "task.py") for h in hosts), "tasks died with the controller"
     took = wait_until("the lease to stop every task", no_task_left(lab, hosts), 20)
     assert took < 5 + 1 + 2 + 6  # lease, its check interval, stop_grace, margin
+    print(f"lease: every task stopped {took + 2:.1f} s after `up` was killed")
     states = final_states(inventory, run_id, tmp_path, hosts=3)
     assert {t["reason"] for t in states.values()} == {"lease expired"}
 
