@@ -385,10 +385,27 @@ class Deployment:
             if all(self._finished(n) for n in awaited):
                 break
             self._check_stall(awaited)
-            self.sleep(self.options.poll_interval)
+            if not self._behind():  # a backlog is read at once: waiting only adds latency
+                self.sleep(self.options.poll_interval)
+        self._drain()
         self._grace_for_evaluators()
         self.view.step(f"job succeeded: {', '.join(awaited)} exited 0; stopping the rest")
         self.teardown()
+
+    def _behind(self) -> bool:
+        """Some task's log holds more than the last poll could carry (max_bytes per host)."""
+        return any(
+            w.status is not None and w.offset < w.status.log_bytes for w in self.watches.values()
+        )
+
+    def _drain(self) -> None:
+        """Reads what finished tasks wrote after the last poll: every line is shown, even a
+        backlog larger than one poll carries."""
+        while self._behind():
+            before = sum(w.offset for w in self.watches.values())
+            self._poll_all()
+            if sum(w.offset for w in self.watches.values()) == before:
+                return  # no progress (a log shrank or vanished): nothing more to show
 
     def _grace_for_evaluators(self) -> None:
         evaluators = [t.name for t in self.plan.tasks if t.role == "evaluator"]
