@@ -339,11 +339,14 @@ class Deployment:
         if task.is_server:
             server = f"{member.agent.agent_dir}/tfserver.py"
             command = f"exec {shlex.quote(member.agent.python)} {shlex.quote(server)}"
-        return {
+        payload: dict[str, object] = {
             "name": task.name,
             "command": command,
             "env": {**self.forwarded, **task.env, "TFDEPLOY_RUN_ID": self.run_id},
         }
+        if task.cpus is not None:
+            payload["cpus"] = task.cpus  # the supervisor pins the task before exec
+        return payload
 
     def _wait_listening(self, servers: list[Task], deadline: float) -> None:
         waiting = {t.name for t in servers}

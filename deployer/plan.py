@@ -31,6 +31,7 @@ class Task:
     gpus: tuple[int, ...]
     command: str
     env: dict[str, str]
+    cpus: str | None = None  # CPU list the task is pinned to on its host ("0-3"), or None
 
     @property
     def name(self) -> str:
@@ -221,6 +222,7 @@ def _finish_task(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) 
         gpus=s.gpus,
         command=command,
         env=env,
+        cpus=s.spec.cpus,
     )
 
 
@@ -267,6 +269,21 @@ def _fill(template: str, values: dict[str, str], file: str, source: str) -> str:
     return template.format_map(values)
 
 
+def thread_env(threads: int | None) -> dict[str, str]:
+    """TF's and OpenMP's thread pools for `threads = N` (gRPC's ~90 threads are not affected).
+
+    Inter-op gets at least 2: TF_NUM_INTEROP_THREADS=1 deadlocks ParameterServerStrategy ps and
+    worker servers silently (measured with TF 2.21, /work/shared/TF_NOTES.md).
+    """
+    if not threads:
+        return {}
+    return {
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
+        "OMP_NUM_THREADS": str(threads),
+    }
+
+
 def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> dict[str, str]:
     job = inventory.job
     for source, env in (("job.env", job.env), (f"{s.spec.key}.env", s.spec.env)):
@@ -280,6 +297,7 @@ def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> 
                 )
     tf_config = {"cluster": cluster, "task": {"type": s.role, "index": s.index}}
     return {
+        **thread_env(s.spec.threads),  # an explicit env value of the same name wins
         **job.env,
         **s.spec.env,
         "TF_CONFIG": json.dumps(tf_config),

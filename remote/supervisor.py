@@ -55,6 +55,10 @@ class _Supervisor:
         log_fd = os.open(self.task_dir / "output.log", flags, 0o600)
         env = {**os.environ, **self.spec.get("env", {})}
         try:
+            if self.spec.get("cpus"):
+                # Pinned before the fork, so the task inherits it from its first instruction
+                # (and every thread it starts): no window where TF sizes pools for all CPUs.
+                os.sched_setaffinity(0, self.spec["cpus"])
             cwd = runs.task_cwd(self.run_dir, self.spec.get("cwd"))
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", _command(self.spec["command"], env.get("PATH"))],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -64,7 +65,27 @@ def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
     path = runs.task_cwd(run_dir, cwd)
     if cwd is not None and not path.is_dir():
         raise runs.AgentError(f"task {name} has cwd {cwd!r}, which is not a directory on this host")
-    return {"name": name, "command": command, "env": env, "cwd": cwd}
+    spec = {"name": name, "command": command, "env": env, "cwd": cwd}
+    cpus = runs.param(item, "cpus", str, None)
+    if cpus is not None:
+        spec["cpus"] = sorted(cpu_list(cpus, name))
+    return spec
+
+
+def cpu_list(text: str, name: str) -> set[int]:
+    """ "0-3,6" -> {0, 1, 2, 3, 6}; every CPU must be one this host lets us run on."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise runs.AgentError(f"task {name}: cpus must be a list such as '0-3' or '0,2'") from None
+    usable = os.sched_getaffinity(0)
+    if not cpus or not cpus <= usable:
+        have = ",".join(str(c) for c in sorted(usable))
+        raise runs.AgentError(f"task {name}: cpus {text!r} are not all on this host (CPUs {have})")
+    return cpus
 
 
 def _launch(
