@@ -269,19 +269,30 @@ def _fill(template: str, values: dict[str, str], file: str, source: str) -> str:
     return template.format_map(values)
 
 
-def thread_env(threads: int | None) -> dict[str, str]:
+def thread_env(threads: int | None, cpus: str | None = None) -> dict[str, str]:
     """TF's and OpenMP's thread pools for `threads = N` (gRPC's ~90 threads are not affected).
 
     Inter-op gets at least 2: TF_NUM_INTEROP_THREADS=1 deadlocks ParameterServerStrategy ps and
-    worker servers silently (measured with TF 2.21, /work/shared/TF_NOTES.md).
+    worker servers silently (measured with TF 2.21, /work/shared/TF_NOTES.md). TF sizes that pool
+    from the CPUs it may run on, so `cpus = "0"` alone makes it 1 and hangs a PSS job (measured
+    on the lab with examples/digits/pss.py): pinned tasks get at least 2 as well.
     """
     if not threads:
-        return {}
+        return {"TF_NUM_INTEROP_THREADS": str(max(2, cpu_count(cpus)))} if cpus else {}
     return {
         "TF_NUM_INTRAOP_THREADS": str(threads),
         "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
         "OMP_NUM_THREADS": str(threads),
     }
+
+
+def cpu_count(cpus: str) -> int:
+    """CPUs in a list such as "0-3,6" (the inventory has checked its form)."""
+    count = 0
+    for part in cpus.split(","):
+        first, _, last = part.strip().partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
 
 
 def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> dict[str, str]:
@@ -297,7 +308,7 @@ def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> 
                 )
     tf_config = {"cluster": cluster, "task": {"type": s.role, "index": s.index}}
     return {
-        **thread_env(s.spec.threads),  # an explicit env value of the same name wins
+        **thread_env(s.spec.threads, s.spec.cpus),  # an explicit env value of that name wins
         **job.env,
         **s.spec.env,
         "TF_CONFIG": json.dumps(tf_config),

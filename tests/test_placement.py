@@ -118,3 +118,13 @@ def test_cpus_the_host_lacks_fail_the_start_with_the_reason(
     up = _tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state")
     assert up.returncode != 0
     assert "are not all on this host" in up.stderr
+
+
+def test_pinned_tasks_keep_two_inter_op_threads(tmp_path: Path) -> None:
+    # TF sizes its inter-op pool from the affinity mask: one CPU would make it 1 and hang PSS.
+    one, four = _plan(
+        tmp_path, '[{ role = "worker", cpus = "1" }, { role = "ps", cpus = "0-1,4-5" }]'
+    ).tasks
+    assert one.env["TF_NUM_INTEROP_THREADS"] == "2"
+    assert four.env["TF_NUM_INTEROP_THREADS"] == "4"
+    assert "TF_NUM_INTRAOP_THREADS" not in one.env
