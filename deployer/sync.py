@@ -102,6 +102,7 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
     for batch in batches[:-1]:  # only above BATCH_BYTES: store these, build the run dir last
         agent.call(
             "materialize",
+            timeout=_timeout(batch),
             files=[],
             stream=_pack(manifest.root, batch),
             **_blob_list(batch),
@@ -110,6 +111,7 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
     last = batches[-1] if batches else ()
     agent.call(
         "materialize",
+        timeout=_timeout(last),
         files=files,
         stream=_pack(manifest.root, last),
         **_blob_list(last),
@@ -120,6 +122,13 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
 
 
 BATCH_BYTES = 32 * 1024 * 1024
+MIN_RATE = 256 * 1024  # bytes/s per host below which a push counts as stuck
+
+
+def _timeout(batch: tuple[CodeFile, ...]) -> float:
+    """The hosts share the controller's bandwidth (~50-100 MB/s of SSH on 2 cores): 32 hosts
+    taking 32 MiB each need far longer than the 60 s a small call gets."""
+    return 60 + sum(f.size for f in batch) / MIN_RATE
 
 
 def _batches(files: list[CodeFile]) -> list[tuple[CodeFile, ...]]:
