@@ -1,0 +1,23 @@
+"""`python -m bench.preflight INVENTORY`: tfdeploy's preflight alone, as `up` runs it, then exit."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+from deployer.fleet import Fleet
+from deployer.inventory import load_inventory
+from deployer.lifecycle import Deployment, UpOptions
+from deployer.plan import make_plan
+from deployer.view import PlainView
+
+
+def main(argv: list[str]) -> int:
+    plan = make_plan(load_inventory(argv[0]))
+    with Fleet(plan.hosts) as fleet:
+        Deployment(plan, fleet, PlainView(io.StringIO()), UpOptions(detach=True)).preflight()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
