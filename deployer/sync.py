@@ -155,7 +155,25 @@ _pack_lock = threading.Lock()
 
 @functools.lru_cache(maxsize=2)
 def _pack_cached(root: Path, batch: tuple[CodeFile, ...]) -> bytes:
-    return b"".join((root / f.path).read_bytes() for f in batch)
+    return b"".join(_read_unchanged(root, f) for f in batch)
+
+
+def _read_unchanged(root: Path, code_file: CodeFile) -> bytes:
+    """The file's bytes, provided they are still those the manifest hashed.
+
+    Otherwise hosts would store (or refuse) content under a hash it does not have; saying which
+    file changed is the useful error.
+    """
+    data = (root / code_file.path).read_bytes()
+    if len(data) != code_file.size or hashlib.sha256(data).hexdigest() != code_file.sha256:
+        raise InventoryError(
+            str(root),
+            "job.code",
+            f"{code_file.path} changed while tfdeploy was pushing it",
+            hint="something writes into the code directory: move that output elsewhere or "
+            "list it in .tfdeployignore, then run up again",
+        )
+    return data
 
 
 def _pack(root: Path, batch: tuple[CodeFile, ...]) -> bytes:

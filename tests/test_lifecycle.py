@@ -380,3 +380,23 @@ def test_a_server_that_never_listens_fails_at_start_timeout(
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=1)
     assert time.monotonic() - started < 30
     assert "ps:0 did not accept connections on its TF port within 3 s" in result.stderr
+
+
+def test_a_code_file_changing_during_the_push_is_named(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    # The code directory holds the known_hosts file that accept-new appends to while connecting,
+    # i.e. after the code was hashed: a real way for a file to change under a push.
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "known_hosts").write_text("")
+    inventory = lab_inventory(
+        [[{"role": "worker"}]],
+        code=code,
+        job={"name": "changing", "command": "true"},
+        ssh={"known_hosts": str(code / "known_hosts"), "host_keys": "accept-new"},
+        hosts=[clean_lab.hosts[5]],
+    )
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=2)
+    assert "known_hosts changed while tfdeploy was pushing it" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr

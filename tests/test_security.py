@@ -102,8 +102,11 @@ def test_unknown_host_under_strict_exits_3_before_any_command(
     known = tmp_path / "empty_known_hosts"
     known.write_text("")
     workdir = f"/tmp/tfdeploy-strict-{os.getpid()}"
+    code = tmp_path / "code"  # not tmp_path itself: accept-new writes `known` during the push
+    code.mkdir()
     inventory = lab_inventory(
         [[{"role": "worker"}]],
+        code=code,
         job={"name": "strict", "command": "true", "workdir": workdir},
         ssh={"known_hosts": str(known)},
         hosts=[host],
@@ -119,6 +122,7 @@ def test_unknown_host_under_strict_exits_3_before_any_command(
     # accept-new records the key (and then works); strict trusts the recorded key afterwards.
     lab_inventory(
         [[{"role": "worker"}]],
+        code=code,
         job={"name": "strict", "command": "true", "workdir": workdir},
         ssh={"known_hosts": str(known), "host_keys": "accept-new"},
         hosts=[host],
