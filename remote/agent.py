@@ -24,7 +24,7 @@ DEFAULT_MAX_BYTES = 256 * 1024
 
 def op_hello(req: dict[str, Any]) -> dict[str, Any]:
     workdir = runs.workdir_path(req)
-    workdir.mkdir(parents=True, exist_ok=True)
+    runs.make_private_dir(workdir)
     ports = _ports(req, "ports")
     return {
         "hostname": socket.gethostname(),

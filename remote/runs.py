@@ -111,8 +111,8 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
-    """Write to a temp file and rename, so readers never see half a file."""
+def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
+    """Write to a temp file and rename, so readers never see half a file (private by default)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
@@ -126,8 +126,13 @@ def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
 
 
 def touch(path: Path) -> None:
-    with open(path, "a"):
-        os.utime(path)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    os.utime(path)
+
+
+def open_lock(path: Path) -> Any:
+    """A lock file, private like everything the agent writes (flock: released on exit)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
 
 
 @contextlib.contextmanager
@@ -137,7 +142,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     Without it a stop arriving while a start is still creating task directories would list the
     tasks too early and leave the late ones running (Ctrl-C during the start phase).
     """
-    with open(run_dir / ".lock", "a") as lock:
+    with open_lock(run_dir / ".lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -148,7 +153,10 @@ def run_stopped(run_dir: Path) -> bool:
 
 
 def make_private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Creates path and any missing parents as 0700 (mkdir's parents=True would use 0777-umask)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
     os.chmod(path, 0o700)
     return path
 

@@ -44,7 +44,7 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     _write_run_json(req, run_dir)
     runs.touch(run_dir / "lease")
     code = run_dir / "code"
-    code.mkdir(exist_ok=True)
+    code.mkdir(mode=0o700, exist_ok=True)
     checked: set[Path] = set()  # directories already known to lie inside code/
     for rel, digest, mode in entries:
         _place(store / digest, code, rel, mode, checked)
@@ -96,7 +96,7 @@ def _place(src: Path, code: Path, rel: PurePosixPath, mode: int, checked: set[Pa
     """Hard-link one file into code/; copy when linking is impossible or would change a mode."""
     dest = code.joinpath(*rel.parts)
     if dest.parent not in checked:  # resolve() lstats every component: once per directory
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not dest.parent.resolve().is_relative_to(code.resolve()):
             where = f"unsafe relative path {str(rel)!r}"
             raise runs.AgentError(f"{where}: a symlink leads out of code/")
@@ -150,7 +150,7 @@ def op_setup(req: dict[str, Any]) -> dict[str, Any]:
     setup_dir = runs.make_private_dir(run_dir.parent.parent / "setup")
     marker = setup_dir / f"{fingerprint}.ok"
     # Two runs sharing a host and a fingerprint must not run the same setup side by side.
-    with open(setup_dir / f"{fingerprint}.lock", "a") as lock:
+    with runs.open_lock(setup_dir / f"{fingerprint}.lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.exists():
             return {"ran": False, "code": 0, "tail": []}
@@ -165,7 +165,8 @@ def _run_setup(run_dir: Path, commands: list[str], env: dict[str, str]) -> tuple
     log_path = run_dir / "setup.log"
     full_env = {**os.environ, **env}
     code = 0
-    with open(log_path, "ab") as log:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    with os.fdopen(os.open(log_path, flags, 0o600), "ab") as log:
         start = log.tell()
         for command in commands:
             log.write(f"tfdeploy setup: {command}\n".encode())

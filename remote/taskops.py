@@ -101,7 +101,8 @@ def _launch(
         (task_dir / stale).unlink(missing_ok=True)
     record = {**spec, "grace": grace, "restarts": restarts}
     runs.write_json(task_dir / "spec.json", record, mode=0o600)
-    with open(task_dir / "supervisor.log", "ab") as err:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    with os.fdopen(os.open(task_dir / "supervisor.log", flags, 0o600), "ab") as err:
         # A new session and no inherited stdio: the supervisor must outlive the SSH channel
         # and must not hold its pipes open (sshd would wait for them).
         return subprocess.Popen(

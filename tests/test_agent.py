@@ -535,3 +535,22 @@ def test_an_idle_session_leaves_and_the_client_resends_one_shot(
     assert proc.wait(timeout=5) == 75  # left while idle
     assert agent.call("runs")["runs"] == []  # resent one-shot, no error
     assert agent._session is None
+
+
+def test_everything_the_agent_writes_is_private(workdir: Path) -> None:
+    """Run records, logs, leases and locks may reveal a job: 0600 files in 0700 directories."""
+    new_run(workdir, detached=False, lease_seconds=30)
+    ok(call(workdir, "setup", run_id="r1", fingerprint="fp", commands=["true"]))
+    start(workdir, {"name": "worker:0", "command": "echo hi", "env": {"API_KEY": "s3cret"}})
+    wait_state(workdir, "worker:0", "exited")
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=1))
+    code = workdir / "runs" / "r1" / "code"
+    seen = []
+    for path in [workdir, *workdir.rglob("*")]:
+        if path.is_relative_to(code) or path.parent.name == "store":
+            continue  # the job's own files keep the modes they have on the controller
+        mode = path.stat().st_mode & 0o777
+        seen.append(path.name)
+        assert mode == (0o700 if path.is_dir() else 0o600), f"{path} is {oct(mode)}"
+    assert {"run.json", "lease", ".lock", "spec.json", "pid.json", "exit.json"} <= set(seen)
+    assert {"output.log", "supervisor.log", "setup.log", "tasks"} <= set(seen)
