@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -101,7 +102,10 @@ def test_cpus_pin_the_real_task_process(clean_lab: Lab, lab_inventory: Any, tmp_
         assert "TF_NUM_INTEROP_THREADS=3" in environ
         assert "OMP_NUM_THREADS=3" in environ
         # The supervisor recorded the pinning it applied, for anyone reading the run later.
-        spec = lab.run(host, "cat /root/.tfdeploy/runs/*/tasks/worker-0/spec.json").stdout
+        run_id = re.search(r"run (\S+) is running detached", up.stdout)
+        assert run_id, up.stdout
+        spec_path = f"/root/.tfdeploy/runs/{run_id.group(1)}/tasks/worker-0/spec.json"
+        spec = lab.run(host, f"cat {spec_path}").stdout
         assert json.loads(spec)["cpus"] == [cpu]
     finally:
         down = _tfdeploy("down", str(inventory), state=tmp_path / "state")
