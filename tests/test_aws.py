@@ -214,7 +214,7 @@ def test_public_address_wanted_but_missing(ec2: Any, tmp_path: Path) -> None:
         ('filters = { "tag:x" = "y" }\nssh_address = "elastic"', "expected 'public' or 'private'"),
         (
             'filters = { "tag:x" = "y" }\ngpus = "many"',
-            'expected an integer or "auto" (count with nvidia-smi), got \'many\'',
+            "expected an integer or \"auto\" (count with nvidia-smi), got 'many'",
         ),
         ('filters = { "tag:x" = "y" }\ngpu = 2', "unknown key"),
         ('filters = { "instance-state-name" = "stopped" }', "running instances only"),
