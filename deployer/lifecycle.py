@@ -10,9 +10,8 @@ import contextlib
 import os
 import shlex
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from deployer import firewall
 from deployer.agent import Poll, TaskStatus
@@ -26,21 +25,14 @@ from deployer.gpus import (
     monitored_hosts,
     wants_gpus,
 )
-from deployer.lines import LineAssembler
 from deployer.plan import Plan, Task
+from deployer.preflight import agreed_tensorflow, host_problems
 from deployer.secrets import mask_text
 from deployer.state import RunRecord, new_run_id, save
 from deployer.sync import Manifest, PushResult, push, scan, setup_fingerprint
-from deployer.view import TaskRow, View
+from deployer.view import View
+from deployer.watch import HOST_LOSS_S, HostContact, TaskBoard, server_like
 
-MIN_FREE_DISK = 100 * 1024 * 1024
-TAIL_LINES = 20
-# A host is declared lost when no poll has succeeded for this long. Shorter outages (a reset
-# connection that is re-opened, a slow reply under load) are retried every poll tick. A crashed
-# host refuses connections at once, a cut link leaves its poll unanswered; either way the window
-# runs from the last good contact, so both are seen within HOST_LOSS_S + a tick (< 10 s), never
-# after the kernel's ~15-minute retransmission timeout.
-HOST_LOSS_S = 6.0
 # A poll is one short agent call; one that takes longer is a failed contact (and is retried).
 POLL_TIMEOUT_S = 8.0
 POLL_WAIT_S = 1.0  # how long one tick waits for slow hosts before going on without them
@@ -54,29 +46,6 @@ class UpOptions:
     # A controller silent this long makes hosts stop the run; None: the inventory's
     # job.lease_seconds (default 60).
     lease_seconds: float | None = None
-
-
-@dataclass
-class _TaskWatch:
-    """What the controller knows of one task while the job runs."""
-
-    task: Task
-    offset: int = 0
-    status: TaskStatus | None = None
-    lines: LineAssembler = field(default_factory=LineAssembler)
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    restarts: int = 0  # restarts decided by this controller (failure policy "restart")
-    mark: tuple[object, ...] = ()  # (log bytes, state, restarts) at the last observed change
-    active_at: float = 0.0  # controller clock at that change: the stall watchdog's input
-
-    @property
-    def label(self) -> str:
-        return f"{self.task.name}@{self.task.host}"
-
-
-def server_like(task: Task) -> bool:
-    """Tasks that must be serving before anyone else starts (TF clients block on them)."""
-    return task.is_server or task.role == "ps"
 
 
 def start_groups(plan: Plan) -> list[list[Task]]:
@@ -108,12 +77,10 @@ class Deployment:
         self.clock = clock
         self.sleep = sleep
         self.run_id = new_run_id(plan.job.name)
-        self.watches = {t.name: _TaskWatch(t) for t in plan.tasks}
+        self.board = TaskBoard(plan.tasks)
+        self.contact = HostContact()
         self.started_hosts: set[str] = set()  # hosts where start was attempted: polled
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
-        self.last_contact: dict[str, float] = {}  # host -> clock of its last successful poll
-        self.lost: dict[str, str] = {}  # host -> why it was declared lost
-        self._outages: set[str] = set()  # hosts whose last poll failed, not yet lost
         self._inflight: dict[str, Pending[Poll]] = {}  # host -> its poll still running
         self._torn_down = False
         self.push_results: dict[str, PushResult] = {}
@@ -160,21 +127,24 @@ class Deployment:
         self.view.step(f"preflight of {len(self.members)} host(s): {hosts}")
         manifest = scan(self.plan.job.code)
         facts = self.fleet.each(self._hello, self.members, what="preflight failed")
-        versions = {name: f.get("tensorflow") for name, f in facts.items()}
-        known = {v for v in versions.values() if v}
-        if len(known) > 1:
-            raise HostsFailed(
-                [HostError(n, f"TensorFlow {v or 'missing'}") for n, v in sorted(versions.items())],
-                what="hosts disagree on the TensorFlow version",
+        tf_versions = agreed_tensorflow(facts)
+        problems = [
+            problem
+            for name, f in facts.items()
+            for problem in host_problems(
+                name,
+                f,
+                python=self.fleet.member(name).agent.python,
+                job=self.plan.job,
+                manifest=manifest,
             )
-        problems = [p for name, f in facts.items() for p in self._check_facts(name, f, manifest)]
+        ]
         problems += self._check_gpus(facts)
         if self.plan.job.firewall:
             problems += firewall.check(self.fleet, self.members)
         if problems:
             raise HostsFailed(problems)
         python = sorted({str(f.get("python")) for f in facts.values()})
-        tf_versions = sorted(str(v) for v in known)
         self.view.step(
             f"preflight ok: python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}"
         )
@@ -193,45 +163,11 @@ class Deployment:
         self.plan, problems, warnings = check_gpus(self.plan, reports)
         for warning in warnings:
             self.view.step(f"warning: {warning}")
-        self.watches = {t.name: _TaskWatch(t) for t in self.plan.tasks}
+        self.board = TaskBoard(self.plan.tasks)
         self.gpu_monitor.hosts = monitored_hosts(self.plan, reports)
         missing = sorted(set(self.plan.job.forward_env) - set(self.forwarded))
         if missing:
             self.view.step(f"warning: forward_env: {', '.join(missing)} are not set here")
-        return problems
-
-    def _check_facts(
-        self, host: str, facts: dict[str, object], manifest: Manifest
-    ) -> list[HostError]:
-        problems = []
-        busy = facts.get("busy_ports") or []
-        if busy:
-            ports = ", ".join(str(p) for p in busy)  # type: ignore[attr-defined]
-            problems.append(
-                HostError(
-                    host,
-                    f"TF port(s) {ports} already in use",
-                    hint="stop what holds them (`tfdeploy status` lists runs) or set another port",
-                )
-            )
-        if not facts.get("tensorflow") and not self.plan.job.setup:
-            problems.append(
-                HostError(
-                    host,
-                    f"TensorFlow is not installed for {self.fleet.member(host).agent.python}",
-                    hint="install tensorflow on the host or add it to job.setup",
-                )
-            )
-        free = int(facts.get("disk_free") or 0)  # type: ignore[call-overload]
-        needed = MIN_FREE_DISK + 2 * manifest.total_bytes
-        if free < needed:
-            problems.append(
-                HostError(
-                    host,
-                    f"only {free // 2**20} MiB free in {facts.get('workdir')}, "
-                    f"need {needed // 2**20} MiB",
-                )
-            )
         return problems
 
     def push(self, manifest: Manifest) -> None:
@@ -320,12 +256,12 @@ class Deployment:
         def start_on(member: Member) -> list[TaskStatus]:
             payload = [self._start_payload(member, t) for t in by_host[member.name]]
             statuses = member.agent.start(self.run_id, payload, self.plan.job.stop_grace)
-            self.last_contact[member.name] = self.clock()
+            self.contact.last[member.name] = self.clock()
             return statuses
 
         results, failures = self.fleet.each_settled(start_on, members)
         for statuses in results.values():
-            self._update(statuses)
+            self.board.update(statuses)
         if failures:
             # Others may have started: the caller's teardown stops them before `up` exits.
             lines = "\n".join(f"  {f.message}" for f in failures)
@@ -372,42 +308,35 @@ class Deployment:
         """Streams logs until every awaited task has exited; fails fast on the first failure."""
         awaited = [t.name for t in self.plan.tasks if t.awaited]
         self.view.step(f"watching; the job ends when {', '.join(awaited)} exit")
-        began = self.clock()
-        for w in self.watches.values():  # the stall clock starts now, not at the tasks' start
-            w.active_at = max(w.active_at, began)
+        self.board.start_stall_clock(self.clock())
         while True:
             self._poll_all()
-            failed = self._first_failure(awaited)
+            failed = self.board.first_failure(awaited)
             if failed and self._may_restart(failed):
                 self._restart(failed)
                 continue
             if failed:
-                restarts = self.watches[failed].restarts
+                restarts = self.board[failed].restarts
                 after = f" after {restarts} restart(s)" if restarts else ""
                 raise self._failure(failed, f"failed{after}")
-            if all(self._finished(n) for n in awaited):
+            if all(self.board.finished(n) for n in awaited):
                 break
-            self._check_stall(awaited)
-            if not self._behind():  # a backlog is read at once: waiting only adds latency
+            job = self.plan.job
+            self.board.stall(awaited, job.stall_timeout, self.clock(), self.run_id)
+            if not self.board.behind():  # a backlog is read at once: waiting only adds latency
                 self.sleep(self.options.poll_interval)
         self._drain()
         self._grace_for_evaluators()
         self.view.step(f"job succeeded: {', '.join(awaited)} exited 0; stopping the rest")
         self.teardown()
 
-    def _behind(self) -> bool:
-        """Some task's log holds more than the last poll could carry (max_bytes per host)."""
-        return any(
-            w.status is not None and w.offset < w.status.log_bytes for w in self.watches.values()
-        )
-
     def _drain(self) -> None:
         """Reads what finished tasks wrote after the last poll: every line is shown, even a
         backlog larger than one poll carries."""
-        while self._behind():
-            before = sum(w.offset for w in self.watches.values())
+        while self.board.behind():
+            before = self.board.bytes_read()
             self._poll_all()
-            if sum(w.offset for w in self.watches.values()) == before:
+            if self.board.bytes_read() == before:
                 return  # no progress (a log shrank or vanished): nothing more to show
 
     def _grace_for_evaluators(self) -> None:
@@ -417,7 +346,7 @@ class Deployment:
         grace = self.plan.job.evaluator_grace
         self.view.step(f"waiting up to {grace:g} s for evaluators to finish")
         deadline = self.clock() + grace
-        while self.clock() < deadline and not all(self._finished(n) for n in evaluators):
+        while self.clock() < deadline and not all(self.board.finished(n) for n in evaluators):
             self.sleep(self.options.poll_interval)
             self._poll_all()
 
@@ -427,13 +356,13 @@ class Deployment:
         The stop also ends a setup command still running (Ctrl-C during setup). A host already
         declared lost is not waited for: its supervisors stop its tasks when the lease lapses.
         """
-        hosts = sorted((self.contacted_hosts | self.started_hosts) - set(self.lost))
+        hosts = sorted((self.contacted_hosts | self.started_hosts) - set(self.contact.lost))
         members = [self.fleet.member(h) for h in hosts]
         if not members or self._torn_down:
             self.firewall_down()
             return
         self._torn_down = True
-        for host in sorted(self.lost):
+        for host in sorted(self.contact.lost):
             self.view.step(
                 f"host {host} was lost: its tasks stop by themselves once the controller's "
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
@@ -462,7 +391,7 @@ class Deployment:
 
     def _may_restart(self, name: str) -> bool:
         """Policy "restart": a failed worker or ps is started again, at most max_restarts times."""
-        watch, job = self.watches[name], self.plan.job
+        watch, job = self.board[name], self.plan.job
         status = watch.status
         return (
             job.on_failure == "restart"
@@ -474,7 +403,7 @@ class Deployment:
 
     def _restart(self, name: str) -> None:
         """Same command, same TF_CONFIG, same host and port: PSS picks a restarted worker up."""
-        watch = self.watches[name]
+        watch = self.board[name]
         member = self.fleet.member(watch.task.host)
         outcome = watch.status.outcome() if watch.status else "failed"
         watch.restarts += 1
@@ -492,54 +421,17 @@ class Deployment:
                 hint=f"the other tasks were stopped; its log: tfdeploy logs {self.run_id} "
                 f"--task {name}",
             ) from None
-        self._update(statuses)
-
-    def _note_activity(self) -> None:
-        """Remembers when each task last wrote a byte, changed state or was restarted."""
-        now = self.clock()
-        for w in self.watches.values():
-            s = w.status
-            mark = (s.log_bytes, s.state, s.restarts, w.restarts) if s else ()
-            if mark != w.mark:
-                w.mark, w.active_at = mark, now
-
-    def _check_stall(self, awaited: list[str]) -> None:
-        """stall_timeout: a job whose awaited tasks all stay silent is hung, not working.
-
-        A ParameterServerStrategy chief waits forever, without a word, for a frozen worker; only
-        a watchdog outside TensorFlow can end that.
-        """
-        limit = self.plan.job.stall_timeout
-        if limit is None:
-            return
-        now = self.clock()
-        last = max(self.watches[n].active_at for n in awaited)
-        if now - last < limit:
-            return
-        running = [w for w in self.watches.values() if w.status and not w.status.finished]
-        frozen = [w.label for w in running if w.status and w.status.frozen]
-        silent = [w.label for w in running if now - w.active_at >= limit and w.label not in frozen]
-        report = f"silent for {limit:g} s or more: {', '.join(silent) or 'none'}"
-        if frozen:
-            report += f"; frozen (stopped by a signal, e.g. SIGSTOP): {', '.join(frozen)}"
-        raise JobFailed(
-            f"job stalled: no awaited task ({', '.join(awaited)}) wrote output or exited for "
-            f"{now - last:.0f} s (stall_timeout = {limit:g} s); {report}",
-            hint="a frozen or hung peer blocks TensorFlow without an error; every task was "
-            f"stopped. Logs: tfdeploy logs {self.run_id}",
-        )
+        self.board.update(statuses)
 
     # ---- watching helpers -------------------------------------------------------------
 
     def _poll_all(self, *, heartbeat: bool = True, tolerate: bool = False) -> dict[str, Poll]:
-        members = [self.fleet.member(h) for h in sorted(self.started_hosts - set(self.lost))]
+        members = [
+            self.fleet.member(h) for h in sorted(self.started_hosts - set(self.contact.lost))
+        ]
 
         def poll_one(member: Member) -> Poll:
-            offsets = {
-                w.task.name: w.offset
-                for w in self.watches.values()
-                if w.task.host == member.name and w.status is not None
-            }
+            offsets = self.board.offsets(member.name)
             ports = [t.port for t in self.plan.tasks_on(member.name) if t.port is not None]
             return member.agent.poll(
                 self.run_id, offsets, ports=ports, heartbeat=heartbeat, timeout=POLL_TIMEOUT_S
@@ -565,15 +457,15 @@ class Deployment:
                 failures.append(exc)
         now = self.clock()
         for host in polls:
-            if host in self._outages:
+            if self.contact.reached(host, now):
                 self.view.step(f"contact with {host} is back; logs resume where they stopped")
-                self._outages.discard(host)
-            self.last_contact[host] = now
         for poll in polls.values():
-            self._update(poll.tasks)
+            self.board.update(poll.tasks)
             for name, (offset, data) in poll.logs.items():
-                self._feed(name, offset, data)
-        self._note_activity()
+                lines = self.board.feed(name, offset, data)
+                if lines:
+                    self.view.lines(self.board[name].label, lines)
+        self.board.note_activity(now)
         if not tolerate:
             silent = [m.name for m in members if m.name in self._inflight]
             self._judge_failures(failures, silent, now)
@@ -581,103 +473,35 @@ class Deployment:
             gpu_members = [self.fleet.member(h) for h in sorted(self.gpu_monitor.hosts)]
             replies, _ = self.fleet.each_settled(lambda m: m.agent.call("gpus"), gpu_members)
             self.gpu_monitor.update({n: GpuReport.from_json(r) for n, r in replies.items()})
-        self._show_rows()
+        self.view.tasks(self.board.rows(self.gpu_monitor.usage))
         return polls
 
     def _judge_failures(self, failures: list[HostError], silent: list[str], now: float) -> None:
-        """A failed or unanswered poll is an outage until HOST_LOSS_S pass without contact; then
-        the host is lost.
+        """Tells the user about outages; fails the job once a host is lost (HOST_LOSS_S)."""
 
-        Each retry reconnects if the connection died, so a reset connection costs one tick and
-        the logs go on from the same byte offsets.
-        """
-        waiting = [HostError(h, "its poll is still unanswered") for h in silent]
-        for failure in failures + waiting:
-            since = now - self.last_contact.setdefault(failure.host, now)
-            if failure in waiting and since < HOST_LOSS_S:
-                continue  # slow, not (yet) failed: no message
-            if since < HOST_LOSS_S:
-                if failure.host not in self._outages:
-                    self._outages.add(failure.host)
-                    self.view.step(
-                        f"no answer from {failure.host} ({failure.cause}); retrying for up to "
-                        f"{HOST_LOSS_S:g} s"
-                    )
-                continue
-            self.lost[failure.host] = failure.cause
-            names = ", ".join(t.name for t in self.plan.tasks_on(failure.host))
-            self.view.step(f"host {failure.host} lost after {since:.1f} s without contact")
-            raise JobFailed(
-                f"host {failure.host} was lost: no contact for {since:.1f} s "
-                f"({failure.cause}); its tasks {names} stop by themselves when the "
-                f"controller's lease lapses ({self._lease():g} s)",
-                hint="the other hosts were stopped; check the host and its network, then "
-                f"`tfdeploy status {self.run_id} -i {self.plan.inventory.path}`",
+        def outage(failure: HostError) -> None:
+            self.view.step(
+                f"no answer from {failure.host} ({failure.cause}); retrying for up to "
+                f"{HOST_LOSS_S:g} s"
             )
 
-    def _feed(self, name: str, offset: int, data: bytes) -> None:
-        watch = self.watches[name]
-        watch.offset = offset
-        lines = watch.lines.feed(data)
-        if watch.status is not None and watch.status.finished and offset >= watch.status.log_bytes:
-            lines += watch.lines.flush()
-        if lines:
-            watch.tail.extend(lines)
-            self.view.lines(watch.label, lines)
-
-    def _update(self, statuses: Sequence[TaskStatus]) -> None:
-        for status in statuses:
-            if status.name in self.watches:
-                self.watches[status.name].status = status
-
-    def _show_rows(self) -> None:
-        rows = []
-        for w in self.watches.values():
-            s = w.status
-            rows.append(
-                TaskRow(
-                    name=w.task.name,
-                    host=w.task.host,
-                    state=s.state if s else "pending",
-                    pid=s.pid if s else None,
-                    gpus=",".join(map(str, w.task.gpus)) or "-",
-                    gpu_use=self.gpu_monitor.usage(w.task),
-                    started=s.started if s else None,
-                    ended=s.ended if s else None,
-                    restarts=max(w.restarts, s.restarts if s else 0),
-                    outcome=s.outcome() if s and s.finished else "",
-                    last_line=w.tail[-1] if w.tail else "",
-                )
-            )
-        self.view.tasks(rows)
-
-    def _finished(self, name: str) -> bool:
-        status = self.watches[name].status
-        return status is not None and status.finished
-
-    def _first_failure(self, awaited: list[str]) -> str | None:
-        failed = [
-            w
-            for w in self.watches.values()
-            if w.status is not None
-            and w.status.finished
-            and not w.status.succeeded
-            and (w.task.name in awaited or server_like(w.task))
-        ]
-        failed.sort(key=lambda w: (w.status.ended or 0.0) if w.status else 0.0)
-        return failed[0].task.name if failed else None
+        loss = self.contact.judge(failures, silent, now, outage)
+        if loss is None:
+            return
+        names = ", ".join(t.name for t in self.plan.tasks_on(loss.host))
+        self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
+        raise JobFailed(
+            f"host {loss.host} was lost: no contact for {loss.since:.1f} s "
+            f"({loss.cause}); its tasks {names} stop by themselves when the "
+            f"controller's lease lapses ({self._lease():g} s)",
+            hint="the other hosts were stopped; check the host and its network, then "
+            f"`tfdeploy status {self.run_id} -i {self.plan.inventory.path}`",
+        )
 
     def _failure(self, name: str, what: str) -> JobFailed:
-        watch = self.watches[name]
         self._poll_all(heartbeat=True, tolerate=True)  # drain the last log lines of the task
-        outcome = watch.status.outcome() if watch.status else "unknown"
-        tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
-        job = self.plan.job
-        message = f"{watch.label} {what} ({outcome}); its last {len(watch.tail)} log lines:\n{tail}"
-        return JobFailed(
-            mask_text(message, watch.task.env, job.secret_env),
-            hint=f"the other tasks were stopped; full log: tfdeploy logs {self.run_id} "
-            f"--task {name}",
+        return self.board.failure(
+            name, what, run_id=self.run_id, secret_env=self.plan.job.secret_env
         )
 
     def _save_record(self) -> None:
