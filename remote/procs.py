@@ -72,18 +72,7 @@ def live_members(pgid: int) -> list[int]:
     killpg(pgid, 0) also succeeds for zombies, and orphaned zombies linger until init
     gets round to reaping them, which would make a dead group look alive.
     """
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            data = Path(entry.path, "stat").read_bytes()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry.name))
-    return members
+    return [pid for pid, state in _members(pgid) if state not in (b"Z", b"X")]
 
 
 def frozen_members(pgid: Any) -> list[int]:
@@ -94,7 +83,12 @@ def frozen_members(pgid: Any) -> list[int]:
     """
     if not isinstance(pgid, int) or pgid <= 1:
         return []
-    frozen = []
+    return [pid for pid, state in _members(pgid) if state in (b"T", b"t")]
+
+
+def _members(pgid: int) -> list[tuple[int, bytes]]:
+    """(pid, state letter) of every process in the group, read from /proc/PID/stat."""
+    members = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -102,10 +96,10 @@ def frozen_members(pgid: Any) -> list[int]:
             data = Path(entry.path, "stat").read_bytes()
         except OSError:
             continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] in (b"T", b"t"):
-            frozen.append(int(entry.name))
-    return frozen
+        fields = data[data.rfind(b")") + 2 :].split()  # after "(comm)", which may hold spaces
+        if len(fields) > 2 and fields[2] == str(pgid).encode():
+            members.append((int(entry.name), fields[0]))
+    return members
 
 
 def task_state(task_dir: Path) -> tuple[str, Any, Any]:
