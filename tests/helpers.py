@@ -75,3 +75,21 @@ def one_line(text: str) -> str:
 def to_toml(document: dict[str, Any]) -> str:
     """A whole document as top-level `key = value` lines (inline tables and arrays)."""
     return "".join(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in document.items())
+
+
+# Each would create the marker if any layer (TOML, plan, JSON, ssh, sh -c, supervisor) let a shell
+# interpret it; MARK becomes a path on the host.
+HOSTILE_STRINGS = [
+    "$(touch MARK)",
+    "`touch MARK`",
+    "; touch MARK",
+    "'; touch MARK; '",
+    '"; touch MARK; "',
+    "\ntouch MARK\n",
+    "a && touch MARK || touch MARK",
+    "| touch MARK",
+    "$HOME ~ * ? [a] {a,b} \\ \\n %s %% ${IFS}",
+    "héllo ✓ 日本語 \u00a0 \u202e",
+    "-n",
+    "'\"'\"'",
+]

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import HOSTILE_STRINGS
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
 from tests.test_lifecycle import EXAMPLES, TF_ENV, accuracies, tfdeploy
@@ -134,28 +135,12 @@ def test_unknown_host_under_strict_exits_3_before_any_command(
 
 # -- hostile input -----------------------------------------------------------------------------
 
-# Each would create the marker if any layer (TOML, plan, JSON, ssh, sh -c, supervisor) let a shell
-# interpret it; MARK becomes a path on the host.
-TEMPLATES = [
-    "$(touch MARK)",
-    "`touch MARK`",
-    "; touch MARK",
-    "'; touch MARK; '",
-    '"; touch MARK; "',
-    "\ntouch MARK\n",
-    "a && touch MARK || touch MARK",
-    "| touch MARK",
-    "$HOME ~ * ? [a] {a,b} \\ \\n %s %% ${IFS}",
-    "héllo ✓ 日本語 \u00a0 \u202e",
-    "-n",
-    "'\"'\"'",
-]
 CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\0")
 HOSTILE_ALPHABET = st.sampled_from(list("'\"$()`;|&<>\n\r\t \\*?~{}[]#!-=é✓日\u00a0"))
 
 
 def hostile(marker: str) -> st.SearchStrategy[str]:
-    templated = st.sampled_from(TEMPLATES).map(lambda s: s.replace("MARK", marker))
+    templated = st.sampled_from(HOSTILE_STRINGS).map(lambda s: s.replace("MARK", marker))
     mixed = st.lists(st.one_of(HOSTILE_ALPHABET, CHARS), max_size=24).map("".join)
     return st.one_of(templated, mixed)
 

@@ -21,25 +21,12 @@ import pytest
 from deployer import hostkeys
 from deployer.errors import HostError
 from deployer.transport import LocalTransport, SSHTarget, SSHTransport, render
+from tests.helpers import HOSTILE_STRINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Each of these would run `touch MARK` if it reached a shell unquoted or quoted twice.
-HOSTILE = [
-    "$(touch MARK)",
-    "`touch MARK`",
-    "; touch MARK",
-    "'; touch MARK; '",
-    '"; touch MARK; "',
-    "\ntouch MARK\n",
-    "a && touch MARK || touch MARK",
-    "| touch MARK",
-    "$HOME ~ * ? [a] {a,b} \\ \\n %s %%",
-    "héllo ✓ 日本語 \u00a0",
-    "",
-    "-n",
-    "'\"'\"'",
-]
+# Each would run `touch MARK` if it reached a shell unquoted or quoted twice; "" must survive too.
+HOSTILE = [*HOSTILE_STRINGS, ""]
 
 
 def target_for(lab: Any, host: Any, **overrides: Any) -> SSHTarget:

@@ -11,7 +11,6 @@ import random
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -412,19 +411,6 @@ class NamespaceLab(Lab):
     def uncap_bandwidth(self, host: HostRef) -> None:
         slot = self._live(host)
         self._tc(slot, "qdisc", "del", "root")  # "no such qdisc" when not capped is fine
-
-    def tcp_probe(self, host: HostRef, timeout: float = 1.0) -> str:
-        """One TCP connect to the host's sshd from the root ns: "ok", "refused" or "timeout"."""
-        h = self.host(host)
-        try:
-            with socket.create_connection((h.address, h.port), timeout=timeout):
-                return "ok"
-        except ConnectionRefusedError:
-            return "refused"
-        except TimeoutError:
-            return "timeout"
-        except OSError as e:
-            return f"error: {e}"
 
     # -- teardown --------------------------------------------------------------------------------
 
