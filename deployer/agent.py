@@ -7,9 +7,8 @@ never appear on a command line and a call costs one round trip.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,9 +17,7 @@ from typing import Any
 from deployer.errors import HostError
 from deployer.session import Session, SessionEnded, open_session
 from deployer.transport import Transport
-
-PROTOCOL_VERSION = 1
-SERVE_IDLE_EXIT = 75  # remote/agent.py: a session that left while idle, its request unread
+from remote import protocol
 
 
 class _SessionLeft(Exception):
@@ -113,23 +110,44 @@ class Poll:
     listening: frozenset[int]
 
 
+@dataclass(frozen=True)
+class SetupResult:
+    """The setup op on one host: `ran` is False when the fingerprint's marker was there."""
+
+    code: int  # 0 ok, else the failing command's status (128+N: killed by signal N)
+    ran: bool
+    tail: tuple[str, ...]  # the last lines this setup wrote
+
+
+@dataclass(frozen=True)
+class Escaped:
+    """A process of the run that had left its task's process group, stopped with the run."""
+
+    pid: int
+    cmd: str
+    signal: int | None  # the last signal it got (None: it was gone before one was sent)
+
+
+@dataclass(frozen=True)
+class StopReport:
+    tasks: tuple[TaskStatus, ...]
+    escaped: tuple[Escaped, ...] = ()
+
+
 @cache
 def agent_files() -> dict[str, str]:
     """The remote side's source files, pushed to every host (the package marker is not needed)."""
     return {
         p.name: p.read_text(encoding="utf-8")
         for p in sorted(REMOTE_DIR.glob("*.py"))
-        if p.name != "__init__.py"
+        if protocol.is_pushed(p.name)
     }
 
 
 @cache
 def agent_id() -> str:
     """Content hash of the agent: two tfdeploy versions never overwrite each other's agent."""
-    digest = hashlib.sha256()
-    for name, text in agent_files().items():
-        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
-    return digest.hexdigest()[:12]
+    return protocol.agent_id((name, text.encode()) for name, text in agent_files().items())
 
 
 class Agent:
@@ -152,9 +170,27 @@ class Agent:
             raise RuntimeError("Agent.install() must run before the agent directory is known")
         return f"{self.home}/agent/{agent_id()}"
 
-    def install(self, ports: Sequence[int] = ()) -> dict[str, Any]:
-        """Installs this agent version if the host lacks it and returns the `hello` facts."""
-        request = {"v": PROTOCOL_VERSION, "op": "hello", "workdir": self.workdir, "ports": ports}
+    def install(
+        self,
+        ports: Sequence[int] = (),
+        *,
+        run_id: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """Installs this agent version if the host lacks it and returns the `hello` facts.
+
+        With a run id, the free `ports` are reserved for that run on the host until it stops or
+        its lease lapses (`lease_seconds` without a heartbeat): two `up` of one inventory started
+        at once cannot both pass preflight. Ports reserved by another run come back busy.
+        """
+        request: dict[str, Any] = {
+            "v": protocol.PROTOCOL_VERSION,
+            "op": "hello",
+            "workdir": self.workdir,
+            "ports": list(ports),
+        }
+        if run_id is not None:
+            request.update(run_id=run_id, lease_seconds=lease_seconds)
         payload = {
             "workdir": self.workdir,
             "agent_id": agent_id(),
@@ -183,7 +219,7 @@ class Agent:
         self, op: str, timeout: float | None = 60, *, stream: bytes = b"", **params: Any
     ) -> dict[str, Any]:
         """One op; `stream` is raw bytes sent after the request line (materialize's contents)."""
-        request = {"v": PROTOCOL_VERSION, "op": op, "workdir": self.workdir, **params}
+        request = {"v": protocol.PROTOCOL_VERSION, "op": op, "workdir": self.workdir, **params}
         session = self._session
         if session is not None and session.lock.acquire(blocking=False):
             try:
@@ -208,7 +244,7 @@ class Agent:
             line = session.request(data, timeout)
         except SessionEnded as exc:
             self._session = None
-            if exc.exit_code == SERVE_IDLE_EXIT:
+            if exc.exit_code == protocol.SERVE_IDLE_EXIT:
                 raise _SessionLeft from None
             return self._reply(exc.exit_code, b"", exc.stderr)
         except HostError:
@@ -279,14 +315,65 @@ class Agent:
             listening=frozenset(reply.get("listening", [])),
         )
 
-    def stop(self, run_id: str, *, grace: float, tasks: Sequence[str] | None = None) -> None:
-        self.call(
+    def stop(self, run_id: str, *, grace: float, tasks: Sequence[str] | None = None) -> StopReport:
+        """Stops tasks (all: also the run's escaped processes and its port reservations)."""
+        reply = self.call(
             "stop",
-            timeout=grace + 60,
+            # A whole-run stop may take grace twice: the task groups, then escaped processes.
+            timeout=2 * grace + 60,
             run_id=run_id,
             grace=grace,
             tasks=list(tasks) if tasks is not None else None,
         )
+        return StopReport(
+            tasks=tuple(TaskStatus.from_json(t) for t in reply.get("tasks", [])),
+            escaped=tuple(
+                Escaped(pid=int(e["pid"]), cmd=str(e.get("cmd", "")), signal=e.get("signal"))
+                for e in reply.get("escaped", [])
+            ),
+        )
+
+    def release(self, run_id: str) -> None:
+        """Drops the run's port reservations (preflight failed: nothing of it will start)."""
+        self.call("release", run_id=run_id)
+
+    def setup(
+        self,
+        run_id: str,
+        commands: Sequence[str],
+        env: Mapping[str, str],
+        fingerprint: str,
+        timeout: float = 3600,
+    ) -> SetupResult:
+        reply = self.call(
+            "setup",
+            timeout=timeout,
+            run_id=run_id,
+            commands=list(commands),
+            env=dict(env),
+            fingerprint=fingerprint,
+        )
+        return SetupResult(
+            code=int(reply.get("code") or 0),
+            ran=bool(reply.get("ran")),
+            tail=tuple(str(line) for line in reply.get("tail") or ()),
+        )
+
+    def gpus(self) -> dict[str, Any]:
+        """The raw `gpus` reply; deployer.gpus.GpuReport.from_json reads it."""
+        return self.call("gpus")
+
+    def firewall_problem(self) -> str | None:
+        """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
+        problem = self.call("firewall", action="check").get("problem")
+        return str(problem) if problem else None
+
+    def firewall_add(self, run_id: str, ports: Sequence[int], allowed: Sequence[str]) -> None:
+        self.call("firewall", action="add", run_id=run_id, ports=list(ports), allowed=list(allowed))
+
+    def firewall_remove(self, run_id: str) -> int:
+        """Removes the run's rules (idempotent); how many rule sets were removed."""
+        return int(self.call("firewall", action="remove", run_id=run_id).get("removed") or 0)
 
     def runs(self) -> list[dict[str, Any]]:
         return list(self.call("runs")["runs"])

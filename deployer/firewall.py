@@ -26,12 +26,7 @@ def ports_on(plan: Plan, host: str) -> list[int]:
 def check(fleet: Fleet, members: Iterable[Member]) -> list[HostError]:
     """Preflight: one HostError per host that lacks nft/iptables or the privilege to use it."""
 
-    def probe(member: Member) -> str | None:
-        reply = member.agent.call("firewall", action="check")
-        problem = reply.get("problem")
-        return str(problem) if problem else None
-
-    results, failures = fleet.each_settled(probe, members)
+    results, failures = fleet.each_settled(lambda m: m.agent.firewall_problem(), members)
     problems = [
         HostError(
             name,
@@ -55,13 +50,7 @@ def add(fleet: Fleet, members: Iterable[Member], plan: Plan, run_id: str) -> lis
     allowed = allowed_addresses(plan)
 
     def add_on(member: Member) -> None:
-        member.agent.call(
-            "firewall",
-            action="add",
-            run_id=run_id,
-            ports=ports_on(plan, member.name),
-            allowed=allowed,
-        )
+        member.agent.firewall_add(run_id, ports_on(plan, member.name), allowed)
 
     fleet.each(add_on, members, what="installing the TF port firewall failed")
     return [m.name for m in members]
@@ -69,7 +58,5 @@ def add(fleet: Fleet, members: Iterable[Member], plan: Plan, run_id: str) -> lis
 
 def remove(fleet: Fleet, members: Iterable[Member], run_id: str) -> list[HostError]:
     """Removes the run's rules wherever they are; idempotent; returns the hosts it failed on."""
-    _, failures = fleet.each_settled(
-        lambda m: m.agent.call("firewall", action="remove", run_id=run_id), members
-    )
+    _, failures = fleet.each_settled(lambda m: m.agent.firewall_remove(run_id), members)
     return failures

@@ -12,8 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jobsetup
+import layout
+import params
 import procs
-import runs
+import protocol
+import reservations
 import store
 import taskops
 
@@ -23,17 +27,25 @@ DEFAULT_MAX_BYTES = 256 * 1024
 
 
 def op_hello(req: dict[str, Any]) -> dict[str, Any]:
-    workdir = runs.workdir_path(req)
-    runs.make_private_dir(workdir)
+    workdir = layout.workdir_path(req)
+    layout.make_private_dir(workdir)
     ports = _ports(req, "ports")
+    run_id = params.param(req, "run_id", str, None)
+    if run_id is None:
+        busy, held = [p for p in ports if not _bindable(p)], {}
+    else:
+        lease = params.param(req, "lease_seconds", (int, float), None)
+        run_id = params.check_name(run_id, "run id")
+        busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable)
     return {
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "tensorflow": _tensorflow_version(),
         "workdir": str(workdir),
         "disk_free": shutil.disk_usage(workdir).free,
-        "busy_ports": [p for p in ports if not _bindable(p)],
-        "agent_id": runs.agent_id(),
+        "busy_ports": busy,
+        "reserved_by": {str(port): holder for port, holder in held.items()},
+        "agent_id": layout.agent_id(),
     }
 
 
@@ -93,10 +105,10 @@ def _dist_info_version() -> str | None:
 
 
 def _ports(req: dict[str, Any], key: str) -> list[int]:
-    ports: list[int] = runs.param(req, key, list, [])
+    ports: list[int] = params.param(req, key, list, [])
     for port in ports:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise runs.AgentError(f"{key} must be TCP port numbers (1-65535), got {port!r:.40}")
+            raise params.AgentError(f"{key} must be TCP port numbers (1-65535), got {port!r:.40}")
     return ports
 
 
@@ -120,13 +132,13 @@ def _listening(port: int) -> bool:
 
 
 def op_poll(req: dict[str, Any]) -> dict[str, Any]:
-    run_dir = runs.run_path(req)
-    if runs.param(req, "heartbeat", bool, False):
-        runs.touch(run_dir / "lease")
-    offsets = runs.param(req, "offsets", dict, {})
-    max_bytes = runs.param(req, "max_bytes", int, DEFAULT_MAX_BYTES)
+    run_dir = layout.run_path(req)
+    if params.param(req, "heartbeat", bool, False):
+        layout.touch(run_dir / "lease")
+    offsets = params.param(req, "offsets", dict, {})
+    max_bytes = params.param(req, "max_bytes", int, DEFAULT_MAX_BYTES)
     if max_bytes < 0:
-        raise runs.AgentError(f"max_bytes must be zero or more, got {max_bytes}")
+        raise params.AgentError(f"max_bytes must be zero or more, got {max_bytes}")
     return {
         "tasks": procs.run_statuses(run_dir),
         "logs": _read_logs(run_dir, offsets, max_bytes),
@@ -138,8 +150,10 @@ def _read_logs(run_dir: Path, offsets: dict[str, Any], max_bytes: int) -> dict[s
     paths, starts, wants = [], [], []
     for name, offset in offsets.items():
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise runs.AgentError(f"the log offset of {name} must be a byte count, got {offset!r}")
-        path = run_dir / "tasks" / runs.task_dirname(name) / "output.log"
+            raise params.AgentError(
+                f"the log offset of {name} must be a byte count, got {offset!r}"
+            )
+        path = run_dir / "tasks" / params.task_dirname(name) / "output.log"
         try:
             size = path.stat().st_size
         except OSError:
@@ -148,9 +162,7 @@ def _read_logs(run_dir: Path, offsets: dict[str, Any], max_bytes: int) -> dict[s
         starts.append(offset)
         wants.append(max(0, size - offset))
     logs = {}
-    for name, path, start, share in zip(
-        offsets, paths, starts, fair_shares(wants, max_bytes), strict=True
-    ):
+    for name, path, start, share in zip(offsets, paths, starts, fair_shares(wants, max_bytes)):
         data = _read_at(path, start, share)
         logs[name] = {"offset": start + len(data), "data": base64.b64encode(data).decode()}
     return logs
@@ -176,15 +188,15 @@ def _read_at(path: Path, offset: int, count: int) -> bytes:
 
 
 def op_runs(req: dict[str, Any]) -> dict[str, Any]:
-    root = runs.workdir_path(req) / "runs"
+    root = layout.workdir_path(req) / "runs"
     found = []
     for run_dir in root.iterdir() if root.is_dir() else []:
         if not run_dir.is_dir():
             continue
-        meta = runs.read_json(run_dir / "run.json")
+        meta = layout.read_json(run_dir / "run.json")
         meta = meta if isinstance(meta, dict) else {}
         created = meta.get("created")
-        if not isinstance(created, int | float):
+        if not isinstance(created, (int, float)):
             created = run_dir.stat().st_mtime  # half-written run: its directory's age will do
         found.append(
             {
@@ -196,6 +208,11 @@ def op_runs(req: dict[str, Any]) -> dict[str, Any]:
             }
         )
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
+
+
+def op_release(req: dict[str, Any]) -> dict[str, Any]:
+    run_id = params.check_name(params.param(req, "run_id", str), "run id")
+    return {"released": reservations.release(layout.workdir_path(req), run_id)}
 
 
 def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
@@ -214,11 +231,12 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "hello": op_hello,
     "have": store.op_have,
     "materialize": store.op_materialize,
-    "setup": store.op_setup,
+    "setup": jobsetup.op_setup,
     "start": taskops.op_start,
     "poll": op_poll,
     "stop": taskops.op_stop,
     "runs": op_runs,
+    "release": op_release,
     "gpus": op_gpus,
     "firewall": op_firewall,
 }
@@ -232,23 +250,23 @@ def handle(raw: bytes) -> dict[str, Any]:
         return _error(f"the request is not valid JSON: {exc}")
     if not isinstance(req, dict):
         return _error("the request must be a JSON object")
-    if req.get("v") != runs.PROTOCOL_VERSION:
-        return _error(f"agent speaks protocol {runs.PROTOCOL_VERSION}, got {req.get('v')!r}")
+    if req.get("v") != protocol.PROTOCOL_VERSION:
+        return _error(f"agent speaks protocol {protocol.PROTOCOL_VERSION}, got {req.get('v')!r}")
     op = OPS.get(req.get("op"))  # type: ignore[arg-type]
     if op is None:
         return _error(f"unknown op {req.get('op')!r}; known ops: {', '.join(OPS)}")
     try:
         result = op(req)
-    except runs.AgentError as exc:
+    except params.AgentError as exc:
         return _error(str(exc))
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         return _error(f"op {req['op']} failed on this host: {exc.strerror or exc}{where}")
-    return {"v": runs.PROTOCOL_VERSION, "ok": True, **result}
+    return {"v": protocol.PROTOCOL_VERSION, "ok": True, **result}
 
 
 def _error(message: str) -> dict[str, Any]:
-    return {"v": runs.PROTOCOL_VERSION, "ok": False, "error": message}
+    return {"v": protocol.PROTOCOL_VERSION, "ok": False, "error": message}
 
 
 def serve(first: bytes | None = None) -> int:
@@ -256,7 +274,7 @@ def serve(first: bytes | None = None) -> int:
 
     The interpreter and its imports cost ~50 ms of host CPU per one-shot call; a session pays
     them once per connection. Ends when stdin closes (the controller or its connection left),
-    or after SERVE_IDLE_S without a request (see _IdleExit).
+    or after SERVE_IDLE_S (protocol.py) without a request (see _IdleExit).
     """
     idle = _IdleExit()
     raw = first
@@ -277,10 +295,6 @@ def serve(first: bytes | None = None) -> int:
         raw = None
 
 
-SERVE_IDLE_S = 15.0
-SERVE_IDLE_EXIT = 75  # EX_TEMPFAIL: "left while idle; this request was never read, send it again"
-
-
 class _IdleExit:
     """Ends a session nobody has used for SERVE_IDLE_S.
 
@@ -297,7 +311,8 @@ class _IdleExit:
         import time
 
         self._time = time.monotonic
-        self._limit = float(os.environ.get("TFDEPLOY_SERVE_IDLE_S") or SERVE_IDLE_S)  # tests
+        limit = os.environ.get("TFDEPLOY_SERVE_IDLE_S")  # tests
+        self._limit = float(limit or protocol.SERVE_IDLE_S)
         self._lock = threading.Lock()
         self._last = self._time()
         threading.Thread(target=self._watch, daemon=True).start()
@@ -322,7 +337,7 @@ class _IdleExit:
             with self._lock:
                 if self._time() - self._last > self._limit:
                     sys.stdout.flush()
-                    os._exit(SERVE_IDLE_EXIT)
+                    os._exit(protocol.SERVE_IDLE_EXIT)
 
 
 def _reap() -> None:

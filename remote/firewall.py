@@ -16,7 +16,7 @@ import socket
 import subprocess
 from typing import Any
 
-import runs
+import params
 
 BACKENDS = ("nft", "iptables")
 TOOL_TIMEOUT = 20.0
@@ -115,14 +115,14 @@ def resolve(names: list[Any]) -> tuple[list[str], list[str]]:
     v6: set[str] = set()
     for name in names:
         if not isinstance(name, str) or not name or len(name) > 253 or "\0" in name:
-            raise runs.AgentError(f"allowed address {name!r:.80} is not an address or host name")
+            raise params.AgentError(f"allowed address {name!r:.80} is not an address or host name")
         try:
             found = [ipaddress.ip_address(name)]
         except ValueError:
             try:
                 infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
             except (OSError, UnicodeError) as exc:
-                raise runs.AgentError(f"cannot resolve cluster address {name!r}: {exc}") from None
+                raise params.AgentError(f"cannot resolve cluster address {name!r}: {exc}") from None
             found = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
         for addr in found:
             (v4 if addr.version == 4 else v6).add(str(addr))
@@ -158,7 +158,7 @@ def _ipt_add(tool: _Tool, run_id: str, ports: list[int], v4: list[str], v6: list
         exe = tool.ipt[version]
         if exe is None:
             if version == 4:
-                raise runs.AgentError("iptables was not found")
+                raise params.AgentError("iptables was not found")
             continue  # no IPv6 tooling on this host: nothing to filter there either
         steps = [["-N", chain], ["-A", chain, "-i", "lo", "-j", "RETURN"]]
         steps += [["-A", chain, "-s", a, "-j", "RETURN"] for a in allowed]
@@ -171,7 +171,7 @@ def _ipt_add(tool: _Tool, run_id: str, ports: list[int], v4: list[str], v6: list
         for step in steps:
             result = tool.call([exe, "-w", *step])
             if result.returncode != 0:
-                raise runs.AgentError(f"{os.path.basename(exe)} failed: {_last_line(result)}")
+                raise params.AgentError(f"{os.path.basename(exe)} failed: {_last_line(result)}")
 
 
 def _ipt_remove(tool: _Tool, run_id: str) -> int:
@@ -193,14 +193,14 @@ def _ipt_remove(tool: _Tool, run_id: str) -> int:
 
 
 def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
-    action = runs.param(req, "action", str)
-    backend = runs.param(req, "backend", str, None)
+    action = params.param(req, "action", str)
+    backend = params.param(req, "backend", str, None)
     if backend is not None and backend not in BACKENDS:
-        raise runs.AgentError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise params.AgentError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if action == "check":
         tool, problem = probe(backend)
         return {"backend": tool.backend if tool else None, "problem": problem}
-    run_id = runs.check_name(runs.param(req, "run_id", str), "run id")
+    run_id = params.check_name(params.param(req, "run_id", str), "run id")
     if action == "add":
         return _add(req, run_id, backend)
     if action == "remove":
@@ -208,31 +208,31 @@ def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
     if action == "list":
         tool, problem = probe(backend)
         if tool is None:
-            raise runs.AgentError(problem or "no firewall tool")
+            raise params.AgentError(problem or "no firewall tool")
         return {"rules": _list(tool, run_id)}
-    raise runs.AgentError(f"firewall action must be add, remove, check or list, not {action!r}")
+    raise params.AgentError(f"firewall action must be add, remove, check or list, not {action!r}")
 
 
 def _add(req: dict[str, Any], run_id: str, backend: str | None) -> dict[str, Any]:
-    ports = sorted(set(runs.param(req, "ports", list)))
+    ports = sorted(set(params.param(req, "ports", list)))
     for port in ports:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise runs.AgentError(f"ports must be TCP port numbers (1-65535), got {port!r:.40}")
-    v4, v6 = resolve(runs.param(req, "allowed", list))
+            raise params.AgentError(f"ports must be TCP port numbers (1-65535), got {port!r:.40}")
+    v4, v6 = resolve(params.param(req, "allowed", list))
     if not ports:
         return {"backend": None, "rules": []}
     tool, problem = probe(backend)
     if tool is None:
-        raise runs.AgentError(problem or "no firewall tool")
+        raise params.AgentError(problem or "no firewall tool")
     if tool.backend == "nft":
         result = tool.call([tool.nft or "nft", "-f", "-"], nft_script(run_id, ports, v4, v6))
         if result.returncode != 0:
-            raise runs.AgentError(f"nft refused the rules: {_last_line(result)}")
+            raise params.AgentError(f"nft refused the rules: {_last_line(result)}")
     else:
         _ipt_remove(tool, run_id)  # a repeated add replaces, like nft's
         try:
             _ipt_add(tool, run_id, ports, v4, v6)
-        except runs.AgentError:
+        except params.AgentError:
             _ipt_remove(tool, run_id)
             raise
     return {"backend": tool.backend, "rules": _list(tool, run_id)}
@@ -249,7 +249,7 @@ def _remove(run_id: str, backend: str | None) -> dict[str, Any]:
             if tool.call([tool.nft or "nft", "list", "table", "inet", tag(run_id)]).returncode == 0:
                 result = tool.call([tool.nft or "nft", "delete", "table", "inet", tag(run_id)])
                 if result.returncode != 0:
-                    raise runs.AgentError(f"nft could not delete the rules: {_last_line(result)}")
+                    raise params.AgentError(f"nft could not delete the rules: {_last_line(result)}")
                 removed += 1
         else:
             removed += _ipt_remove(tool, run_id)

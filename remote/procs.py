@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import runs
+import layout
 
 STARTING, RUNNING, EXITED, LOST = "starting", "running", "exited", "lost"
 
@@ -104,22 +104,22 @@ def _members(pgid: int) -> list[tuple[int, bytes]]:
 
 def task_state(task_dir: Path) -> tuple[str, Any, Any]:
     """(state, pid.json, exit.json) of one task, following the state table of PROTOCOL.md."""
-    ended = runs.read_json(task_dir / "exit.json")
+    ended = layout.read_json(task_dir / "exit.json")
     if ended is not None:
-        return EXITED, runs.read_json(task_dir / "pid.json"), ended
-    pids = runs.read_json(task_dir / "pid.json")
+        return EXITED, layout.read_json(task_dir / "pid.json"), ended
+    pids = layout.read_json(task_dir / "pid.json")
     if not isinstance(pids, dict):
         return STARTING, None, None
     supervisor = process_alive(pids.get("supervisor"), pids.get("supervisor_ticks"))
     if supervisor or group_alive(pids.get("pgid"), pids.get("start_ticks")):
         return RUNNING, pids, None
     # The supervisor may have written exit.json and quit between our two reads.
-    ended = runs.read_json(task_dir / "exit.json")
+    ended = layout.read_json(task_dir / "exit.json")
     return (EXITED if ended is not None else LOST), pids, ended
 
 
 def task_status(task_dir: Path) -> dict[str, Any]:
-    spec = runs.read_json(task_dir / "spec.json")
+    spec = layout.read_json(task_dir / "spec.json")
     name = spec.get("name") if isinstance(spec, dict) else None
     state, pids, ended = task_state(task_dir)
     pids = pids if isinstance(pids, dict) else {}
@@ -147,7 +147,7 @@ def task_status(task_dir: Path) -> dict[str, Any]:
 
 
 def run_statuses(run_dir: Path) -> list[dict[str, Any]]:
-    return [task_status(d) for d in runs.task_dirs(run_dir)]
+    return [task_status(d) for d in layout.task_dirs(run_dir)]
 
 
 def exit_record(returncode: int | None, reason: str | None, ended: float) -> dict[str, Any]:

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import layout
+import params
 import procs
-import runs
+import strays
 
 TICK = 0.25  # how often the stop marker is looked at; stop ops signal the group themselves
 LEASE_CHECK = 1.0
@@ -26,7 +28,7 @@ STRAGGLER_WAIT = 2.0
 class _Supervisor:
     def __init__(self, run_dir: Path, task_dir: Path) -> None:
         self.run_dir, self.task_dir = run_dir, task_dir
-        spec = runs.read_json(task_dir / "spec.json")
+        spec = layout.read_json(task_dir / "spec.json")
         if not isinstance(spec, dict):
             raise SystemExit(f"supervisor: no readable spec.json in {task_dir}")
         self.spec: dict[str, Any] = spec
@@ -48,7 +50,9 @@ class _Supervisor:
             self.reason = "stopped"
         self._reap_stragglers()
         record = procs.exit_record(returncode, self.reason, ended)
-        runs.write_json(self.task_dir / "exit.json", record)
+        if self.reason == "lease expired":  # no controller will send a whole-run stop
+            record["escaped"] = self._stop_strays()
+        layout.write_json(self.task_dir / "exit.json", record)
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -59,7 +63,7 @@ class _Supervisor:
                 # Pinned before the fork, so the task inherits it from its first instruction
                 # (and every thread it starts): no window where TF sizes pools for all CPUs.
                 os.sched_setaffinity(0, self.spec["cpus"])
-            cwd = runs.task_cwd(self.run_dir, self.spec.get("cwd"))
+            cwd = layout.task_cwd(self.run_dir, self.spec.get("cwd"))
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", _command(self.spec["command"], env.get("PATH"))],
                 cwd=cwd,
@@ -67,12 +71,14 @@ class _Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
-                process_group=0,
+                start_new_session=True,  # its own process group (and session), no tty
             )
-        except (OSError, runs.AgentError) as exc:
+        except (OSError, params.AgentError) as exc:
             # Nothing ran; say why in the task's own log, where the user will look.
             os.write(log_fd, f"tfdeploy: cannot start the task: {exc}\n".encode())
-            runs.write_json(self.task_dir / "exit.json", procs.exit_record(127, None, time.time()))
+            layout.write_json(
+                self.task_dir / "exit.json", procs.exit_record(127, None, time.time())
+            )
             return None
         finally:
             os.close(log_fd)
@@ -85,7 +91,7 @@ class _Supervisor:
             "start_ticks": self.ticks,
             "started": time.time(),
         }
-        runs.write_json(self.task_dir / "pid.json", pids)
+        layout.write_json(self.task_dir / "pid.json", pids)
         return proc
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> int:
@@ -106,7 +112,7 @@ class _Supervisor:
             return
         if self.reason is not None:
             return
-        marker = runs.read_json(self.task_dir / "stop")
+        marker = layout.read_json(self.task_dir / "stop")
         if isinstance(marker, dict):
             # The stop op already sent SIGTERM; we only guarantee the SIGKILL deadline.
             self.reason = "stopped"
@@ -124,7 +130,7 @@ class _Supervisor:
         self.kill_at = time.time() + self.grace
 
     def _lease_expired(self, now: float) -> bool:
-        meta = runs.read_json(self.run_dir / "run.json")
+        meta = layout.read_json(self.run_dir / "run.json")
         if not isinstance(meta, dict) or meta.get("detached") or meta.get("lease_seconds") is None:
             return False
         try:
@@ -132,6 +138,12 @@ class _Supervisor:
         except OSError:
             return True  # the run is being removed under us: nobody will renew it
         return now - beat > float(meta["lease_seconds"])
+
+    def _stop_strays(self) -> list[dict[str, Any]]:
+        """What of the run left its task group ends with the lease, as a whole-run stop would."""
+        supervisors, groups = strays.run_groups(self.run_dir)
+        groups.discard(self.pgid)  # ours is gone; the other tasks' supervisors stop theirs
+        return strays.stop(self.run_dir.name, self.grace, supervisors, groups)
 
     def _reap_stragglers(self) -> None:
         """A task is its whole process group: members left behind by the leader end with it."""
@@ -175,7 +187,7 @@ def _command(command: str, path: str | None) -> str:
     `kill -9` of it is then recorded as signal 9, not as the shell's exit code 137.
     """
     if command.strip() == "tfdeploy:server":
-        server = runs.AGENT_DIR / "tfserver.py"
+        server = layout.AGENT_DIR / "tfserver.py"
         return f"exec {shlex.quote(sys.executable)} {shlex.quote(str(server))}"
     words = command.split()
     if not (_SIMPLE.fullmatch(command) and words and "=" not in words[0]):
@@ -190,10 +202,11 @@ class _Waker:
     """Sleeps until the task exits, a signal arrives or the timeout passes, without busy polling."""
 
     def __init__(self, pid: int) -> None:
+        pidfd_open = getattr(os, "pidfd_open", None)  # Python 3.9+
         try:
-            self.fds = [os.pidfd_open(pid)]
+            self.fds = [pidfd_open(pid)] if pidfd_open is not None else []
         except OSError:
-            self.fds = []  # old kernel: fall back to ticking
+            self.fds = []  # old kernel (or Python): fall back to ticking
         read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
         self.fds.append(read_end)

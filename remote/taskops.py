@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import layout
+import params
 import procs
-import runs
-import store
+import reservations
+import strays
 
-AGENT = runs.AGENT_DIR / "agent.py"
+AGENT = layout.AGENT_DIR / "agent.py"
 START_TIMEOUT = 10.0
 STOP_SLACK = 5.0  # after SIGKILL, how long a supervisor gets to record the exit
 POLL = 0.05
@@ -22,31 +24,37 @@ DEFAULT_GRACE = 10.0
 
 
 def grace_param(req: dict[str, Any]) -> float:
-    grace = float(runs.param(req, "grace", (int, float), DEFAULT_GRACE))
+    grace = float(params.param(req, "grace", (int, float), DEFAULT_GRACE))
     if grace < 0:
-        raise runs.AgentError(f"grace must be zero or more seconds, got {grace}")
+        raise params.AgentError(f"grace must be zero or more seconds, got {grace}")
     return grace
 
 
 def op_start(req: dict[str, Any]) -> dict[str, Any]:
-    run_dir = runs.run_path(req)
+    run_dir = layout.run_path(req)
     grace = grace_param(req)
-    specs = [_task_spec(item, run_dir) for item in runs.param(req, "tasks", list)]
-    dirnames = [runs.task_dirname(s["name"]) for s in specs]
+    specs = [_task_spec(item, run_dir) for item in params.param(req, "tasks", list)]
+    dirnames = [params.task_dirname(s["name"]) for s in specs]
     if len(set(dirnames)) != len(dirnames):
-        raise runs.AgentError("two tasks of the request share a name (worker:1 and worker-1 clash)")
+        raise params.AgentError(
+            "two tasks of the request share a name (worker:1 and worker-1 clash)"
+        )
     # Under the run lock, so a whole-run stop sees either none or all of these tasks.
-    with runs.run_lock(run_dir):
-        if runs.run_stopped(run_dir):
-            raise runs.AgentError(f"run {run_dir.name} was stopped; nothing of it starts again")
-        for spec, dirname in zip(specs, dirnames, strict=True):
+    with layout.run_lock(run_dir):
+        if layout.run_stopped(run_dir):
+            raise params.AgentError(f"run {run_dir.name} was stopped; nothing of it starts again")
+        for spec, dirname in zip(specs, dirnames):
             if procs.task_state(run_dir / "tasks" / dirname)[0] == procs.RUNNING:
-                raise runs.AgentError(f"task {spec['name']} of run {run_dir.name} is still running")
-        runs.touch(run_dir / "lease")  # setup may have outlasted the lease; starting is a heartbeat
+                raise params.AgentError(
+                    f"task {spec['name']} of run {run_dir.name} is still running"
+                )
+        layout.touch(
+            run_dir / "lease"
+        )  # setup may have outlasted the lease; starting is a heartbeat
         launched = [
             (task_dir, _launch(run_dir, task_dir, spec, grace))
-            for spec, dirname in zip(specs, dirnames, strict=True)
-            for task_dir in [runs.make_private_dir(run_dir / "tasks" / dirname)]
+            for spec, dirname in zip(specs, dirnames)
+            for task_dir in [layout.make_private_dir(run_dir / "tasks" / dirname)]
         ]
         _wait_started(launched)
     return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
@@ -54,19 +62,21 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
 
 def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
     if not isinstance(item, dict):
-        raise runs.AgentError(f"each task must be an object (name, command), got {item!r:.80}")
-    name = runs.param(item, "name", str)
-    runs.task_dirname(name)
-    command = runs.param(item, "command", str)
+        raise params.AgentError(f"each task must be an object (name, command), got {item!r:.80}")
+    name = params.param(item, "name", str)
+    params.task_dirname(name)
+    command = params.param(item, "command", str)
     if not command.strip():
-        raise runs.AgentError(f"task {name} has an empty command")
-    env = store.check_env(runs.param(item, "env", dict, {}))
-    cwd = runs.param(item, "cwd", str, None)
-    path = runs.task_cwd(run_dir, cwd)
+        raise params.AgentError(f"task {name} has an empty command")
+    env = params.check_env(params.param(item, "env", dict, {}))
+    cwd = params.param(item, "cwd", str, None)
+    path = layout.task_cwd(run_dir, cwd)
     if cwd is not None and not path.is_dir():
-        raise runs.AgentError(f"task {name} has cwd {cwd!r}, which is not a directory on this host")
+        raise params.AgentError(
+            f"task {name} has cwd {cwd!r}, which is not a directory on this host"
+        )
     spec = {"name": name, "command": command, "env": env, "cwd": cwd}
-    cpus = runs.param(item, "cpus", str, None)
+    cpus = params.param(item, "cpus", str, None)
     if cpus is not None:
         spec["cpus"] = sorted(cpu_list(cpus, name))
     return spec
@@ -80,11 +90,15 @@ def cpu_list(text: str, name: str) -> set[int]:
             first, _, last = part.strip().partition("-")
             cpus.update(range(int(first), int(last or first) + 1))
     except ValueError:
-        raise runs.AgentError(f"task {name}: cpus must be a list such as '0-3' or '0,2'") from None
+        raise params.AgentError(
+            f"task {name}: cpus must be a list such as '0-3' or '0,2'"
+        ) from None
     usable = os.sched_getaffinity(0)
     if not cpus or not cpus <= usable:
         have = ",".join(str(c) for c in sorted(usable))
-        raise runs.AgentError(f"task {name}: cpus {text!r} are not all on this host (CPUs {have})")
+        raise params.AgentError(
+            f"task {name}: cpus {text!r} are not all on this host (CPUs {have})"
+        )
     return cpus
 
 
@@ -93,14 +107,14 @@ def _launch(
 ) -> subprocess.Popen[bytes]:
     # Starting a task that already ran is a restart (failure policy "restart"): count it, so
     # `status` shows it long after the controller that decided it is gone.
-    old = runs.read_json(task_dir / "spec.json")
+    old = layout.read_json(task_dir / "spec.json")
     restarts = int(old.get("restarts") or 0) if isinstance(old, dict) else 0
     if (task_dir / "exit.json").exists():
         restarts += 1
     for stale in ("exit.json", "pid.json", "stop"):
         (task_dir / stale).unlink(missing_ok=True)
     record = {**spec, "grace": grace, "restarts": restarts}
-    runs.write_json(task_dir / "spec.json", record, mode=0o600)
+    layout.write_json(task_dir / "spec.json", record, mode=0o600)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     with os.fdopen(os.open(task_dir / "supervisor.log", flags, 0o600), "ab") as err:
         # A new session and no inherited stdio: the supervisor must outlive the SSH channel
@@ -126,7 +140,7 @@ def _wait_started(launched: list[tuple[Path, subprocess.Popen[bytes]]]) -> None:
             if sup.poll() is not None:
                 log = (task_dir / "supervisor.log").read_text(errors="replace").strip()
                 last = log.splitlines()[-1] if log else f"exit status {sup.returncode}"
-                raise runs.AgentError(f"the supervisor of task {task_dir.name} died: {last}")
+                raise params.AgentError(f"the supervisor of task {task_dir.name} died: {last}")
             still.append((task_dir, sup))
         pending = still
         if pending:
@@ -155,7 +169,7 @@ class _Stop:
             self.kill_at = None
         elif state == procs.LOST and self.last_signal is not None:
             # We signalled it and no supervisor is left to write the record: write it ourselves.
-            runs.write_json(self.task_dir / "exit.json", procs.stopped_record(self.last_signal))
+            layout.write_json(self.task_dir / "exit.json", procs.stopped_record(self.last_signal))
             self.done = True
         elif state != procs.RUNNING:
             self.done = True
@@ -169,7 +183,7 @@ class _Stop:
 
     def _begin(self, pids: dict[str, Any], now: float) -> None:
         self.pids = pids
-        runs.write_json(self.task_dir / "stop", {"requested": time.time(), "grace": self.grace})
+        layout.write_json(self.task_dir / "stop", {"requested": time.time(), "grace": self.grace})
         self._signal(signal.SIGTERM)
         self.kill_at = now + self.grace
 
@@ -198,29 +212,30 @@ class _SetupStop:
 
 
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
-    run_dir = runs.run_path(req, must_exist=False)
+    run_dir = layout.run_path(req, must_exist=False)
     grace = grace_param(req)
-    names = runs.param(req, "tasks", list, None)
+    names = params.param(req, "tasks", list, None)
     if not run_dir.is_dir():
         # Ctrl-C before the code reached this host: there is nothing to stop, and that is fine.
         if names:
-            raise runs.AgentError(f"there is no run {run_dir.name!r} on this host")
-        return {"tasks": []}
+            raise params.AgentError(f"there is no run {run_dir.name!r} on this host")
+        reservations.release(layout.workdir_path(req), run_dir.name)
+        return {"tasks": [], "escaped": []}
     now = time.time()
     stops: list[_Stop | _SetupStop] = []
     if names is None:
-        with runs.run_lock(run_dir):  # no start is half-way through creating tasks now
-            if not runs.run_stopped(run_dir):
-                runs.write_json(run_dir / "stop", {"requested": now, "grace": grace})
-            dirs = runs.task_dirs(run_dir)
-            setup = runs.read_json(run_dir / "setup.json")
+        with layout.run_lock(run_dir):  # no start is half-way through creating tasks now
+            if not layout.run_stopped(run_dir):
+                layout.write_json(run_dir / "stop", {"requested": now, "grace": grace})
+            dirs = layout.task_dirs(run_dir)
+            setup = layout.read_json(run_dir / "setup.json")
             if isinstance(setup, dict):
                 stops.append(_SetupStop(setup, grace, now))
     else:
-        dirs = [run_dir / "tasks" / runs.task_dirname(n) for n in names]
-        for name, path in zip(names, dirs, strict=True):
+        dirs = [run_dir / "tasks" / params.task_dirname(n) for n in names]
+        for name, path in zip(names, dirs):
             if not path.is_dir():
-                raise runs.AgentError(f"run {run_dir.name} has no task {name}")
+                raise params.AgentError(f"run {run_dir.name} has no task {name}")
     stops += [_Stop(d, grace, now) for d in dirs]
     deadline = now + grace + STOP_SLACK
     while True:
@@ -231,4 +246,9 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
         if all(s.done for s in stops) or now > deadline + START_TIMEOUT:
             break
         time.sleep(POLL)
-    return {"tasks": [procs.task_status(d) for d in dirs]}
+    reply: dict[str, Any] = {"tasks": [procs.task_status(d) for d in dirs]}
+    if names is None:  # the whole run: also what left its groups, and its reserved ports
+        supervisors, groups = strays.run_groups(run_dir)
+        reply["escaped"] = strays.stop(run_dir.name, grace, supervisors, groups)
+        reservations.release(layout.workdir_path(req), run_dir.name)
+    return reply

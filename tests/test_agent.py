@@ -554,3 +554,25 @@ def test_everything_the_agent_writes_is_private(workdir: Path) -> None:
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path} is {oct(mode)}"
     assert {"run.json", "lease", ".lock", "spec.json", "pid.json", "exit.json"} <= set(seen)
     assert {"output.log", "supervisor.log", "setup.log", "tasks"} <= set(seen)
+
+
+def test_the_client_has_one_typed_method_per_op(workdir: Path) -> None:
+    from deployer.agent import Agent, SetupResult
+    from deployer.transport import LocalTransport
+
+    agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
+    agent.install()
+    new_run(workdir)
+    try:
+        first = agent.setup("r1", ["echo one", "echo two >&2"], {"A": "b"}, "fp-typed")
+        assert first == SetupResult(
+            code=0,
+            ran=True,
+            tail=("tfdeploy setup: echo one", "one", "tfdeploy setup: echo two >&2", "two"),
+        )
+        assert agent.setup("r1", ["false"], {}, "fp-typed") == SetupResult(0, False, ())
+        failed = agent.setup("r1", ["exit 4"], {}, "fp-fails")
+        assert (failed.code, failed.ran) == (4, True)
+        assert set(agent.gpus()) >= {"nvidia_smi", "gpus", "apps"}
+    finally:
+        agent.close_session()

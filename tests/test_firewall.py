@@ -177,7 +177,13 @@ def test_failed_job_removes_its_rules(
 
 @pytest.fixture
 def agent(lab: Lab) -> Iterator[Agent]:
-    host = lab.hosts[3]
+    agent = lab_agent(lab, lab.hosts[3])
+    yield agent
+    agent.transport.close()
+
+
+def lab_agent(lab: Lab, host: LabHost) -> Agent:
+    """The agent on a lab host, installed, over an SSH connection of its own."""
     transport = SSHTransport(
         SSHTarget(
             name=host.name,
@@ -192,8 +198,7 @@ def agent(lab: Lab) -> Iterator[Agent]:
     )
     agent = Agent(transport, python=lab.python, workdir="~/.tfdeploy")
     agent.install()
-    yield agent
-    transport.close()
+    return agent
 
 
 @pytest.mark.parametrize("backend", ["nft", "iptables"])
@@ -229,22 +234,22 @@ def test_each_backend_filters_and_cleans_up(lab: Lab, agent: Agent, backend: str
         assert connect_from(lab, outsider, host.address, 22) == "open"
         assert run_id in tfdeploy_rules(lab, host)
     finally:
-        removed = agent.call("firewall", action="remove", run_id=run_id)
+        removed = agent.firewall_remove(run_id)
         lab.run(host, ["kill", listener])
-    assert removed["removed"] >= 1
+    assert removed >= 1
     assert tfdeploy_rules(lab, host) == ""
-    assert agent.call("firewall", action="remove", run_id=run_id)["removed"] == 0
+    assert agent.firewall_remove(run_id) == 0
 
 
 def test_rules_accept_only_validated_input(agent: Agent) -> None:
-    for bad in (
-        {"run_id": "../x", "ports": [1], "allowed": ["10.0.0.1"]},
-        {"run_id": "ok", "ports": [0], "allowed": ["10.0.0.1"]},
-        {"run_id": "ok", "ports": ["1; drop"], "allowed": ["10.0.0.1"]},
-        {"run_id": "ok", "ports": [2299], "allowed": ['10.0.0.1 } accept; {"']},
+    for run_id, ports, allowed in (
+        ("../x", [1], ["10.0.0.1"]),
+        ("ok", [0], ["10.0.0.1"]),
+        ("ok", ["1; drop"], ["10.0.0.1"]),
+        ("ok", [2299], ['10.0.0.1 } accept; {"']),
     ):
         with pytest.raises(HostError):
-            agent.call("firewall", action="add", **bad)
+            agent.firewall_add(run_id, ports, allowed)  # type: ignore[arg-type]
 
 
 def test_preflight_names_the_host_without_a_firewall_tool(

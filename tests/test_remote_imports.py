@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import ast
+import glob
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from remote import protocol
 
 REMOTE = Path(__file__).resolve().parent.parent / "remote"
 # tfserver.py imports TensorFlow on purpose (inside its main), and only it may.
@@ -37,3 +43,41 @@ def test_modules_import_as_top_level_scripts_do_on_hosts() -> None:
     names = ", ".join(p.stem for p in MODULES if p.stem != "__init__")
     code = f"import sys; sys.path.insert(0, {str(REMOTE)!r}); import {names}"
     subprocess.run([sys.executable, "-I", "-c", code], check=True, timeout=30)
+
+
+def old_pythons() -> list[str]:
+    """Python 3.8 builds on this machine: the oldest the agent supports (pyenv shims excluded)."""
+    found = glob.glob("/usr/bin/python3.8") + glob.glob("/usr/local/bin/python3.8")
+    found += glob.glob(os.path.expanduser("~/.pyenv/versions/3.8.*/bin/python3.8"))
+    return sorted(found)
+
+
+def agent_call(python: str, workdir: Path, op: str, **params: Any) -> dict[str, Any]:
+    request = {"v": protocol.PROTOCOL_VERSION, "op": op, "workdir": str(workdir), **params}
+    proc = subprocess.run(
+        [python, "-S", str(REMOTE / "agent.py")],
+        input=json.dumps(request).encode(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
+    reply: dict[str, Any] = json.loads(proc.stdout)
+    assert reply["ok"], reply
+    return reply
+
+
+@pytest.mark.skipif(not old_pythons(), reason="no Python 3.8 on this machine")
+@pytest.mark.parametrize("python", old_pythons() or ["none"])
+def test_the_agent_runs_a_task_on_an_old_python(python: str, tmp_path: Path) -> None:
+    """vermin checks the syntax; this proves the calls: start in a group, supervise, stop."""
+    wd = tmp_path / "wd"
+    assert agent_call(python, wd, "hello", ports=[])["python"].startswith("3.")
+    agent_call(python, wd, "materialize", run_id="r1", job="j", files=[], lease_seconds=None)
+    agent_call(python, wd, "setup", run_id="r1", fingerprint="f", commands=["echo set > up.txt"])
+    [task] = agent_call(
+        python, wd, "start", run_id="r1", grace=1, tasks=[{"name": "w:0", "command": "sleep 30"}]
+    )["tasks"]
+    assert task["state"] == "running" and os.getpgid(task["pid"]) == task["pid"]
+    [done] = agent_call(python, wd, "stop", run_id="r1", tasks=None, grace=1)["tasks"]
+    assert (done["state"], done["reason"], done["signal"]) == ("exited", "stopped", 15)
+    assert (wd / "runs/r1/code/up.txt").read_text() == "set\n"

@@ -1,0 +1,120 @@
+"""Where a run lives on a host (workdir, run and task directories); how files there are written."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import params
+import protocol
+
+AGENT_DIR = Path(__file__).resolve().parent
+
+
+def workdir_path(req: dict[str, Any]) -> Path:
+    raw = params.param(req, "workdir", str)
+    if not raw or "\0" in raw:
+        raise params.AgentError(f"workdir {raw!r} is not a usable path")
+    return Path(os.path.abspath(os.path.expanduser(raw)))
+
+
+def run_path(req: dict[str, Any], *, must_exist: bool = True) -> Path:
+    """The run directory named by the request's workdir and run_id."""
+    workdir = workdir_path(req)
+    run_id = params.check_name(params.param(req, "run_id", str), "run id")
+    path = workdir / "runs" / run_id
+    if must_exist and not (path / "run.json").is_file():
+        raise params.AgentError(f"there is no run {run_id!r} in {workdir}: materialize it first")
+    return path
+
+
+def task_cwd(run_dir: Path, cwd: str | None) -> Path:
+    """Relative cwds are under code/; absolute ones (or ~) are taken as given."""
+    if cwd is None:
+        return run_dir / "code"
+    if cwd.startswith(("/", "~")):
+        return Path(os.path.expanduser(cwd))
+    return run_dir / "code" / params.check_relpath(cwd)
+
+
+def read_json(path: Path) -> Any:
+    """None for a missing or unreadable file: half-written runs must not break listings."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
+    """Write to a temp file and rename, so readers never see half a file (private by default)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    os.replace(tmp, path)
+
+
+def touch(path: Path) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    os.utime(path)
+
+
+def open_lock(path: Path) -> Any:
+    """A lock file, private like everything the agent writes (flock: released on exit)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Serialises start, setup launches and whole-run stops of one run.
+
+    Without it a stop arriving while a start is still creating task directories would list the
+    tasks too early and leave the late ones running (Ctrl-C during the start phase).
+    """
+    with open_lock(run_dir / ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def run_stopped(run_dir: Path) -> bool:
+    """A whole-run stop happened: nothing of this run may start any more."""
+    return (run_dir / "stop").exists()
+
+
+def make_private_dir(path: Path) -> Path:
+    """Creates path and any missing parents as 0700 (mkdir's parents=True would use 0777-umask)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def agent_id() -> str:
+    """The id of the files next to this one, computed as the control side names their directory."""
+    files = [(p.name, p.read_bytes()) for p in AGENT_DIR.glob("*.py")]
+    return protocol.agent_id(files)
+
+
+def task_dirs(run_dir: Path) -> list[Path]:
+    """Task directories in role order, numeric index order within a role."""
+    try:
+        found = [p for p in (run_dir / "tasks").iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+    def key(path: Path) -> tuple[str, int, str]:
+        role, _, index = path.name.rpartition("-")
+        return (role, int(index), "") if index.isdigit() and role else (path.name, -1, "")
+
+    return sorted(found, key=key)

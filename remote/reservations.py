@@ -1,0 +1,89 @@
+"""TF ports held for a run from its preflight until it stops, so two `up` at once cannot both pass.
+
+Preflight checks that each TF port can be bound, but nothing binds it until the task starts,
+seconds later: two `up` of one inventory started together both saw free ports and one died on
+bind. A hello carrying a run id therefore records the run's ports under WORKDIR/ports, checked and
+written under one flock, and a later hello of another run finds them busy. A reservation lives
+while its run does: it ends when the run is stopped (stop marker, whole-run stop, `release`) and
+lapses when neither the reservation nor the run's lease was renewed for `lease_seconds` (a
+crashed controller). Only runs sharing this workdir see each other's reservations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import layout
+import protocol
+
+
+def _host_dir(workdir: Path) -> Path:
+    """Per hostname: a workdir on a shared (NFS) home must not mix the hosts' ports."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+    return workdir / "ports" / host
+
+
+def reserve(
+    workdir: Path,
+    run_id: str,
+    ports: list[int],
+    lease_seconds: float | None,
+    bindable: Callable[[int], bool],
+) -> tuple[list[int], dict[int, str]]:
+    """(busy ports, {port: run id holding it}); reserves all of `ports` only when none is busy."""
+    directory = layout.make_private_dir(_host_dir(workdir))
+    lease = protocol.DEFAULT_RESERVATION_S if lease_seconds is None else float(lease_seconds)
+    now = time.time()
+    with layout.open_lock(directory / ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held = {}
+        for port in ports:
+            path = directory / f"{port}.json"
+            holder = _holder(workdir, path, now)
+            if holder is None:
+                path.unlink(missing_ok=True)  # ended or lapsed: leave nothing behind
+            elif holder != run_id:
+                held[port] = holder
+        busy = [p for p in ports if p in held or not bindable(p)]
+        if not busy:
+            record = {"run_id": run_id, "reserved": now, "lease_seconds": lease}
+            for port in ports:
+                layout.write_json(directory / f"{port}.json", record)
+    return busy, held
+
+
+def _holder(workdir: Path, path: Path, now: float) -> str | None:
+    """The run holding a reservation file, or None when there is none or it ended or lapsed."""
+    record: Any = layout.read_json(path)
+    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
+        return None
+    run_dir = workdir / "runs" / record["run_id"]
+    if layout.run_stopped(run_dir):
+        return None
+    beat = float(record.get("reserved") or 0)
+    # Renewed by the run's heartbeats; before materialize only the reservation's own time counts.
+    with contextlib.suppress(OSError):
+        beat = max(beat, (run_dir / "lease").stat().st_mtime)
+    return record["run_id"] if now - beat <= float(record.get("lease_seconds") or 0) else None
+
+
+def release(workdir: Path, run_id: str) -> int:
+    """Drops every reservation of the run on this host; how many ports it held."""
+    directory = _host_dir(workdir)
+    if not directory.is_dir():
+        return 0
+    released = 0
+    with layout.open_lock(directory / ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for path in directory.glob("*.json"):
+            record = layout.read_json(path)
+            if isinstance(record, dict) and record.get("run_id") == run_id:
+                path.unlink()
+                released += 1
+    return released
