@@ -57,9 +57,17 @@ class Fleet:
     process alive at exit, which a ThreadPoolExecutor's joined workers would do.
     """
 
-    def __init__(self, hosts: Iterable[Host], *, concurrency: int = DEFAULT_CONCURRENCY) -> None:
+    def __init__(
+        self,
+        hosts: Iterable[Host],
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        connect: Callable[[Host], Transport] | None = None,
+    ) -> None:
+        # connect: how to reach a host; tests pass scripted hosts (tests/fakehost.py) here.
+        connect = connect or open_transport
         self.members = [
-            Member(h, Agent(open_transport(h), python=h.python, workdir=h.workdir)) for h in hosts
+            Member(h, Agent(connect(h), python=h.python, workdir=h.workdir)) for h in hosts
         ]
         self._slots = threading.BoundedSemaphore(max(1, concurrency))
         self._busy: dict[str, int] = {}  # host -> calls in flight

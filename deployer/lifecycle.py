@@ -1,42 +1,36 @@
 """One `up`: preflight every host, push, set up, start in TF's order, watch, and always tear down.
 
-Whatever ends the job (success, a failed task, a missed deadline, Ctrl-C, an error of tfdeploy's
-own), every task that was started is stopped before `up` returns, unless the user asked to detach.
+Whatever ends the job (success, a failed task, a missed deadline, Ctrl-C, a signal, an error of
+tfdeploy's own), every task that was started is stopped before `up` returns, unless the user asked
+to detach. This module only sequences the phases; the rules it applies live in watch.py (tasks),
+contact.py (hosts) and preflight.py, and each tick of I/O is poller.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from deployer import firewall
-from deployer.agent import Poll, TaskStatus
-from deployer.errors import HostError, HostsFailed, Interrupted, JobFailed
-from deployer.fleet import Fleet, Member, Pending
-from deployer.gpus import (
-    GpuMonitor,
-    GpuReport,
-    check_gpus,
-    gpu_reports,
-    monitored_hosts,
-    wants_gpus,
-)
+from deployer.agent import TaskStatus
+from deployer.board import TaskBoard, server_like
+from deployer.errors import HostError, Interrupted, JobFailed
+from deployer.fleet import Fleet, Member
+from deployer.gpus import GpuMonitor
+from deployer.launch import by_host, start_groups, start_request
 from deployer.plan import Plan, Task
-from deployer.preflight import agreed_tensorflow, host_problems
+from deployer.poller import POLL_WAIT_S, Poller
+from deployer.preflight import Settled, preflight
 from deployer.secrets import mask_text
 from deployer.state import RunRecord, new_run_id, save
-from deployer.sync import Manifest, PushResult, push, scan, setup_fingerprint
+from deployer.sync import Manifest, push, setup_fingerprint
+from deployer.text import plural
 from deployer.view import View
-from deployer.watch import HOST_LOSS_S, HostContact, TaskBoard, server_like
-
-# A poll is one short agent call; one that takes longer is a failed contact (and is retried).
-POLL_TIMEOUT_S = 8.0
-POLL_WAIT_S = 1.0  # how long one tick waits for slow hosts before going on without them
-TOLERANT_WAIT_S = 2.0  # final reads (teardown, failure reports) wait this long for stragglers
+from deployer.watch import Watch
 
 
 @dataclass(frozen=True)
@@ -46,14 +40,7 @@ class UpOptions:
     # A controller silent this long makes hosts stop the run; None: the inventory's
     # job.lease_seconds (default 60).
     lease_seconds: float | None = None
-
-
-def start_groups(plan: Plan) -> list[list[Task]]:
-    """ps and servers first, then workers, then the chief and evaluators."""
-    servers = [t for t in plan.tasks if server_like(t)]
-    workers = [t for t in plan.tasks if t.role == "worker" and not server_like(t)]
-    last = [t for t in plan.tasks if t.role in ("chief", "evaluator") and not server_like(t)]
-    return [group for group in (servers, workers, last) if group]
+    poll_wait: float = POLL_WAIT_S  # how long a tick waits for slow hosts
 
 
 class Deployment:
@@ -70,34 +57,54 @@ class Deployment:
         sleep: Callable[[float], None] = time.sleep,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.plan = plan
         self.fleet = fleet
         self.view = view
         self.options = options
         self.clock = clock
         self.sleep = sleep
         self.run_id = new_run_id(plan.job.name)
-        self.board = TaskBoard(plan.tasks)
-        self.contact = HostContact()
-        self.started_hosts: set[str] = set()  # hosts where start was attempted: polled
-        self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
-        self._inflight: dict[str, Pending[Poll]] = {}  # host -> its poll still running
-        self._torn_down = False
-        self.push_results: dict[str, PushResult] = {}
-        self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self.members = [fleet.member(h.name) for h in plan.hosts]
-        self.gpu_monitor = GpuMonitor(set(), clock=clock)
+        self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
+        self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
+        self._torn_down = False
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
+        self._follow(plan, frozenset())
+
+    def _follow(self, plan: Plan, gpu_hosts: frozenset[str]) -> None:
+        """The plan the run carries out, and the board and poller that watch its tasks."""
+        self.plan = plan
+        self.board = TaskBoard(plan.tasks)
+        self.gpu_monitor = GpuMonitor(set(gpu_hosts), clock=self.clock)
+        self.poller = Poller(
+            self.fleet,
+            plan,
+            self.board,
+            self.run_id,
+            clock=self.clock,
+            gpu_monitor=self.gpu_monitor,
+            wait_s=self.options.poll_wait,
+        )
+        self.watching = Watch(
+            plan,
+            self.poller,
+            self.view,
+            restart=self._restart,
+            clock=self.clock,
+            sleep=self.sleep,
+            interval=self.options.poll_interval,
+            lease=self._lease(),
+        )
 
     # ---- phases -------------------------------------------------------------------------
 
     def run(self) -> int:
         try:
-            manifest = self.preflight()
-            self.push(manifest)
-            self.setup(manifest)
+            settled = self.preflight()
+            self._follow(settled.plan, settled.gpu_hosts)
+            self.push(settled.manifest)
+            self.setup(settled.manifest)
             self.firewall_up()
             self.start()
             if self.options.detach:
@@ -108,96 +115,66 @@ class Deployment:
                 return 0
             self.watch()
             return 0
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
+            signum = int(getattr(exc, "signum", signal.SIGINT))
+            by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
             self.view.step(
-                "interrupted: stopping every task that was started (Ctrl-C again to kill at once)"
+                f"interrupted{by}: stopping every task that was started "
+                "(Ctrl-C again to kill at once)"
             )
             self.fleet.interrupt()  # abandon calls in flight (a push) so the stop is not queued
-            self._inflight.clear()
+            self.poller.abandon()
             self.teardown()
-            raise Interrupted(f"interrupted; run {self.run_id} was stopped") from None
+            raise Interrupted(
+                f"interrupted{by}; run {self.run_id} was stopped", signum=signum
+            ) from None
         except BaseException:
             self.teardown()
             raise
         finally:
             self.view.close()
 
-    def preflight(self) -> Manifest:
-        hosts = ", ".join(m.name for m in self.members)
-        self.view.step(f"preflight of {len(self.members)} host(s): {hosts}")
-        manifest = scan(self.plan.job.code)
-        facts = self.fleet.each(self._hello, self.members, what="preflight failed")
-        tf_versions = agreed_tensorflow(facts)
-        problems = [
-            problem
-            for name, f in facts.items()
-            for problem in host_problems(
-                name,
-                f,
-                python=self.fleet.member(name).agent.python,
-                job=self.plan.job,
-                manifest=manifest,
-            )
-        ]
-        problems += self._check_gpus(facts)
-        if self.plan.job.firewall:
-            problems += firewall.check(self.fleet, self.members)
-        if problems:
-            raise HostsFailed(problems)
-        python = sorted({str(f.get("python")) for f in facts.values()})
-        self.view.step(
-            f"preflight ok: python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}"
-        )
-        return manifest
-
-    def _hello(self, member: Member) -> dict[str, object]:
-        ports = [t.port for t in self.plan.tasks_on(member.name) if t.port is not None]
-        facts = member.agent.install(ports)
-        if wants_gpus(member.host):
-            facts["gpus"] = member.agent.call("gpus")
-        return facts
-
-    def _check_gpus(self, facts: dict[str, dict[str, object]]) -> list[HostError]:
-        """Re-plans with the GPUs the hosts reported (gpus = "auto") and checks requested ones."""
-        reports = gpu_reports(facts)
-        self.plan, problems, warnings = check_gpus(self.plan, reports)
-        for warning in warnings:
+    def preflight(self) -> Settled:
+        names = ", ".join(m.name for m in self.members)
+        self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
+        settled = preflight(self.plan, self.fleet, forwarded=list(self.forwarded))
+        for warning in settled.warnings:
             self.view.step(f"warning: {warning}")
-        self.board = TaskBoard(self.plan.tasks)
-        self.gpu_monitor.hosts = monitored_hosts(self.plan, reports)
-        missing = sorted(set(self.plan.job.forward_env) - set(self.forwarded))
-        if missing:
-            self.view.step(f"warning: forward_env: {', '.join(missing)} are not set here")
-        return problems
+        self.view.step(f"preflight ok: {settled.summary}")
+        return settled
 
     def push(self, manifest: Manifest) -> None:
         self._save_record()
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in self.members)
-        lease = self.options.lease_seconds or self.plan.job.lease_seconds
         fields = {
             "run_id": self.run_id,
             "job": self.plan.job.name,
             "detached": self.options.detach,
-            "lease_seconds": None if self.options.detach else lease,
+            "lease_seconds": None if self.options.detach else self._lease(),
             "controller": _controller_name(),
         }
-        self.push_results = self.fleet.each(
+        results = self.fleet.each(
             lambda m: push(m.agent, manifest, fields), self.members, what="pushing the code failed"
         )
-        sent = sum(r.sent_bytes for r in self.push_results.values())
-        sent_files = sum(r.sent_files for r in self.push_results.values())
-        self.view.step(
-            f"pushed {len(manifest.files)} files to {len(self.members)} host(s): "
-            f"{sent_files} file(s), {sent} bytes sent (run {self.run_id})"
+        sent = sum(r.sent_bytes for r in results.values())
+        sent_files = sum(r.sent_files for r in results.values())
+        files = plural(len(manifest.files), "file")
+        hosts = plural(len(self.members), "host")
+        news = (
+            f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
+            if sent_files
+            else "0 bytes sent, every file was already there"
         )
+        self.view.step(f"pushed {files} to {hosts}: {news} (run {self.run_id})")
 
     def setup(self, manifest: Manifest) -> None:
         job = self.plan.job
         if not job.setup:
             return
         fingerprint = setup_fingerprint(job.setup, job.env, manifest)
-        self.view.step(f"setup ({len(job.setup)} command(s)) on {len(self.members)} host(s)")
+        commands = plural(len(job.setup), "command")
+        self.view.step(f"setup ({commands}) on {plural(len(self.members), 'host')}")
 
         def run_setup(member: Member) -> bool:
             reply = member.agent.call(
@@ -241,22 +218,21 @@ class Deployment:
             self._start_group(group)
             servers = [t for t in group if server_like(t) and t.port is not None]
             if servers:
-                self._wait_listening(servers, deadline)
-        self.view.step(f"all {len(self.plan.tasks)} task(s) started")
+                self.watching.wait_listening(servers, deadline)
+        self.view.step(f"all {plural(len(self.plan.tasks), 'task')} started")
 
     def _start_group(self, tasks: list[Task]) -> None:
-        by_host: dict[str, list[Task]] = {}
-        for task in tasks:
-            by_host.setdefault(task.host, []).append(task)
-        members = [self.fleet.member(h) for h in by_host]
-        self.started_hosts.update(by_host)
+        grouped = by_host(tasks)
+        members = [self.fleet.member(h) for h in grouped]
+        for host in grouped:
+            self.poller.watch_host(host)
         names = ", ".join(t.name for t in tasks)
         self.view.step(f"starting {names}")
 
         def start_on(member: Member) -> list[TaskStatus]:
-            payload = [self._start_payload(member, t) for t in by_host[member.name]]
-            statuses = member.agent.start(self.run_id, payload, self.plan.job.stop_grace)
-            self.contact.last[member.name] = self.clock()
+            requests = [self._start_request(member, t) for t in grouped[member.name]]
+            statuses = member.agent.start(self.run_id, requests, self.plan.job.stop_grace)
+            self.poller.contact.reached(member.name, self.clock())
             return statuses
 
         results, failures = self.fleet.each_settled(start_on, members)
@@ -266,89 +242,17 @@ class Deployment:
             # Others may have started: the caller's teardown stops them before `up` exits.
             lines = "\n".join(f"  {f.message}" for f in failures)
             raise JobFailed(
-                f"starting {names} failed on {len(failures)} host(s):\n{lines}",
+                f"starting {names} failed on {plural(len(failures), 'host')}:\n{lines}",
                 hint="every task started so far was stopped; fix the host and run up again",
             )
 
-    def _start_payload(self, member: Member, task: Task) -> dict[str, object]:
-        command = task.command
-        if task.is_server:
-            server = f"{member.agent.agent_dir}/tfserver.py"
-            command = f"exec {shlex.quote(member.agent.python)} {shlex.quote(server)}"
-        payload: dict[str, object] = {
-            "name": task.name,
-            "command": command,
-            "env": {**self.forwarded, **task.env, "TFDEPLOY_RUN_ID": self.run_id},
-        }
-        if task.cpus is not None:
-            payload["cpus"] = task.cpus  # the supervisor pins the task before exec
-        return payload
-
-    def _wait_listening(self, servers: list[Task], deadline: float) -> None:
-        waiting = {t.name for t in servers}
-        while waiting:
-            polls = self._poll_all()
-            for poll in polls.values():
-                for status in poll.tasks:
-                    if status.name in waiting and status.finished:
-                        raise self._failure(status.name, "stopped before it served its port")
-            for host, poll in polls.items():
-                waiting -= {t.name for t in self.plan.tasks_on(host) if t.port in poll.listening}
-            if waiting and self.clock() > deadline:
-                late = ", ".join(sorted(waiting))
-                raise JobFailed(
-                    f"{late} did not accept connections on its TF port within "
-                    f"{self.plan.job.start_timeout:g} s (start_timeout)",
-                    hint="check its log with `tfdeploy logs`, or raise job.start_timeout",
-                )
-            if waiting:
-                self.sleep(self.options.poll_interval)
+    def _start_request(self, member: Member, task: Task) -> dict[str, object]:
+        return start_request(task, member.agent, self.run_id, self.forwarded)
 
     def watch(self) -> None:
-        """Streams logs until every awaited task has exited; fails fast on the first failure."""
-        awaited = [t.name for t in self.plan.tasks if t.awaited]
-        self.view.step(f"watching; the job ends when {', '.join(awaited)} exit")
-        self.board.start_stall_clock(self.clock())
-        while True:
-            self._poll_all()
-            failed = self.board.first_failure(awaited)
-            if failed and self._may_restart(failed):
-                self._restart(failed)
-                continue
-            if failed:
-                restarts = self.board[failed].restarts
-                after = f" after {restarts} restart(s)" if restarts else ""
-                raise self._failure(failed, f"failed{after}")
-            if all(self.board.finished(n) for n in awaited):
-                break
-            job = self.plan.job
-            self.board.stall(awaited, job.stall_timeout, self.clock(), self.run_id)
-            if not self.board.behind():  # a backlog is read at once: waiting only adds latency
-                self.sleep(self.options.poll_interval)
-        self._drain()
-        self._grace_for_evaluators()
-        self.view.step(f"job succeeded: {', '.join(awaited)} exited 0; stopping the rest")
+        """Streams logs until every awaited task has exited, then stops the rest."""
+        self.watching.until_done()
         self.teardown()
-
-    def _drain(self) -> None:
-        """Reads what finished tasks wrote after the last poll: every line is shown, even a
-        backlog larger than one poll carries."""
-        while self.board.behind():
-            before = self.board.bytes_read()
-            self._poll_all()
-            if self.board.bytes_read() == before:
-                return  # no progress (a log shrank or vanished): nothing more to show
-
-    def _grace_for_evaluators(self) -> None:
-        evaluators = [t.name for t in self.plan.tasks if t.role == "evaluator"]
-        if not evaluators:
-            return
-        grace = self.plan.job.evaluator_grace
-        self.view.step(f"waiting up to {grace:g} s for evaluators to finish")
-        deadline = self.clock() + grace
-        while self.clock() < deadline and not all(self.board.finished(n) for n in evaluators):
-            self.sleep(self.options.poll_interval)
-            self._poll_all()
 
     def teardown(self) -> None:
         """Stops the run on every host that may hold it; reports what it could not.
@@ -356,13 +260,14 @@ class Deployment:
         The stop also ends a setup command still running (Ctrl-C during setup). A host already
         declared lost is not waited for: its supervisors stop its tasks when the lease lapses.
         """
-        hosts = sorted((self.contacted_hosts | self.started_hosts) - set(self.contact.lost))
+        lost = self.poller.contact.lost
+        hosts = sorted((self.contacted_hosts | self.poller.hosts) - set(lost))
         members = [self.fleet.member(h) for h in hosts]
         if not members or self._torn_down:
             self.firewall_down()
             return
         self._torn_down = True
-        for host in sorted(self.contact.lost):
+        for host in sorted(lost):
             self.view.step(
                 f"host {host} was lost: its tasks stop by themselves once the controller's "
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
@@ -372,7 +277,7 @@ class Deployment:
             _, failures = self.fleet.each_settled(
                 lambda m: m.agent.stop(self.run_id, grace=grace), members
             )
-        except KeyboardInterrupt:  # a second Ctrl-C: no more grace
+        except KeyboardInterrupt:  # a second Ctrl-C (or signal): no more grace
             self.view.step("second Ctrl-C: killing every task now (SIGKILL)")
             # Fresh threads: the graceful stops still hold the fleet's usual slots.
             _, failures = self.fleet.each_settled(
@@ -381,25 +286,13 @@ class Deployment:
         for failure in failures:
             self.view.step(f"could not stop the run on {failure.message}")
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
-            self._poll_all(heartbeat=False, tolerate=True)
+            self.watching.tick(heartbeat=False, tolerate=True)
         self.firewall_down()
 
     def _lease(self) -> float:
         return self.options.lease_seconds or self.plan.job.lease_seconds
 
-    # ---- failure policy and stall watchdog ----------------------------------------------
-
-    def _may_restart(self, name: str) -> bool:
-        """Policy "restart": a failed worker or ps is started again, at most max_restarts times."""
-        watch, job = self.board[name], self.plan.job
-        status = watch.status
-        return (
-            job.on_failure == "restart"
-            and watch.task.role in ("worker", "ps")
-            and watch.restarts < job.max_restarts
-            and status is not None
-            and status.reason not in ("stopped", "lease expired")
-        )
+    # ---- acting on what the rules decided ------------------------------------------------
 
     def _restart(self, name: str) -> None:
         """Same command, same TF_CONFIG, same host and port: PSS picks a restarted worker up."""
@@ -413,7 +306,7 @@ class Deployment:
         )
         try:
             statuses = member.agent.start(
-                self.run_id, [self._start_payload(member, watch.task)], self.plan.job.stop_grace
+                self.run_id, [self._start_request(member, watch.task)], self.plan.job.stop_grace
             )
         except HostError as exc:
             raise JobFailed(
@@ -422,87 +315,6 @@ class Deployment:
                 f"--task {name}",
             ) from None
         self.board.update(statuses)
-
-    # ---- watching helpers -------------------------------------------------------------
-
-    def _poll_all(self, *, heartbeat: bool = True, tolerate: bool = False) -> dict[str, Poll]:
-        members = [
-            self.fleet.member(h) for h in sorted(self.started_hosts - set(self.contact.lost))
-        ]
-
-        def poll_one(member: Member) -> Poll:
-            offsets = self.board.offsets(member.name)
-            ports = [t.port for t in self.plan.tasks_on(member.name) if t.port is not None]
-            return member.agent.poll(
-                self.run_id, offsets, ports=ports, heartbeat=heartbeat, timeout=POLL_TIMEOUT_S
-            )
-
-        # At most one poll per host in flight: it carries that host's offsets, so a late reply
-        # is still exact. A host that is slow to answer keeps neither the others' heartbeats
-        # (their leases) nor their logs waiting beyond POLL_WAIT_S.
-        for member in members:
-            if member.name not in self._inflight:
-                self._inflight[member.name] = self.fleet.submit(poll_one, member)
-        deadline = time.monotonic() + (TOLERANT_WAIT_S if tolerate else POLL_WAIT_S)
-        polls: dict[str, Poll] = {}
-        failures: list[HostError] = []
-        for member in members:
-            pending = self._inflight[member.name]
-            if not pending.wait(max(0.0, deadline - time.monotonic())):
-                continue
-            del self._inflight[member.name]
-            try:
-                polls[member.name] = pending.result()
-            except HostError as exc:
-                failures.append(exc)
-        now = self.clock()
-        for host in polls:
-            if self.contact.reached(host, now):
-                self.view.step(f"contact with {host} is back; logs resume where they stopped")
-        for poll in polls.values():
-            self.board.update(poll.tasks)
-            for name, (offset, data) in poll.logs.items():
-                lines = self.board.feed(name, offset, data)
-                if lines:
-                    self.view.lines(self.board[name].label, lines)
-        self.board.note_activity(now)
-        if not tolerate:
-            silent = [m.name for m in members if m.name in self._inflight]
-            self._judge_failures(failures, silent, now)
-        if self.gpu_monitor.due():
-            gpu_members = [self.fleet.member(h) for h in sorted(self.gpu_monitor.hosts)]
-            replies, _ = self.fleet.each_settled(lambda m: m.agent.call("gpus"), gpu_members)
-            self.gpu_monitor.update({n: GpuReport.from_json(r) for n, r in replies.items()})
-        self.view.tasks(self.board.rows(self.gpu_monitor.usage))
-        return polls
-
-    def _judge_failures(self, failures: list[HostError], silent: list[str], now: float) -> None:
-        """Tells the user about outages; fails the job once a host is lost (HOST_LOSS_S)."""
-
-        def outage(failure: HostError) -> None:
-            self.view.step(
-                f"no answer from {failure.host} ({failure.cause}); retrying for up to "
-                f"{HOST_LOSS_S:g} s"
-            )
-
-        loss = self.contact.judge(failures, silent, now, outage)
-        if loss is None:
-            return
-        names = ", ".join(t.name for t in self.plan.tasks_on(loss.host))
-        self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
-        raise JobFailed(
-            f"host {loss.host} was lost: no contact for {loss.since:.1f} s "
-            f"({loss.cause}); its tasks {names} stop by themselves when the "
-            f"controller's lease lapses ({self._lease():g} s)",
-            hint="the other hosts were stopped; check the host and its network, then "
-            f"`tfdeploy status {self.run_id} -i {self.plan.inventory.path}`",
-        )
-
-    def _failure(self, name: str, what: str) -> JobFailed:
-        self._poll_all(heartbeat=True, tolerate=True)  # drain the last log lines of the task
-        return self.board.failure(
-            name, what, run_id=self.run_id, secret_env=self.plan.job.secret_env
-        )
 
     def _save_record(self) -> None:
         save(

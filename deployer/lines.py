@@ -9,7 +9,13 @@ from __future__ import annotations
 import codecs
 import re
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+# CSI sequences (colours, cursor moves); OSC/DCS/APC/PM/SOS strings (a terminal title, a
+# hyperlink) up to their BEL or ST terminator, whole; then any other two-byte escape.
+_ANSI = re.compile(
+    r"\x1b\[[0-9;?]*[ -/]*[@-~]"
+    r"|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\|$)"
+    r"|\x1b[@-_]"
+)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 MAX_LINE = 4000  # a runaway line without newlines is cut, not buffered forever
 

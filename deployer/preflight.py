@@ -1,12 +1,21 @@
-"""What preflight demands of each host's facts; nothing starts anywhere unless every host passes."""
+"""Preflight: ask every host for its facts and check them; nothing starts unless all pass.
+
+It returns the plan it settled on (GPU counts of `gpus = "auto"` hosts are known only now), so
+the phases after it work from one plan that never changes under them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
+from deployer import firewall
 from deployer.errors import HostError, HostsFailed
+from deployer.fleet import Fleet, Member
+from deployer.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.inventory import Job
-from deployer.sync import Manifest
+from deployer.plan import Plan
+from deployer.sync import Manifest, scan
 
 MIN_FREE_DISK = 100 * 1024 * 1024
 
@@ -57,3 +66,57 @@ def host_problems(
             )
         )
     return problems
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What preflight found: the plan to run, the code to push, and what to tell the user."""
+
+    plan: Plan
+    manifest: Manifest
+    gpu_hosts: frozenset[str]  # hosts whose GPU use the live view shows
+    gpu_reports: Mapping[str, GpuReport]
+    warnings: tuple[str, ...]
+    summary: str  # "python 3.11.2, tensorflow 2.21.0"
+
+
+def preflight(plan: Plan, fleet: Fleet, *, forwarded: Sequence[str] = ()) -> Settled:
+    """Hello to every host in parallel, then every check; raises HostsFailed naming them all."""
+    members = [fleet.member(h.name) for h in plan.hosts]
+    manifest = scan(plan.job.code)
+    facts = fleet.each(lambda m: _hello(plan, m), members, what="preflight failed")
+    tf_versions = agreed_tensorflow(facts)
+    problems = [
+        problem
+        for name, f in facts.items()
+        for problem in host_problems(
+            name, f, python=fleet.member(name).agent.python, job=plan.job, manifest=manifest
+        )
+    ]
+    reports = gpu_reports(facts)
+    settled_plan, gpu_problems, warnings = check_gpus(plan, reports)
+    problems += gpu_problems
+    if plan.job.firewall:
+        problems += firewall.check(fleet, members)
+    if problems:
+        raise HostsFailed(problems)
+    missing = sorted(set(plan.job.forward_env) - set(forwarded))
+    if missing:
+        warnings.append(f"forward_env: {', '.join(missing)} are not set here")
+    python = sorted({str(f.get("python")) for f in facts.values()})
+    return Settled(
+        plan=settled_plan,
+        manifest=manifest,
+        gpu_hosts=frozenset(monitored_hosts(settled_plan, reports)),
+        gpu_reports=reports,
+        warnings=tuple(warnings),
+        summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
+    )
+
+
+def _hello(plan: Plan, member: Member) -> dict[str, object]:
+    ports = [t.port for t in plan.tasks_on(member.name) if t.port is not None]
+    facts = member.agent.install(ports)
+    if wants_gpus(member.host):
+        facts["gpus"] = member.agent.call("gpus")
+    return facts

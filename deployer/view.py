@@ -9,13 +9,14 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+from deployer.board import TaskRow
 
 PALETTE = (
     "cyan",
@@ -35,25 +36,6 @@ STATE_STYLES = {"running": "green", "exited": "bold", "lost": "red", "starting":
 def task_colour(label: str) -> str:
     """A stable colour per task, the same in every run, so a reader learns it."""
     return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    name: str  # role:index
-    host: str
-    state: str
-    pid: int | None = None
-    gpus: str = "-"
-    gpu_use: str = ""  # "87% 20.1/22.5 GiB" of the task's GPUs, when the host has nvidia-smi
-    started: float | None = None
-    ended: float | None = None
-    restarts: int = 0
-    outcome: str = ""  # "exit code 0", "killed by signal 9" once finished
-    last_line: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}@{self.host}"
 
 
 class View(Protocol):

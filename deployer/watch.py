@@ -1,234 +1,157 @@
-"""What the controller knows while a run goes on: each task's state and log position, and when
-each host last answered.
+"""The watch phase of `up`: poll, show, and act on what the rules say, until the job ends.
 
-Kept apart from the phases in lifecycle.py so that the rules (which failure counts first, when a
-job is stalled, when a slow host becomes a lost one) read in one place and take no I/O.
+Each tick's I/O is the poller's and each judgment is a pure rule's (board.py, contact.py); this
+class only loops over them, writes to the view and raises the job's failure. Restarting a task
+needs the start phase, so the deployment hands it in.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import NoReturn
 
-from deployer.agent import TaskStatus
-from deployer.errors import HostError, JobFailed
-from deployer.lines import LineAssembler
-from deployer.plan import Task
-from deployer.secrets import mask_text
-from deployer.view import TaskRow
-
-TAIL_LINES = 20
-# A host is declared lost when no poll has succeeded for this long. Shorter outages (a reset
-# connection that is re-opened, a slow reply under load) are retried every poll tick. A crashed
-# host refuses connections at once, a cut link leaves its poll unanswered; either way the window
-# runs from the last good contact, so both are seen within HOST_LOSS_S + a tick (< 10 s), never
-# after the kernel's ~15-minute retransmission timeout.
-HOST_LOSS_S = 6.0
+from deployer.board import TaskBoard, may_restart
+from deployer.contact import Loss
+from deployer.errors import JobFailed
+from deployer.gpus import GpuMonitor
+from deployer.plan import Plan, Task
+from deployer.poller import Poller, Tick
+from deployer.text import join_names, plural
+from deployer.view import View
 
 
-def server_like(task: Task) -> bool:
-    """Tasks that must be serving before anyone else starts (TF clients block on them)."""
-    return task.is_server or task.role == "ps"
+class Watch:
+    """Ticks over one run's started hosts; `until_done` returns when the awaited tasks exit."""
 
-
-@dataclass
-class TaskWatch:
-    """What the controller knows of one task while the job runs."""
-
-    task: Task
-    offset: int = 0
-    status: TaskStatus | None = None
-    lines: LineAssembler = field(default_factory=LineAssembler)
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    restarts: int = 0  # restarts decided by this controller (failure policy "restart")
-    mark: tuple[object, ...] = ()  # (log bytes, state, restarts) at the last observed change
-    active_at: float = 0.0  # controller clock at that change: the stall watchdog's input
-
-    @property
-    def label(self) -> str:
-        return f"{self.task.name}@{self.task.host}"
-
-    @property
-    def finished(self) -> bool:
-        return self.status is not None and self.status.finished
-
-
-class TaskBoard:
-    """Every task of the run, as the hosts last reported it."""
-
-    def __init__(self, tasks: Iterable[Task]) -> None:
-        self.watches = {t.name: TaskWatch(t) for t in tasks}
-
-    def __getitem__(self, name: str) -> TaskWatch:
-        return self.watches[name]
-
-    def update(self, statuses: Sequence[TaskStatus]) -> None:
-        for status in statuses:
-            if status.name in self.watches:
-                self.watches[status.name].status = status
-
-    def feed(self, name: str, offset: int, data: bytes) -> list[str]:
-        """Log bytes read up to `offset`; returns the complete lines to show."""
-        watch = self.watches[name]
-        watch.offset = offset
-        lines = watch.lines.feed(data)
-        if watch.status is not None and watch.status.finished and offset >= watch.status.log_bytes:
-            lines += watch.lines.flush()
-        watch.tail.extend(lines)
-        return lines
-
-    def offsets(self, host: str) -> dict[str, int]:
-        """Where to read on for each started task of a host."""
-        return {
-            w.task.name: w.offset
-            for w in self.watches.values()
-            if w.task.host == host and w.status is not None
-        }
-
-    def behind(self) -> bool:
-        """Some task's log holds more than the last poll could carry (max_bytes per host)."""
-        return any(
-            w.status is not None and w.offset < w.status.log_bytes for w in self.watches.values()
-        )
-
-    def bytes_read(self) -> int:
-        return sum(w.offset for w in self.watches.values())
-
-    def finished(self, name: str) -> bool:
-        return self.watches[name].finished
-
-    def first_failure(self, awaited: Sequence[str]) -> str | None:
-        """The task that failed first: an awaited task, or a server the others depend on."""
-        failed = [
-            w
-            for w in self.watches.values()
-            if w.status is not None
-            and w.status.finished
-            and not w.status.succeeded
-            and (w.task.name in awaited or server_like(w.task))
-        ]
-        failed.sort(key=lambda w: (w.status.ended or 0.0) if w.status else 0.0)
-        return failed[0].task.name if failed else None
-
-    def rows(self, gpu_use: Callable[[Task], str]) -> list[TaskRow]:
-        rows = []
-        for w in self.watches.values():
-            s = w.status
-            rows.append(
-                TaskRow(
-                    name=w.task.name,
-                    host=w.task.host,
-                    state=s.state if s else "pending",
-                    pid=s.pid if s else None,
-                    gpus=",".join(map(str, w.task.gpus)) or "-",
-                    gpu_use=gpu_use(w.task),
-                    started=s.started if s else None,
-                    ended=s.ended if s else None,
-                    restarts=max(w.restarts, s.restarts if s else 0),
-                    outcome=s.outcome() if s and s.finished else "",
-                    last_line=w.tail[-1] if w.tail else "",
-                )
-            )
-        return rows
-
-    def failure(self, name: str, what: str, *, run_id: str, secret_env: Sequence[str]) -> JobFailed:
-        """The report of a failed task: who, how it ended, and its last log lines."""
-        watch = self.watches[name]
-        outcome = watch.status.outcome() if watch.status else "unknown"
-        tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
-        message = f"{watch.label} {what} ({outcome}); its last {len(watch.tail)} log lines:\n{tail}"
-        return JobFailed(
-            mask_text(message, watch.task.env, secret_env),
-            hint=f"the other tasks were stopped; full log: tfdeploy logs {run_id} --task {name}",
-        )
-
-    # ---- the stall watchdog's input and verdict ---------------------------------------------
-
-    def start_stall_clock(self, now: float) -> None:
-        """The stall clock starts when watching starts, not when the tasks did."""
-        for w in self.watches.values():
-            w.active_at = max(w.active_at, now)
-
-    def note_activity(self, now: float) -> None:
-        """Remembers when each task last wrote a byte, changed state or was restarted."""
-        for w in self.watches.values():
-            s = w.status
-            mark = (s.log_bytes, s.state, s.restarts, w.restarts) if s else ()
-            if mark != w.mark:
-                w.mark, w.active_at = mark, now
-
-    def stall(self, awaited: Sequence[str], limit: float | None, now: float, run_id: str) -> None:
-        """stall_timeout: a job whose awaited tasks all stay silent is hung, not working.
-
-        A ParameterServerStrategy chief waits forever, without a word, for a frozen worker; only
-        a watchdog outside TensorFlow can end that.
-        """
-        if limit is None:
-            return
-        last = max(self.watches[n].active_at for n in awaited)
-        if now - last < limit:
-            return
-        running = [w for w in self.watches.values() if w.status and not w.status.finished]
-        frozen = [w.label for w in running if w.status and w.status.frozen]
-        silent = [w.label for w in running if now - w.active_at >= limit and w.label not in frozen]
-        report = f"silent for {limit:g} s or more: {', '.join(silent) or 'none'}"
-        if frozen:
-            report += f"; frozen (stopped by a signal, e.g. SIGSTOP): {', '.join(frozen)}"
-        raise JobFailed(
-            f"job stalled: no awaited task ({', '.join(awaited)}) wrote output or exited for "
-            f"{now - last:.0f} s (stall_timeout = {limit:g} s); {report}",
-            hint="a frozen or hung peer blocks TensorFlow without an error; every task was "
-            f"stopped. Logs: tfdeploy logs {run_id}",
-        )
-
-
-@dataclass(frozen=True)
-class Loss:
-    host: str
-    since: float  # seconds without contact
-    cause: str
-
-
-class HostContact:
-    """Tells a slow or briefly unreachable host from a lost one.
-
-    A failed or unanswered poll is an outage until HOST_LOSS_S pass without contact; then the
-    host is lost. Each retry reconnects if the connection died, so a reset connection costs one
-    tick and the logs go on from the same byte offsets.
-    """
-
-    def __init__(self) -> None:
-        self.last: dict[str, float] = {}  # host -> clock of its last successful call
-        self.lost: dict[str, str] = {}  # host -> why it was declared lost
-        self.outages: set[str] = set()  # hosts whose last poll failed, not yet lost
-
-    def reached(self, host: str, now: float) -> bool:
-        """Records contact; True when it ends an outage (worth telling the user)."""
-        self.last[host] = now
-        if host in self.outages:
-            self.outages.discard(host)
-            return True
-        return False
-
-    def judge(
+    def __init__(
         self,
-        failures: Sequence[HostError],
-        silent: Sequence[str],
-        now: float,
-        on_outage: Callable[[HostError], None],
-    ) -> Loss | None:
-        """The first host past HOST_LOSS_S without contact, if any; reports new outages."""
-        waiting = [HostError(h, "its poll is still unanswered") for h in silent]
-        for failure in [*failures, *waiting]:
-            since = now - self.last.setdefault(failure.host, now)
-            if failure in waiting and since < HOST_LOSS_S:
-                continue  # slow, not (yet) failed: no message
-            if since < HOST_LOSS_S:
-                if failure.host not in self.outages:
-                    self.outages.add(failure.host)
-                    on_outage(failure)
+        plan: Plan,
+        poller: Poller,
+        view: View,
+        *,
+        restart: Callable[[str], None],
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        interval: float,
+        lease: float,
+    ) -> None:
+        self.plan = plan
+        self.poller = poller
+        self.board: TaskBoard = poller.board
+        self.view = view
+        self.restart = restart
+        self.clock = clock
+        self.sleep = sleep
+        self.interval = interval
+        self.lease = lease
+        self.run_id = poller.run_id
+
+    @property
+    def gpu_monitor(self) -> GpuMonitor | None:
+        return self.poller.gpu_monitor
+
+    def wait_listening(self, servers: list[Task], deadline: float) -> None:
+        waiting = {t.name for t in servers}
+        while waiting:
+            polls = self.tick().polls
+            for poll in polls.values():
+                for status in poll.tasks:
+                    if status.name in waiting and status.finished:
+                        raise self.failure(status.name, "stopped before it served its port")
+            for host, poll in polls.items():
+                waiting -= {t.name for t in self.plan.tasks_on(host) if t.port in poll.listening}
+            if waiting and self.clock() > deadline:
+                late = ", ".join(sorted(waiting))
+                raise JobFailed(
+                    f"{late} did not accept connections on its TF port within "
+                    f"{self.plan.job.start_timeout:g} s (start_timeout)",
+                    hint="check its log with `tfdeploy logs`, or raise job.start_timeout",
+                )
+            if waiting:
+                self.sleep(self.interval)
+
+    def until_done(self) -> None:
+        """Streams logs until every awaited task has exited; fails fast on the first failure."""
+        awaited = [t.name for t in self.plan.tasks if t.awaited]
+        verb = "exits" if len(awaited) == 1 else "exit"
+        self.view.step(f"watching; the job ends when {join_names(awaited)} {verb}")
+        self.board.start_stall_clock(self.clock())
+        while True:
+            self.tick()
+            failed = self.board.first_failure(awaited)
+            if failed and may_restart(self.board[failed], self.plan.job):
+                self.restart(failed)
                 continue
-            self.lost[failure.host] = failure.cause
-            return Loss(failure.host, since, failure.cause)
-        return None
+            if failed:
+                restarts = self.board[failed].restarts
+                after = f" after {plural(restarts, 'restart')}" if restarts else ""
+                raise self.failure(failed, f"failed{after}")
+            if all(self.board.finished(n) for n in awaited):
+                break
+            stalled = self.board.stalled(awaited, self.plan.job.stall_timeout, self.clock())
+            if stalled:
+                raise JobFailed(
+                    stalled,
+                    hint="a frozen or hung peer blocks TensorFlow without an error; every task "
+                    f"was stopped. Logs: tfdeploy logs {self.run_id}",
+                )
+            if not self.board.behind():  # a backlog is read at once: waiting only adds latency
+                self.sleep(self.interval)
+        self._drain()
+        self._grace_for_evaluators()
+        rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
+        self.view.step(f"job succeeded: {join_names(awaited)} exited 0{rest}")
+
+    def _drain(self) -> None:
+        """Reads what finished tasks wrote after the last poll: every line is shown, even a
+        backlog larger than one poll carries."""
+        while self.board.behind():
+            before = self.board.bytes_read()
+            self.tick()
+            if self.board.bytes_read() == before:
+                return  # no progress (a log shrank or vanished): nothing more to show
+
+    def _grace_for_evaluators(self) -> None:
+        evaluators = [t.name for t in self.plan.tasks if t.role == "evaluator"]
+        if not evaluators:
+            return
+        grace = self.plan.job.evaluator_grace
+        self.view.step(f"waiting up to {grace:g} s for evaluators to finish")
+        deadline = self.clock() + grace
+        while self.clock() < deadline and not all(self.board.finished(n) for n in evaluators):
+            self.sleep(self.interval)
+            self.tick()
+
+    def tick(self, *, heartbeat: bool = True, tolerate: bool = False) -> Tick:
+        """One poll of every started host, shown; a lost host fails the job."""
+        tick = self.poller.tick(heartbeat=heartbeat, tolerate=tolerate)
+        for host in tick.recovered:
+            self.view.step(f"contact with {host} is back; logs resume where they stopped")
+        for label, lines in tick.lines:
+            self.view.lines(label, lines)
+        for outage in tick.outages:
+            self.view.step(
+                f"no answer from {outage.host} ({outage.cause}); retrying for up to "
+                f"{self.poller.contact.loss_after:g} s"
+            )
+        self.view.tasks(self.board.rows(self._gpu_use))
+        if tick.loss is not None:
+            self._host_lost(tick.loss)
+        return tick
+
+    def _host_lost(self, loss: Loss) -> NoReturn:
+        self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
+        tasks = [t.name for t in self.plan.tasks_on(loss.host)]
+        raise loss.error(tasks, lease=self.lease, status_command=self._status_command())
+
+    def _status_command(self) -> str:
+        return f"tfdeploy status {self.run_id} -i {self.plan.inventory.path}"
+
+    def failure(self, name: str, what: str) -> JobFailed:
+        self.tick(heartbeat=True, tolerate=True)  # drain the last log lines of the task
+        return self.board.failure(
+            name, what, run_id=self.run_id, secret_env=self.plan.job.secret_env
+        )
+
+    def _gpu_use(self, task: Task) -> str:
+        return self.gpu_monitor.usage(task) if self.gpu_monitor else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -74,7 +75,19 @@ def clean_lab(lab: Lab) -> Iterator[Lab]:
     assert not left, f"the test left processes or ports behind on lab hosts: {left}"
 
 
+LAB_FIXTURES = {"lab", "bastion_lab", "clean_lab", "lab_inventory"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that asks for a lab fixture needs the lab, marked or not: `-m "not lab"` must
+    # never start sshd hosts. A `tf` test skips with a reason where TensorFlow is missing.
+    no_tf = pytest.mark.skip(reason="needs TensorFlow (pip install tensorflow-cpu)")
+    has_tf = importlib.util.find_spec("tensorflow") is not None
+    for item in items:
+        if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.lab)
+        if "tf" in item.keywords and not has_tf:
+            item.add_marker(no_tf)
     # Every `isolated` test skips with a reason on the loopback fallback, never silently passes.
     if tests.lab.lab_mode() == "netns":
         return

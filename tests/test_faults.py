@@ -414,9 +414,7 @@ def test_restart_policy_restarts_a_failed_worker_then_gives_up(
     assert up.finish() == 1, up.report()
     label = f"worker:0@{lab.hosts[0].name}"
     assert "restart 1 of 1" in up.stdout
-    assert first_error(up.stderr).startswith(
-        f"error: {label} failed after 1 restart(s) (exit code 3)"
-    )
+    assert first_error(up.stderr).startswith(f"error: {label} failed after 1 restart (exit code 3)")
 
 
 # ---- Ctrl-C in every phase -----------------------------------------------------------------
@@ -733,7 +731,7 @@ def test_a_start_failing_on_one_host_stops_what_started_elsewhere(
     up = Up(inventory, state=tmp_path / "state")
     assert up.finish() == 1, up.report()
     error = first_error(up.stderr)
-    assert error == "error: starting worker:0, worker:1 failed on 1 host(s):", up.stderr
+    assert error == "error: starting worker:0, worker:1 failed on 1 host:", up.stderr
     assert f"  {bad.name}: " in up.stderr and "every task started so far was stopped" in up.stderr
     states = final_states(inventory, up.run_id(), tmp_path)
     assert {k: t["reason"] for k, t in states.items()} == {

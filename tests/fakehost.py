@@ -1,0 +1,287 @@
+"""A scripted host behind the Transport interface, for testing the control side in-process.
+
+It answers the agent protocol (docs/PROTOCOL.md) the way remote/agent.py would, from state a test
+sets and changes between ticks: tasks write lines and exit when told, a host can refuse
+connections or stop answering. Like fabric's MockRemote, it replaces only the wire: the Agent
+client, Fleet, Poller, board and Deployment above it are the real ones. What only real hosts can
+prove (sshd, processes, signals, TensorFlow) stays in the lab tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployer.errors import HostError
+from deployer.inventory import Host
+from deployer.transport import CommandResult
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the code under test sleeps (or a test advances it)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+        self.on_sleep: Callable[[float], None] | None = None  # e.g. a Ctrl-C at some time
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep(self.now)
+
+
+@dataclass
+class FakeTask:
+    name: str
+    command: str
+    env: dict[str, str]
+    started: float
+    pid: int
+    log: bytearray = field(default_factory=bytearray)
+    state: str = "running"
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    ended: float | None = None
+    restarts: int = 0
+    listening: bool = False
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "pid": self.pid,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "started": self.started,
+            "ended": self.ended,
+            "log_bytes": len(self.log),
+            "restarts": self.restarts,
+        }
+
+
+class FakeHost:
+    """One host's scripted agent: the requests it got, and the tasks it runs."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        self.name = name
+        self.clock = clock
+        self.facts: dict[str, Any] = {
+            "hostname": name,
+            "python": "3.11.2",
+            "tensorflow": "2.21.0",
+            "workdir": f"/fake/{name}/.tfdeploy",
+            "disk_free": 10**12,
+            "busy_ports": [],
+            "agent_id": "fake",
+        }
+        self.requests: list[dict[str, Any]] = []
+        self.tasks: dict[str, FakeTask] = {}
+        self.store: set[str] = set()
+        self.received_bytes = 0
+        self.listen_on_start = True  # servers (ps) accept connections as soon as they start
+        self.on_start: Callable[[FakeTask], None] | None = None
+        self.refusing: str | None = None  # set: every call fails with this cause
+        self.silent = threading.Event()  # set: calls hang until cleared (a cut link)
+        self._next_pid = 100
+        self._lock = threading.Lock()
+
+    # ---- what tests do to the host ---------------------------------------------------------
+
+    def write(self, task: str, text: str) -> None:
+        self.tasks[task].log += text.encode()
+
+    def exit(self, task: str, code: int = 0, *, signal: int | None = None) -> None:
+        t = self.tasks[task]
+        t.state, t.exit_code, t.signal, t.ended = "exited", code, signal, self.clock()
+
+    def ops(self, op: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r.get("op") == op]
+
+    # ---- the agent protocol --------------------------------------------------------------
+
+    def answer(self, data: bytes, timeout: float | None) -> bytes:
+        """The reply line to one request (its first line; materialize's contents follow it)."""
+        if self.silent.is_set():
+            self.silent.wait(timeout)  # hold the call as a dead link would, then time out
+            raise HostError(self.name, f"the agent did not answer within {timeout} s")
+        if self.refusing:
+            raise HostError(self.name, self.refusing)
+        line, _, stream = data.partition(b"\n")
+        request = json.loads(line)
+        if "request" in request:  # the bootstrap's first line wraps the hello
+            request = request["request"]
+        with self._lock:
+            self.requests.append(request)
+            self.received_bytes += len(stream)
+            handler = getattr(self, f"_op_{request['op']}")
+            reply = {"v": 1, "ok": True, **handler(request)}
+        return json.dumps(reply).encode() + b"\n"
+
+    def _op_hello(self, req: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.facts)
+
+    def _op_gpus(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"nvidia_smi": None, "gpus": [], "apps": []}
+
+    def _op_have(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"missing": [h for h in req["hashes"] if h not in self.store]}
+
+    def _op_materialize(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.store.update(sha for sha, _ in req.get("blobs", []))
+        return {}
+
+    def _op_setup(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"code": 0, "ran": True, "tail": []}
+
+    def _op_start(self, req: dict[str, Any]) -> dict[str, Any]:
+        started = []
+        for spec in req["tasks"]:
+            old = self.tasks.get(spec["name"])
+            self._next_pid += 1
+            task = FakeTask(
+                spec["name"], spec["command"], spec["env"], self.clock(), self._next_pid
+            )
+            if old is not None:
+                task.log, task.restarts = old.log, old.restarts + 1
+            task.listening = self.listen_on_start
+            self.tasks[task.name] = task
+            if self.on_start is not None:
+                self.on_start(task)
+            started.append(task.status())
+        return {"tasks": started}
+
+    def _op_poll(self, req: dict[str, Any]) -> dict[str, Any]:
+        budget = int(req.get("max_bytes", 1 << 20))
+        logs = {}
+        for name, offset in req.get("offsets", {}).items():
+            data = bytes(self.tasks[name].log[offset : offset + budget])
+            budget -= len(data)
+            if data:
+                logs[name] = {"offset": offset + len(data), "data": _b64(data)}
+        ports = set(req.get("ports", []))
+        listening = [p for p in ports if self._listening(p)]
+        return {
+            "tasks": [t.status() for t in self.tasks.values()],
+            "logs": logs,
+            "listening": listening,
+        }
+
+    def _listening(self, port: int) -> bool:
+        return any(
+            t.listening and t.state == "running" and _port(t) == port for t in self.tasks.values()
+        )
+
+    def _op_stop(self, req: dict[str, Any]) -> dict[str, Any]:
+        for task in self.tasks.values():
+            if task.state == "running":
+                task.state, task.reason, task.ended = "exited", "stopped", self.clock()
+                task.signal = 15
+        return {"stopped": sorted(self.tasks)}
+
+    def _op_runs(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"runs": []}
+
+    def _op_firewall(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+def _port(task: FakeTask) -> int | None:
+    """The port TF_CONFIG gives the task itself (what its server would bind)."""
+    config = json.loads(task.env.get("TF_CONFIG", "{}"))
+    own = config.get("task", {})
+    endpoints = config.get("cluster", {}).get(own.get("type"), [])
+    index = own.get("index", 0)
+    return int(endpoints[index].rsplit(":", 1)[1]) if index < len(endpoints) else None
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+class FakeSession:
+    """The agent's `serve` loop on a fake host: one reply line per request."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.name = host.name
+        self.host = host
+        self.lock = threading.Lock()
+
+    def request(self, data: bytes, timeout: float | None) -> bytes:
+        return self.host.answer(data, timeout)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeTransport:
+    """Transport to a FakeHost: agent calls reach its scripted answers, nothing else runs."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.name = host.name
+        self.host = host
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+    ) -> CommandResult:
+        return CommandResult(0, self.host.answer(stdin, timeout), b"")
+
+    def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
+        raise NotImplementedError("the control side pushes through the agent, not put()")
+
+    def open_session(self, argv: Sequence[str]) -> FakeSession:
+        if self.host.refusing:
+            raise HostError(self.name, self.host.refusing)
+        return FakeSession(self.host)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeFleetHosts:
+    """Fake hosts by name, and the `connect` function a Fleet takes to reach them."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.hosts: dict[str, FakeHost] = {}
+
+    def __getitem__(self, name: str) -> FakeHost:
+        if name not in self.hosts:
+            self.hosts[name] = FakeHost(name, self.clock)
+        return self.hosts[name]
+
+    def connect(self, host: Host) -> FakeTransport:
+        return FakeTransport(self[host.name])
+
+
+class RecordingView:
+    """A View that keeps what it was shown (a real renderer's input, not a mock of one)."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.output: list[str] = []
+        self.rows: list[list[Any]] = []
+        self.closed = False
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self.output += [f"{label} | {line}" for line in lines]
+
+    def tasks(self, rows: Sequence[Any]) -> None:
+        self.rows.append(list(rows))
+
+    def close(self) -> None:
+        self.closed = True
