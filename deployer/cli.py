@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from deployer import firewall
-from deployer.errors import ExitStatus, TfdeployError, UsageError
+from deployer.errors import ExitStatus, Terminated, TfdeployError, UsageError
 from deployer.fleet import Fleet
 from deployer.inventory import Inventory, load_inventory
 from deployer.lifecycle import Deployment, UpOptions
@@ -220,9 +221,9 @@ def run(argv: Sequence[str], env: Env) -> int:
         if exc.hint:
             env.err.print(Text.assemble(("hint: ", "yellow"), exc.hint))
         return exc.exit_status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         env.err.print("interrupted", style="yellow")
-        return ExitStatus.INTERRUPTED
+        return 128 + int(getattr(exc, "signum", 2))
     except Exception:  # an unexpected failure is a tfdeploy bug: say so, keep the detail short
         if args.traceback:
             raise
@@ -232,7 +233,13 @@ def run(argv: Sequence[str], env: Env) -> int:
         return ExitStatus.JOB_FAILED
 
 
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_terminated)  # teardown as with Ctrl-C, exit 128 + signum
     env = Env(out=Console(), err=Console(stderr=True), raw_out=sys.stdout)
     code = run(list(sys.argv[1:] if argv is None else argv), env)
     sys.exit(int(code))

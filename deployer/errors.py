@@ -78,6 +78,20 @@ class JobFailed(TfdeployError):
 
 
 class Interrupted(TfdeployError):
-    """The user pressed Ctrl-C; everything started was stopped."""
+    """Ctrl-C, SIGTERM or SIGHUP; everything started was stopped. Exit status 128 + signal."""
 
     exit_status = ExitStatus.INTERRUPTED
+
+    def __init__(self, message: str, *, hint: str | None = None, signum: int = 2) -> None:
+        super().__init__(message, hint=hint)
+        self.signum = signum
+        self.exit_status = 128 + signum  # type: ignore[assignment]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived (timeout, CI cancellation, a closed terminal): handled like
+    Ctrl-C, so every started task is stopped before tfdeploy exits 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
