@@ -11,6 +11,7 @@ import random
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -57,6 +58,17 @@ class _Slot:
 def _mac(octet: int, index: int) -> str:
     # Deterministic per subnet and host, so permanent ARP entries can be written in advance.
     return f"02:77:{octet:02x}:{index:02x}:00:02"
+
+
+def _answers(host: LabHost) -> bool:
+    """True when a TCP connect to the host gets any answer: a handshake or a refusal."""
+    try:
+        with socket.create_connection((host.address, host.port), timeout=0.5):
+            return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
 
 
 def _pdeathsig() -> None:
@@ -337,6 +349,11 @@ class NamespaceLab(Lab):
         slot = self._slot(host)
         subprocess.run(["ip", "link", "set", slot.veth, "up"], check=True)
         wait_until(f"{slot.veth} forwarding", lambda: self._forwarding(slot.veth))
+        # A forwarding bridge port is not yet a working path: the peer's carrier and the
+        # neighbour entry (failed while the link was down) settle a moment later. Healed means
+        # a TCP handshake gets an answer, accepted or refused.
+        target = self.host(host)
+        wait_until(f"{target.name} to answer on the network", lambda: _answers(target))
 
     def _sshd_listeners(self, slot: _Slot) -> list[procs.RawProc]:
         raws = procs.in_pidns(slot.pidns)
