@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deployer.errors import HostError
-from deployer.session import Session, SessionEnded, open_session
-from deployer.transport import Transport
+from deployer.transport import Session, SessionEnded, Transport
 from remote import protocol
 
 
@@ -202,16 +201,13 @@ class Agent:
         argv = [self.python, "-S", "-c", _BOOTSTRAP]
         self.close_session()
         try:
-            session = open_session(self.transport, argv)
+            session = self.transport.open_session(argv)
         except SessionEnded as exc:
             self._reply(exc.exit_code, b"", exc.stderr)
             raise  # _reply always raises for an ended session
-        if session is None:
-            reply = self._exchange(argv, payload, timeout=60)
-        else:
-            self._session = session
-            with session.lock:
-                reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
+        self._session = session
+        with session.lock:
+            reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
         self.home = reply["workdir"]
         return reply
 

@@ -11,7 +11,10 @@ from typing import Generic, TypeVar
 from deployer.agent import Agent
 from deployer.errors import HostError, HostsFailed
 from deployer.inventory import Host
-from deployer.transport import LocalTransport, SSHTarget, SSHTransport, Transport
+from deployer.local_transport import LocalTransport
+from deployer.ssh import Endpoint
+from deployer.ssh_transport import SSHTransport
+from deployer.transport import Transport
 
 T = TypeVar("T")
 DEFAULT_CONCURRENCY = 32
@@ -22,21 +25,7 @@ def open_transport(host: Host) -> Transport:
     """Picks how to reach a host; SSH settings come from the inventory (host overrides [ssh])."""
     if host.transport == "local":
         return LocalTransport(host.name)
-    ssh = host.ssh
-    return SSHTransport(
-        SSHTarget(
-            name=host.name,
-            address=host.address,
-            port=ssh.port,
-            user=ssh.user,
-            identity=ssh.identity,
-            jump=ssh.jump,
-            host_keys=ssh.host_keys,
-            known_hosts=ssh.known_hosts,
-            connect_timeout=ssh.connect_timeout,
-            ssh_config=ssh.ssh_config,
-        )
-    )
+    return SSHTransport(Endpoint(host.name, host.address, host.ssh))
 
 
 @dataclass

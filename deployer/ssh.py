@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import fabric
 import paramiko
@@ -15,9 +15,12 @@ from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey, OnDiskPriva
 
 from deployer import hostkeys
 from deployer.errors import HostError
+from deployer.inventory import SSHSettings
 
-if TYPE_CHECKING:
-    from deployer.transport import SSHTarget
+# paramiko logs a failed handshake ("Exception (client): Error reading SSH protocol banner", with
+# tracebacks) at ERROR, and with no handler configured Python prints that on stderr. Each such
+# failure already becomes one HostError that says what happened; the log must not reach a user.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 # --- Every connection option tfdeploy sets, in one place -------------------------------------
 # A cut link (cable, security group, instance gone) never sends a FIN or RST, so without these an
@@ -35,6 +38,15 @@ TCP_USER_TIMEOUT_MS = 8000
 SSH_KEEPALIVE_S = 15
 # OpenSSH's default MaxSessions is 10 per connection; we keep 8 for exec, 1 for SFTP, 1 spare.
 MAX_EXEC_SESSIONS = 8
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A host as SSH sees it: the inventory's name (for messages), its address, its settings."""
+
+    name: str
+    address: str
+    settings: SSHSettings
 
 
 @dataclass
@@ -57,20 +69,20 @@ class Hop:
         return f"{self.conn.host}:{self.conn.port}"
 
 
-def plan_hops(target: SSHTarget) -> list[Hop]:
+def plan_hops(target: Endpoint) -> list[Hop]:
     """Resolve ssh_config and ProxyJump into the connections to open, first hop first (no I/O)."""
-    config = _fabric_config(target.ssh_config)
+    config = _fabric_config(target.settings.ssh_config)
     # gateway=False: fabric would build jump Connections itself (with AutoAddPolicy and no
     # timeouts); we build the chain below from the same ssh_config instead.
     main = fabric.Connection(
         target.address,
-        user=target.user,
-        port=target.port if target.port != 22 else None,
+        user=target.settings.user,
+        port=target.settings.port if target.settings.port != 22 else None,
         config=config,
         gateway=False,
     )
-    identity = [target.identity] if target.identity else []
-    jump = target.jump or main.ssh_config.get("proxyjump")
+    identity = [target.settings.identity] if target.settings.identity else []
+    jump = target.settings.jump or main.ssh_config.get("proxyjump")
     if not jump and "proxycommand" in main.ssh_config:
         raise HostError(
             target.name,
@@ -94,13 +106,13 @@ def plan_hops(target: SSHTarget) -> list[Hop]:
         hostkeys.configure_client(
             target.name,
             hop.conn.client,
-            hostkeys.known_hosts_path(target.known_hosts),
-            target.host_keys,
+            hostkeys.known_hosts_path(target.settings.known_hosts),
+            target.settings.host_keys,
         )
     return hops
 
 
-def open_hops(target: SSHTarget, hops: list[Hop]) -> None:
+def open_hops(target: Endpoint, hops: list[Hop]) -> None:
     """Connect every hop in order; on failure close what was opened and raise a HostError."""
     opened: list[Hop] = []
     try:
@@ -142,7 +154,7 @@ def _config_keys(conn: fabric.Connection) -> list[str]:
     return [str(k) for k in conn.connect_kwargs.get("key_filename", [])]
 
 
-def _load_keys(target: SSHTarget, hop: Hop) -> None:
+def _load_keys(target: Endpoint, hop: Hop) -> None:
     """Read key files up front: never prompt, and know which ones need a passphrase."""
     paths = hop.keys
     if not hop.explicit_keys:  # like OpenSSH: the default key names in ~/.ssh
@@ -151,7 +163,7 @@ def _load_keys(target: SSHTarget, hop: Hop) -> None:
     for raw in paths:
         path = os.path.expanduser(raw)
         if not os.path.exists(path):
-            if raw == target.identity:
+            if raw == target.settings.identity:
                 raise HostError(target.name, f"identity file {path} does not exist")
             continue
         try:
@@ -184,8 +196,8 @@ class _KeysThenAgent(AuthStrategy):  # type: ignore[misc]  # paramiko is untyped
             agent.close()
 
 
-def _open_socket(target: SSHTarget, hop: Hop, prev: Hop | None) -> socket.socket | paramiko.Channel:
-    timeout = target.connect_timeout
+def _open_socket(target: Endpoint, hop: Hop, prev: Hop | None) -> socket.socket | paramiko.Channel:
+    timeout = target.settings.connect_timeout
     if prev is None:
         try:
             sock = socket.create_connection((hop.conn.host, hop.conn.port), timeout=timeout)
@@ -214,8 +226,8 @@ def _open_socket(target: SSHTarget, hop: Hop, prev: Hop | None) -> socket.socket
         ) from exc
 
 
-def _handshake(target: SSHTarget, hop: Hop, sock: socket.socket | paramiko.Channel) -> None:
-    timeout = target.connect_timeout
+def _handshake(target: Endpoint, hop: Hop, sock: socket.socket | paramiko.Channel) -> None:
+    timeout = target.settings.connect_timeout
     strategy = _KeysThenAgent(hop.conn.user, hop.loaded)
     try:
         hop.conn.client.connect(
@@ -223,7 +235,9 @@ def _handshake(target: SSHTarget, hop: Hop, sock: socket.socket | paramiko.Chann
             port=hop.conn.port,
             username=hop.conn.user,
             sock=sock,
-            timeout=timeout,  # key exchange
+            # The key exchange wait starts with the banner wait: were they equal, a silent
+            # port could end the kex wait first and be reported as "No existing session".
+            timeout=2 * timeout,
             banner_timeout=timeout,  # a port that accepts TCP but never speaks SSH
             auth_timeout=timeout,  # each authentication attempt
             channel_timeout=timeout,  # opening sessions and jump tunnels
@@ -238,7 +252,7 @@ def _handshake(target: SSHTarget, hop: Hop, sock: socket.socket | paramiko.Chann
     hop.conn.transport = transport  # fabric's view of the connection stays truthful
 
 
-def _socket_error(target: SSHTarget, hop: Hop, exc: OSError) -> HostError:
+def _socket_error(target: Endpoint, hop: Hop, exc: OSError) -> HostError:
     if isinstance(exc, socket.gaierror):
         return HostError(
             target.name,
@@ -254,7 +268,8 @@ def _socket_error(target: SSHTarget, hop: Hop, exc: OSError) -> HostError:
     if isinstance(exc, TimeoutError) or exc.errno == errno.ETIMEDOUT:
         return HostError(
             target.name,
-            f"{hop.where}timed out connecting to {hop.addr} after {target.connect_timeout:g} s",
+            f"{hop.where}timed out connecting to {hop.addr} "
+            f"after {target.settings.connect_timeout:g} s",
             hint="is the host up, and does a firewall or security group allow SSH from here?",
         )
     if exc.errno == errno.EHOSTUNREACH:
@@ -265,9 +280,9 @@ def _socket_error(target: SSHTarget, hop: Hop, exc: OSError) -> HostError:
 
 
 def _handshake_error(
-    target: SSHTarget, hop: Hop, strategy: _KeysThenAgent, exc: BaseException
+    target: Endpoint, hop: Hop, strategy: _KeysThenAgent, exc: BaseException
 ) -> BaseException:
-    known = hostkeys.known_hosts_path(target.known_hosts)
+    known = hostkeys.known_hosts_path(target.settings.known_hosts)
     host, port = hop.conn.host, hop.conn.port
     if isinstance(exc, hostkeys.UnknownHostKey):
         return hostkeys.unknown_key_error(target.name, host, port, known, exc, hop.where)
@@ -280,12 +295,13 @@ def _handshake_error(
     if isinstance(exc, paramiko.SSHException | EOFError):
         text = str(exc) or type(exc).__name__
         if "banner" in text:
-            text = f"no SSH banner within {target.connect_timeout:g} s (is it an SSH server?)"
+            wait = target.settings.connect_timeout
+            text = f"no SSH banner within {wait:g} s (is it an SSH server?)"
         return HostError(target.name, f"{hop.where}SSH handshake with {hop.addr} failed: {text}")
     return exc  # KeyboardInterrupt and programming errors pass through unchanged
 
 
-def _auth_error(target: SSHTarget, hop: Hop, strategy: _KeysThenAgent) -> HostError:
+def _auth_error(target: Endpoint, hop: Hop, strategy: _KeysThenAgent) -> HostError:
     who = f"{hop.conn.user}@{hop.conn.host}"
     if hop.encrypted and not strategy.agent_keys:
         key = ", ".join(hop.encrypted)

@@ -523,7 +523,7 @@ def test_an_idle_session_leaves_and_the_client_resends_one_shot(
 ) -> None:
     # A cut link leaves the host's end of a session open for hours: it must not linger.
     from deployer.agent import Agent
-    from deployer.transport import LocalTransport
+    from deployer.local_transport import LocalTransport
 
     monkeypatch.setenv("TFDEPLOY_SERVE_IDLE_S", "1")
     agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
@@ -558,7 +558,7 @@ def test_everything_the_agent_writes_is_private(workdir: Path) -> None:
 
 def test_the_client_has_one_typed_method_per_op(workdir: Path) -> None:
     from deployer.agent import Agent, SetupResult
-    from deployer.transport import LocalTransport
+    from deployer.local_transport import LocalTransport
 
     agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
     agent.install()

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from deployer.agent import Agent
-from deployer.transport import LocalTransport
+from deployer.local_transport import LocalTransport
 from tests.test_agent import AGENT, PYTHON, alive, new_run, ok, start, wait_for
 from tests.test_agent import workdir as workdir  # the fixture: stops every run it left
 

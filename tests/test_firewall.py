@@ -19,7 +19,9 @@ import pytest
 
 from deployer.agent import Agent
 from deployer.errors import HostError
-from deployer.transport import SSHTarget, SSHTransport
+from deployer.inventory import SSHSettings
+from deployer.ssh import Endpoint
+from deployer.ssh_transport import SSHTransport
 from tests.lab import Lab, LabHost
 from tests.test_lifecycle import tfdeploy
 
@@ -185,15 +187,17 @@ def agent(lab: Lab) -> Iterator[Agent]:
 def lab_agent(lab: Lab, host: LabHost) -> Agent:
     """The agent on a lab host, installed, over an SSH connection of its own."""
     transport = SSHTransport(
-        SSHTarget(
-            name=host.name,
-            address=host.address,
-            port=host.port,
-            user=lab.user,
-            identity=str(lab.key_path),
-            known_hosts=str(lab.known_hosts),
-            ssh_config=os.devnull,
-            connect_timeout=5,
+        Endpoint(
+            host.name,
+            host.address,
+            SSHSettings(
+                port=host.port,
+                user=lab.user,
+                identity=str(lab.key_path),
+                known_hosts=str(lab.known_hosts),
+                ssh_config=os.devnull,
+                connect_timeout=5,
+            ),
         )
     )
     agent = Agent(transport, python=lab.python, workdir="~/.tfdeploy")

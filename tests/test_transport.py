@@ -20,7 +20,11 @@ import pytest
 
 from deployer import hostkeys
 from deployer.errors import HostError
-from deployer.transport import LocalTransport, SSHTarget, SSHTransport, render
+from deployer.inventory import SSHSettings
+from deployer.local_transport import LocalTransport
+from deployer.ssh import Endpoint
+from deployer.ssh_transport import SSHTransport
+from deployer.transport import render
 from tests.helpers import HOSTILE_STRINGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,10 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = [*HOSTILE_STRINGS, ""]
 
 
-def target_for(lab: Any, host: Any, **overrides: Any) -> SSHTarget:
+def endpoint(name: str, address: str, **settings: Any) -> Endpoint:
+    return Endpoint(name, address, SSHSettings(**settings))
+
+
+def target_for(lab: Any, host: Any, **overrides: Any) -> Endpoint:
     fields: dict[str, Any] = {
-        "name": host.name,
-        "address": host.address,
         "port": host.port,
         "user": lab.user,
         "identity": str(lab.key_path),
@@ -41,7 +47,8 @@ def target_for(lab: Any, host: Any, **overrides: Any) -> SSHTarget:
         "ssh_config": os.devnull,  # never the developer's ~/.ssh/config
     }
     fields.update(overrides)
-    return SSHTarget(**fields)
+    name, address = fields.pop("name", host.name), fields.pop("address", host.address)
+    return endpoint(name, address, **fields)
 
 
 @pytest.fixture
@@ -276,9 +283,9 @@ def test_unauthorized_key_names_user_host_and_key(
 
 
 def test_unresolvable_and_missing_key_are_readable(tmp_path: Path) -> None:
-    bad = SSHTarget("ghost", "no-such-host.invalid", ssh_config=os.devnull, connect_timeout=2)
+    bad = endpoint("ghost", "no-such-host.invalid", ssh_config=os.devnull, connect_timeout=2)
     expect_host_error(SSHTransport(bad).connect, r"could not resolve hostname no-such-host")
-    missing = SSHTarget("h", "127.0.0.1", identity=str(tmp_path / "nope"), ssh_config=os.devnull)
+    missing = endpoint("h", "127.0.0.1", identity=str(tmp_path / "nope"), ssh_config=os.devnull)
     expect_host_error(SSHTransport(missing).connect, r"identity file .*nope does not exist")
 
 
@@ -381,9 +388,9 @@ def test_explicit_jump_through_the_bastion(bastion_lab: Any) -> None:
 def test_jump_from_an_ssh_config_proxyjump_alias(bastion_lab: Any) -> None:
     host = bastion_lab.hosts[1]
     t = SSHTransport(
-        SSHTarget(
-            name=host.name,
-            address=host.name,  # an alias: HostName, User, IdentityFile, ProxyJump from the file
+        endpoint(
+            host.name,
+            host.name,  # an alias: HostName, User, IdentityFile, ProxyJump from the file
             known_hosts=str(bastion_lab.known_hosts),
             ssh_config=str(bastion_lab.ssh_config),
             connect_timeout=5,
@@ -598,9 +605,9 @@ def test_explicit_inventory_settings_win_over_ssh_config(lab: Any, tmp_path: Pat
         f"  IdentityFile {tmp_path}/no-such-key\n  ProxyJump nobody@192.0.2.1\n"
     )
     t = SSHTransport(
-        SSHTarget(
-            name=host.name,
-            address=host.name,
+        endpoint(
+            host.name,
+            host.name,
             user=lab.user,
             identity=str(lab.key_path),
             jump="none",  # like OpenSSH's ProxyJump none: explicitly no jump host
@@ -615,11 +622,60 @@ def test_explicit_inventory_settings_win_over_ssh_config(lab: Any, tmp_path: Pat
     finally:
         t.close()
     # Without the explicit settings the file's wrong values really apply (the test can fail).
-    only_file = SSHTarget(
-        name=host.name,
-        address=host.name,
+    only_file = endpoint(
+        host.name,
+        host.name,
         known_hosts=str(lab.known_hosts),
         ssh_config=str(config),
         connect_timeout=2,
     )
     expect_host_error(SSHTransport(only_file).connect, r"jump host nobody@192\.0\.2\.1")
+
+
+def test_local_commands_get_a_login_environment_not_the_controllers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "controller-secret")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    local = LocalTransport("here")
+    env = dict(
+        line.split("=", 1) for line in local.run(["env"]).stdout.decode().splitlines() if "=" in line
+    )
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["PATH"] == os.environ["PATH"] and env["HOME"] == os.environ["HOME"]
+    assert env["LC_ALL"] == "C.UTF-8"
+    session = local.open_session(["sh", "-c", "read x; env | grep -c SECRET; read y"])
+    try:
+        assert session.request(b"go\n", timeout=10) == b"0\n"
+    finally:
+        session.close()
+
+
+def test_a_port_that_never_speaks_ssh_gives_one_clean_error_and_no_paramiko_log(
+    tmp_path: Path,
+) -> None:
+    """paramiko logs the failed banner read with tracebacks; none of it may reach the user."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        inventory = tmp_path / "inv.toml"
+        (tmp_path / "code").mkdir()
+        inventory.write_text(
+            '[job]\nname = "nobanner"\ncode = "code"\ncommand = "true"\n'
+            f'[ssh]\nconnect_timeout = 1\nssh_config = "{os.devnull}"\n'
+            f'[[hosts]]\nname = "mute"\naddress = "127.0.0.1"\nssh = {{ port = {port} }}\n'
+            'tasks = [{ role = "worker" }]\n'
+        )
+        env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
+        done = subprocess.run(
+            [sys.executable, "-m", "deployer", "up", str(inventory)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output  # a host could not be reached: nothing started
+    assert "mute" in output and "no SSH banner within 1 s" in output, output
+    assert "Traceback" not in output and "Exception (client)" not in output, output

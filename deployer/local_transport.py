@@ -1,0 +1,146 @@
+"""Reach "this machine" (`transport = "local"`) with subprocess, with the SSH transport's semantics.
+
+Commands start in a new session, as sshd starts them, and with the environment a login would
+have rather than the controller's whole one: a local task must not see the user's
+AWS_SECRET_ACCESS_KEY any more than a remote one does (`forward_env` is the way in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import signal
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+from deployer.errors import HostError
+from deployer.session import CHUNK, StreamSession
+from deployer.transport import CommandResult, SessionEnded, render, short
+
+# What sshd hands a command besides its own SSH_* variables: who and where the user is, the
+# search path and the locale. Everything else of the controller's environment stays here.
+LOGIN_ENV = ("HOME", "USER", "LOGNAME", "PATH", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+
+
+def login_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The subset of `environ` (default os.environ) a login on this machine would start with."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in LOGIN_ENV or k.startswith("LC_")}
+
+
+def _spawn(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    # new session: like a command started by sshd, and lets a timeout kill the whole group
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=login_env(),
+    )
+
+
+class LocalTransport:
+    """Runs argv on this machine (no shell)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+    ) -> CommandResult:
+        render(argv)  # same argv validation as over SSH
+        try:
+            proc = _spawn(argv)
+        except FileNotFoundError:
+            return CommandResult(127, b"", f"{argv[0]}: not found\n".encode())
+        except PermissionError:
+            return CommandResult(126, b"", f"{argv[0]}: permission denied\n".encode())
+        with proc:
+            try:
+                out, err = proc.communicate(stdin, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                # a grandchild that left the group may hold the pipes open: don't wait for it
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.communicate(timeout=1.0)
+                raise HostError(self.name, f"{short(argv)} timed out after {timeout:g} s") from None
+        return CommandResult(proc.returncode, out, err)
+
+    def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
+        path = os.path.expanduser(remote_path)
+        if not os.path.isabs(path):
+            raise ValueError(f"remote path must be absolute, not {remote_path!r}")
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        part = f"{path}.part-{secrets.token_hex(6)}"
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)  # the umask must not narrow the requested mode
+                f.write(data)
+            os.replace(part, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise HostError(self.name, f"cannot write {remote_path}: {reason}") from exc
+
+    def open_session(self, argv: Sequence[str]) -> LocalSession:
+        return LocalSession(self.name, argv)
+
+    def close(self) -> None:
+        pass
+
+
+class LocalSession(StreamSession):
+    """A session over a child's stdin/stdout; its stderr is kept (last 64 lines) for errors."""
+
+    def __init__(self, name: str, argv: Sequence[str]) -> None:
+        super().__init__(name)
+        render(argv)
+        self._err: deque[bytes] = deque(maxlen=64)
+        try:
+            self._proc = _spawn(argv)
+        except FileNotFoundError:
+            raise SessionEnded(127, f"{argv[0]}: not found\n".encode()) from None
+        threading.Thread(target=self._drain, name="session-stderr", daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._err.append(line)
+
+    def _send(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._ended() from None
+
+    def _recv(self, wait: float) -> bytes | None:
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], wait)
+        return os.read(fd, CHUNK) if ready else None
+
+    def _ended(self) -> SessionEnded:
+        try:
+            code = self._proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            code = -1
+        return SessionEnded(code, b"".join(self._err))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        with contextlib.suppress(Exception):
+            self._proc.wait(timeout=2.0)
+        with contextlib.suppress(Exception):
+            self._proc.kill()
