@@ -638,9 +638,8 @@ def test_local_commands_get_a_login_environment_not_the_controllers(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "controller-secret")
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
     local = LocalTransport("here")
-    env = dict(
-        line.split("=", 1) for line in local.run(["env"]).stdout.decode().splitlines() if "=" in line
-    )
+    lines = local.run(["env"]).stdout.decode().splitlines()
+    env = dict(line.split("=", 1) for line in lines if "=" in line)
     assert "AWS_SECRET_ACCESS_KEY" not in env
     assert env["PATH"] == os.environ["PATH"] and env["HOME"] == os.environ["HOME"]
     assert env["LC_ALL"] == "C.UTF-8"
