@@ -1,0 +1,81 @@
+"""The live view on a terminal: log lines in batches, a table redrawn at a bounded rate."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+
+from rich.console import Console
+
+from deployer.board import TaskRow
+from deployer.view import LiveView
+
+ROWS = [TaskRow("worker:0", "h1", "running", 4242), TaskRow("worker:1", "h2", "running", 4343)]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def terminal() -> Console:
+    """A console that behaves as a real terminal would (cursor moves, Live redraws)."""
+    return Console(
+        file=io.StringIO(), width=100, force_terminal=True, _environ={"TERM": "xterm-256color"}
+    )
+
+
+def output(console: Console) -> str:
+    return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
+
+
+def log_lines(console: Console) -> list[str]:
+    """The prefixed log lines and steps as a reader sees them in the scrollback, in order."""
+    text = ANSI.sub("", output(console))
+    return [line.rstrip() for line in text.splitlines() if " | " in line or "tfdeploy:" in line]
+
+
+def test_many_log_lines_cost_a_bounded_number_of_table_redraws() -> None:
+    """5,000 lines over 500 ticks once redrew the whole table 5,500 times (one per line)."""
+    console = terminal()
+    started = time.monotonic()
+    view = LiveView(console)
+    view.tasks(ROWS)
+    for tick in range(500):
+        view.lines("worker:0@h1", [f"line {tick * 10 + i}" for i in range(10)])
+        view.tasks(ROWS)
+    view.close()
+    elapsed = time.monotonic() - started
+    redraws = output(console).count("┏")  # the table's top-left corner: one per render
+    # At most 10 batches and 4 refreshes a second, plus the first and the last drawing.
+    assert redraws <= 4 + 14 * elapsed, (redraws, elapsed)
+    shown = [line for line in log_lines(console) if "line " in line]
+    assert shown == [f"worker:0@h1  | line {n}" for n in range(5000)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_lines_wait_at_most_one_period_and_steps_keep_their_place() -> None:
+    console, clock = terminal(), Clock()
+    view = LiveView(console, flushes_per_second=10, clock=clock)
+    view.lines("worker:0@h1", ["first"])  # the first batch goes out at once
+    view.lines("ps:0@h2", ["second"])
+    view.tasks(ROWS)
+    assert log_lines(console) == ["worker:0@h1  | first"]
+    clock.now = 0.1  # one period later the next tick prints what waited
+    view.tasks(ROWS)
+    assert log_lines(console)[-1] == "ps:0@h2      | second"
+    view.lines("worker:0@h1", ["third\x07 with a bell"])
+    view.step("job succeeded")  # a step never overtakes lines that came before it
+    view.lines("worker:1@h2", ["after"])
+    view.close()
+    assert log_lines(console) == [
+        "worker:0@h1  | first",
+        "ps:0@h2      | second",
+        "worker:0@h1  | third with a bell",
+        "tfdeploy: job succeeded",
+        "worker:1@h2  | after",
+    ]
