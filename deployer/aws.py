@@ -1,9 +1,10 @@
 """Hosts from EC2: the `[aws]` inventory section, and discovery of the instances it names.
 
-Parsing `[aws]` is pure (it runs inside `load_inventory`); `discover` and `resolve_hosts` are the
-only parts that talk to AWS, and boto3 is imported only there, so it stays an optional extra
-(`pip install tfdeploy[aws]`). Instances are ordered by launch time, then instance id, so task
-indices are the same for `plan` and `up` as long as the fleet is unchanged.
+`[aws]` is a host source (`deployer.inventory.register_source`): parsing it is pure and runs inside
+`load_inventory`; `discover` and `resolve_hosts` are the only parts that talk to AWS, and boto3 is
+imported only there, so it stays an optional extra (`pip install tfdeploy[aws]`). Instances are
+ordered by launch time, then instance id, so task indices are the same for `plan` and `up` as long
+as the fleet is unchanged.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from typing import Any
 from deployer.errors import ExitStatus, InventoryError, TfdeployError
 from deployer.inventory import (
     TRANSPORTS,
+    Discovered,
     Host,
+    HostSettings,
     Inventory,
-    Job,
-    SSHSettings,
-    TaskSpec,
-    _check_unique_hosts,
-    _parse_ssh,
-    _parse_task,
-    read_gpu_count,
+    SourceContext,
+    Sourced,
+    discover_hosts,
+    make_host,
+    parse_host_settings,
+    register_source,
 )
 from deployer.schema import Table, describe
 
@@ -47,14 +49,7 @@ class HostGroup:
     filters: dict[str, tuple[str, ...]]
     ssh_address: str  # public | private
     tf_address: str  # public | private
-    tasks: tuple[TaskSpec, ...]
-    gpus: int
-    gpus_auto: bool
-    share_gpus: bool
-    port: int
-    python: str
-    workdir: str
-    ssh: SSHSettings
+    settings: HostSettings  # tasks, GPUs, ports, ssh...: read exactly as for [[hosts]]
     key: str  # "aws.hosts[0]"
 
     def describe_filters(self) -> str:
@@ -63,9 +58,16 @@ class HostGroup:
 
 @dataclass(frozen=True)
 class AwsSettings:
+    """The `[aws]` host source: which instances to look for, found by `discover` (I/O)."""
+
     region: str | None
     profile: str | None
     groups: tuple[HostGroup, ...]
+    key: str = "aws"
+    page_size: int = PAGE_SIZE
+
+    def discover(self, file: str) -> Discovered:
+        return _discover_all(self, file)
 
 
 @dataclass(frozen=True)
@@ -88,42 +90,37 @@ class Instance:
 # ---- parsing (pure) --------------------------------------------------------------------------
 
 
-def parse_aws(t: Table, job: Job, ssh_defaults: SSHSettings) -> AwsSettings:
+def parse_aws(t: Table, context: SourceContext) -> Sourced:
+    """`[aws]`: pure; its hosts are found later, when `discover_hosts` calls `discover`."""
     region = t.string("region")
     profile = t.string("profile")
     groups = []
     for g in t.table_list("hosts", required=True):
-        ssh = _parse_ssh(g.sub_table("ssh"), ssh_defaults)
-        gpus, auto = read_gpu_count(g)
         groups.append(
             HostGroup(
                 filters=_filters(g),
                 ssh_address=g.choice("ssh_address", ADDRESS_KINDS, "private"),
                 tf_address=g.choice("tf_address", ADDRESS_KINDS, "private"),
-                tasks=tuple(_parse_task(tt) for tt in g.table_list("tasks", required=True)),
-                gpus=gpus,
-                gpus_auto=auto,
-                share_gpus=g.boolean("share_gpus", False),
-                port=g.integer("port", job.port, minimum=1, maximum=65535),
-                python=g.string("python", job.python) or job.python,
-                workdir=g.string("workdir", job.workdir) or job.workdir,
-                ssh=ssh,
+                settings=parse_host_settings(g, context),
                 key=g.path,
             )
         )
         g.finish()
     t.finish()
-    return AwsSettings(region=region, profile=profile, groups=tuple(groups))
+    return Sourced(pending=AwsSettings(region=region, profile=profile, groups=tuple(groups)))
+
+
+register_source("aws", parse_aws)
 
 
 def _filters(g: Table) -> dict[str, tuple[str, ...]]:
     """EC2 filters: a name to one value or a list of values, e.g. "tag:role" = ["ps", "chief"]."""
     table = g.sub_table("filters", required=True)
-    raw = table._data  # every value is checked below; unknown keys are the user's filter names
-    if not raw:
+    entries = table.entries()  # the keys are the user's filter names; each value is checked here
+    if not entries:
         g.fail("filters", 'expected at least one filter, e.g. { "tag:tfdeploy-job" = "mnist" }')
     filters: dict[str, tuple[str, ...]] = {}
-    for name, value in raw.items():
+    for name, value in entries:
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, str) and v for v in values):
             table.fail(name, f"expected a string or a list of strings, got {describe(value)}")
@@ -139,18 +136,23 @@ def _filters(g: Table) -> dict[str, tuple[str, ...]]:
 def resolve_hosts(inventory: Inventory, *, page_size: int = PAGE_SIZE) -> Inventory:
     """The inventory with its EC2 instances appended as hosts, after the static [[hosts]].
 
-    Returns the inventory unchanged when it has no [aws] section, so callers need not check.
+    Returns the inventory unchanged when nothing is pending, so callers need not check.
     """
-    settings = inventory.aws
-    if settings is None:
-        return inventory
-    file = str(inventory.path)
+    pending = tuple(
+        dataclasses.replace(s, page_size=page_size) if isinstance(s, AwsSettings) else s
+        for s in inventory.pending
+    )
+    return discover_hosts(dataclasses.replace(inventory, pending=pending))
+
+
+def _discover_all(settings: AwsSettings, file: str) -> Discovered:
+    """Every group's running instances, as hosts; an instance may belong to one group only."""
     client = _client(settings)
     seen: dict[str, str] = {}
     instances: list[Instance] = []
     hosts: list[Host] = []
     for group in settings.groups:
-        found = discover(client, group, page_size=page_size)
+        found = discover(client, group, page_size=settings.page_size)
         if not found:
             raise InventoryError(
                 file,
@@ -169,9 +171,7 @@ def resolve_hosts(inventory: Inventory, *, page_size: int = PAGE_SIZE) -> Invent
             seen[instance.id] = group.key
             instances.append(instance)
             hosts.append(_host(instance, group, file))
-    all_hosts = inventory.hosts + tuple(hosts)
-    _check_unique_hosts(all_hosts, file)
-    return dataclasses.replace(inventory, hosts=all_hosts, instances=tuple(instances))
+    return Discovered(hosts=tuple(hosts), instances=tuple(instances))
 
 
 def _client(settings: AwsSettings) -> Any:
@@ -262,19 +262,12 @@ def _host(instance: Instance, group: HostGroup, file: str) -> Host:
                 hint='use "private" (through a bastion: [ssh] jump) or give it a public IP',
             )
         addresses[key] = address
-    return Host(
+    return make_host(
+        group.settings,
         name=instance.id,
         address=addresses["ssh_address"],
         tf_address=addresses["tf_address"],
-        port=group.port,
-        gpus=group.gpus,
-        gpus_auto=group.gpus_auto,
-        share_gpus=group.share_gpus,
         transport=TRANSPORTS[0],
-        python=group.python,
-        workdir=group.workdir,
-        ssh=group.ssh,
-        tasks=group.tasks,
         key=group.key,
     )
 

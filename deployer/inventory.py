@@ -1,23 +1,25 @@
 """The inventory file: which hosts exist, how to reach them and which tasks each runs.
 
 Parsing does no I/O beyond reading the one file (and checking that the code directory exists), so
-every mistake is reported before any host is touched.
+every mistake is reported before any host is touched. `[[hosts]]` lists hosts by hand; any other
+top-level table that lists hosts (`[aws]`) is a *host source* plugged in through `register_source`,
+so the parser knows no source but its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from deployer.errors import InventoryError
 from deployer.schema import Table
-
-if TYPE_CHECKING:
-    from deployer.aws import AwsSettings, Instance
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 HOST_KEY_MODES = ("strict", "accept-new")
@@ -77,6 +79,20 @@ class Host:
 
 
 @dataclass(frozen=True)
+class HostSettings:
+    """What a host entry says besides where the host is; `[[hosts]]` and sources read it alike."""
+
+    port: int
+    gpus: int
+    gpus_auto: bool
+    share_gpus: bool
+    python: str
+    workdir: str
+    ssh: SSHSettings
+    tasks: tuple[TaskSpec, ...]
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     code: Path
@@ -99,13 +115,101 @@ class Job:
     forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
 
 
+# ---- host sources ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a host source may use besides its own table."""
+
+    file: str  # the inventory, for messages
+    directory: Path  # absolute: relative files in the inventory are relative to it, never the cwd
+    job: Job
+    ssh: SSHSettings  # [ssh]: the defaults that each host's own ssh table overrides
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What a pending source found: hosts in order, and the machines behind them for `plan`."""
+
+    hosts: tuple[Host, ...]
+    instances: tuple[Any, ...] = ()  # e.g. EC2 instances; the source's module knows their type
+
+
+class PendingHosts(Protocol):
+    """Hosts that only I/O can find (e.g. EC2 discovery): `discover_hosts` asks, after parsing."""
+
+    @property
+    def key(self) -> str:
+        """The top-level table this source was read from, e.g. "aws"."""
+        ...
+
+    def discover(self, file: str) -> Discovered:
+        """The hosts, or a TfdeployError naming `file` and the key at fault."""
+        ...
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """What a source reads from its table: hosts known now, and/or hosts to discover later."""
+
+    hosts: tuple[Host, ...] = ()
+    pending: PendingHosts | None = None
+
+
+HostSource = Callable[[Table, SourceContext], Sourced]
+
+_SOURCES: dict[str, HostSource] = {}
+# Sources kept in modules of their own, imported only by an inventory that has their table (so
+# `[aws]` costs nothing, and needs no boto3, elsewhere); each registers itself on import.
+_SOURCE_MODULES = {"aws": "deployer.aws"}
+
+
+def register_source(key: str, source: HostSource) -> None:
+    """Makes the top-level table `key` a host source, read by `source`."""
+    _SOURCES[key] = source
+
+
+def _source(key: str) -> HostSource | None:
+    if key not in _SOURCES and key in _SOURCE_MODULES:
+        importlib.import_module(_SOURCE_MODULES[key])
+    return _SOURCES.get(key)
+
+
 @dataclass(frozen=True)
 class Inventory:
     path: Path
     job: Job
     hosts: tuple[Host, ...]
-    aws: AwsSettings | None = None  # [aws]: hosts from EC2, added by deployer.aws.resolve_hosts
-    instances: tuple[Instance, ...] = ()  # the EC2 instances resolve_hosts found, in host order
+    pending: tuple[PendingHosts, ...] = ()  # sources whose hosts `discover_hosts` will find
+    instances: tuple[Any, ...] = ()  # the machines that discovery found, in host order
+
+    @property
+    def aws(self) -> PendingHosts | None:
+        """Transitional, for callers that ask `inventory.aws is None`: use `pending`."""
+        return self.pending[0] if self.pending else None
+
+
+def discover_hosts(inventory: Inventory) -> Inventory:
+    """The inventory with every pending source's hosts appended after the known ones.
+
+    The only step of loading that does I/O beyond the file; a no-op when nothing is pending.
+    """
+    if not inventory.pending:
+        return inventory
+    file = str(inventory.path)
+    hosts, instances = list(inventory.hosts), list(inventory.instances)
+    for source in inventory.pending:
+        found = source.discover(file)
+        hosts += found.hosts
+        instances += found.instances
+    check_unique_hosts(tuple(hosts), file)
+    return dataclasses.replace(
+        inventory, hosts=tuple(hosts), instances=tuple(instances), pending=()
+    )
+
+
+# ---- reading the file --------------------------------------------------------------------------
 
 
 def load_inventory(path: str | Path) -> Inventory:
@@ -128,18 +232,22 @@ def load_inventory(path: str | Path) -> Inventory:
 
 def parse_inventory(data: dict[str, object], path: Path) -> Inventory:
     root = Table(data, "", str(path))
-    job = _parse_job(root.sub_table("job", required=True), path)
-    ssh_defaults = _parse_ssh(root.sub_table("ssh"), SSHSettings(), path.parent.absolute())
-    aws = None
-    if root.has("aws"):  # hosts from EC2 are found later, by deployer.aws.resolve_hosts
-        from deployer.aws import parse_aws  # boto3 itself is imported only for discovery
-
-        aws = parse_aws(root.sub_table("aws"), job, ssh_defaults)
-    host_tables = root.table_list("hosts", required=aws is None)
+    directory = path.parent.absolute()
+    job = _parse_job(root.sub_table("job", required=True), directory)
+    ssh = parse_ssh(root.sub_table("ssh"), SSHSettings(), directory)
+    context = SourceContext(file=str(path), directory=directory, job=job, ssh=ssh)
+    sourced = [
+        source(root.sub_table(key), context)
+        for key in root.written_keys()
+        if key != "hosts" and (source := _source(key)) is not None
+    ]
+    host_tables = root.table_list("hosts", required=not sourced)
     root.finish()
-    hosts = tuple(_parse_host(t, job, ssh_defaults, path.parent.absolute()) for t in host_tables)
-    _check_unique_hosts(hosts, str(path))
-    return Inventory(path=path, job=job, hosts=hosts, aws=aws)
+    hosts = tuple(_parse_host(t, context) for t in host_tables)
+    hosts += tuple(h for s in sourced for h in s.hosts)
+    check_unique_hosts(hosts, str(path))
+    pending = tuple(s.pending for s in sourced if s.pending is not None)
+    return Inventory(path=path, job=job, hosts=hosts, pending=pending)
 
 
 def _name(table: Table, key: str, value: str) -> str:
@@ -148,12 +256,12 @@ def _name(table: Table, key: str, value: str) -> str:
     return value
 
 
-def _parse_job(t: Table, inventory_path: Path) -> Job:
+def _parse_job(t: Table, directory: Path) -> Job:
     name = t.required_string("name")
     if not _JOB_NAME.match(name) or ".." in name:
         t.fail("name", f"expected a job name of letters, digits and . _ -, got {name!r}")
     code_text = t.required_string("code")
-    code = (inventory_path.parent / Path(code_text).expanduser()).resolve()
+    code = (directory / Path(code_text).expanduser()).resolve()
     if not code.is_dir():
         t.fail("code", f"expected a directory, but {code} does not exist or is not a directory")
     role_commands = {"ps": BUILTIN_SERVER} | t.string_map("role_commands")
@@ -187,7 +295,8 @@ def _parse_job(t: Table, inventory_path: Path) -> Job:
     return job
 
 
-def _parse_ssh(t: Table, base: SSHSettings, inventory_dir: Path | None = None) -> SSHSettings:
+def parse_ssh(t: Table, base: SSHSettings, directory: Path) -> SSHSettings:
+    """An ssh table over `base`; relative files are relative to the inventory's `directory`."""
     timeout = t.number("connect_timeout", base.connect_timeout, minimum=0.1)
 
     def path(key: str, default: str | None) -> str | None:
@@ -196,9 +305,9 @@ def _parse_ssh(t: Table, base: SSHSettings, inventory_dir: Path | None = None) -
         value = t.string(key)
         if value is None:
             return default
-        if value.startswith("~") or inventory_dir is None:
+        if value.startswith("~"):
             return value
-        return os.path.normpath(inventory_dir / value)
+        return os.path.normpath(directory / value)
 
     settings = SSHSettings(
         user=t.string("user", base.user),
@@ -214,32 +323,62 @@ def _parse_ssh(t: Table, base: SSHSettings, inventory_dir: Path | None = None) -
     return settings
 
 
-def _parse_host(t: Table, job: Job, ssh_defaults: SSHSettings, inventory_dir: Path) -> Host:
-    address = t.required_string("address")
-    name = _name(t, "name", t.string("name", address) or address)
-    ssh = _parse_ssh(t.sub_table("ssh"), ssh_defaults, inventory_dir)
+def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
+    """The keys every host entry has (tasks, GPUs, port, python, workdir, ssh), over the job's."""
+    job = context.job
+    ssh = parse_ssh(t.sub_table("ssh"), context.ssh, context.directory)
     task_tables = t.table_list("tasks", required=True)
     gpus, gpus_auto = read_gpu_count(t)
-    host = Host(
-        name=name,
-        address=address,
-        tf_address=t.string("tf_address", address) or address,
+    return HostSettings(
         port=t.integer("port", job.port, minimum=1, maximum=65535),
         gpus=gpus,
         gpus_auto=gpus_auto,
         share_gpus=t.boolean("share_gpus", False),
-        transport=t.choice("transport", TRANSPORTS, "ssh"),
         python=t.string("python", job.python) or job.python,
         workdir=t.string("workdir", job.workdir) or job.workdir,
         ssh=ssh,
-        tasks=tuple(_parse_task(tt) for tt in task_tables),
+        tasks=tuple(parse_task(tt) for tt in task_tables),
+    )
+
+
+def make_host(
+    settings: HostSettings, *, name: str, address: str, tf_address: str, key: str, transport: str
+) -> Host:
+    return Host(
+        name=name,
+        address=address,
+        tf_address=tf_address,
+        port=settings.port,
+        gpus=settings.gpus,
+        gpus_auto=settings.gpus_auto,
+        share_gpus=settings.share_gpus,
+        transport=transport,
+        python=settings.python,
+        workdir=settings.workdir,
+        ssh=settings.ssh,
+        tasks=settings.tasks,
+        key=key,
+    )
+
+
+def _parse_host(t: Table, context: SourceContext) -> Host:
+    address = t.required_string("address")
+    name = _name(t, "name", t.string("name", address) or address)
+    settings = parse_host_settings(t, context)
+    host = make_host(
+        settings,
+        name=name,
+        address=address,
+        tf_address=t.string("tf_address", address) or address,
+        transport=t.choice("transport", TRANSPORTS, "ssh"),
         key=t.path,
     )
     t.finish()
     return host
 
 
-def _parse_task(t: Table) -> TaskSpec:
+def parse_task(t: Table) -> TaskSpec:
+    """One `tasks` entry."""
     role = t.string("role", required=True)
     if role not in ROLES:
         t.fail("role", f"expected one of {', '.join(ROLES)}, got {role!r}")
@@ -288,7 +427,8 @@ def _cpu_list(t: Table) -> str | None:
     return cpus
 
 
-def _check_unique_hosts(hosts: tuple[Host, ...], file: str) -> None:
+def check_unique_hosts(hosts: tuple[Host, ...], file: str) -> None:
+    """No two hosts share a name, or an address and SSH port: each would be deployed twice."""
     names: dict[str, str] = {}
     endpoints: dict[tuple[str, int, str], str] = {}
     for host in hosts:

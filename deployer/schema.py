@@ -60,6 +60,18 @@ class Table:
     def has(self, key: str) -> bool:
         return key in self._data
 
+    def written_keys(self) -> list[str]:
+        """The keys as written, in file order (read or not)."""
+        return list(self._data)
+
+    def entries(self) -> list[tuple[str, Any]]:
+        """Every key and raw value of a table whose keys the user names (e.g. EC2 filters).
+
+        Marks them all read: the caller checks each value itself, with `fail(key, ...)`.
+        """
+        self._seen.update(self._data)
+        return list(self._data.items())
+
     def _get(self, key: str, kind: type[T], default: T | None, required: bool) -> T | None:
         self._seen.add(key)
         if key not in self._data:

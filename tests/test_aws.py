@@ -206,6 +206,27 @@ def test_public_address_wanted_but_missing(ec2: Any, tmp_path: Path) -> None:
         resolve_hosts(load_inventory(write_inventory(tmp_path, WORKERS)))
 
 
+def test_relative_identity_is_relative_to_the_inventory_in_aws_hosts_too(
+    ec2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[[aws.hosts]] and [[hosts]] read `ssh` alike: a relative file is found next to the
+    inventory, whatever the current directory is."""
+    launch(ec2, {"tfdeploy-job": "mnist", "tfdeploy-role": "worker"})
+    folder = tmp_path / "inventories"
+    folder.mkdir()
+    group = WORKERS + 'ssh = { identity = "keys/id", known_hosts = "kh" }\n'
+    static = (
+        '[[hosts]]\nname = "static1"\naddress = "10.1.1.1"\ntasks = [{ role = "chief" }]\n'
+        'ssh = { identity = "keys/id", known_hosts = "kh" }\n'
+    )
+    path = write_inventory(folder, group, static=static)
+    monkeypatch.chdir(tmp_path)
+    hosts = resolve_hosts(load_inventory(path.relative_to(tmp_path))).hosts
+    assert [(h.ssh.identity, h.ssh.known_hosts) for h in hosts] == [
+        (str(folder / "keys" / "id"), str(folder / "kh"))
+    ] * 2
+
+
 @pytest.mark.parametrize(
     ("snippet", "message"),
     [
