@@ -9,6 +9,7 @@ so the parser knows no source but its own.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import os
 import re
@@ -26,6 +27,10 @@ HOST_KEY_MODES = ("strict", "accept-new")
 TRANSPORTS = ("ssh", "local")
 FAILURE_POLICIES = ("teardown", "restart")
 BUILTIN_SERVER = "tfdeploy:server"
+BUILTINS = (BUILTIN_SERVER,)  # commands the agent runs itself (remote/supervisor.py)
+# The job name starts every run id (<job>-<UTC stamp>-<4 hex>), a directory on every host and a
+# file name in the state directory: capped far below NAME_MAX (255) with room for the rest.
+MAX_JOB_NAME = 64
 
 # Names end up in remote paths and run ids, so they must never contain '/' or be '..'.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
@@ -260,11 +265,20 @@ def _parse_job(t: Table, directory: Path) -> Job:
     name = t.required_string("name")
     if not _JOB_NAME.match(name) or ".." in name:
         t.fail("name", f"expected a job name of letters, digits and . _ -, got {name!r}")
+    if len(name) > MAX_JOB_NAME:
+        t.fail(
+            "name",
+            f"expected a job name of at most {MAX_JOB_NAME} characters, got {len(name)}: it "
+            "starts every run id, which names a directory on each host",
+        )
     code_text = t.required_string("code")
     code = (directory / Path(code_text).expanduser()).resolve()
     if not code.is_dir():
         t.fail("code", f"expected a directory, but {code} does not exist or is not a directory")
-    role_commands = {"ps": BUILTIN_SERVER} | t.string_map("role_commands")
+    role_commands = {"ps": BUILTIN_SERVER} | {
+        role: _builtin_checked(t, f"role_commands.{role}", command)
+        for role, command in t.string_map("role_commands").items()
+    }
     for role in role_commands:
         if role not in ROLES:
             t.fail(f"role_commands.{role}", f"expected one of the roles {', '.join(ROLES)}")
@@ -273,14 +287,14 @@ def _parse_job(t: Table, directory: Path) -> Job:
     job = Job(
         name=name,
         code=code,
-        command=t.string("command"),
+        command=_command(t),
         python=t.string("python", "python3") or "python3",
         workdir=t.string("workdir", "~/.tfdeploy") or "~/.tfdeploy",
         port=t.integer("port", 2222, minimum=1, maximum=65535),
-        env=t.string_map("env"),
+        env=t.env_map("env"),
         setup=t.string_list("setup"),
         role_commands=role_commands,
-        secret_env=t.string_list("secret_env"),
+        secret_env=t.env_names("secret_env"),
         start_timeout=t.number("start_timeout", 120.0, minimum=1) or 120.0,
         stop_grace=t.number("stop_grace", 10.0) or 0.0,
         evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
@@ -289,7 +303,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         stall_timeout=t.number("stall_timeout", None, minimum=1),
         lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
         firewall=t.boolean("firewall", False),
-        forward_env=t.string_list("forward_env"),
+        forward_env=t.env_names("forward_env"),
     )
     t.finish()
     return job
@@ -389,14 +403,35 @@ def parse_task(t: Table) -> TaskSpec:
         role=role,
         count=t.integer("count", 1, minimum=1, maximum=1024),
         gpus=gpus,
-        command=t.string("command"),
-        env=t.string_map("env"),
-        threads=t.integer("threads", 0, minimum=0, maximum=4096) or None,
+        command=_command(t),
+        env=t.env_map("env"),
+        threads=t.optional_integer("threads", minimum=1, maximum=4096),
         cpus=_cpu_list(t),
         key=t.path,
     )
     t.finish()
     return task
+
+
+def _command(t: Table) -> str | None:
+    command = t.string("command")
+    return None if command is None else _builtin_checked(t, "command", command)
+
+
+def _builtin_checked(t: Table, key: str, command: str) -> str:
+    """A command naming a built-in ("tfdeploy:...") must name one that exists."""
+    word = command.strip()
+    if not word.startswith("tfdeploy:"):
+        return command
+    if word not in BUILTINS:
+        names = [b.removeprefix("tfdeploy:") for b in BUILTINS]  # the shared prefix always matches
+        close = difflib.get_close_matches(word.removeprefix("tfdeploy:"), names, n=1, cutoff=0.6)
+        t.fail(
+            key,
+            f"unknown built-in command {word!r} (built-ins: {', '.join(BUILTINS)})",
+            hint=f"did you mean 'tfdeploy:{close[0]}'?" if close else None,
+        )
+    return word  # the agent strips it too: plan and hosts agree on what is a built-in
 
 
 def read_gpu_count(t: Table) -> tuple[int, bool]:
@@ -422,8 +457,14 @@ _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 def _cpu_list(t: Table) -> str | None:
     """A Linux CPU list ("0-3", "0,2,4-5"), as taskset and cgroups write them."""
     cpus = t.string("cpus")
-    if cpus is not None and not _CPU_LIST.match(cpus):
+    if cpus is None:
+        return None
+    if not _CPU_LIST.match(cpus):
         t.fail("cpus", f'expected a CPU list such as "0-3" or "0,2", got {cpus!r}')
+    for part in cpus.split(","):
+        first, _, last = part.partition("-")
+        if last and int(last) < int(first):
+            t.fail("cpus", f"expected ranges from low to high, got {part!r} in {cpus!r}")
     return cpus
 
 

@@ -16,7 +16,13 @@ from deployer.inventory import BUILTIN_SERVER, Host, Inventory, Job, TaskSpec
 
 CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator is never in the cluster dict (TF_NOTES)
 PLACEHOLDERS = ("task_type", "task_index", "chief_hosts", "worker_hosts", "ps_hosts")
-RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFDEPLOY_RUN_ID", "TFDEPLOY_TASK")
+# Set by tfdeploy for each task; the hint says what to write instead.
+RESERVED_ENV = {
+    "TF_CONFIG": "remove it: tfdeploy builds it from the hosts and tasks of the inventory",
+    "CUDA_VISIBLE_DEVICES": "remove it; use gpus = [...] to choose GPUs",
+    "TFDEPLOY_RUN_ID": "remove it: each run gets its own id",
+    "TFDEPLOY_TASK": "remove it: it names the task (role:index) the process runs",
+}
 
 
 @dataclass(frozen=True)
@@ -304,7 +310,7 @@ def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> 
                     str(inventory.path),
                     f"{source}.{name}",
                     f"{name} is set by tfdeploy for each task",
-                    hint="remove it; use gpus = [...] to choose GPUs",
+                    hint=RESERVED_ENV[name],
                 )
     tf_config = {"cluster": cluster, "task": {"type": s.role, "index": s.index}}
     return {

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, TypeVar
 
 from deployer.errors import InventoryError
 
 T = TypeVar("T")
+
+# What `sh` can export and every tool reads back: "", "A B" or "A=B" would break the task's start.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME_RULE = "of letters, digits and _, not starting with a digit"
+# execve takes C strings: a NUL would end the value early, so Python refuses to pass one.
+_NUL = (
+    "expected a string without NUL characters (\\0): no command, path or environment value "
+    "can hold one"
+)
 
 _TYPE_NAMES = {
     str: "a string",
@@ -93,6 +103,8 @@ class Table:
         value = self._get(key, str, default, required)
         if value is not None and not value.strip():
             self.fail(key, "expected a non-empty string")
+        if value is not None and "\0" in value:
+            self.fail(key, _NUL)
         return value
 
     def required_string(self, key: str) -> str:
@@ -109,6 +121,11 @@ class Table:
             upper = f" and at most {maximum}" if maximum is not None else ""
             self.fail(key, f"expected an integer of at least {minimum}{upper}, got {value}")
         return value
+
+    def optional_integer(self, key: str, *, minimum: int, maximum: int) -> int | None:
+        """An integer in a range, or None when absent: for keys with no default value."""
+        value = self.integer(key, minimum, minimum=minimum, maximum=maximum)
+        return value if self.has(key) else None
 
     def number(self, key: str, default: float | None, *, minimum: float = 0.0) -> float | None:
         value = self._get(key, float, default, False)
@@ -137,7 +154,20 @@ class Table:
         for i, item in enumerate(items):
             if not isinstance(item, str):
                 self.fail(f"{key}[{i}]", f"expected a string, got {describe(item)}")
+            if "\0" in item:
+                self.fail(f"{key}[{i}]", _NUL)
         return tuple(items)
+
+    def env_names(self, key: str) -> tuple[str, ...]:
+        """A list of environment variable names (secret_env, forward_env)."""
+        names = self.string_list(key)
+        for i, name in enumerate(names):
+            if not _ENV_NAME.match(name):
+                self.fail(
+                    f"{key}[{i}]",
+                    f"expected an environment variable name {_ENV_NAME_RULE}, got {name!r}",
+                )
+        return names
 
     def index_list(self, key: str, *, what: str) -> tuple[int, ...]:
         """A list of distinct integers >= 0, such as GPU indices."""
@@ -159,7 +189,17 @@ class Table:
                     f"expected a string, got {describe(value)}",
                     hint='quote the value, e.g. NAME = "1"',
                 )
+            if "\0" in value:
+                self.fail(f"{key}.{name}", _NUL)
         return dict(table)
+
+    def env_map(self, key: str) -> dict[str, str]:
+        """Environment variables: a table of names to string values."""
+        env = self.string_map(key)
+        for name in env:
+            if not _ENV_NAME.match(name):
+                self.fail(key, f"expected variable names {_ENV_NAME_RULE}, got {name!r}")
+        return env
 
     def sub_table(self, key: str, *, required: bool = False) -> Table:
         value = self._get(key, dict, {}, required) or {}

@@ -395,7 +395,7 @@ HOST_A = '[[hosts]]\naddress = "a"\n'
         pytest.param(
             JOB + 'env = { TF_CONFIG = "{}" }\n' + HOST_A + 'tasks = [{ role = "worker" }]\n',
             "job.env.TF_CONFIG: TF_CONFIG is set by tfdeploy for each task",
-            "remove it; use gpus = [...] to choose GPUs",
+            "remove it: tfdeploy builds it from the hosts and tasks of the inventory",
             id="reserved-env-job",
         ),
         pytest.param(
@@ -408,13 +408,13 @@ HOST_A = '[[hosts]]\naddress = "a"\n'
         pytest.param(
             JOB + 'env = { TFDEPLOY_RUN_ID = "x" }\n' + HOST_A + 'tasks = [{ role = "worker" }]\n',
             "job.env.TFDEPLOY_RUN_ID: TFDEPLOY_RUN_ID is set by tfdeploy for each task",
-            "remove it; use gpus = [...] to choose GPUs",
+            "remove it: each run gets its own id",
             id="reserved-run-id",
         ),
         pytest.param(
             JOB + HOST_A + 'tasks = [{ role = "worker", env = { TFDEPLOY_TASK = "x" } }]\n',
             "hosts[0].tasks[0].env.TFDEPLOY_TASK: TFDEPLOY_TASK is set by tfdeploy for each task",
-            "remove it; use gpus = [...] to choose GPUs",
+            "remove it: it names the task (role:index) the process runs",
             id="reserved-task",
         ),
         pytest.param(
