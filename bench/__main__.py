@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import workload
-from bench.streaming import StreamResult, stream
+from bench.streaming import PACED, StreamResult, stream, terminal_row
 from bench.tools import (
     ANSIBLE_PLAYBOOK,
     Ansible,
@@ -34,7 +34,6 @@ from bench.tools import (
 )
 from tests.lab import start_lab
 
-PACED = 10_000  # lines per second per task for the latency run (80k/s in all)
 Sample = tuple[
     float, int | None, int
 ]  # seconds, code bytes per host (tool's own count), wire bytes per host
@@ -194,6 +193,9 @@ def main() -> int:
             for key, (seconds, rate) in runs.items():
                 streams[key] = (seconds, stream(tf, eight, small, seconds, rate))
                 tf.reset(eight, keep_files=True)
+            terminal = stream(tf, eight, small, args.stream_seconds, PACED, terminal=True)
+            streams["terminal"] = (args.stream_seconds, terminal)
+            tf.reset(eight, keep_files=True)
     finally:
         for tool in tools:
             if isinstance(tool, Ansible):
@@ -316,14 +318,16 @@ def _table(res, streams, sizes, names, args) -> str:
 
 def _stream_rows(streams: dict[str, tuple[float, StreamResult]], width: int) -> list[list[str]]:
     """Throughput and memory from the flat-out runs, latency from the paced run."""
-    (short_s, short), (flat_s, flat), (_, paced) = (
+    (short_s, short), (flat_s, flat), (_, paced), (_, terminal) = (
         streams["short"],
         streams["flat"],
         streams["paced"],
+        streams["terminal"],
     )
     grow = flat.peak_rss_mb / short.peak_rss_mb if short.peak_rss_mb else 0.0
-    every = all(r.complete for _, r in streams.values())
-    lost = "; ".join(r.detail for _, r in streams.values() if not r.complete)
+    plain = [r for key, (_, r) in streams.items() if key != "terminal"]
+    every = all(r.complete for r in plain)
+    lost = "; ".join(r.detail for r in plain if not r.complete)
 
     def cell(r: StreamResult) -> str:
         return (
@@ -333,6 +337,7 @@ def _stream_rows(streams: dict[str, tuple[float, StreamResult]], width: int) -> 
         )
 
     pad = [""] * (width - 5)
+    tty_row = terminal_row(paced, terminal, flat_s)
     flat_ok = flat.rate >= 50_000 and grow <= 1.25 and every
     return [
         [
@@ -351,6 +356,7 @@ def _stream_rows(streams: dict[str, tuple[float, StreamResult]], width: int) -> 
             "median latency <= 300 ms",
             "yes" if paced.median_ms <= 300 and paced.complete else "**no**",
         ],
+        [*tty_row[:3], *pad, *tty_row[3:]],
     ]
 
 

@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 
 from deployer.board import TaskRow
-from deployer.view import LiveView
+from deployer.view import LiveView, prefixed
 
 ROWS = [TaskRow("worker:0", "h1", "running", 4242), TaskRow("worker:1", "h2", "running", 4343)]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -79,3 +79,6 @@ def test_lines_wait_at_most_one_period_and_steps_keep_their_place() -> None:
         "tfdeploy: job succeeded",
         "worker:1@h2  | after",
     ]
+    same_as_rich = terminal()  # the prefix keeps the task's colour, as a rich Text has it
+    same_as_rich.print(prefixed("ps:0@h2", "second", 12), end="")
+    assert output(same_as_rich) in output(console)
