@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import ipaddress
 import os
 import re
 import tomllib
@@ -36,6 +37,9 @@ MAX_JOB_NAME = 64
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 # A job name starts every run id, which names a directory on each host: no ':' or '@' there.
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A DNS name (or an ssh_config alias written like one); IP addresses are checked by ipaddress.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*\.?$")
 
 
 @dataclass(frozen=True)
@@ -376,19 +380,48 @@ def make_host(
 
 
 def _parse_host(t: Table, context: SourceContext) -> Host:
-    address = t.required_string("address")
-    name = _name(t, "name", t.string("name", address) or address)
+    address = _address(t, "address", t.required_string("address"), port_key="ssh.port")
+    written = t.string("name")  # a default name is the address, which was checked above
+    name = address if written is None else _name(t, "name", written)
     settings = parse_host_settings(t, context)
+    tf_address = t.string("tf_address")
     host = make_host(
         settings,
         name=name,
         address=address,
-        tf_address=t.string("tf_address", address) or address,
+        tf_address=address if tf_address is None else _address(t, "tf_address", tf_address),
         transport=t.choice("transport", TRANSPORTS, "ssh"),
         key=t.path,
     )
     t.finish()
     return host
+
+
+def _address(t: Table, key: str, value: str, *, port_key: str = "port") -> str:
+    """A host name or an IP address, without port; an IPv6 address may be written in brackets.
+
+    The plan builds HOST:PORT itself (with brackets for IPv6), so a port here would end up twice.
+    """
+    bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    if _is_ip(bare) or (bare == value and len(value) <= 253 and _HOST_NAME.match(value)):
+        return bare
+    host, colon, port = value.rpartition(":")
+    if colon and host and port.isdigit():
+        t.fail(
+            key,
+            f"expected a host name or an IP address without a port, got {value!r}",
+            hint=f"give the port with {port_key}",
+        )
+    hint = "give the user with ssh.user" if "@" in value else None
+    t.fail(key, f"expected a host name or an IP address, got {value!r}", hint=hint)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_task(t: Table) -> TaskSpec:

@@ -25,6 +25,11 @@ RESERVED_ENV = {
 }
 
 
+def host_port(address: str, port: int | None) -> str:
+    """HOST:PORT as gRPC and TF_CONFIG want it: an IPv6 address goes in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 @dataclass(frozen=True)
 class Task:
     """One process of the job on one host, with everything it will be started with."""
@@ -45,7 +50,7 @@ class Task:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.address}:{self.port}"
+        return host_port(self.address, self.port)
 
     @property
     def is_server(self) -> bool:
@@ -102,7 +107,7 @@ def make_plan(inventory: Inventory) -> Plan:
     _check_roles(slots, file)
     _check_ports(slots, file)
     cluster = {
-        role: [f"{s.host.tf_address}:{s.port}" for s in slots if s.role == role]
+        role: [host_port(s.host.tf_address, s.port) for s in slots if s.role == role]
         for role in CLUSTER_ROLES
         if any(s.role == role for s in slots)
     }

@@ -11,7 +11,7 @@ import pytest
 
 from deployer import state
 from deployer.inventory import MAX_JOB_NAME
-from tests.helpers import JOB, one_line, plan, run_cli, write_toml
+from tests.helpers import JOB, one_line, plan, run_cli, tf_config, write_toml
 
 HOST = '[[hosts]]\naddress = "10.0.0.1"\n'
 CHIEF = HOST + 'tasks = [{ role = "chief" }]\n'
@@ -121,6 +121,37 @@ CASES = [
         id="job-name-too-long",
     ),
     pytest.param(
+        JOB + CHIEF.replace('"10.0.0.1"', '"10.0.0.1"\ntf_address = "10.0.0.1:99"'),
+        "hosts[0].tf_address: expected a host name or an IP address without a port, got "
+        "'10.0.0.1:99'",
+        "give the port with port",
+        id="tf-address-with-port",
+    ),
+    pytest.param(
+        JOB + CHIEF.replace('"10.0.0.1"', '"10.0.0.1"\ntf_address = "a b"'),
+        "hosts[0].tf_address: expected a host name or an IP address, got 'a b'",
+        None,
+        id="tf-address-space",
+    ),
+    pytest.param(
+        JOB + CHIEF.replace('"10.0.0.1"', '"[::1]:2200"'),
+        "hosts[0].address: expected a host name or an IP address without a port, got '[::1]:2200'",
+        "give the port with ssh.port",
+        id="address-with-port",
+    ),
+    pytest.param(
+        JOB + CHIEF.replace('"10.0.0.1"', '"me@gpu1"'),
+        "hosts[0].address: expected a host name or an IP address, got 'me@gpu1'",
+        "give the user with ssh.user",
+        id="address-with-user",
+    ),
+    pytest.param(
+        JOB + CHIEF.replace('"10.0.0.1"', '"[gpu1]"'),
+        "hosts[0].address: expected a host name or an IP address, got '[gpu1]'",
+        None,
+        id="brackets-around-a-name",
+    ),
+    pytest.param(
         task("threads = 0"),
         "hosts[0].tasks[0].threads: expected an integer of at least 1 and at most 4096, got 0",
         None,
@@ -167,3 +198,19 @@ def test_threads_and_env_names_that_are_fine(tmp_path: Path) -> None:
     p = plan(tmp_path, task('threads = 1, env = { _A1 = "", lower_case = "x y=z" }'))
     assert p.task("chief:0").env["OMP_NUM_THREADS"] == "1"
     assert p.task("chief:0").env["lower_case"] == "x y=z"
+
+
+@pytest.mark.parametrize("written", ["::1", "[::1]"])
+def test_ipv6_addresses_are_bracketed_in_tf_config(tmp_path: Path, written: str) -> None:
+    text = JOB.replace("[job]", "[job]\nport = 23300") + CHIEF.replace('"10.0.0.1"', f'"{written}"')
+    p = plan(tmp_path, text)
+    chief = p.task("chief:0")
+    assert chief.address == "::1" and chief.endpoint == "[::1]:23300"
+    assert tf_config(p, "chief:0")["cluster"] == {"chief": ["[::1]:23300"]}
+
+
+def test_host_names_and_ipv4_addresses_stay_as_written(tmp_path: Path) -> None:
+    text = CHIEF.replace('"10.0.0.1"', '"gpu-1.example.org"\ntf_address = "10.0.0.1"')
+    p = plan(tmp_path, JOB + text)
+    assert p.hosts[0].address == "gpu-1.example.org"
+    assert tf_config(p, "chief:0")["cluster"] == {"chief": ["10.0.0.1:2222"]}
