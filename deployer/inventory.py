@@ -13,6 +13,7 @@ import difflib
 import importlib
 import ipaddress
 import os
+import posixpath
 import re
 import tomllib
 from collections.abc import Callable
@@ -293,7 +294,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         code=code,
         command=_command(t),
         python=t.string("python", "python3") or "python3",
-        workdir=t.string("workdir", "~/.tfdeploy") or "~/.tfdeploy",
+        workdir=_workdir(t, "~/.tfdeploy"),
         port=t.integer("port", 2222, minimum=1, maximum=65535),
         env=t.env_map("env"),
         setup=t.string_list("setup"),
@@ -353,10 +354,27 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
         gpus_auto=gpus_auto,
         share_gpus=t.boolean("share_gpus", False),
         python=t.string("python", job.python) or job.python,
-        workdir=t.string("workdir", job.workdir) or job.workdir,
+        workdir=_workdir(t, job.workdir),
         ssh=ssh,
         tasks=tuple(parse_task(tt) for tt in task_tables),
     )
+
+
+def _workdir(t: Table, default: str) -> str:
+    """Absolute or ~-relative: a relative path would name another directory for each way in.
+
+    The local transport would resolve it against the controller's current directory and SSH
+    against the login directory, so `status` from elsewhere would not find the runs.
+    """
+    value = t.string("workdir", default) or default
+    if not value.startswith(("/", "~")):
+        t.fail(
+            "workdir",
+            f"expected an absolute path or one starting with ~, got {value!r}",
+            hint="a relative path depends on where tfdeploy runs; write e.g. "
+            f'"~/{posixpath.normpath(value)}"',
+        )
+    return value
 
 
 def make_host(

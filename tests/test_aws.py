@@ -239,6 +239,10 @@ def test_relative_identity_is_relative_to_the_inventory_in_aws_hosts_too(
         ),
         ('filters = { "tag:x" = "y" }\ngpu = 2', "unknown key"),
         ('filters = { "instance-state-name" = "stopped" }', "running instances only"),
+        (
+            'filters = { "tag:x" = "y" }\nworkdir = "rel"',
+            "expected an absolute path or one starting",
+        ),
     ],
 )
 def test_aws_section_mistakes_name_the_key(tmp_path: Path, snippet: str, message: str) -> None:

@@ -152,6 +152,18 @@ CASES = [
         id="brackets-around-a-name",
     ),
     pytest.param(
+        JOB + 'workdir = "runs/x"\n' + CHIEF,
+        "job.workdir: expected an absolute path or one starting with ~, got 'runs/x'",
+        'a relative path depends on where tfdeploy runs; write e.g. "~/runs/x"',
+        id="job-workdir-relative",
+    ),
+    pytest.param(
+        JOB + CHIEF + 'workdir = "./tfd"\n',
+        "hosts[0].workdir: expected an absolute path or one starting with ~, got './tfd'",
+        'a relative path depends on where tfdeploy runs; write e.g. "~/tfd"',
+        id="host-workdir-relative",
+    ),
+    pytest.param(
         task("threads = 0"),
         "hosts[0].tasks[0].threads: expected an integer of at least 1 and at most 4096, got 0",
         None,
@@ -214,3 +226,8 @@ def test_host_names_and_ipv4_addresses_stay_as_written(tmp_path: Path) -> None:
     p = plan(tmp_path, JOB + text)
     assert p.hosts[0].address == "gpu-1.example.org"
     assert tf_config(p, "chief:0")["cluster"] == {"chief": ["10.0.0.1:2222"]}
+
+
+@pytest.mark.parametrize("workdir", ["/srv/tfd", "~/x", "~", "~user/tfd"])
+def test_absolute_and_home_workdirs_are_accepted(tmp_path: Path, workdir: str) -> None:
+    assert plan(tmp_path, JOB + CHIEF + f'workdir = "{workdir}"\n').hosts[0].workdir == workdir
