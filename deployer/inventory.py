@@ -15,6 +15,7 @@ import ipaddress
 import os
 import posixpath
 import re
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -226,18 +227,42 @@ def load_inventory(path: str | Path) -> Inventory:
     """Reads and validates an inventory file; raises InventoryError naming file and key path."""
     path = Path(path)
     try:
+        _check_regular(path)
         raw = path.read_bytes()
     except FileNotFoundError:
         raise InventoryError(str(path), "", "file not found") from None
     except OSError as exc:
         raise InventoryError(str(path), "", f"cannot be read: {exc.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        # utf-8-sig: editors on Windows start UTF-8 files with a byte order mark; TOML has none.
+        data = tomllib.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError:
         raise InventoryError(str(path), "", "is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(str(path), "", f"invalid TOML: {exc}") from None
     return parse_inventory(data, path)
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular(path: Path) -> None:
+    """Reading a FIFO or a device could block forever (or never end): only files are read."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "another kind of file")
+        raise InventoryError(
+            str(path),
+            "",
+            f"expected a regular file, but this is {kind}",
+            hint="name the inventory's TOML file",
+        )
 
 
 def parse_inventory(data: dict[str, object], path: Path) -> Inventory:

@@ -5,6 +5,8 @@ Every case names the file, the key and what was expected, before any host is con
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -231,3 +233,43 @@ def test_host_names_and_ipv4_addresses_stay_as_written(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workdir", ["/srv/tfd", "~/x", "~", "~user/tfd"])
 def test_absolute_and_home_workdirs_are_accepted(tmp_path: Path, workdir: str) -> None:
     assert plan(tmp_path, JOB + CHIEF + f'workdir = "{workdir}"\n').hosts[0].workdir == workdir
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, JOB + CHIEF)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    code, out, err = run_cli("plan", str(path))
+    assert (code, err) == (0, ""), err
+    assert "chief:0" in out
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "inventory.toml"
+    os.mkfifo(fifo)
+    result: list[tuple[int, str, str]] = []
+    worker = threading.Thread(target=lambda: result.append(run_cli("plan", str(fifo))), daemon=True)
+    worker.start()
+    worker.join(10)
+    if not result:  # unblock the reader so the thread ends, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("plan blocked reading a FIFO")
+    code, out, err = result[0]
+    assert (code, out) == (2, "")
+    assert one_line(err) == one_line(
+        f"error: {fifo}: expected a regular file, but this is a named pipe (FIFO) "
+        "hint: name the inventory's TOML file"
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "kind"), [("dir", "a directory"), ("/dev/null", "a character device")]
+)
+def test_directories_and_devices_are_refused(tmp_path: Path, where: str, kind: str) -> None:
+    path = tmp_path if where == "dir" else Path(where)
+    code, out, err = run_cli("plan", str(path))
+    assert (code, out) == (2, "")
+    assert one_line(err) == one_line(
+        f"error: {path}: expected a regular file, but this is {kind} "
+        "hint: name the inventory's TOML file"
+    )
