@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -125,6 +125,16 @@ class Escaped:
     pid: int
     cmd: str
     signal: int | None  # the last signal it got (None: it was gone before one was sent)
+
+
+def escaped_text(escaped: Sequence[Escaped], mask: Callable[[str], str]) -> str:
+    """What `stop` did beyond the task groups, for the user; `mask` hides secrets in commands."""
+    listed = ", ".join(f"pid {e.pid} ({mask(e.cmd)})" for e in escaped)
+    what = "process" if len(escaped) == 1 else "processes"
+    return (
+        f"also stopped {len(escaped)} {what} of the run that had left its task's "
+        f"process group: {listed}"
+    )
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from deployer.agent import Agent
 from deployer.board import server_like
 from deployer.plan import Plan, Task
+from remote import protocol
 
 
 def start_groups(plan: Plan) -> list[list[Task]]:
@@ -41,7 +42,7 @@ def start_request(
     request: dict[str, object] = {
         "name": task.name,
         "command": command,
-        "env": {**forwarded, **task.env, "TFDEPLOY_RUN_ID": run_id},
+        "env": {**forwarded, **task.env, protocol.RUN_ID_ENV: run_id},
     }
     if task.cpus is not None:
         request["cpus"] = task.cpus  # the supervisor pins the task before exec

@@ -9,6 +9,7 @@ contact.py (hosts) and preflight.py, and each tick of I/O is poller.py's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from deployer import firewall
-from deployer.agent import TaskStatus
+from deployer.agent import TaskStatus, escaped_text
 from deployer.board import TaskBoard, server_like
 from deployer.errors import HostError, Interrupted, JobFailed
 from deployer.fleet import Fleet, Member
@@ -24,7 +25,7 @@ from deployer.gpus import GpuMonitor
 from deployer.launch import by_host, start_groups, start_request
 from deployer.plan import Plan, Task
 from deployer.poller import POLL_WAIT_S, Poller
-from deployer.preflight import Settled, preflight
+from deployer.preflight import Claim, Settled, preflight
 from deployer.secrets import mask_text
 from deployer.state import RunRecord, new_run_id, save
 from deployer.sync import Manifest, push, setup_fingerprint
@@ -137,7 +138,8 @@ class Deployment:
     def preflight(self) -> Settled:
         names = ", ".join(m.name for m in self.members)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
-        settled = preflight(self.plan, self.fleet, forwarded=list(self.forwarded))
+        claim = Claim(self.run_id, self._lease())
+        settled = preflight(self.plan, self.fleet, claim, forwarded=list(self.forwarded))
         for warning in settled.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {settled.summary}")
@@ -177,19 +179,12 @@ class Deployment:
         self.view.step(f"setup ({commands}) on {plural(len(self.members), 'host')}")
 
         def run_setup(member: Member) -> bool:
-            reply = member.agent.call(
-                "setup",
-                timeout=3600,
-                run_id=self.run_id,
-                commands=list(job.setup),
-                env=job.env,
-                fingerprint=fingerprint,
-            )
-            if reply.get("code"):
-                tail = "\n    ".join(reply.get("tail") or [])
-                message = f"setup failed (exit code {reply['code']}):\n    {tail}"
+            result = member.agent.setup(self.run_id, job.setup, job.env, fingerprint)
+            if result.code:
+                tail = "\n    ".join(result.tail)
+                message = f"setup failed (exit code {result.code}):\n    {tail}"
                 raise HostError(member.name, mask_text(message, job.env, job.secret_env))
-            return bool(reply.get("ran"))
+            return result.ran
 
         ran = self.fleet.each(run_setup, self.members, what="setup failed")
         skipped = [n for n, r in ran.items() if not r]
@@ -219,6 +214,9 @@ class Deployment:
             servers = [t for t in group if server_like(t) and t.port is not None]
             if servers:
                 self.watching.wait_listening(servers, deadline)
+        # Started tasks hold their ports now. A reservation left to its lease could outlive
+        # the run: a heartbeat stuck in a cut link arrives when the link heals and renews it.
+        self.fleet.each_settled(lambda m: m.agent.release(self.run_id), self.members)
         self.view.step(f"all {plural(len(self.plan.tasks), 'task')} started")
 
     def _start_group(self, tasks: list[Task]) -> None:
@@ -274,15 +272,20 @@ class Deployment:
             )
         grace = self.plan.job.stop_grace
         try:
-            _, failures = self.fleet.each_settled(
+            reports, failures = self.fleet.each_settled(
                 lambda m: m.agent.stop(self.run_id, grace=grace), members
             )
         except KeyboardInterrupt:  # a second Ctrl-C (or signal): no more grace
             self.view.step("second Ctrl-C: killing every task now (SIGKILL)")
             # Fresh threads: the graceful stops still hold the fleet's usual slots.
-            _, failures = self.fleet.each_settled(
+            reports, failures = self.fleet.each_settled(
                 lambda m: m.agent.stop(self.run_id, grace=0), members, urgent=True
             )
+        for host, report in sorted(reports.items()):
+            if report.escaped:
+                job = self.plan.job
+                hide = functools.partial(mask_text, env=job.env, extra=job.secret_env)
+                self.view.step(f"{host}: {escaped_text(report.escaped, hide)}")
         for failure in failures:
             self.view.step(f"could not stop the run on {failure.message}")
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read

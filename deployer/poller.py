@@ -134,5 +134,5 @@ class Poller:
         if monitor is None or not monitor.due():
             return
         members = [self.fleet.member(h) for h in sorted(monitor.hosts)]
-        replies, _ = self.fleet.each_settled(lambda m: m.agent.call("gpus"), members)
+        replies, _ = self.fleet.each_settled(lambda m: m.agent.gpus(), members)
         monitor.update({n: GpuReport.from_json(r) for n, r in replies.items()})

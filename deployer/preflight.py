@@ -37,16 +37,7 @@ def host_problems(
 ) -> list[HostError]:
     """Busy TF ports, a missing TensorFlow (unless setup may install it), too little disk."""
     problems = []
-    busy = facts.get("busy_ports") or []
-    if busy:
-        ports = ", ".join(str(p) for p in busy)  # type: ignore[attr-defined]
-        problems.append(
-            HostError(
-                host,
-                f"TF port(s) {ports} already in use",
-                hint="stop what holds them (`tfdeploy status` lists runs) or set another port",
-            )
-        )
+    problems += _busy_ports(host, facts)
     if not facts.get("tensorflow") and not job.setup:
         problems.append(
             HostError(
@@ -68,6 +59,31 @@ def host_problems(
     return problems
 
 
+def _busy_ports(host: str, facts: Mapping[str, object]) -> list[HostError]:
+    busy = [int(p) for p in facts.get("busy_ports") or []]  # type: ignore[attr-defined]
+    if not busy:
+        return []
+    held: Mapping[str, str] = facts.get("reserved_by") or {}  # type: ignore[assignment]
+    runs = sorted({held[str(p)] for p in busy if str(p) in held})
+    ports = ", ".join(str(p) for p in busy)
+    if runs:  # another `up` is between its preflight and its start
+        return [
+            HostError(
+                host,
+                f"TF port(s) {ports} already in use: reserved by run {', '.join(runs)}",
+                hint="another `up` of this job is starting; wait for it or stop it "
+                f"(`tfdeploy down {runs[0]}`)",
+            )
+        ]
+    return [
+        HostError(
+            host,
+            f"TF port(s) {ports} already in use",
+            hint="stop what holds them (`tfdeploy status` lists runs) or set another port",
+        )
+    ]
+
+
 @dataclass(frozen=True)
 class Settled:
     """What preflight found: the plan to run, the code to push, and what to tell the user."""
@@ -80,11 +96,46 @@ class Settled:
     summary: str  # "python 3.11.2, tensorflow 2.21.0"
 
 
-def preflight(plan: Plan, fleet: Fleet, *, forwarded: Sequence[str] = ()) -> Settled:
-    """Hello to every host in parallel, then every check; raises HostsFailed naming them all."""
+@dataclass(frozen=True)
+class Claim:
+    """The run preflight reserves the TF ports for, and how long a silent controller keeps them."""
+
+    run_id: str
+    lease_seconds: float
+
+
+def preflight(plan: Plan, fleet: Fleet, claim: Claim, *, forwarded: Sequence[str] = ()) -> Settled:
+    """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
+
+    The hello reserves each host's TF ports for `claim.run_id`; if any check fails they are
+    released again, since nothing of the run will start.
+    """
     members = [fleet.member(h.name) for h in plan.hosts]
     manifest = scan(plan.job.code)
-    facts = fleet.each(lambda m: _hello(plan, m), members, what="preflight failed")
+    claimed: set[str] = set()  # hosts whose hello answered: they may hold a reservation
+    try:
+        return _settle(plan, fleet, claim, members, claimed, manifest, forwarded)
+    except BaseException as exc:
+        # Only hosts that answered: an unreachable one would make Ctrl-C wait for its timeout.
+        holders = [m for m in members if m.name in claimed]
+        fleet.each_settled(
+            lambda m: m.agent.release(claim.run_id),
+            holders,
+            urgent=isinstance(exc, KeyboardInterrupt),
+        )
+        raise
+
+
+def _settle(
+    plan: Plan,
+    fleet: Fleet,
+    claim: Claim,
+    members: list[Member],
+    claimed: set[str],
+    manifest: Manifest,
+    forwarded: Sequence[str],
+) -> Settled:
+    facts = fleet.each(lambda m: _hello(plan, m, claim, claimed), members, what="preflight failed")
     tf_versions = agreed_tensorflow(facts)
     problems = [
         problem
@@ -114,9 +165,10 @@ def preflight(plan: Plan, fleet: Fleet, *, forwarded: Sequence[str] = ()) -> Set
     )
 
 
-def _hello(plan: Plan, member: Member) -> dict[str, object]:
+def _hello(plan: Plan, member: Member, claim: Claim, claimed: set[str]) -> dict[str, object]:
     ports = [t.port for t in plan.tasks_on(member.name) if t.port is not None]
-    facts = member.agent.install(ports)
+    facts = member.agent.install(ports, run_id=claim.run_id, lease_seconds=claim.lease_seconds)
+    claimed.add(member.name)
     if wants_gpus(member.host):
-        facts["gpus"] = member.agent.call("gpus")
+        facts["gpus"] = member.agent.gpus()
     return facts

@@ -85,6 +85,7 @@ class FakeHost:
             "agent_id": "fake",
         }
         self.requests: list[dict[str, Any]] = []
+        self.reserved: dict[int, str] = {}  # TF port -> run id holding it (remote/reservations)
         self.tasks: dict[str, FakeTask] = {}
         self.store: set[str] = set()
         self.received_bytes = 0
@@ -128,7 +129,22 @@ class FakeHost:
         return json.dumps(reply).encode() + b"\n"
 
     def _op_hello(self, req: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.facts)
+        facts = dict(self.facts)
+        run_id, ports = req.get("run_id"), req.get("ports", [])
+        if run_id is None:
+            return facts
+        held = {p: self.reserved[p] for p in ports if self.reserved.get(p, run_id) != run_id}
+        busy = sorted(set(facts["busy_ports"]) | set(held))
+        if not busy:  # all or nothing, as on a real host
+            self.reserved.update(dict.fromkeys(ports, run_id))
+        return {**facts, "busy_ports": busy, "reserved_by": {str(p): r for p, r in held.items()}}
+
+    def _op_release(self, req: dict[str, Any]) -> dict[str, Any]:
+        self._drop_reservations(req["run_id"])
+        return {}
+
+    def _drop_reservations(self, run_id: str) -> None:
+        self.reserved = {p: r for p, r in self.reserved.items() if r != run_id}
 
     def _op_gpus(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"nvidia_smi": None, "gpus": [], "apps": []}
@@ -182,6 +198,8 @@ class FakeHost:
         )
 
     def _op_stop(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("tasks") is None:  # a whole-run stop ends the run's reservations too
+            self._drop_reservations(req.get("run_id", ""))
         for task in self.tasks.values():
             if task.state == "running":
                 task.state, task.reason, task.ended = "exited", "stopped", self.clock()

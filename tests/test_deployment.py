@@ -261,6 +261,41 @@ def test_a_busy_port_fails_preflight_and_nothing_starts(
     assert all(not host.ops("start") and not host.ops("stop") for host in h.hosts.hosts.values())
 
 
+def test_ports_reserved_by_another_run_fail_preflight_and_ours_are_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `up` of one inventory at once: the second finds the first's reservation."""
+    h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
+    h.hosts["b"].reserved[2222] = "sig-20261123-000000-abcd"
+    with pytest.raises(HostsFailed) as info:
+        h.run(lambda now: None)
+    assert "b: TF port(s) 2222 already in use: reserved by run sig-20261123" in info.value.message
+    assert "tfdeploy down sig-20261123-000000-abcd" in (info.value.hint or "")
+    a = h.hosts["a"]
+    assert a.ops("hello")[0]["run_id"] == h.deployment.run_id
+    assert a.ops("release") and a.reserved == {}  # nothing of ours will start: let go
+    assert h.hosts["b"].reserved == {2222: "sig-20261123-000000-abcd"}
+    assert not a.ops("start") and not h.hosts["b"].ops("start")
+
+
+def test_a_finished_run_leaves_no_reservation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
+    a, b = h.hosts["a"], h.hosts["b"]
+
+    def finish() -> None:
+        a.exit("worker:0")
+        b.exit("worker:1")
+
+    def started() -> None:
+        assert a.ops("release") and a.reserved == {}  # the task holds its port now
+
+    assert h.run(both(h.at(1, started), h.at(2, finish))) == 0
+    assert a.ops("hello")[0]["ports"] == [2222]
+    assert all(host.reserved == {} for host in h.hosts.hosts.values())
+
+
 def test_a_ps_that_never_listens_misses_the_start_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -47,3 +47,33 @@ def test_a_signal_to_up_stops_every_task_and_exits_128_plus_it(tmp_path: Path, s
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert left.stdout == "", f"tasks left running: {left.stdout}"
+
+
+@pytest.mark.slow
+def test_a_process_that_left_its_task_group_is_stopped_and_reported(tmp_path: Path) -> None:
+    """A sidecar started with setsid (TensorBoard, a data loader) must not outlive the run."""
+    (tmp_path / "code").mkdir()
+    marker = f"tfdeploy-escape-test-{os.getpid()}"
+    sidecar = f"setsid {sys.executable} -c 'import time; time.sleep(600)' {marker} &"
+    (tmp_path / "code" / "job.sh").write_text(f"{sidecar}\nsleep 1\necho trained\n")
+    (tmp_path / "inv.toml").write_text(
+        f'[job]\nname = "esc"\ncode = "code"\ncommand = "sh job.sh"\n'
+        f'workdir = "{tmp_path}/wd"\npython = "{sys.executable}"\n'
+        '[[hosts]]\nname = "local"\naddress = "127.0.0.1"\ntransport = "local"\n'
+        'tasks = [{ role = "worker" }]\n'
+    )
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run(
+        [sys.executable, "-m", "deployer", "up", str(tmp_path / "inv.toml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "also stopped 1 process of the run that had left its task's process group" in (
+        done.stdout
+    ), done.stdout
+    assert marker in done.stdout
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert left.stdout == "", f"the sidecar outlived the run: {left.stdout}"
