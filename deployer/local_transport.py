@@ -32,7 +32,7 @@ def login_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k in LOGIN_ENV or k.startswith("LC_")}
 
 
-def _spawn(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+def _spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     # new session: like a command started by sshd, and lets a timeout kill the whole group
     return subprocess.Popen(
         list(argv),
@@ -40,22 +40,23 @@ def _spawn(argv: Sequence[str]) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        env=login_env(),
+        env={**login_env(), **env},
     )
 
 
 class LocalTransport:
-    """Runs argv on this machine (no shell)."""
+    """Runs argv on this machine (no shell); `env` adds to the login environment (tests' knobs)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, env: Mapping[str, str] | None = None) -> None:
         self.name = name
+        self.env = dict(env or {})
 
     def run(
         self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
     ) -> CommandResult:
         render(argv)  # same argv validation as over SSH
         try:
-            proc = _spawn(argv)
+            proc = _spawn(argv, self.env)
         except FileNotFoundError:
             return CommandResult(127, b"", f"{argv[0]}: not found\n".encode())
         except PermissionError:
@@ -91,7 +92,7 @@ class LocalTransport:
             raise HostError(self.name, f"cannot write {remote_path}: {reason}") from exc
 
     def open_session(self, argv: Sequence[str]) -> LocalSession:
-        return LocalSession(self.name, argv)
+        return LocalSession(self.name, argv, self.env)
 
     def close(self) -> None:
         pass
@@ -100,12 +101,12 @@ class LocalTransport:
 class LocalSession(StreamSession):
     """A session over a child's stdin/stdout; its stderr is kept (last 64 lines) for errors."""
 
-    def __init__(self, name: str, argv: Sequence[str]) -> None:
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
         super().__init__(name)
         render(argv)
         self._err: deque[bytes] = deque(maxlen=64)
         try:
-            self._proc = _spawn(argv)
+            self._proc = _spawn(argv, env)
         except FileNotFoundError:
             raise SessionEnded(127, f"{argv[0]}: not found\n".encode()) from None
         threading.Thread(target=self._drain, name="session-stderr", daemon=True).start()

@@ -525,8 +525,8 @@ def test_an_idle_session_leaves_and_the_client_resends_one_shot(
     from deployer.agent import Agent
     from deployer.local_transport import LocalTransport
 
-    monkeypatch.setenv("TFDEPLOY_SERVE_IDLE_S", "1")
-    agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
+    transport = LocalTransport("here", env={"TFDEPLOY_SERVE_IDLE_S": "1"})
+    agent = Agent(transport, python=PYTHON, workdir=str(workdir))
     agent.install()
     session = agent._session
     assert session is not None
