@@ -146,13 +146,17 @@ class PlainView:
         self._out.flush()
 
 
+HOLD_AT_MOST_S = 1.0  # log lines wait no longer than this, even for a caller that never ends a tick
+
+
 class LiveView:
     """For terminals: log lines scroll above a task table that redraws in place.
 
     Every print above a rich Live redraws the whole table below it, so printing each log line
     on its own made a chatty task cost a full table render per line (5,000 lines: 40x the CPU
-    of plain mode). Lines are therefore buffered and printed as one block at most
-    `flushes_per_second` times a second, and the table itself only changes on Live's own timer.
+    of plain mode). Lines are therefore buffered and printed as one block at the end of a watch
+    tick (`tasks`), at most `flushes_per_second` times a second; the table itself only changes
+    on Live's own timer.
     """
 
     def __init__(
@@ -170,7 +174,7 @@ class LiveView:
         self._pending = LogBlock()  # log lines not printed yet
         self._period = 1 / flushes_per_second
         self._clock = clock
-        self._flushed = -float("inf")  # when the pending lines were last printed
+        self._flushed = clock() - self._period  # when lines were last printed: "long ago"
         self._live = Live(
             get_renderable=self._render,
             console=console,
@@ -192,19 +196,19 @@ class LiveView:
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self._width = max(self._width, len(label))
         self._pending.add(label, self._width, lines)
-        self._flush_if_due()
+        self._flush_if_due(HOLD_AT_MOST_S)  # a tick brings one call per task: wait for tasks()
 
     def tasks(self, rows: Sequence[TaskRow]) -> None:
         self._rows = list(rows)  # drawn by Live's next refresh, or with the next batch of lines
-        self._flush_if_due()
+        self._flush_if_due(self._period)  # the end of a tick: every task's lines in one print
 
     def close(self) -> None:
         self._flush()
         self._status = Text("")  # every step is already in the scrollback
         self._live.stop()
 
-    def _flush_if_due(self) -> None:
-        if self._pending and self._clock() - self._flushed >= self._period:
+    def _flush_if_due(self, period: float) -> None:
+        if self._pending and self._clock() - self._flushed >= period:
             self._flush()
 
     def _flush(self, *after: Text) -> None:

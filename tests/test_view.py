@@ -61,10 +61,15 @@ class Clock:
 def test_lines_wait_at_most_one_period_and_steps_keep_their_place() -> None:
     console, clock = terminal(), Clock()
     view = LiveView(console, flushes_per_second=10, clock=clock)
-    view.lines("worker:0@h1", ["first"])  # the first batch goes out at once
-    view.lines("ps:0@h2", ["second"])
+    view.lines("worker:0@h1", ["first"])
+    view.lines("ps:0@h2", ["zeroth"])
+    assert log_lines(console) == []  # a tick's lines go out together, when the tick ends
     view.tasks(ROWS)
-    assert log_lines(console) == ["worker:0@h1  | first"]
+    assert log_lines(console) == ["worker:0@h1  | first", "ps:0@h2      | zeroth"]
+    view.lines("ps:0@h2", ["second"])
+    clock.now = 0.05
+    view.tasks(ROWS)  # a tick soon after the last print: its lines wait for the next one
+    assert log_lines(console)[-1] == "ps:0@h2      | zeroth"
     clock.now = 0.1  # one period later the next tick prints what waited
     view.tasks(ROWS)
     assert log_lines(console)[-1] == "ps:0@h2      | second"
@@ -74,6 +79,7 @@ def test_lines_wait_at_most_one_period_and_steps_keep_their_place() -> None:
     view.close()
     assert log_lines(console) == [
         "worker:0@h1  | first",
+        "ps:0@h2      | zeroth",
         "ps:0@h2      | second",
         "worker:0@h1  | third with a bell",
         "tfdeploy: job succeeded",
