@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from deployer.errors import InventoryError
@@ -41,12 +41,26 @@ class Task:
     port: int | None  # None for evaluators: they serve nothing
     gpus: tuple[int, ...]
     command: str
-    env: dict[str, str]
+    own_env: dict[str, str]  # the inventory's env for this task (threads, job, task)
     cpus: str | None = None  # CPU list the task is pinned to on its host ("0-3"), or None
+    # The cluster as JSON, one string shared by every task: a TF_CONFIG per task, kept whole,
+    # would make a plan of n tasks hold n copies of an O(n) cluster (2,000 hosts: 78 MB).
+    cluster_json: str = field(default="{}", repr=False)
 
     @property
     def name(self) -> str:
         return f"{self.role}:{self.index}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Everything the task is started with: its own env, then what tfdeploy sets."""
+        task = json.dumps({"type": self.role, "index": self.index})
+        return {
+            **self.own_env,
+            "TF_CONFIG": f'{{"cluster": {self.cluster_json}, "task": {task}}}',
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus),
+            "TFDEPLOY_TASK": self.name,
+        }
 
     @property
     def endpoint(self) -> str:
@@ -79,13 +93,22 @@ class Plan:
         return tuple(h for h in self.inventory.hosts if h.name in used)
 
     def tasks_on(self, host: str) -> tuple[Task, ...]:
-        return tuple(t for t in self.tasks if t.host == host)
+        return self._by_host.get(host, ())
 
     def task(self, name: str) -> Task:
+        return self._by_name[name]
+
+    @cached_property
+    def _by_host(self) -> dict[str, tuple[Task, ...]]:
+        # Indexed once: callers ask per host and per tick, which a scan would make O(hosts^2).
+        grouped: dict[str, list[Task]] = {}
         for t in self.tasks:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+            grouped.setdefault(t.host, []).append(t)
+        return {host: tuple(tasks) for host, tasks in grouped.items()}
+
+    @cached_property
+    def _by_name(self) -> dict[str, Task]:
+        return {t.name: t for t in self.tasks}
 
 
 @dataclass(frozen=True)
@@ -106,12 +129,16 @@ def make_plan(inventory: Inventory) -> Plan:
     slots = _place_tasks(inventory)
     _check_roles(slots, file)
     _check_ports(slots, file)
-    cluster = {
-        role: [host_port(s.host.tf_address, s.port) for s in slots if s.role == role]
-        for role in CLUSTER_ROLES
-        if any(s.role == role for s in slots)
-    }
-    tasks = tuple(_finish_task(s, inventory, cluster) for s in slots)
+    cluster: dict[str, list[str]] = {}
+    for s in slots:
+        if s.role in CLUSTER_ROLES:
+            cluster.setdefault(s.role, []).append(host_port(s.host.tf_address, s.port))
+    cluster = {role: cluster[role] for role in CLUSTER_ROLES if role in cluster}
+    shared = _Shared(
+        cluster_json=json.dumps(cluster),
+        placeholders={f"{r}_hosts": ",".join(cluster.get(r, [])) for r in CLUSTER_ROLES},
+    )
+    tasks = tuple(_finish_task(s, inventory, shared) for s in slots)
     if not any(t.awaited for t in tasks):
         raise InventoryError(
             file,
@@ -213,17 +240,20 @@ def _check_ports(slots: list[_Slot], file: str) -> None:
         taken[key] = where
 
 
-def _finish_task(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> Task:
+@dataclass(frozen=True)
+class _Shared:
+    """What every task's command and environment draw from, computed once per plan."""
+
+    cluster_json: str
+    placeholders: dict[str, str]  # {chief_hosts} etc.
+
+
+def _finish_task(s: _Slot, inventory: Inventory, shared: _Shared) -> Task:
     template, source = _command_template(s, inventory)
     command = template
     if template != BUILTIN_SERVER:
-        values = {
-            "task_type": s.role,
-            "task_index": str(s.index),
-            **{f"{role}_hosts": ",".join(cluster.get(role, [])) for role in CLUSTER_ROLES},
-        }
+        values = {"task_type": s.role, "task_index": str(s.index), **shared.placeholders}
         command = _fill(template, values, str(inventory.path), source)
-    env = _task_env(s, inventory, cluster)
     return Task(
         role=s.role,
         index=s.index,
@@ -232,8 +262,9 @@ def _finish_task(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) 
         port=s.port,
         gpus=s.gpus,
         command=command,
-        env=env,
+        own_env=_task_env(s, inventory),
         cpus=s.spec.cpus,
+        cluster_json=shared.cluster_json,
     )
 
 
@@ -306,7 +337,7 @@ def cpu_count(cpus: str) -> int:
     return count
 
 
-def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> dict[str, str]:
+def _task_env(s: _Slot, inventory: Inventory) -> dict[str, str]:
     job = inventory.job
     for source, env in (("job.env", job.env), (f"{s.spec.key}.env", s.spec.env)):
         for name in env:
@@ -317,12 +348,8 @@ def _task_env(s: _Slot, inventory: Inventory, cluster: dict[str, list[str]]) -> 
                     f"{name} is set by tfdeploy for each task",
                     hint=RESERVED_ENV[name],
                 )
-    tf_config = {"cluster": cluster, "task": {"type": s.role, "index": s.index}}
     return {
         **thread_env(s.spec.threads, s.spec.cpus),  # an explicit env value of that name wins
         **job.env,
         **s.spec.env,
-        "TF_CONFIG": json.dumps(tf_config),
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in s.gpus),
-        "TFDEPLOY_TASK": f"{s.role}:{s.index}",
     }
