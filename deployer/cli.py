@@ -1,9 +1,21 @@
-"""The `tfdeploy` command line: parses arguments, runs one verb, and renders every error once."""
+"""The `tfdeploy` command line: parses arguments, runs one verb, and renders every error once.
+
+Output to a pipe or file is never wrapped (a TF_CONFIG or a `tfdeploy logs RUN` hint stays one
+line for grep and copy); when the pipe's reader goes away (`| head`), tfdeploy exits 141
+(128 + SIGPIPE, as a shell reports tools killed by SIGPIPE) without a message, after `up` has
+torn down what it started.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import functools
+import importlib.metadata
+import os
+import re
+import select
 import shlex
 import signal
 import sys
@@ -16,14 +28,25 @@ from rich.console import Console
 from rich.text import Text
 
 from deployer import firewall
-from deployer.errors import ExitStatus, Terminated, TfdeployError, UsageError
+from deployer.errors import ExitStatus, HostsFailed, Terminated, TfdeployError, UsageError
 from deployer.fleet import Fleet
 from deployer.inventory import Inventory, load_inventory
 from deployer.lifecycle import Deployment, UpOptions
 from deployer.plan import make_plan
 from deployer.render import plan_json, plan_table, status_json, status_table
-from deployer.runs import Target, find_runs, follow_logs, resolve, stop_runs
+from deployer.runs import (
+    Target,
+    escaped_text,
+    find_runs,
+    find_runs_settled,
+    follow_logs,
+    resolve,
+    stop_runs,
+)
+from deployer.secrets import mask_text
 from deployer.view import PlainView, make_view
+
+UNWRAPPED = 1 << 20  # a console width no line reaches: output to pipes is never wrapped
 
 
 @dataclass(frozen=True)
@@ -72,24 +95,57 @@ def _cmd_up(args: argparse.Namespace, env: Env) -> int:
 
 def _cmd_down(args: argparse.Namespace, env: Env) -> int:
     target = _with_aws_hosts(resolve(args.target, args.inventory))
+    job = target.inventory.job
     with Fleet(target.inventory.hosts) as fleet:
-        found = find_runs(fleet, target)
-        stopped = stop_runs(fleet, found, grace=target.inventory.job.stop_grace)
-        if target.inventory.job.firewall:  # after the stop: ports stay closed until tasks are gone
+        found, unreachable = find_runs_settled(fleet, target)
+        # A named run is stopped even with every task finished: its escaped processes may not be.
+        stopped, failed = stop_runs(
+            fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
+        )
+        if job.firewall:  # after the stop: ports stay closed until tasks are gone
             for r in found:
                 for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):
                     env.err.print(Text(f"could not remove the firewall rules on {failure.message}"))
-    if not stopped:
+    shown = [s for s in stopped if s.anything]
+    hide = functools.partial(mask_text, env=_maskable_env(target.inventory), extra=job.secret_env)
+    for s in shown:
+        env.out.print(Text(f"stopped run {s.run.run_id} on {s.run.host}"))
+        if s.escaped:
+            env.out.print(Text(f"{s.run.host}: {escaped_text(s.escaped, hide)}"))
+    if unreachable or failed:
+        done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
+        raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)
+    if target.run_id is not None and not found:
+        raise _unknown_run(target.run_id)
+    if not shown:
         env.out.print(Text("nothing to stop: no running task of that run or job on its hosts"))
-    for r in stopped:
-        env.out.print(Text(f"stopped run {r.run_id} on {r.host}"))
     return ExitStatus.OK
+
+
+def _maskable_env(inventory: Inventory) -> dict[str, str]:
+    """Every value a task of this inventory may carry in its command line, to mask secrets."""
+    values = dict(inventory.job.env)
+    for host in inventory.hosts:
+        for spec in host.tasks:
+            values.update(spec.env)
+    values.update({n: os.environ[n] for n in inventory.job.forward_env if n in os.environ})
+    return values
+
+
+def _unknown_run(run_id: str, task: str | None = None) -> UsageError:
+    what = f"task {task} of run" if task else "run"
+    return UsageError(
+        f"no host has {what} {run_id}",
+        hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+    )
 
 
 def _cmd_status(args: argparse.Namespace, env: Env) -> int:
     target = _with_aws_hosts(resolve(args.target, args.inventory))
     with Fleet(target.inventory.hosts) as fleet:
         runs = find_runs(fleet, target)
+    if target.run_id is not None and not runs:
+        raise _unknown_run(target.run_id)
     if args.json:
         env.raw_out.write(status_json(runs) + "\n")
     elif not runs:
@@ -114,8 +170,7 @@ def _cmd_logs(args: argparse.Namespace, env: Env) -> int:
             follow=args.follow,
         )
     if not found:
-        what = f"task {args.task} of run" if args.task else "run"
-        raise UsageError(f"no host has {what} {target.run_id}")
+        raise _unknown_run(target.run_id, args.task)
     return ExitStatus.OK
 
 
@@ -130,9 +185,8 @@ def _cmd_exec(args: argparse.Namespace, env: Env) -> int:
     shell = command[0] if len(command) == 1 else shlex.join(command)
     view = PlainView(env.raw_out)
     with Fleet(inventory.hosts, concurrency=args.concurrency) as fleet:
-        results = fleet.each(
-            lambda m: m.agent.transport.run(["sh", "-c", shell], timeout=None),
-            what="exec failed",
+        results, unreachable = fleet.each_settled(
+            lambda m: m.agent.transport.run(["sh", "-c", shell], timeout=None)
         )
     failed = 0
     for host, result in results.items():
@@ -141,16 +195,55 @@ def _cmd_exec(args: argparse.Namespace, env: Env) -> int:
         if result.exit_code != 0:
             failed += 1
             view.step(f"{host}: exit code {result.exit_code}")
+    if unreachable:
+        ran = "the command ran on the other hosts" if results else "the command ran nowhere"
+        raise HostsFailed(unreachable, what="exec failed", outcome=ran)
     return ExitStatus.JOB_FAILED if failed else ExitStatus.OK
 
 
-def _target_args(parser: argparse.ArgumentParser, name: str = "target") -> None:
-    parser.add_argument(name, help="an inventory file, or a run id")
+def _target_args(parser: argparse.ArgumentParser, name: str = "target", what: str = "") -> None:
+    parser.add_argument(name, help=what or "an inventory file, or a run id")
     parser.add_argument(
         "-i",
         "--inventory",
         help="inventory whose hosts hold the run (when the run id is not known here)",
     )
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (a usage error otherwise, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in its messages
+    return parse
+
+
+def _concurrency_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=_count(1), default=32, help="hosts at once (32)")
+
+
+TASK_NAME = re.compile(r"[a-z_]+:\d+")
+
+
+def _task_name(text: str) -> str:
+    if not TASK_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected ROLE:INDEX such as worker:1, got {text!r}")
+    return text
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tfdeploy")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,6 +254,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--traceback", action="store_true", help="show Python tracebacks (for debugging tfdeploy)"
     )
+    parser.add_argument("--version", action="version", version=f"tfdeploy {_version()}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     plan = verbs.add_parser("plan", help="show every task, its address, GPUs and TF_CONFIG")
     plan.add_argument("inventory", help="inventory TOML file")
@@ -172,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("inventory", help="inventory TOML file")
     up.add_argument("--detach", action="store_true", help="return once every task runs")
-    up.add_argument("--concurrency", type=int, default=32, help="hosts handled at once (32)")
+    _concurrency_arg(up)
     up.set_defaults(handler=_cmd_up)
 
     down = verbs.add_parser("down", help="stop a run (or every run of the inventory's job)")
@@ -185,18 +279,20 @@ def _parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=_cmd_status)
 
     logs = verbs.add_parser("logs", help="print (or follow) the logs of a run")
-    _target_args(logs, "run_id")
-    logs.add_argument("--task", help="only this task, e.g. worker:1")
+    _target_args(logs, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    logs.add_argument("--task", type=_task_name, help="only this task, e.g. worker:1")
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep following until the run ends"
     )
-    logs.add_argument("--tail", type=int, help="only the last N lines of each task")
+    logs.add_argument(
+        "--tail", type=_count(0), help="only the last N lines of each task (0: only new ones)"
+    )
     logs.set_defaults(handler=_cmd_logs)
 
     exec_ = verbs.add_parser("exec", help="run a shell command on every host, output prefixed")
     exec_.add_argument("inventory", help="inventory TOML file")
     exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
-    exec_.add_argument("--concurrency", type=int, default=32, help="hosts handled at once (32)")
+    _concurrency_arg(exec_)
     exec_.set_defaults(handler=_cmd_exec)
     return parser
 
@@ -215,8 +311,8 @@ def run(argv: Sequence[str], env: Env) -> int:
     try:
         return handler(args, env)
     except TfdeployError as exc:
-        if args.traceback:
-            raise
+        if args.traceback:  # for debugging; the exit status stays the error's own
+            env.err.print(Text(traceback.format_exc().rstrip()))
         env.err.print(Text.assemble(("error: ", "bold red"), exc.message))
         if exc.hint:
             env.err.print(Text.assemble(("hint: ", "yellow"), exc.hint))
@@ -224,22 +320,63 @@ def run(argv: Sequence[str], env: Env) -> int:
     except KeyboardInterrupt as exc:
         env.err.print("interrupted", style="yellow")
         return 128 + int(getattr(exc, "signum", 2))
-    except Exception:  # an unexpected failure is a tfdeploy bug: say so, keep the detail short
-        if args.traceback:
-            raise
-        last = traceback.format_exc().strip().splitlines()[-1]
-        env.err.print(Text.assemble(("internal error: ", "bold red"), last))
-        env.err.print(Text("hint: run again with --traceback and report it"))
-        return ExitStatus.JOB_FAILED
+    except BrokenPipeError:
+        if _reader_gone(env.raw_out):  # `| head`: the reader has what it wanted
+            return ExitStatus.BROKEN_PIPE
+        return _internal_error(args, env)
+    except Exception:
+        return _internal_error(args, env)
+
+
+def _internal_error(args: argparse.Namespace, env: Env) -> int:
+    """An unexpected failure is a tfdeploy bug: say so, keep the detail short."""
+    if args.traceback:
+        raise  # called from an except block: re-raises the exception it handles
+    last = traceback.format_exc().strip().splitlines()[-1]
+    env.err.print(Text.assemble(("internal error: ", "bold red"), last))
+    env.err.print(Text("hint: run again with --traceback and report it"))
+    return ExitStatus.JOB_FAILED
+
+
+def _reader_gone(out: TextIO) -> bool:
+    """Whether `out` is a pipe (or terminal) whose other end has closed: a BrokenPipeError from
+    anything else (a local agent's stdin) is a real failure, not a reader that had enough."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+class _Console(Console):
+    """A rich Console whose broken pipe reaches run() like any other write's, instead of
+    rich's own exit(1) from deep inside a print (which would skip `up`'s teardown)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # what teardown still prints goes nowhere
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def console_for(file: TextIO) -> Console:
+    """rich's layout at the terminal's width; for a pipe or file, lines that never wrap."""
+    console = _Console(file=file)
+    if console.is_terminal:
+        return console
+    return _Console(file=file, soft_wrap=True, width=UNWRAPPED)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)  # teardown as with Ctrl-C, exit 128 + signum
-    env = Env(out=Console(), err=Console(stderr=True), raw_out=sys.stdout)
+    env = Env(out=console_for(sys.stdout), err=console_for(sys.stderr), raw_out=sys.stdout)
     code = run(list(sys.argv[1:] if argv is None else argv), env)
+    if code == ExitStatus.BROKEN_PIPE:
+        # What is still buffered for the closed pipe would fail again at exit, with a message.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.exit(int(code))

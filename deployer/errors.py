@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from deployer.text import plural
+
 
 class ExitStatus(enum.IntEnum):
     """Exit codes shared by every command, so scripts can tell the failure classes apart."""
@@ -13,6 +15,9 @@ class ExitStatus(enum.IntEnum):
     USAGE = 2
     UNREACHABLE = 3
     INTERRUPTED = 130
+    # stdout was a pipe whose reader went away (`tfdeploy logs RUN | head -1`): 128 + SIGPIPE,
+    # what a shell reports for tools that die of SIGPIPE; tfdeploy exits quietly instead.
+    BROKEN_PIPE = 141
 
 
 class TfdeployError(Exception):
@@ -57,17 +62,25 @@ class HostError(TfdeployError):
 
 
 class HostsFailed(TfdeployError):
-    """Several hosts failed at once (preflight, push, exec); carries one HostError per host."""
+    """Several hosts failed at once (preflight, push, exec); carries one HostError per host.
+
+    `outcome` says what the failure meant for the verb as a whole: "nothing was started" for
+    `up`'s phases before any start, something else for `down` or `exec`, None for reads.
+    """
 
     exit_status = ExitStatus.UNREACHABLE
 
-    def __init__(self, failures: list[HostError], *, what: str = "preflight failed") -> None:
+    def __init__(
+        self,
+        failures: list[HostError],
+        *,
+        what: str = "preflight failed",
+        outcome: str | None = "nothing was started",
+    ) -> None:
         lines = "\n".join(f"  {f.message}" for f in failures)
         hints = sorted({f.hint for f in failures if f.hint})
-        super().__init__(
-            f"{what} on {len(failures)} host(s); nothing was started:\n{lines}",
-            hint="\n".join(hints) or None,
-        )
+        head = f"{what} on {plural(len(failures), 'host')}" + (f"; {outcome}" if outcome else "")
+        super().__init__(f"{head}:\n{lines}", hint="\n".join(hints) or None)
         self.failures = failures
 
 

@@ -6,17 +6,20 @@ hosts) a run id belongs to.
 
 from __future__ import annotations
 
+import re
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.agent import TaskStatus
-from deployer.errors import UsageError
+from deployer.agent import Escaped, TaskStatus
+from deployer.errors import HostError, HostsFailed, UsageError
 from deployer.fleet import Fleet, Member
 from deployer.inventory import Inventory, load_inventory
 from deployer.lines import LineAssembler
 from deployer.state import load
+from deployer.text import plural
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,19 @@ def resolve(target: str, inventory: str | None = None) -> Target:
     return Target(load_inventory(record.inventory), record.run_id)
 
 
-def find_runs(fleet: Fleet, target: Target) -> list[HostRun]:
-    """Every run of the inventory's job (or the one run id) on every host, newest first."""
+def find_runs(fleet: Fleet, target: Target, *, outcome: str | None = None) -> list[HostRun]:
+    """Every run of the inventory's job (or the one run id) on every host, newest first.
+
+    Raises HostsFailed if a host cannot be asked; `outcome` says what that meant for the verb.
+    """
+    runs, failures = find_runs_settled(fleet, target)
+    if failures:
+        raise HostsFailed(failures, what="listing runs failed", outcome=outcome)
+    return runs
+
+
+def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list[HostError]]:
+    """Like find_runs, but the hosts that could not be asked come back instead of raising."""
 
     def runs_on(member: Member) -> list[HostRun]:
         found = []
@@ -84,9 +98,9 @@ def find_runs(fleet: Fleet, target: Target) -> list[HostRun]:
         _ensure_agent(member)
         return runs_on(member)
 
-    results = fleet.each(ensure_then_list, what="listing runs failed")
+    results, failures = fleet.each_settled(ensure_then_list)
     runs = [r for host_runs in results.values() for r in host_runs]
-    return sorted(runs, key=lambda r: (-r.created, r.run_id, r.host))
+    return sorted(runs, key=lambda r: (-r.created, r.run_id, r.host)), failures
 
 
 def _ensure_agent(member: Member) -> None:
@@ -94,20 +108,62 @@ def _ensure_agent(member: Member) -> None:
         member.agent.install()
 
 
-def stop_runs(fleet: Fleet, runs: list[HostRun], grace: float) -> list[HostRun]:
-    """Stops the given runs on their hosts (in parallel); returns those that had running tasks."""
-    active = [r for r in runs if r.active]
-    by_host: dict[str, list[str]] = {}
-    for r in active:
-        by_host.setdefault(r.host, []).append(r.run_id)
+@dataclass(frozen=True)
+class Stopped:
+    """One run stopped on one host, with the processes that had left their task's group."""
+
+    run: HostRun
+    escaped: tuple[Escaped, ...]
+
+    @property
+    def anything(self) -> bool:
+        """Whether the stop ended something: a running task, or an escaped process."""
+        return self.run.active or bool(self.escaped)
+
+
+def stop_runs(
+    fleet: Fleet, runs: list[HostRun], grace: float, *, finished_too: bool = False
+) -> tuple[list[Stopped], list[HostError]]:
+    """Stops the given runs on their hosts (in parallel): those with running tasks, or with
+    finished_too every one (a named run: its escaped processes may outlive its tasks).
+
+    Returns what was stopped and the hosts that failed: one unreachable host must not keep the
+    others running.
+    """
+    chosen = [r for r in runs if finished_too or r.active]
+    by_host: dict[str, list[HostRun]] = {}
+    for r in chosen:
+        by_host.setdefault(r.host, []).append(r)
     members = [fleet.member(h) for h in by_host]
 
-    def stop(member: Member) -> None:
-        for run_id in by_host[member.name]:
-            member.agent.stop(run_id, grace=grace)
+    def stop(member: Member) -> list[Stopped]:
+        return [
+            Stopped(r, member.agent.stop(r.run_id, grace=grace).escaped)
+            for r in by_host[member.name]
+        ]
 
-    fleet.each(stop, members, what="stopping failed")
-    return active
+    results, failures = fleet.each_settled(stop, members)
+    stopped = [s for host in by_host if host in results for s in results[host]]
+    return stopped, failures
+
+
+def escaped_text(escaped: tuple[Escaped, ...], mask: Callable[[str], str]) -> str:
+    """The escaped processes a stop killed, for the user: pid, command (masked), last signal."""
+
+    def one(e: Escaped) -> str:
+        how = "gone before a signal" if e.signal is None else _signal_name(e.signal)
+        return f"pid {e.pid} ({mask(e.cmd)}): {how}"
+
+    what = plural(len(escaped), "process", "processes")
+    listed = "; ".join(one(e) for e in escaped)
+    return f"also stopped {what} of the run that had left its task's process group: {listed}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def follow_logs(
@@ -122,7 +178,8 @@ def follow_logs(
 ) -> bool:
     """Prints a run's logs by byte offset; with follow, until every task has finished.
 
-    Returns False when no host knows the run (or the task).
+    Returns False when no host knows the run (or the task). `tail` N starts each task's log at
+    the N-th last line (0: print only what comes next), never in the middle of a line.
     """
     offsets: dict[tuple[str, str], int] = {}
     assemblers: dict[tuple[str, str], LineAssembler] = {}
@@ -135,10 +192,11 @@ def follow_logs(
             for s in wanted:
                 key = (member.name, s.name)
                 if key not in offsets:
-                    offsets[key] = _tail_offset(s.log_bytes, tail) if first else 0
+                    start = tail is not None and first
+                    offsets[key] = _tail_start(member, run_id, s, tail) if start else 0
                     assemblers[key] = LineAssembler()
             for label, lines in _read_logs(member, run_id, wanted, offsets, assemblers).items():
-                for line in lines[-tail:] if (first and tail is not None) else lines:
+                for line in lines:
                     emit(label, line)
             seen = seen or bool(wanted)
             active = active or any(not s.finished for s in wanted)
@@ -156,9 +214,41 @@ def _statuses(member: Member, run_id: str) -> list[TaskStatus] | None:
     return None
 
 
-def _tail_offset(size: int, tail: int | None) -> int:
-    """Where to start reading to show about `tail` lines without reading a huge log."""
-    return 0 if tail is None else max(0, size - 512 * max(tail, 1))
+NEWLINE = re.compile(b"\n")
+TAIL_WINDOW = 4096  # bytes read back from a log's end at first; grows until N lines fit
+READ_CHUNK = 4 << 20  # bytes per poll
+
+
+def _tail_start(member: Member, run_id: str, status: TaskStatus, tail: int | None) -> int:
+    """Where the last `tail` lines of a task's log begin: reads back from the end, in growing
+    windows, only as much as those lines take (a log may be gigabytes)."""
+    size = status.log_bytes
+    if not tail:
+        return size
+    window = max(TAIL_WINDOW, 128 * tail)
+    while True:
+        start = max(0, size - window)
+        data = _read_range(member, run_id, status.name, start, size)
+        # A line starts after each newline (not after the last byte), and at 0; the window's
+        # own first byte is not known to start a line unless it is the log's first.
+        starts = [m.end() for m in NEWLINE.finditer(data, 0, max(0, len(data) - 1))]
+        starts = [0, *starts] if start == 0 else starts
+        if len(starts) >= tail or start == 0:
+            return start + starts[-tail] if len(starts) >= tail else 0
+        window *= 4
+
+
+def _read_range(member: Member, run_id: str, name: str, start: int, end: int) -> bytes:
+    chunks, offset = [], start
+    while offset < end:
+        want = min(end - offset, READ_CHUNK)
+        poll = member.agent.poll(run_id, {name: offset}, max_bytes=want, heartbeat=False)
+        new, data = poll.logs.get(name, (offset, b""))
+        if new <= offset:
+            break  # the log shrank: what was read is all there is
+        chunks.append(data[: end - offset])
+        offset = new
+    return b"".join(chunks)
 
 
 def _read_logs(
@@ -173,7 +263,7 @@ def _read_logs(
     finished = {s.name for s in statuses if s.finished}
     while statuses:
         request = {s.name: offsets[(member.name, s.name)] for s in statuses}
-        poll = member.agent.poll(run_id, request, max_bytes=4 << 20, heartbeat=False)
+        poll = member.agent.poll(run_id, request, max_bytes=READ_CHUNK, heartbeat=False)
         progressed = False
         for name, (offset, data) in poll.logs.items():
             key = (member.name, name)

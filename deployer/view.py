@@ -120,19 +120,23 @@ class LogBlock:
 
 
 class PlainView:
-    """For pipes: every log line and every step as one plain, prefixed line."""
+    """For pipes: every log line and every step as one plain, prefixed line.
+
+    When the pipe's reader goes away (`| head`), the first write raises BrokenPipeError (the CLI
+    exits quietly on it) and later ones are dropped, so a teardown's messages cannot stop the
+    teardown.
+    """
 
     def __init__(self, out: TextIO) -> None:
         self._out = out
         self._states: dict[str, str] = {}
+        self._gone = False
 
     def step(self, text: str) -> None:
-        self._out.write(f"tfdeploy: {text}\n")
-        self._out.flush()
+        self._write(f"tfdeploy: {text}\n")
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
-        self._out.write("".join(f"{label} | {line}\n" for line in lines))
-        self._out.flush()
+        self._write("".join(f"{label} | {line}\n" for line in lines))
 
     def tasks(self, rows: Sequence[TaskRow]) -> None:
         for row in rows:
@@ -143,7 +147,17 @@ class PlainView:
                 self.step(f"{row.label}{pid} {shown}")
 
     def close(self) -> None:
-        self._out.flush()
+        self._write("")
+
+    def _write(self, text: str) -> None:
+        if self._gone:
+            return
+        try:
+            self._out.write(text)
+            self._out.flush()
+        except BrokenPipeError:
+            self._gone = True
+            raise
 
 
 HOLD_AT_MOST_S = 1.0  # log lines wait no longer than this, even for a caller that never ends a tick

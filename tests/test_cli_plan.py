@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 import deployer.cli
-from deployer.errors import InventoryError
 from tests.helpers import one_line, run_cli
 
 INVENTORIES = Path(__file__).parent / "inventories"
@@ -157,9 +156,13 @@ def test_missing_file_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> No
     assert run_cli("--help")[0] == 0
 
 
-def test_traceback_flag_reraises_inventory_errors() -> None:
-    with pytest.raises(InventoryError, match=r"hosts\[1\]\.name: duplicate host name"):
-        run_cli("--traceback", "plan", str(INVENTORIES / "bad_duplicate_host.toml"))
+def test_traceback_flag_shows_the_traceback_but_keeps_the_exit_status() -> None:
+    """--traceback is for debugging: a script's exit 2 must not become 1 because of it."""
+    code, out, err = run_cli("--traceback", "plan", str(INVENTORIES / "bad_duplicate_host.toml"))
+    assert (code, out) == (2, "")
+    assert "Traceback (most recent call last)" in err
+    assert "deployer.errors.InventoryError: " in err
+    assert "error: " in err and "hosts[1].name: duplicate host name" in one_line(err)
 
 
 def test_internal_bug_is_one_line_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,4 +207,4 @@ def test_real_process_exit_codes_and_no_traceback(tmp_path: Path) -> None:
     )
     assert "Traceback (most recent call last)" in debug.stderr
     assert "deployer.errors.InventoryError: " in debug.stderr
-    assert debug.returncode == 1  # an uncaught exception; see the report about this exit code
+    assert debug.returncode == 2  # the error's own status, traceback or not
