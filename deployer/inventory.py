@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-import ipaddress
 import os
-import posixpath
 import re
 import stat
 import tomllib
@@ -39,9 +37,6 @@ MAX_JOB_NAME = 64
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 # A job name starts every run id, which names a directory on each host: no ':' or '@' there.
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-# A DNS name (or an ssh_config alias written like one); IP addresses are checked by ipaddress.
-_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-_HOST_NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*\.?$")
 
 
 @dataclass(frozen=True)
@@ -319,7 +314,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         code=code,
         command=_command(t),
         python=t.string("python", "python3") or "python3",
-        workdir=_workdir(t, "~/.tfdeploy"),
+        workdir=t.remote_dir("workdir", "~/.tfdeploy"),
         port=t.integer("port", 2222, minimum=1, maximum=65535),
         env=t.env_map("env"),
         setup=t.string_list("setup"),
@@ -379,27 +374,10 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
         gpus_auto=gpus_auto,
         share_gpus=t.boolean("share_gpus", False),
         python=t.string("python", job.python) or job.python,
-        workdir=_workdir(t, job.workdir),
+        workdir=t.remote_dir("workdir", job.workdir),
         ssh=ssh,
         tasks=tuple(parse_task(tt) for tt in task_tables),
     )
-
-
-def _workdir(t: Table, default: str) -> str:
-    """Absolute or ~-relative: a relative path would name another directory for each way in.
-
-    The local transport would resolve it against the controller's current directory and SSH
-    against the login directory, so `status` from elsewhere would not find the runs.
-    """
-    value = t.string("workdir", default) or default
-    if not value.startswith(("/", "~")):
-        t.fail(
-            "workdir",
-            f"expected an absolute path or one starting with ~, got {value!r}",
-            hint="a relative path depends on where tfdeploy runs; write e.g. "
-            f'"~/{posixpath.normpath(value)}"',
-        )
-    return value
 
 
 def make_host(
@@ -423,7 +401,7 @@ def make_host(
 
 
 def _parse_host(t: Table, context: SourceContext) -> Host:
-    address = _address(t, "address", t.required_string("address"), port_key="ssh.port")
+    address = t.host_address("address", t.required_string("address"), port_key="ssh.port")
     written = t.string("name")  # a default name is the address, which was checked above
     name = address if written is None else _name(t, "name", written)
     settings = parse_host_settings(t, context)
@@ -432,39 +410,12 @@ def _parse_host(t: Table, context: SourceContext) -> Host:
         settings,
         name=name,
         address=address,
-        tf_address=address if tf_address is None else _address(t, "tf_address", tf_address),
+        tf_address=address if tf_address is None else t.host_address("tf_address", tf_address),
         transport=t.choice("transport", TRANSPORTS, "ssh"),
         key=t.path,
     )
     t.finish()
     return host
-
-
-def _address(t: Table, key: str, value: str, *, port_key: str = "port") -> str:
-    """A host name or an IP address, without port; an IPv6 address may be written in brackets.
-
-    The plan builds HOST:PORT itself (with brackets for IPv6), so a port here would end up twice.
-    """
-    bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
-    if _is_ip(bare) or (bare == value and len(value) <= 253 and _HOST_NAME.match(value)):
-        return bare
-    host, colon, port = value.rpartition(":")
-    if colon and host and port.isdigit():
-        t.fail(
-            key,
-            f"expected a host name or an IP address without a port, got {value!r}",
-            hint=f"give the port with {port_key}",
-        )
-    hint = "give the user with ssh.user" if "@" in value else None
-    t.fail(key, f"expected a host name or an IP address, got {value!r}", hint=hint)
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def parse_task(t: Table) -> TaskSpec:
@@ -482,7 +433,7 @@ def parse_task(t: Table) -> TaskSpec:
         command=_command(t),
         env=t.env_map("env"),
         threads=t.optional_integer("threads", minimum=1, maximum=4096),
-        cpus=_cpu_list(t),
+        cpus=t.cpu_list("cpus"),
         key=t.path,
     )
     t.finish()
@@ -525,23 +476,6 @@ def read_gpu_count(t: Table) -> tuple[int, bool]:
         if word != "auto":
             t.fail("gpus", f'expected an integer or "auto" (count with nvidia-smi), got {word!r}')
         return 0, True
-
-
-_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
-
-
-def _cpu_list(t: Table) -> str | None:
-    """A Linux CPU list ("0-3", "0,2,4-5"), as taskset and cgroups write them."""
-    cpus = t.string("cpus")
-    if cpus is None:
-        return None
-    if not _CPU_LIST.match(cpus):
-        t.fail("cpus", f'expected a CPU list such as "0-3" or "0,2", got {cpus!r}')
-    for part in cpus.split(","):
-        first, _, last = part.partition("-")
-        if last and int(last) < int(first):
-            t.fail("cpus", f"expected ranges from low to high, got {part!r} in {cpus!r}")
-    return cpus
 
 
 def check_unique_hosts(hosts: tuple[Host, ...], file: str) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, TypeVar
@@ -20,6 +22,11 @@ _NUL = (
     "expected a string without NUL characters (\\0): no command, path or environment value "
     "can hold one"
 )
+
+# A DNS name (or an ssh_config alias written like one); IP addresses are checked by ipaddress.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*\.?$")
+_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 _TYPE_NAMES = {
     str: "a string",
@@ -201,6 +208,54 @@ class Table:
                 self.fail(key, f"expected variable names {_ENV_NAME_RULE}, got {name!r}")
         return env
 
+    def host_address(self, key: str, value: str, *, port_key: str = "port") -> str:
+        """`value` (read from `key`) as a host name or an IP address, without port; an IPv6
+        address may be written in brackets, and is returned without.
+
+        The plan builds HOST:PORT itself (with brackets for IPv6): a port here would end up twice.
+        """
+        bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+        if _is_ip(bare) or (bare == value and len(value) <= 253 and _HOST_NAME.match(value)):
+            return bare
+        host, colon, port = value.rpartition(":")
+        if colon and host and port.isdigit():
+            self.fail(
+                key,
+                f"expected a host name or an IP address without a port, got {value!r}",
+                hint=f"give the port with {port_key}",
+            )
+        hint = "give the user with ssh.user" if "@" in value else None
+        self.fail(key, f"expected a host name or an IP address, got {value!r}", hint=hint)
+
+    def remote_dir(self, key: str, default: str) -> str:
+        """A directory on the hosts: absolute or ~-relative, never relative.
+
+        The local transport would resolve a relative one against the controller's current
+        directory and SSH against the login directory: `status` from elsewhere would miss runs.
+        """
+        value = self.string(key, default) or default
+        if not value.startswith(("/", "~")):
+            self.fail(
+                key,
+                f"expected an absolute path or one starting with ~, got {value!r}",
+                hint="a relative path depends on where tfdeploy runs; write e.g. "
+                f'"~/{posixpath.normpath(value)}"',
+            )
+        return value
+
+    def cpu_list(self, key: str) -> str | None:
+        """A Linux CPU list ("0-3", "0,2,4-5"), as taskset and cgroups write them."""
+        cpus = self.string(key)
+        if cpus is None:
+            return None
+        if not _CPU_LIST.match(cpus):
+            self.fail(key, f'expected a CPU list such as "0-3" or "0,2", got {cpus!r}')
+        for part in cpus.split(","):
+            first, _, last = part.partition("-")
+            if last and int(last) < int(first):
+                self.fail(key, f"expected ranges from low to high, got {part!r} in {cpus!r}")
+        return cpus
+
     def sub_table(self, key: str, *, required: bool = False) -> Table:
         value = self._get(key, dict, {}, required) or {}
         return Table(value, self.key_path(key), self.file)
@@ -224,3 +279,11 @@ class Table:
                 hint = f"did you mean {close[0]!r}?" if close else None
                 known = ", ".join(sorted(self._seen))
                 self.fail(key, f"unknown key (known keys here: {known})", hint=hint)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
