@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -70,8 +71,8 @@ def plan_table(plan: Plan) -> RenderableType:
 
 def _tf_configs(plan: Plan) -> list[RenderableType]:
     cluster = json.dumps(plan.cluster)
-    per_task = sum(len(t.env["TF_CONFIG"]) for t in plan.tasks)
-    if per_task <= COMPACT_CONFIGS:
+    sizes = itertools.accumulate(len(t.env["TF_CONFIG"]) for t in plan.tasks)
+    if all(total <= COMPACT_CONFIGS for total in sizes):  # stops at the first one beyond
         return [_heading("TF_CONFIG per task"), _config_lines(plan.tasks)]
     unusual = [t for t in plan.tasks if not _is_usual_config(t, cluster)]
     shared = Text()
