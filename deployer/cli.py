@@ -375,7 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)  # teardown as with Ctrl-C, exit 128 + signum
     env = Env(out=console_for(sys.stdout), err=console_for(sys.stderr), raw_out=sys.stdout)
-    code = run(list(sys.argv[1:] if argv is None else argv), env)
+    try:
+        code = run(list(sys.argv[1:] if argv is None else argv), env)
+    except BrokenPipeError:  # stderr's reader went away while an error was being reported
+        code = ExitStatus.BROKEN_PIPE
     if code == ExitStatus.BROKEN_PIPE:
         # What is still buffered for the closed pipe would fail again at exit, with a message.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -358,3 +358,15 @@ def test_exec_and_down_word_a_failing_host_for_their_verb(tmp_path: Path) -> Non
     assert code == 3
     assert "stopping failed on 1 host; nothing was stopped:" in err
     assert "nothing was started" not in err
+
+
+def test_an_error_into_a_closed_stderr_pipe_exits_141(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deployer", "plan", str(INVENTORIES / "bad_gpu_index.toml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path)},
+    )
+    assert proc.stderr is not None
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
