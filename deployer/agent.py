@@ -30,8 +30,20 @@ REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"
 # serving requests on the same channel (`agent.serve`) until stdin closes: every later call of
 # the connection costs one round trip instead of an sshd session and a Python start (~50 ms of
 # host CPU). Fed all at once with EOF, it answers the hello alone and exits (one-shot mode).
-_BOOTSTRAP = """
-import json, os, sys
+# The version gate comes first and uses nothing newer than Python 2 syntax, so an interpreter
+# too old for the agent says so instead of failing on some later line.
+MIN_HOST_PYTHON = (3, 8)
+TOO_OLD_EXIT = 79  # the bootstrap's exit status when the host's Python is older than that
+_VERSION_GATE = f"""
+import sys
+if sys.version_info < {MIN_HOST_PYTHON!r}:
+    sys.stderr.write(".".join(str(n) for n in sys.version_info[:3]))
+    sys.exit({TOO_OLD_EXIT})
+"""
+_BOOTSTRAP = (
+    _VERSION_GATE
+    + """
+import json, os
 d = json.loads(sys.stdin.buffer.readline())
 home = os.path.join(os.path.expanduser(d["workdir"]), "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):
@@ -46,6 +58,7 @@ sys.path.insert(0, home)
 import agent
 sys.exit(agent.serve(json.dumps(d["request"]).encode()))
 """
+)
 
 
 @dataclass(frozen=True)
@@ -267,12 +280,8 @@ class Agent:
         return self._reply(result.exit_code, result.stdout, result.stderr)
 
     def _reply(self, exit_code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
-        if exit_code == 127:
-            raise HostError(
-                self.host,
-                f"{self.python!r} was not found on the host",
-                hint="set job.python (or python on the host) to an installed interpreter",
-            )
+        if exit_code == 127 or exit_code == TOO_OLD_EXIT:
+            raise self._no_interpreter(exit_code, stderr.decode(errors="replace"))
         try:
             reply: dict[str, Any] = json.loads(stdout)
         except ValueError:
@@ -282,6 +291,26 @@ class Agent:
         if not reply.get("ok"):
             raise HostError(self.host, str(reply.get("error", "the agent refused the request")))
         return reply
+
+    def _no_interpreter(self, exit_code: int, stderr: str) -> HostError:
+        """The interpreter is missing, cannot start (its loader's words), or is too old."""
+        hint = "set job.python (or python on the host) to an installed interpreter"
+        if exit_code == TOO_OLD_EXIT:
+            need = ".".join(map(str, MIN_HOST_PYTHON))
+            return HostError(
+                self.host,
+                f"{self.python!r} is Python {stderr.strip()}; "
+                f"the tfdeploy agent needs Python {need} or newer",
+                hint=hint + " (python3.8 to python3.13)",
+            )
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        loader = any("shared librar" in line for line in lines)  # exits 127 too
+        if not lines or (
+            not loader and all("not found" in x or "No such file" in x for x in lines)
+        ):
+            return HostError(self.host, f"{self.python!r} was not found on the host", hint=hint)
+        said = "\n    ".join(lines[:3])
+        return HostError(self.host, f"{self.python!r} cannot start:\n    {said}", hint=hint)
 
     # The operations of docs/PROTOCOL.md, typed for the rest of the control side.
 
