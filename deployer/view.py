@@ -99,6 +99,7 @@ class LogBlock:
 
     def __init__(self) -> None:
         self._runs: list[tuple[str, int, Sequence[str]]] = []  # (label, prefix width, lines)
+        self.chars = 0  # of the lines held, for a bound on what waits in memory
 
     def __bool__(self) -> bool:
         return bool(self._runs)
@@ -106,6 +107,7 @@ class LogBlock:
     def add(self, label: str, width: int, lines: Sequence[str]) -> None:
         if lines:
             self._runs.append((label, width, lines))
+            self.chars += sum(map(len, lines))
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         system = COLOR_SYSTEMS.get(console.color_system or "")
@@ -161,6 +163,7 @@ class PlainView:
 
 
 HOLD_AT_MOST_S = 1.0  # log lines wait no longer than this, even for a caller that never ends a tick
+HOLD_CHARS = 1 << 20  # nor pile up beyond this (a backlog read flat out)
 
 
 class LiveView:
@@ -210,7 +213,10 @@ class LiveView:
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self._width = max(self._width, len(label))
         self._pending.add(label, self._width, lines)
-        self._flush_if_due(HOLD_AT_MOST_S)  # a tick brings one call per task: wait for tasks()
+        if self._pending.chars >= HOLD_CHARS:  # a backlog: print it rather than hold it all
+            self._flush()
+        else:
+            self._flush_if_due(HOLD_AT_MOST_S)  # a tick brings one call per task: wait for tasks()
 
     def tasks(self, rows: Sequence[TaskRow]) -> None:
         self._rows = list(rows)  # drawn by Live's next refresh, or with the next batch of lines

@@ -88,3 +88,16 @@ def test_lines_wait_at_most_one_period_and_steps_keep_their_place() -> None:
     same_as_rich = terminal()  # the prefix keeps the task's colour, as a rich Text has it
     same_as_rich.print(prefixed("ps:0@h2", "second", 12), end="")
     assert output(same_as_rich) in output(console)
+
+
+def test_a_backlog_is_printed_once_a_megabyte_waits() -> None:
+    console, clock = terminal(), Clock()
+    view = LiveView(console, clock=clock)
+    view.tasks(ROWS)
+    chunk = [f"{i:09d}" * 10 for i in range(1000)]  # 90 kB
+    for _ in range(11):
+        view.lines("worker:0@h1", chunk)
+    assert log_lines(console) == []  # under a megabyte: held for the end of the tick
+    view.lines("worker:0@h1", chunk)
+    assert len(log_lines(console)) == 12_000
+    view.close()
