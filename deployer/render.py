@@ -6,7 +6,7 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -15,9 +15,11 @@ from rich.text import Text
 
 from deployer.agent import TaskStatus
 from deployer.plan import Plan, Task
-from deployer.runs import HostRun
 from deployer.secrets import masked
 from deployer.text import plural
+
+if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
+    from deployer.runs import HostRun
 
 
 def _gpu_text(task: Task, auto: bool = False) -> str:
