@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import tests.lab
-from tests.lab import Lab, LabHost, cleanup, start_lab
+from tests.lab import Lab, LabHost, LabUnsupported, cleanup, pythons, start_lab
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
@@ -45,10 +45,7 @@ def _lab_session(n: int, topology: str) -> Iterator[Lab]:
         the_lab.stop()
 
 
-@pytest.fixture
-def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
-    """`lab_inventory(tasks, code=..., job=..., ssh=..., hosts=...)`: an inventory in tmp_path."""
-
+def _inventory_writer(lab: Lab, tmp_path: Path, default_user: str) -> Callable[..., Path]:
     def write(
         tasks: list[list[dict[str, Any]]],
         *,
@@ -57,13 +54,72 @@ def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
         ssh: dict[str, Any] | None = None,
         hosts: list[LabHost] | None = None,
         name: str = "inventory.toml",
+        user: str | None = None,
+        per_host: dict[str, dict[str, Any]] | None = None,
     ) -> Path:
         job_table = {"code": str(code or tmp_path)} | (job or {})
         return lab.write_inventory(
-            tmp_path / name, tasks=tasks, job=job_table, ssh=ssh, hosts=hosts
+            tmp_path / name,
+            tasks=tasks,
+            job=job_table,
+            ssh=ssh,
+            hosts=hosts,
+            user=user or default_user,
+            per_host=per_host,
         )
 
     return write
+
+
+@pytest.fixture
+def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
+    """`lab_inventory(tasks, code=, job=, ssh=, hosts=, user=, per_host=)`: one in tmp_path.
+
+    Logs in as `lab.user` (root in the namespace lab) unless `user` says otherwise; `per_host`
+    adds keys to hosts' entries by name, e.g. {"h1": {"python": lab_python("3.9")}}.
+    """
+    return _inventory_writer(lab, tmp_path, lab.user)
+
+
+@pytest.fixture
+def lab_user_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
+    """Like `lab_inventory`, logging in as the lab's non-root user (`lab.login_user`).
+
+    In the namespace lab each host gives that user a private home (a tmpfs) unless
+    `lab_shared_home` is in use; on loopback it is the runner's own user and home.
+    """
+    return _inventory_writer(lab, tmp_path, lab.login_user)
+
+
+@pytest.fixture
+def lab_shared_home(lab: Lab) -> Iterator[Path]:
+    """For this test, one directory is `lab.login_user`'s home on every host (NFS/EFS-like).
+
+    Yields the directory as this machine sees it; afterwards hosts get private homes again.
+    """
+    try:
+        shared = lab.shared_home()
+    except LabUnsupported as e:
+        pytest.skip(str(e))
+    with shared as path:
+        yield path
+
+
+@pytest.fixture(scope="session")
+def lab_python() -> Callable[[str], str]:
+    """`lab_python("3.9")`: path of a CPython 3.9 lab hosts can run; skips if there is none.
+
+    The first use of a version copies the machine's pyenv build to /opt/tfdeploy/pythons
+    (~2 s, kept for later runs); see tests/lab/pythons.py.
+    """
+
+    def get(minor: str) -> str:
+        try:
+            return pythons.host_python(minor).path
+        except LabUnsupported as e:
+            pytest.skip(str(e))
+
+    return get
 
 
 @pytest.fixture
@@ -75,7 +131,14 @@ def clean_lab(lab: Lab) -> Iterator[Lab]:
     assert not left, f"the test left processes or ports behind on lab hosts: {left}"
 
 
-LAB_FIXTURES = {"lab", "bastion_lab", "clean_lab", "lab_inventory"}
+LAB_FIXTURES = {
+    "lab",
+    "bastion_lab",
+    "clean_lab",
+    "lab_inventory",
+    "lab_user_inventory",
+    "lab_shared_home",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -126,7 +189,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[N
 def _residue() -> list[str]:
     problems = []
     for the_lab in tests.lab.started:
-        inodes = getattr(the_lab, "ns_inodes", set())
+        inodes: set[int] = getattr(the_lab, "ns_inodes", set())
         found = cleanup.residue(the_lab.id, ns_inodes=inodes)
         problems += [f"lab {the_lab.id}: {item}" for item in found]
     return problems

@@ -41,6 +41,8 @@ class Lab:
         self.id = lab_id
         self.dir = directory
         self.user = user
+        # The unprivileged user hosts also accept (namespace lab); on loopback, `user` itself.
+        self.login_user = user
         self.python = python
         self.hosts: list[LabHost] = []
         self.bastion: LabHost | None = None
@@ -115,6 +117,10 @@ class Lab:
     def uncap_bandwidth(self, host: HostRef) -> None:
         raise self._unsupported("uncap_bandwidth")
 
+    def shared_home(self) -> contextlib.AbstractContextManager[Path]:
+        """One directory as the login user's home on every host (see NamespaceLab)."""
+        raise self._unsupported("shared_home")
+
     # -- shared behaviour ------------------------------------------------------------------------
 
     def _proc_state(self, outer: int) -> str:
@@ -173,6 +179,19 @@ class Lab:
     def _is_init(self, p: Proc) -> bool:
         return False
 
+    def kill_leftovers(self, host: HostRef) -> list[str]:
+        """`leftovers(host)`, then SIGKILL each process found; returns what was found.
+
+        For a test that must report leftovers itself and still leave the host clean.
+        """
+        h = self.host(host)
+        found = self.leftovers(h)
+        for p in self.processes(h):
+            if not (self._is_init(p) or is_sshd(p)):
+                with contextlib.suppress(LabError, ProcessLookupError):
+                    os.kill(self._outer_pid(h, p.pid), signal.SIGKILL)
+        return found
+
     def write_inventory(
         self,
         path: str | os.PathLike[str],
@@ -181,8 +200,14 @@ class Lab:
         job: Mapping[str, Any] | None = None,
         ssh: Mapping[str, Any] | None = None,
         hosts: Sequence[LabHost] | None = None,
+        user: str | None = None,
+        per_host: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Path:
-        """Write a tfdeploy inventory for (some of) the lab hosts; `job` must give `code`."""
+        """Write a tfdeploy inventory for (some of) the lab hosts; `job` must give `code`.
+
+        `user` logs in as someone else than `self.user` (e.g. `self.login_user`, also through
+        the bastion); `per_host` adds keys to a host's entry by name: {"h1": {"python": ...}}.
+        """
         chosen = list(hosts) if hosts is not None else self.hosts[: len(tasks)]
         if len(chosen) < len(tasks):
             raise LabError(f"{len(tasks)} task lists but the lab has only {len(chosen)} hosts")
@@ -197,23 +222,31 @@ class Lab:
         job_table.update(job or {})
         if job_table["code"] is None:
             raise LabError("write_inventory needs job={'code': <path of the code to deploy>}")
+        user = user or self.user
         ssh_table: dict[str, Any] = {
-            "user": self.user,
+            "user": user,
             "identity": str(self.key_path),
             "known_hosts": str(self.known_hosts),
             "host_keys": "strict",
             "connect_timeout": 5,
         }
         if self.bastion is not None:
-            ssh_table["jump"] = f"{self.user}@{self.bastion.address}:{self.bastion.port}"
+            ssh_table["jump"] = f"{user}@{self.bastion.address}:{self.bastion.port}"
         ssh_table.update(ssh or {})
         out = Path(path)
-        out.write_text(render_inventory(job=job_table, ssh=ssh_table, hosts=chosen, tasks=tasks))
+        text = render_inventory(
+            job=job_table, ssh=ssh_table, hosts=chosen, tasks=tasks, per_host=per_host
+        )
+        out.write_text(text)
         return out
 
-    def ssh_argv(self, host: HostRef, *command: str) -> list[str]:
-        """`ssh -F <lab ssh_config> <name> command...`: plain OpenSSH with the lab's files only."""
-        return ["ssh", "-F", str(self.ssh_config), self.host(host).name, *command]
+    def ssh_argv(self, host: HostRef, *command: str, user: str | None = None) -> list[str]:
+        """`ssh -F <lab ssh_config> <name> command...`: plain OpenSSH with the lab's files only.
+
+        `user` logs in as someone else than the config's user (e.g. `self.login_user`).
+        """
+        login = ["-l", user] if user else []
+        return ["ssh", "-F", str(self.ssh_config), *login, self.host(host).name, *command]
 
     def __enter__(self) -> Lab:
         return self

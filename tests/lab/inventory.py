@@ -69,15 +69,25 @@ def render_inventory(
     ssh: Mapping[str, Any],
     hosts: Sequence[LabHost],
     tasks: Sequence[Sequence[Mapping[str, Any]]],
+    per_host: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
-    """The inventory text: [job], [ssh], then one [[hosts]] per host with its tasks."""
+    """The inventory text: [job], [ssh], then one [[hosts]] per host with its tasks.
+
+    `per_host` gives extra keys of a host's entry by host name (`python`, `workdir`, ...).
+    """
     if len(tasks) != len(hosts):
         raise ValueError(f"{len(tasks)} task lists for {len(hosts)} hosts")
+    per_host = per_host or {}
+    unknown = set(per_host) - {h.name for h in hosts}
+    if unknown:
+        raise ValueError(f"per_host names hosts not in the inventory: {sorted(unknown)}")
     lines = [*_table("[job]", job), "", *_table("[ssh]", ssh)]
     for host, host_tasks in zip(hosts, tasks, strict=True):
         lines += ["", "[[hosts]]"]
         lines += [f"name = {toml_value(host.name)}", f"address = {toml_value(host.address)}"]
         # A host's own `port` is its first TF port in the inventory contract; SSH's goes in `ssh`.
-        lines += [f"ssh = {toml_value({'port': host.port})}"]
+        extra = dict(per_host.get(host.name, {}))
+        lines += [f"ssh = {toml_value({'port': host.port} | dict(extra.pop('ssh', {})))}"]
+        lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in extra.items()]
         lines += [f"tasks = {toml_value(list(host_tasks))}"]
     return "\n".join(lines) + "\n"

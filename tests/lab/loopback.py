@@ -60,7 +60,7 @@ class LoopbackLab(Lab):
                     authorized_keys=self.authorized_keys,
                     pid_file=d / "sshd.pid",
                     listen=f"{address}:{host.port}",
-                    allow_user=self.user,
+                    allow_users=[self.user],
                 )
             )
             pub = (d / "ssh_host_ed25519_key.pub").read_text()

@@ -10,18 +10,20 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.lab import cleanup, procs, sshconf
 from tests.lab.base import HostRef, Lab, is_sshd, wait_until
 from tests.lab.model import VENV_PYTHON, LabError, LabHost, Proc
+from tests.lab.users import LoginUser, ensure_login_user
 
 _INIT_SRC = Path(__file__).with_name("hostinit.py")
 _PR_SET_PDEATHSIG = 1
@@ -32,6 +34,7 @@ _BOOT = """set -e
 hostname {hostname}
 mount -t tmpfs -o mode=0700 lab-root /root
 mount -t tmpfs -o mode=1777 lab-tmp /tmp
+{home}
 ip link set lo up
 {links}
 mkdir -p /run/sshd
@@ -87,6 +90,8 @@ class NamespaceLab(Lab):
         self._slots: dict[str, _Slot] = {}
         self._unreachable: list[str] = []
         self.topology = "flat"
+        self._login: LoginUser | None = None
+        self._shared_home: Path | None = None
 
     # -- bring-up --------------------------------------------------------------------------------
 
@@ -151,6 +156,10 @@ class NamespaceLab(Lab):
     def _write_files(self) -> None:
         (self.dir / "hostinit.py").write_text(_INIT_SRC.read_text())
         self.authorized_keys.write_text(Path(f"{self.key_path}.pub").read_text())
+        # sshd reads authorized_keys as the login user: let it pass the lab directory (not list
+        # it) and read that one file. Private keys stay 0600.
+        self.dir.chmod(0o711)
+        self.authorized_keys.chmod(0o644)
         known = []
         for slot in self._slots.values():
             d = self.dir / slot.host.name
@@ -159,7 +168,7 @@ class NamespaceLab(Lab):
                 authorized_keys=self.authorized_keys,
                 pid_file=d / "sshd.pid",
                 listen="0.0.0.0:22",
-                allow_user="root",
+                allow_users=["root", self.login_user],
             )
             (d / "sshd_config").write_text(conf)
             pub = (d / "ssh_host_ed25519_key.pub").read_text()
@@ -194,6 +203,8 @@ class NamespaceLab(Lab):
     def start(self, n: int, topology: str) -> None:
         """Build the network and boot all hosts in parallel; returns when every sshd listens."""
         self.topology = topology
+        self._login = ensure_login_user()
+        self.login_user = self._login.name
         names = [f"h{i}" for i in range(1, n + 1)] + (["bastion"] if topology == "bastion" else [])
         sshconf.keygen_all([self.key_path] + [self.dir / h / "ssh_host_ed25519_key" for h in names])
         with open(cleanup.LOCK_PATH, "a") as lock:
@@ -221,6 +232,7 @@ class NamespaceLab(Lab):
         d = self.dir / slot.host.name
         script = _BOOT.format(
             hostname=shlex.quote(slot.host.hostname),
+            home=self._home_mount(),
             links="\n".join(links),
             config=shlex.quote(str(d / "sshd_config")),
             log=shlex.quote(str(d / "sshd.log")),
@@ -282,6 +294,51 @@ class NamespaceLab(Lab):
         except OSError:
             return False
         return self._operstate(dev) == "up" and state == "3"
+
+    # -- the login user's home ---------------------------------------------------------------
+
+    def _home_mount(self) -> str:
+        """The command that gives a host the login user's home: its own, or the shared one."""
+        user = self._login
+        if user is None:
+            raise LabError("the lab has no login user before start()")
+        home = shlex.quote(user.home)
+        if self._shared_home is not None:
+            return f"mount --bind {shlex.quote(str(self._shared_home))} {home}"
+        opts = f"mode=0700,uid={user.uid},gid={user.gid}"
+        return f"mount -t tmpfs -o {opts} lab-home {home}"
+
+    def _remount_homes(self) -> None:
+        assert self._login is not None
+        home = shlex.quote(self._login.home)
+        for slot in self._slots.values():
+            if slot.crashed or not slot.init:
+                continue
+            done = self.run(slot.host, f"umount -l {home}; {self._home_mount()}")
+            if done.returncode != 0:
+                raise LabError(f"remounting {home} on {slot.host.name} failed: {done.stderr}")
+
+    @contextlib.contextmanager
+    def shared_home(self) -> Iterator[Path]:
+        """One directory mounted as the login user's home on every host, like NFS/EFS homes.
+
+        Yields that directory (as this machine sees it). Afterwards each host gets a fresh
+        private home again and the directory is deleted. A host revived meanwhile boots with it.
+        """
+        if self._login is None or self._shared_home is not None:
+            raise LabError("shared_home needs a started lab and does not nest")
+        shared = self.dir / "shared-home"
+        shared.mkdir(mode=0o700)
+        os.chown(shared, self._login.uid, self._login.gid)
+        self._shared_home = shared
+        try:
+            self._remount_homes()
+            yield shared
+        finally:
+            self._shared_home = None
+            if not self.stopped:
+                self._remount_homes()
+            shutil.rmtree(shared, ignore_errors=True)
 
     # -- inspection ------------------------------------------------------------------------------
 

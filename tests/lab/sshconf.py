@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tests.lab.model import LabHost
@@ -24,7 +24,12 @@ def keygen_all(paths: Iterable[Path]) -> None:
 
 
 def sshd_config(
-    *, host_key: Path, authorized_keys: Path, pid_file: Path, listen: str, allow_user: str
+    *,
+    host_key: Path,
+    authorized_keys: Path,
+    pid_file: Path,
+    listen: str,
+    allow_users: Sequence[str],
 ) -> str:
     """An sshd_config for one lab host; every line here is one the deployer depends on."""
     return "\n".join(
@@ -33,8 +38,9 @@ def sshd_config(
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
             # authorized_keys lives in the lab directory: the host's /root is a private tmpfs.
+            # sshd reads it as the user logging in, so it must be readable by every login user.
             f"AuthorizedKeysFile {authorized_keys}",
-            f"AllowUsers {allow_user}",
+            f"AllowUsers {' '.join(allow_users)}",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
