@@ -44,6 +44,8 @@ _BOOTSTRAP = (
     _VERSION_GATE
     + """
 import json, os
+if not os.environ.get("HOME", "x"):
+    del os.environ["HOME"]  # empty: ~ must come from the passwd entry, not become "/"
 d = json.loads(sys.stdin.buffer.readline())
 home = os.path.join(os.path.expanduser(d["workdir"]), "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):

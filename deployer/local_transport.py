@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import secrets
 import select
 import signal
@@ -29,7 +30,21 @@ LOGIN_ENV = ("HOME", "USER", "LOGNAME", "PATH", "SHELL", "LANG", "LANGUAGE", "TZ
 def login_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The subset of `environ` (default os.environ) a login on this machine would start with."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k in LOGIN_ENV or k.startswith("LC_")}
+    env = {k: v for k, v in environ.items() if k in LOGIN_ENV or k.startswith("LC_")}
+    if not env.get("HOME"):  # HOME="" would make ~/x mean /x; a login has the passwd entry's
+        env["HOME"] = _passwd_home()
+    return env
+
+
+def _passwd_home() -> str:
+    return pwd.getpwuid(os.getuid()).pw_dir
+
+
+def _expand_home(path: str) -> str:
+    """~ and ~/x as a login would read them: an empty HOME counts as unset."""
+    if path == "~" or path.startswith("~/"):
+        return (os.environ.get("HOME") or _passwd_home()) + path[1:]
+    return os.path.expanduser(path)
 
 
 def _spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
@@ -74,7 +89,7 @@ class LocalTransport:
         return CommandResult(proc.returncode, out, err)
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
-        path = os.path.expanduser(remote_path)
+        path = _expand_home(remote_path)
         if not os.path.isabs(path):
             raise ValueError(f"remote path must be absolute, not {remote_path!r}")
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)

@@ -678,3 +678,26 @@ def test_a_port_that_never_speaks_ssh_gives_one_clean_error_and_no_paramiko_log(
     assert done.returncode == 3, output  # a host could not be reached: nothing started
     assert "mute" in output and "no SSH banner within 1 s" in output, output
     assert "Traceback" not in output and "Exception (client)" not in output, output
+
+
+def test_an_empty_home_is_not_the_root_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HOME="" made `~/x` mean `/x`; a login would take the home from the passwd entry."""
+    import pwd
+
+    from deployer.agent import Agent
+
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    monkeypatch.setenv("HOME", "")
+    local = LocalTransport("here")
+    assert local.run(["sh", "-c", 'echo "$HOME"']).stdout.decode().strip() == home
+    workdir = f"~/.tfdeploy-test-home-{os.getpid()}"
+    try:
+        facts = Agent(local, python=sys.executable, workdir=workdir).install()
+        assert facts["workdir"] == f"{home}/{workdir[2:]}"
+    finally:
+        import shutil
+
+        shutil.rmtree(f"{home}/{workdir[2:]}", ignore_errors=True)
+    assert not os.path.exists(f"/{workdir[2:]}")
