@@ -330,3 +330,29 @@ def test_shared_home_lifecycle_as_non_root(
     finally:
         left = nothing_left(lab, hosts)
     assert left == {}, f"the run left processes or ports behind: {left}"
+
+
+@pytest.mark.isolated
+@pytest.mark.xfail(strict=False, reason="shared workdir support in progress")
+def test_shared_home_push_sends_each_content_once(
+    lab: Lab, lab_user_inventory: Any, lab_shared_home: Path, tmp_path: Path
+) -> None:
+    hosts = lab.hosts[:3]
+    code = code_dir(tmp_path)
+    (code / "data.bin").write_bytes(os.urandom(300_000))
+    inventory = lab_user_inventory(
+        [[{"role": "worker"}]] * 3,
+        code=code,
+        job={"name": "pushonce", "command": f"{lab.python} task.py 0", "stop_grace": 2},
+        hosts=hosts,
+    )
+    try:
+        out = tfdeploy(
+            "up", str(inventory), state=tmp_path / "state", timeout=45, check_rc=0
+        ).stdout
+        sent = [int(b) for b in re.findall(r"(\d+) bytes sent", out)]
+        # The three hosts share one store: the 300 kB cross the wire once, not three times.
+        assert sent and 300_000 <= sent[0] < 2 * 300_000, out
+    finally:
+        left = nothing_left(lab, hosts)
+    assert left == {}, f"the run left processes or ports behind: {left}"

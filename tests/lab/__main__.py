@@ -14,13 +14,14 @@ def _up(args: argparse.Namespace) -> int:
     lab = start_lab(args.n, args.topology, persistent=True)
     tasks = [[{"role": "worker"}] for _ in lab.hosts]
     job = {"code": str(Path(args.code).resolve()), "command": args.command}
-    inventory = lab.write_inventory(args.inventory, tasks=tasks, job=job)
+    user = lab.login_user if args.as_user else None
+    inventory = lab.write_inventory(args.inventory, tasks=tasks, job=job, user=user)
     print(
         f"lab {lab.id} up: {len(lab.hosts)} hosts ({'namespaces' if lab.isolated else 'loopback'})"
     )
     for h in lab.all_hosts:
         print(f"  {h.name:8} {h.address}:{h.port}  hostname {h.hostname}")
-    print(f"inventory:  {inventory}")
+    print(f"inventory:  {inventory} (as {user or lab.user})")
     print(f"ssh:        ssh -F {lab.ssh_config} {lab.hosts[0].name}")
     print(f"stop with:  python -m tests.lab down {lab.id}")
     return 0
@@ -60,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--inventory", default="lab.toml", help="where to write the inventory")
     up.add_argument("--code", default=os.getcwd(), help="job.code of the inventory")
     up.add_argument("--command", default="python3 train.py", help="job.command of the inventory")
+    up.add_argument(
+        "--as-user",
+        action="store_true",
+        help="the inventory logs in as the lab's non-root user (private home on each host)",
+    )
     down = sub.add_parser("down", help="stop labs by id")
     down.add_argument("ids", nargs="*")
     down.add_argument(
