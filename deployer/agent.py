@@ -30,6 +30,8 @@ REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"
 # serving requests on the same channel (`agent.serve`) until stdin closes: every later call of
 # the connection costs one round trip instead of an sshd session and a Python start (~50 ms of
 # host CPU). Fed all at once with EOF, it answers the hello alone and exits (one-shot mode).
+# Hosts sharing a home (NFS) may install at once: each writes its own temporary names, and a
+# rename puts identical content in place.
 # The version gate comes first and uses nothing newer than Python 2 syntax, so an interpreter
 # too old for the agent says so instead of failing on some later line.
 MIN_HOST_PYTHON = (3, 8)
@@ -51,7 +53,7 @@ home = os.path.join(os.path.expanduser(d["workdir"]), "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):
     os.makedirs(home, 0o700, exist_ok=True)
     for name, text in d["files"].items():
-        tmp = os.path.join(home, name + ".part")
+        tmp = os.path.join(home, "%s.part-%s-%d" % (name, os.uname()[1], os.getpid()))
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, os.path.join(home, name))

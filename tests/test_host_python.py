@@ -69,3 +69,23 @@ def test_an_interpreter_that_cannot_start_shows_the_loaders_words(tmp_path: Path
     message = info.value.message
     assert "cannot start" in message and "libpython3.10.so.1.0" in message, message
     assert "not found" not in message.split("cannot start")[0]
+
+
+def test_hosts_sharing_a_home_install_the_agent_at_once(tmp_path: Path) -> None:
+    """NFS homes: every host installs into the same directory at the same moment."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    workdir = tmp_path / "shared"
+
+    def install(i: int) -> object:
+        return Agent(LocalTransport(f"h{i}"), python=sys.executable, workdir=str(workdir)).install()
+
+    for _ in range(3):  # a fresh directory each round: the race is in the first install
+        with ThreadPoolExecutor(12) as pool:
+            facts = list(pool.map(install, range(12)))
+        assert all(f["workdir"] == str(workdir) for f in facts)  # type: ignore[index]
+        assert not list(workdir.glob("agent/*/*.part*"))
+        import shutil
+
+        shutil.rmtree(workdir)
