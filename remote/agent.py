@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hostid
 import jobsetup
 import layout
 import params
@@ -29,6 +30,8 @@ DEFAULT_MAX_BYTES = 256 * 1024
 def op_hello(req: dict[str, Any]) -> dict[str, Any]:
     workdir = layout.workdir_path(req)
     layout.make_private_dir(workdir)
+    layout.make_private_dir(layout.host_dir(workdir))
+    others = hostid.announce(workdir / "hosts", hostid.identity())
     ports = _ports(req, "ports")
     run_id = params.param(req, "run_id", str, None)
     if run_id is None:
@@ -46,6 +49,8 @@ def op_hello(req: dict[str, Any]) -> dict[str, Any]:
         "busy_ports": busy,
         "reserved_by": {str(port): holder for port, holder in held.items()},
         "agent_id": layout.agent_id(),
+        "host_id": hostid.identity(),
+        "shared_with": others,
     }
 
 
@@ -188,7 +193,7 @@ def _read_at(path: Path, offset: int, count: int) -> bytes:
 
 
 def op_runs(req: dict[str, Any]) -> dict[str, Any]:
-    root = layout.workdir_path(req) / "runs"
+    root = layout.runs_dir(layout.workdir_path(req))
     found = []
     for run_dir in root.iterdir() if root.is_dir() else []:
         if not run_dir.is_dir():

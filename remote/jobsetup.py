@@ -24,7 +24,8 @@ def op_setup(req: dict[str, Any]) -> dict[str, Any]:
         raise params.AgentError("parameter 'commands' must be a list of strings")
     env = params.check_env(params.param(req, "env", dict, {}))
     fingerprint = params.check_name(params.param(req, "fingerprint", str), "fingerprint")
-    setup_dir = layout.make_private_dir(run_dir.parent.parent / "setup")
+    # Per host, even on a shared workdir: a marker says what ran on this machine.
+    setup_dir = layout.make_private_dir(layout.host_dir(layout.workdir_path(req)) / "setup")
     marker = setup_dir / f"{fingerprint}.ok"
     # Two runs sharing a host and a fingerprint must not run the same setup side by side.
     with layout.open_lock(setup_dir / f"{fingerprint}.lock") as lock:

@@ -1,4 +1,4 @@
-"""Where a run lives on a host (workdir, run and task directories); how files there are written."""
+"""Where a run lives on a host (workdir, host, run and task directories); how files are written."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hostid
 import params
 import protocol
 
@@ -23,13 +25,28 @@ def workdir_path(req: dict[str, Any]) -> Path:
     return Path(os.path.abspath(os.path.expanduser(raw)))
 
 
+def host_dir(workdir: Path) -> Path:
+    """WORKDIR/hosts/<identity>: what belongs to this machine's processes, apart from other hosts'.
+
+    A workdir may be shared by several hosts (an NFS home): pids, leases, locks and port
+    reservations only mean something on the machine that wrote them.
+    """
+    return workdir / "hosts" / hostid.identity()
+
+
+def runs_dir(workdir: Path) -> Path:
+    return host_dir(workdir) / "runs"
+
+
 def run_path(req: dict[str, Any], *, must_exist: bool = True) -> Path:
-    """The run directory named by the request's workdir and run_id."""
+    """This host's directory of the run named by the request's workdir and run_id."""
     workdir = workdir_path(req)
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
-    path = workdir / "runs" / run_id
+    path = runs_dir(workdir) / run_id
     if must_exist and not (path / "run.json").is_file():
-        raise params.AgentError(f"there is no run {run_id!r} in {workdir}: materialize it first")
+        raise params.AgentError(
+            f"there is no run {run_id!r} of this host in {workdir}: materialize it first"
+        )
     return path
 
 
@@ -65,8 +82,13 @@ def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
 
 
 def touch(path: Path) -> None:
+    """Sets mtime to now by this host's clock, which judges the lease.
+
+    On NFS an utime(None) would take the file server's time, and the clocks may differ.
+    """
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-    os.utime(path)
+    now = time.time()
+    os.utime(path, (now, now))
 
 
 def open_lock(path: Path) -> Any:

@@ -21,6 +21,11 @@ SERVE_IDLE_EXIT = 75
 RUN_ID_ENV = "TFDEPLOY_RUN_ID"
 TASK_ENV = "TFDEPLOY_TASK"
 
+# The host identity (hostid.py). Set by the supervisor in every task's environment, so a stop on
+# one host never takes another host's processes for its own; set in the agent's environment, it
+# replaces the computed identity (tests simulate several hosts sharing one workdir with it).
+HOST_ID_ENV = "TFDEPLOY_HOST_ID"
+
 # How long a port reservation taken at hello lives without a heartbeat of its run.
 DEFAULT_RESERVATION_S = 60.0
 

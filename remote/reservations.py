@@ -2,7 +2,8 @@
 
 Preflight checks that each TF port can be bound, but nothing binds it until the task starts,
 seconds later: two `up` of one inventory started together both saw free ports and one died on
-bind. A hello carrying a run id therefore records the run's ports under WORKDIR/ports, checked and
+bind. A hello carrying a run id therefore records the run's ports under
+WORKDIR/hosts/<id>/ports (per host: a shared workdir must not mix hosts' ports), checked and
 written under one flock, and a later hello of another run finds them busy. A reservation lives
 while its run does: it ends when the run is stopped (stop marker, whole-run stop, `release`) and
 lapses when neither the reservation nor the run's lease was renewed for `lease_seconds` (a
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import re
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,10 +22,9 @@ import layout
 import protocol
 
 
-def _host_dir(workdir: Path) -> Path:
-    """Per hostname: a workdir on a shared (NFS) home must not mix the hosts' ports."""
-    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
-    return workdir / "ports" / host
+def _ports_dir(workdir: Path) -> Path:
+    """Per host: a workdir on a shared (NFS) home must not mix the hosts' ports."""
+    return layout.host_dir(workdir) / "ports"
 
 
 def reserve(
@@ -37,7 +35,7 @@ def reserve(
     bindable: Callable[[int], bool],
 ) -> tuple[list[int], dict[int, str]]:
     """(busy ports, {port: run id holding it}); reserves all of `ports` only when none is busy."""
-    directory = layout.make_private_dir(_host_dir(workdir))
+    directory = layout.make_private_dir(_ports_dir(workdir))
     lease = protocol.DEFAULT_RESERVATION_S if lease_seconds is None else float(lease_seconds)
     now = time.time()
     with layout.open_lock(directory / ".lock") as lock:
@@ -63,7 +61,7 @@ def _holder(workdir: Path, path: Path, now: float) -> str | None:
     record: Any = layout.read_json(path)
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
         return None
-    run_dir = workdir / "runs" / record["run_id"]
+    run_dir = layout.runs_dir(workdir) / record["run_id"]
     if layout.run_stopped(run_dir):
         return None
     beat = float(record.get("reserved") or 0)
@@ -75,7 +73,7 @@ def _holder(workdir: Path, path: Path, now: float) -> str | None:
 
 def release(workdir: Path, run_id: str) -> int:
     """Drops every reservation of the run on this host; how many ports it held."""
-    directory = _host_dir(workdir)
+    directory = _ports_dir(workdir)
     if not directory.is_dir():
         return 0
     released = 0

@@ -1,26 +1,53 @@
-"""Content store and run code: the have and materialize ops."""
+"""Content store and run code: the have and materialize ops.
+
+WORKDIR/store may be shared by several hosts (an NFS home): every writer uses a temporary name
+of its own, content is published by an atomic link that never replaces what is there, and the
+mode of a published file never changes. So hosts storing the same content at once all succeed,
+and a host can place content that another host stored.
+"""
 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import shutil
 import sys
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
+import hostid
 import layout
 import params
 
 _LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES}
+DEFAULT_MODE = 0o644  # of content whose blob names no mode: what most files want
 
 
 def op_have(req: dict[str, Any]) -> dict[str, Any]:
     store = layout.workdir_path(req) / "store"
     hashes = [params.check_hash(h) for h in params.param(req, "hashes", list)]
-    return {"missing": [h for h in hashes if not (store / h).is_file()]}
+    return {"missing": absent(store, hashes)}
+
+
+def absent(store: Path, digests: list[str]) -> list[str]:
+    """The digests with no content in the store, as the file server sees it now.
+
+    An NFS client remembers that a name did not exist until the directory's cached attributes
+    expire (up to a minute), so content another host stored meanwhile would look missing.
+    Listing the directory opens it, which revalidates it (close-to-open consistency): misses are
+    confirmed that way before they are reported.
+    """
+    missing = [d for d in digests if not (store / d).is_file()]
+    if not missing:
+        return []
+    try:
+        names = set(os.listdir(store))
+    except OSError:
+        return missing  # no store yet
+    return [d for d in missing if d not in names or not (store / d).is_file()]
 
 
 def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
@@ -31,11 +58,11 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     blobs = params.param(req, "blobs", list, [])
     if blobs:
         _receive(store, blobs, sys.stdin.buffer)
-    missing = [str(rel) for rel, digest, _ in entries if not (store / digest).is_file()]
+    lacking = set(absent(store, sorted({digest for _, digest, _ in entries})))
+    missing = [str(rel) for rel, digest, _ in entries if digest in lacking]
     if missing:
         count, first = len(missing), missing[0]
         raise params.AgentError(f"the store lacks the content of {count} file(s), {first!r} first")
-    layout.make_private_dir(workdir / "runs")
     layout.make_private_dir(run_dir)
     _write_run_json(req, run_dir)
     layout.touch(run_dir / "lease")
@@ -43,7 +70,7 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     code.mkdir(mode=0o700, exist_ok=True)
     checked: set[Path] = set()  # directories already known to lie inside code/
     for rel, digest, mode in entries:
-        _place(store / digest, code, rel, mode, checked)
+        _place(store, digest, code, rel, mode, checked)
     return {"files": len(entries)}
 
 
@@ -54,17 +81,52 @@ def _receive(store: Path, blobs: list[Any], stream: BinaryIO) -> None:
     small files the round trips, not the bytes, were the cost.
     """
     for item in blobs:
-        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[1], int):
-            raise params.AgentError(f"each of 'blobs' must be [sha256, size], got {item!r:.80}")
+        if not (
+            isinstance(item, list)
+            and len(item) in (2, 3)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in item[1:])
+        ):
+            raise params.AgentError(
+                f"each of 'blobs' must be [sha256, size] or [sha256, size, mode], got {item!r:.80}"
+            )
         digest, size = params.check_hash(item[0]), item[1]
+        mode = _mode(item[2]) if len(item) == 3 else DEFAULT_MODE
         data = stream.read(size)
         if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
             raise params.AgentError(f"the content of {digest[:12]} arrived damaged or short")
-        tmp = store / f".{digest}.{os.getpid()}.part"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, store / digest)
+        if not (store / digest).is_file():  # stored meanwhile (another host): read, not written
+            _store(store, digest, store / digest, functools.partial(_write, data=data, mode=mode))
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), mode)
+
+
+def _store(store: Path, digest: str, final: Path, fill: Callable[[Path], None]) -> None:
+    """Fills a temporary file, then publishes it as `final` unless that is there already.
+
+    The temporary name is this writer's alone (hosts sharing a store may run the same pid). A
+    published inode never changes, content nor mode: code/ directories on every host sharing
+    the store link to it. So an existing file wins (it has the same content), and it is never
+    replaced under a reader.
+    """
+    unique = f"{hostid.identity()}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp = store / f".{digest}.{unique}.part"
+    try:
+        fill(tmp)
+        os.link(tmp, final)
+    except FileExistsError:
+        pass  # another writer was first: same content, so this is success
+    except OSError as exc:
+        if exc.errno not in _LINK_FALLBACK:
+            raise
+        if not final.exists():  # no hard links on this file system: rename instead
+            os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _file_entry(item: Any) -> tuple[PurePosixPath, str, int]:
@@ -90,8 +152,32 @@ def _write_run_json(req: dict[str, Any], run_dir: Path) -> None:
     layout.write_json(run_dir / "run.json", meta)
 
 
-def _place(src: Path, code: Path, rel: PurePosixPath, mode: int, checked: set[Path]) -> None:
-    """Hard-link one file into code/; copy when linking is impossible or would change a mode."""
+def _mode(value: int) -> int:
+    """Only permission bits, and always readable by the owner (setuid and the like never pass)."""
+    return (value & 0o777) | 0o400
+
+
+def _source(store: Path, digest: str, mode: int) -> Path:
+    """A store inode holding the content with exactly `mode`, to be hard-linked into code/.
+
+    Modes are fixed when an inode is published and never changed afterwards: another run, or
+    another host sharing the store, may have linked it already (and over NFS the link count
+    that would tell is cached). The content as received has the mode its blob carried; another
+    mode gets a copy of its own, `<sha256>.<mode>`, shared by every later file wanting it.
+    """
+    base = store / digest
+    if os.stat(base).st_mode & 0o777 == mode:
+        return base
+    variant = store / f"{digest}.{mode:03o}"
+    if not variant.is_file():
+        _store(store, digest, variant, lambda tmp: _copy(base, tmp, mode))
+    return variant
+
+
+def _place(
+    store: Path, digest: str, code: Path, rel: PurePosixPath, mode: int, checked: set[Path]
+) -> None:
+    """Hard-link one file into code/; copy when linking is impossible."""
     dest = code.joinpath(*rel.parts)
     if dest.parent not in checked:  # resolve() lstats every component: once per directory
         dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -100,21 +186,18 @@ def _place(src: Path, code: Path, rel: PurePosixPath, mode: int, checked: set[Pa
             where = f"unsafe relative path {str(rel)!r}"
             raise params.AgentError(f"{where}: a symlink leads out of code/")
         checked.add(dest.parent)
-    want = (mode & 0o777) | 0o400
-    st = os.stat(src)
-    if st.st_mode & 0o777 != want and st.st_nlink == 1:
-        os.chmod(src, want)  # only the store holds this inode, so nobody else sees the change
-    copy = st.st_nlink > 1 and st.st_mode & 0o777 != want  # linking would change another run's
-    if not copy:
-        try:
-            os.link(src, dest)  # a new run's code/ is empty: link in place, atomically
-            return
-        except FileExistsError:
-            pass  # a repeated materialize: replace by rename below
-        except OSError as exc:
-            if exc.errno not in _LINK_FALLBACK:
-                raise
-            copy = True
+    want = _mode(mode)
+    src = _source(store, digest, want)
+    copy = False
+    try:
+        os.link(src, dest)  # a new run's code/ is empty: link in place, atomically
+        return
+    except FileExistsError:
+        pass  # a repeated materialize: replace by rename below
+    except OSError as exc:
+        if exc.errno not in _LINK_FALLBACK:
+            raise
+        copy = True
     tmp = dest.with_name(f".{dest.name}.tfdeploy-tmp")
     if copy:
         _copy(src, tmp, want)

@@ -4,7 +4,8 @@ A task is stopped as its process group, but a child that calls setsid() leaves t
 would outlive the run. Every task's environment carries TFDEPLOY_RUN_ID, and children inherit
 it, so a whole-run stop looks for that exact entry in the environment of this user's processes.
 It never touches a process of another user, another run (a run id that is a prefix of ours is
-another run), a group still run by a supervisor, or the agent's own processes.
+another run), another host (TFDEPLOY_HOST_ID, set by the supervisor, names a host other than
+this one), a group still run by a supervisor, or the agent's own processes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
+import hostid
 import layout
 import procs
 import protocol
@@ -33,6 +35,7 @@ class Stray(NamedTuple):
 def find(run_id: str, spare_pids: Iterable[int], spare_groups: Iterable[int]) -> list[Stray]:
     """Live processes of this uid whose environment holds TFDEPLOY_RUN_ID=<run_id> exactly."""
     needle = b"\0" + f"{protocol.RUN_ID_ENV}={run_id}".encode() + b"\0"
+    other_host = _other_host(hostid.identity())
     spare, groups, uid = set(spare_pids), set(spare_groups), os.getuid()
     found = []
     for entry in os.scandir("/proc"):
@@ -44,6 +47,8 @@ def find(run_id: str, spare_pids: Iterable[int], spare_groups: Iterable[int]) ->
             environ = Path(entry.path, "environ").read_bytes()
             if needle not in b"\0" + environ:  # whole NUL-delimited entries, never a prefix
                 continue
+            if other_host(b"\0" + environ):
+                continue  # the same run on another host that shares our processes' namespace
             stat = Path(entry.path, "stat").read_bytes()
             argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -55,6 +60,17 @@ def find(run_id: str, spare_pids: Iterable[int], spare_groups: Iterable[int]) ->
         if not _is_agent(words):
             found.append(Stray(int(entry.name), int(fields[19]), " ".join(words)[:CMD_CHARS]))
     return found
+
+
+def _other_host(me: str) -> Callable[[bytes], bool]:
+    """Whether an environment names another host: processes from before the variable count."""
+    key = b"\0" + protocol.HOST_ID_ENV.encode() + b"="
+    ours = key + me.encode() + b"\0"
+
+    def other(environ: bytes) -> bool:
+        return key in environ and ours not in environ + b"\0"
+
+    return other
 
 
 def _is_agent(argv: list[str]) -> bool:

@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import hostid
 import layout
 import params
 import procs
+import protocol
 import strays
 
 TICK = 0.25  # how often the stop marker is looked at; stop ops signal the group themselves
@@ -57,7 +59,9 @@ class _Supervisor:
     def _spawn(self) -> subprocess.Popen[bytes] | None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         log_fd = os.open(self.task_dir / "output.log", flags, 0o600)
-        env = {**os.environ, **self.spec.get("env", {})}
+        # The host identity lets a whole-run stop tell this host's strays from another host's
+        # of the same run, should both be visible (hosts that share a pid namespace).
+        env = {**os.environ, **self.spec.get("env", {}), protocol.HOST_ID_ENV: hostid.identity()}
         try:
             if self.spec.get("cpus"):
                 # Pinned before the fork, so the task inherits it from its first instruction

@@ -20,20 +20,29 @@ from typing import Any
 
 import pytest
 
+from remote.protocol import HOST_ID_ENV
+
 PYTHON = "/opt/tfdeploy/venv/bin/python"
 AGENT = Path(__file__).resolve().parent.parent / "remote" / "agent.py"
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def call(workdir: Path, op: str, **params: Any) -> dict[str, Any]:
-    """One agent call; a crash (non-zero exit, traceback) fails the test outright."""
+def call(workdir: Path, op: str, *, host: str | None = None, **params: Any) -> dict[str, Any]:
+    """One agent call; a crash (non-zero exit, traceback) fails the test outright.
+
+    `host` replaces the agent's host identity (TFDEPLOY_HOST_ID), as if the call were made on
+    another machine sharing the workdir.
+    """
     request = {"v": 1, "op": op, "workdir": str(workdir), **params}
-    return raw_call(json.dumps(request).encode())
+    return raw_call(json.dumps(request).encode(), host=host)
 
 
-def raw_call(payload: bytes) -> dict[str, Any]:
-    proc = subprocess.run([PYTHON, str(AGENT)], input=payload, capture_output=True, timeout=30)
+def raw_call(payload: bytes, *, host: str | None = None, python: str = PYTHON) -> dict[str, Any]:
+    env = {**os.environ, HOST_ID_ENV: host} if host else None
+    proc = subprocess.run(
+        [python, str(AGENT)], input=payload, capture_output=True, timeout=30, env=env
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stderr == b"", proc.stderr.decode()
     reply: dict[str, Any] = json.loads(proc.stdout)
@@ -73,14 +82,25 @@ def alive(pid: int) -> bool:
     return data[data.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
+def host_dir(workdir: Path) -> Path:
+    """WORKDIR/hosts/<identity> of this machine: the only host that used the workdir."""
+    [found] = (workdir / "hosts").iterdir()
+    return found
+
+
+def runs_dir(workdir: Path) -> Path:
+    return host_dir(workdir) / "runs"
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Iterator[Path]:
-    """A host workdir; every process any run started is gone after the test."""
+    """A host workdir; every process any run started, on any simulated host, is gone after it."""
     wd = tmp_path / "wd"
     yield wd
-    for run_dir in (wd / "runs").glob("*"):
+    for run_dir in wd.glob("hosts/*/runs/*"):
         if (run_dir / "run.json").exists():
-            call(wd, "stop", run_id=run_dir.name, tasks=None, grace=0)
+            host = run_dir.parent.parent.name
+            call(wd, "stop", host=host, run_id=run_dir.name, tasks=None, grace=0)
         for pid_file in run_dir.glob("tasks/*/pid.json"):
             pids = json.loads(pid_file.read_text())
             if ticks(pids["supervisor"]) == pids["supervisor_ticks"]:
@@ -102,7 +122,7 @@ def put_in_store(workdir: Path, data: bytes) -> str:
 def new_run(workdir: Path, run_id: str = "r1", **fields: Any) -> Path:
     fields = {"job": "demo", "detached": False, "lease_seconds": None, "files": [], **fields}
     ok(call(workdir, "materialize", run_id=run_id, controller="test", **fields))
-    return workdir / "runs" / run_id
+    return runs_dir(workdir) / run_id
 
 
 def start(workdir: Path, *tasks: dict[str, Any], run_id: str = "r1", grace: float = 1) -> Any:
@@ -144,6 +164,8 @@ def test_hello_reports_versions_and_busy_ports(workdir: Path) -> None:
     assert reply["hostname"] == platform.node()
     assert reply["disk_free"] > 0
     assert len(reply["agent_id"]) == 12
+    assert reply["host_id"] == host_dir(workdir).name
+    assert reply["host_id"].startswith(platform.node() + "-") and reply["shared_with"] == []
 
 
 @pytest.mark.parametrize(
@@ -173,16 +195,21 @@ def test_have_and_materialize_hard_link_with_modes(workdir: Path) -> None:
     files = [["bin/run.sh", script, 0o4755], ["data/x/y.csv", data, 0o200]]
     files += [["top.csv", data, 0o600], ["other.csv", data, 0]]
     run_dir = new_run(workdir, files=files)
-    code = run_dir / "code"
-    assert (code / "bin/run.sh").stat().st_ino == (workdir / "store" / script).stat().st_ino
+    code, store = run_dir / "code", workdir / "store"
+    # The store's inodes keep their mode (other runs and hosts may link them): another mode
+    # is a copy of its own in the store, <sha256>.<mode>, linked by every file that wants it.
+    assert (store / script).stat().st_mode & 0o777 == 0o600
+    assert (code / "bin/run.sh").stat().st_ino == (store / f"{script}.755").stat().st_ino
     assert (code / "bin/run.sh").stat().st_mode & 0o7777 == 0o755
     assert (code / "data/x/y.csv").read_bytes() == b"1,2,3\n"
     assert (code / "data/x/y.csv").stat().st_mode & 0o777 == 0o600  # made user-readable
+    assert (code / "data/x/y.csv").stat().st_ino == (store / data).stat().st_ino
     assert (code / "top.csv").stat().st_ino == (code / "data/x/y.csv").stat().st_ino
-    # Another mode on a shared inode would change the other links too: that one is a copy.
-    assert (code / "other.csv").stat().st_ino != (code / "top.csv").stat().st_ino
+    assert (code / "other.csv").stat().st_ino == (store / f"{data}.400").stat().st_ino
     assert (code / "other.csv").stat().st_mode & 0o777 == 0o400
     assert (code / "top.csv").stat().st_mode & 0o777 == 0o600
+    again = new_run(workdir, "r2", files=[["run.sh", script, 0o755]])  # the copy is reused
+    assert (again / "code/run.sh").stat().st_ino == (code / "bin/run.sh").stat().st_ino
     assert run_dir.stat().st_mode & 0o777 == 0o700
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["job"] == "demo" and meta["controller"] == "test" and (run_dir / "lease").exists()
@@ -193,7 +220,7 @@ def test_materialize_rejects_unsafe_paths(workdir: Path, relpath: str) -> None:
     digest = put_in_store(workdir, b"x")
     reply = call(workdir, "materialize", run_id="r1", job="j", files=[[relpath, digest, 0o644]])
     assert reply["ok"] is False and repr(relpath) in reply["error"]
-    assert not (workdir / "evil").exists() and not (workdir / "runs" / "evil").exists()
+    assert not (workdir / "evil").exists() and not list(workdir.glob("hosts/*/runs/evil"))
 
 
 def test_materialize_names_missing_store_content(workdir: Path) -> None:
@@ -288,7 +315,7 @@ def test_supervisor_survives_its_starter_going_away(workdir: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(starter.pid, sig)
     time.sleep(0.5)
-    pids = json.loads((workdir / "runs/r1/tasks/worker-0/pid.json").read_text())
+    pids = json.loads((runs_dir(workdir) / "r1/tasks/worker-0/pid.json").read_text())
     assert os.getsid(pids["supervisor"]) == pids["supervisor"]  # a session of its own
     assert alive(pids["supervisor"]) and alive(task["pid"])
     assert status(workdir, "worker:0")["state"] == "running"
@@ -425,7 +452,7 @@ def test_runs_lists_newest_first_and_tolerates_half_written_runs(workdir: Path) 
     time.sleep(0.02)
     new_run(workdir, "new", job="second", detached=True)
     start(workdir, {"name": "worker:0", "command": "exit 0"}, run_id="new")
-    broken = workdir / "runs" / "broken"
+    broken = runs_dir(workdir) / "broken"
     (broken / "tasks" / "ps-0").mkdir(parents=True)
     (broken / "run.json").write_text('{"run_id": "bro')
     listed = ok(call(workdir, "runs"))["runs"]
@@ -449,7 +476,7 @@ def test_a_stopped_run_never_starts_again(workdir: Path) -> None:
     ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
     reply = call(workdir, "start", run_id="r1", tasks=[{"name": "worker:0", "command": "true"}])
     assert reply["ok"] is False and "was stopped" in reply["error"]
-    assert not (workdir / "runs/r1/tasks/worker-0").exists()
+    assert not (runs_dir(workdir) / "r1/tasks/worker-0").exists()
 
 
 def test_a_stop_during_start_sees_every_task_of_that_start(workdir: Path) -> None:
@@ -463,7 +490,7 @@ def test_a_stop_during_start_sees_every_task_of_that_start(workdir: Path) -> Non
     assert starter.stdin is not None
     starter.stdin.write(json.dumps(request))
     starter.stdin.close()
-    wait_for(lambda: (workdir / "runs/r1/tasks").is_dir(), step=0.001)
+    wait_for(lambda: list(workdir.glob("hosts/*/runs/r1/tasks")), step=0.001)
     stopped = ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))["tasks"]
     starter.wait(timeout=20)
     assert [t["name"] for t in stopped] == [f"worker:{i}" for i in range(4)]
@@ -495,7 +522,7 @@ def test_a_whole_run_stop_ends_a_running_setup(workdir: Path) -> None:
     reply = json.loads(setup.stdout.read())
     assert reply["code"] == 128 + signal.SIGTERM and not alive(pid)
     assert not (run_dir / "code/never.txt").exists()
-    assert not (workdir / "setup/slow.ok").exists()
+    assert not (host_dir(workdir) / "setup/slow.ok").exists()
 
 
 def test_restarts_are_counted_and_frozen_tasks_reported(workdir: Path) -> None:
@@ -544,7 +571,7 @@ def test_everything_the_agent_writes_is_private(workdir: Path) -> None:
     start(workdir, {"name": "worker:0", "command": "echo hi", "env": {"API_KEY": "s3cret"}})
     wait_state(workdir, "worker:0", "exited")
     ok(call(workdir, "stop", run_id="r1", tasks=None, grace=1))
-    code = workdir / "runs" / "r1" / "code"
+    code = runs_dir(workdir) / "r1" / "code"
     seen = []
     for path in [workdir, *workdir.rglob("*")]:
         if path.is_relative_to(code) or path.parent.name == "store":

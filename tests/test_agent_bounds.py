@@ -23,7 +23,7 @@ import pytest
 
 from deployer.agent import Agent
 from deployer.local_transport import LocalTransport
-from tests.test_agent import AGENT, PYTHON, alive, new_run, ok, start, wait_for
+from tests.test_agent import AGENT, PYTHON, alive, new_run, ok, runs_dir, start, wait_for
 from tests.test_agent import workdir as workdir  # the fixture: stops every run it left
 
 pytestmark = pytest.mark.timeout(60)
@@ -164,7 +164,7 @@ def test_a_hello_reserves_the_ports_until_the_run_stops(workdir: Path) -> None:
     third = ok(call(workdir, "hello", ports=[port], run_id="second", lease_seconds=30))
     assert third["busy_ports"] == []
     assert ok(call(workdir, "release", run_id="second"))["released"] == 1
-    assert list((workdir / "ports").glob("*/*.json")) == []
+    assert list(workdir.glob("hosts/*/ports/*.json")) == []
 
 
 def test_a_reservation_lapses_with_its_lease_and_lives_with_its_heartbeats(workdir: Path) -> None:
@@ -224,7 +224,7 @@ def test_agent_stop_reports_escaped_processes(tmp_path: Path, run_id: str) -> No
     env = {"TFDEPLOY_RUN_ID": run_id}
     [task] = agent.start(run_id, [{"name": "w", "command": ESCAPE, "env": env}], grace=1)
     assert task.pid is not None
-    stray = escaped_pid(tmp_path / "wd/runs" / run_id, task.pid)
+    stray = escaped_pid(runs_dir(tmp_path / "wd") / run_id, task.pid)
     report = agent.stop(run_id, grace=1)
     assert [(e.pid, e.cmd, e.signal) for e in report.escaped] == [(stray, "sleep 600", 15)]
     assert [t.reason for t in report.tasks] == ["stopped"]
@@ -240,8 +240,8 @@ def test_a_stop_over_ssh_ends_a_setsid_sidecar_on_a_lab_host(lab: Any, run_id: s
         agent.call("materialize", run_id=run_id, job="j", files=[], lease_seconds=None)
         env = {"TFDEPLOY_RUN_ID": run_id}
         agent.start(run_id, [{"name": "w", "command": ESCAPE, "env": env}], grace=1)
-        pid_file = f"{agent.home}/runs/{run_id}/code/escaped.pid"
-        read = ["sh", "-c", f"test -s {pid_file} && cat {pid_file}"]
+        pid_file = f"{agent.home}/hosts/*/runs/{run_id}/code/escaped.pid"
+        read = ["sh", "-c", f"cat {pid_file}"]
         stray = int(wait_for(lambda: lab.run(host, read).stdout.strip(), timeout=10))
         report = agent.stop(run_id, grace=1)
         assert [(e.pid, e.cmd) for e in report.escaped] == [(stray, "sleep 600")]

@@ -80,4 +80,4 @@ def test_the_agent_runs_a_task_on_an_old_python(python: str, tmp_path: Path) -> 
     assert task["state"] == "running" and os.getpgid(task["pid"]) == task["pid"]
     [done] = agent_call(python, wd, "stop", run_id="r1", tasks=None, grace=1)["tasks"]
     assert (done["state"], done["reason"], done["signal"]) == ("exited", "stopped", 15)
-    assert (wd / "runs/r1/code/up.txt").read_text() == "set\n"
+    assert [p.read_text() for p in wd.glob("hosts/*/runs/r1/code/up.txt")] == ["set\n"]
