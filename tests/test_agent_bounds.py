@@ -169,15 +169,17 @@ def test_a_hello_reserves_the_ports_until_the_run_stops(workdir: Path) -> None:
 
 def test_a_reservation_lapses_with_its_lease_and_lives_with_its_heartbeats(workdir: Path) -> None:
     port = free_port()
-    ok(call(workdir, "hello", ports=[port], run_id="r1", lease_seconds=1))
-    new_run(workdir, "r1", lease_seconds=1)
-    for _ in range(3):  # 1.5 s of heartbeats, well past the 1 s lease
-        time.sleep(0.5)
+    ok(call(workdir, "hello", ports=[port], run_id="r1", lease_seconds=2))
+    new_run(workdir, "r1", lease_seconds=2)
+    began = time.monotonic()
+    # Heartbeats well past the 2 s lease; a loaded machine may take a second per agent call.
+    while time.monotonic() - began < 3:
+        time.sleep(0.3)
         ok(call(workdir, "poll", run_id="r1", offsets={}, max_bytes=0, heartbeat=True))
-        other = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=1))
+        other = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=2))
         assert other["reserved_by"] == {str(port): "r1"}
-    time.sleep(1.3)  # the controller of r1 is gone
-    other = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=1))
+    time.sleep(2.3)  # the controller of r1 is gone
+    other = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=2))
     assert other["busy_ports"] == []
 
 
