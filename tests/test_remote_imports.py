@@ -46,9 +46,17 @@ def test_modules_import_as_top_level_scripts_do_on_hosts() -> None:
 
 
 def old_pythons() -> list[str]:
-    """Python 3.8 builds on this machine: the oldest the agent supports (pyenv shims excluded)."""
-    found = glob.glob("/usr/bin/python3.8") + glob.glob("/usr/local/bin/python3.8")
-    found += glob.glob(os.path.expanduser("~/.pyenv/versions/3.8.*/bin/python3.8"))
+    """Python 3.8 and 3.9 builds on this machine (pyenv shims excluded).
+
+    3.8 is the oldest the agent supports; 3.9 is the system Python of Amazon Linux 2023,
+    Debian 11 and RHEL 9.
+    """
+    found = []
+    for version in ("3.8", "3.9"):
+        for pattern in ("/usr/bin/python{}", "/usr/local/bin/python{}"):
+            found += glob.glob(pattern.format(version))
+        pyenv = f"~/.pyenv/versions/{version}.*/bin/python{version}"
+        found += glob.glob(os.path.expanduser(pyenv))
     return sorted(found)
 
 
@@ -66,7 +74,7 @@ def agent_call(python: str, workdir: Path, op: str, **params: Any) -> dict[str, 
     return reply
 
 
-@pytest.mark.skipif(not old_pythons(), reason="no Python 3.8 on this machine")
+@pytest.mark.skipif(not old_pythons(), reason="no Python 3.8 or 3.9 on this machine")
 @pytest.mark.parametrize("python", old_pythons() or ["none"])
 def test_the_agent_runs_a_task_on_an_old_python(python: str, tmp_path: Path) -> None:
     """vermin checks the syntax; this proves the calls: start in a group, supervise, stop."""

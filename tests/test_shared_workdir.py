@@ -30,7 +30,7 @@ from tests.test_remote_imports import old_pythons
 pytestmark = pytest.mark.timeout(90)
 
 A, B = "host-a", "host-b"
-# The agent as the host's interpreter runs it: the venv's, and Python 3.8 where the machine has it.
+# The agent as a host's interpreter runs it: the venv's, and 3.8 and 3.9 where the machine has them.
 PYTHONS = [PYTHON, *old_pythons()]
 
 
