@@ -29,10 +29,10 @@ DEFAULT_MODE = 0o644  # of content whose blob names no mode: what most files wan
 def op_have(req: dict[str, Any]) -> dict[str, Any]:
     store = layout.workdir_path(req) / "store"
     hashes = [params.check_hash(h) for h in params.param(req, "hashes", list)]
-    return {"missing": absent(store, hashes)}
+    return {"missing": _absent(store, hashes)}
 
 
-def absent(store: Path, digests: list[str]) -> list[str]:
+def _absent(store: Path, digests: list[str]) -> list[str]:
     """The digests with no content in the store, as the file server sees it now.
 
     An NFS client remembers that a name did not exist until the directory's cached attributes
@@ -58,7 +58,7 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     blobs = params.param(req, "blobs", list, [])
     if blobs:
         _receive(store, blobs, sys.stdin.buffer)
-    lacking = set(absent(store, sorted({digest for _, digest, _ in entries})))
+    lacking = set(_absent(store, sorted({digest for _, digest, _ in entries})))
     missing = [str(rel) for rel, digest, _ in entries if digest in lacking]
     if missing:
         count, first = len(missing), missing[0]

@@ -63,7 +63,7 @@ def find(run_id: str, spare_pids: Iterable[int], spare_groups: Iterable[int]) ->
 
 
 def _other_host(me: str) -> Callable[[bytes], bool]:
-    """Whether an environment names another host: processes from before the variable count."""
+    """Whether an environment names another host (one without the variable counts as ours)."""
     key = b"\0" + protocol.HOST_ID_ENV.encode() + b"="
     ours = key + me.encode() + b"\0"
 
