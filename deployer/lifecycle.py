@@ -13,7 +13,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployer import firewall
@@ -28,8 +28,8 @@ from deployer.poller import POLL_WAIT_S, Poller
 from deployer.preflight import Claim, Settled, preflight
 from deployer.secrets import mask_text
 from deployer.state import RunRecord, new_run_id, save
-from deployer.sync import Manifest, push, setup_fingerprint
-from deployer.text import plural
+from deployer.sync import Manifest, PushResult, push, setup_fingerprint
+from deployer.text import join_names, plural
 from deployer.view import View
 from deployer.watch import Watch
 
@@ -104,7 +104,7 @@ class Deployment:
         try:
             settled = self.preflight()
             self._follow(settled.plan, settled.gpu_hosts)
-            self.push(settled.manifest)
+            self.push(settled.manifest, settled.workdir_groups)
             self.setup(settled.manifest)
             self.firewall_up()
             self.start()
@@ -145,7 +145,8 @@ class Deployment:
         self.view.step(f"preflight ok: {settled.summary}")
         return settled
 
-    def push(self, manifest: Manifest) -> None:
+    def push(self, manifest: Manifest, groups: Sequence[Sequence[str]] = ()) -> None:
+        """Code to every host; hosts sharing a workdir get each content once, via the first."""
         self._save_record()
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in self.members)
@@ -156,9 +157,18 @@ class Deployment:
             "lease_seconds": None if self.options.detach else self._lease(),
             "controller": _controller_name(),
         }
-        results = self.fleet.each(
-            lambda m: push(m.agent, manifest, fields), self.members, what="pushing the code failed"
-        )
+        shared = [g for g in groups if len(g) > 1]
+        later = {h for g in shared for h in g[1:]}
+        results: dict[str, PushResult] = {}
+        for wave in (
+            [m for m in self.members if m.name not in later],
+            [m for m in self.members if m.name in later],
+        ):  # the rest of a group finds the contents its first host just stored
+            results |= self.fleet.each(
+                lambda m: push(m.agent, manifest, fields), wave, what="pushing the code failed"
+            )
+        for g in shared:
+            self.view.step(f"{join_names(list(g))} share one workdir: each file is sent once")
         sent = sum(r.sent_bytes for r in results.values())
         sent_files = sum(r.sent_files for r in results.values())
         files = plural(len(manifest.files), "file")
@@ -217,7 +227,8 @@ class Deployment:
         # Started tasks hold their ports now. A reservation left to its lease could outlive
         # the run: a heartbeat stuck in a cut link arrives when the link heals and renews it.
         self.fleet.each_settled(lambda m: m.agent.release(self.run_id), self.members)
-        self.view.step(f"all {plural(len(self.plan.tasks), 'task')} started")
+        count = len(self.plan.tasks)
+        self.view.step("the task started" if count == 1 else f"all {count} tasks started")
 
     def _start_group(self, tasks: list[Task]) -> None:
         grouped = by_host(tasks)

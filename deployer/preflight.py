@@ -94,6 +94,9 @@ class Settled:
     gpu_reports: Mapping[str, GpuReport]
     warnings: tuple[str, ...]
     summary: str  # "python 3.11.2, tensorflow 2.21.0"
+    # Hosts that see one workdir (an NFS home), in plan order; a host alone is a group of one.
+    # The push sends each content to the first host of a group only.
+    workdir_groups: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,41 @@ def _settle(
         gpu_reports=reports,
         warnings=tuple(warnings),
         summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
+        workdir_groups=shared_workdirs([m.name for m in members], facts),
     )
+
+
+def shared_workdirs(
+    hosts: Sequence[str], facts: Mapping[str, Mapping[str, object]]
+) -> tuple[tuple[str, ...], ...]:
+    """Group hosts by the workdir they see, from each hello's `host_id` and `shared_with`.
+
+    Two hosts share when either lists the other (of two hellos at one instant only the later is
+    sure to see the other's token) or they report the same id (one machine, e.g. loopback).
+    """
+    ids = {h: str(facts[h].get("host_id") or "") for h in hosts}
+    group = {h: h for h in hosts}  # union-find: each host's representative
+
+    def root(h: str) -> str:
+        while group[h] != h:
+            h = group[h]
+        return h
+
+    by_id: dict[str, str] = {}
+    for h in hosts:
+        if not ids[h]:
+            continue  # an agent without host ids: keep it on its own
+        if ids[h] in by_id:
+            group[root(h)] = root(by_id[ids[h]])
+        by_id.setdefault(ids[h], h)
+    for h in hosts:
+        for other_id in facts[h].get("shared_with") or []:  # type: ignore[attr-defined]
+            if other_id in by_id:
+                group[root(by_id[other_id])] = root(h)
+    groups: dict[str, list[str]] = {}
+    for h in hosts:
+        groups.setdefault(root(h), []).append(h)
+    return tuple(tuple(g) for g in groups.values())
 
 
 def _hello(plan: Plan, member: Member, claim: Claim, claimed: set[str]) -> dict[str, object]:

@@ -83,11 +83,13 @@ class FakeHost:
             "disk_free": 10**12,
             "busy_ports": [],
             "agent_id": "fake",
+            "host_id": f"{name}-0123456789ab",
+            "shared_with": [],  # host ids whose tokens this host's workdir holds
         }
         self.requests: list[dict[str, Any]] = []
         self.reserved: dict[int, str] = {}  # TF port -> run id holding it (remote/reservations)
         self.tasks: dict[str, FakeTask] = {}
-        self.store: set[str] = set()
+        self.store: set[str] = set()  # content hashes; hosts sharing a workdir share the set
         self.received_bytes = 0
         self.listen_on_start = True  # servers (ps) accept connections as soon as they start
         self.on_start: Callable[[FakeTask], None] | None = None
@@ -153,7 +155,7 @@ class FakeHost:
         return {"missing": [h for h in req["hashes"] if h not in self.store]}
 
     def _op_materialize(self, req: dict[str, Any]) -> dict[str, Any]:
-        self.store.update(sha for sha, _ in req.get("blobs", []))
+        self.store.update(blob[0] for blob in req.get("blobs", []))
         return {}
 
     def _op_setup(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -296,6 +296,25 @@ def test_a_finished_run_leaves_no_reservation(
     assert all(host.reserved == {} for host in h.hosts.hosts.values())
 
 
+def test_hosts_sharing_a_workdir_get_each_content_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
+    (tmp_path / "code" / "model.py").write_bytes(b"x" * 5000)
+    a, b = h.hosts["a"], h.hosts["b"]
+    b.store = a.store  # one NFS home: one content store
+    b.facts["shared_with"] = [a.facts["host_id"]]
+
+    def finish() -> None:
+        a.exit("worker:0")
+        b.exit("worker:1")
+
+    assert h.run(h.at(2, finish)) == 0
+    assert a.received_bytes >= 5000 and b.received_bytes == 0
+    assert "a and b share one workdir: each file is sent once" in h.view.steps
+    assert b.ops("materialize")  # b still builds its own run directory from the store
+
+
 def test_a_ps_that_never_listens_misses_the_start_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

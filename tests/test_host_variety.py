@@ -296,7 +296,6 @@ def test_ctrl_c_as_non_root_stops_everything_and_exits_130(
 
 
 @pytest.mark.isolated
-@pytest.mark.xfail(strict=False, reason="shared workdir support in progress")
 def test_shared_home_lifecycle_as_non_root(
     lab: Lab, lab_user_inventory: Any, lab_shared_home: Path, tmp_path: Path
 ) -> None:
@@ -333,7 +332,6 @@ def test_shared_home_lifecycle_as_non_root(
 
 
 @pytest.mark.isolated
-@pytest.mark.xfail(strict=False, reason="shared workdir support in progress")
 def test_shared_home_push_sends_each_content_once(
     lab: Lab, lab_user_inventory: Any, lab_shared_home: Path, tmp_path: Path
 ) -> None:

@@ -287,7 +287,7 @@ def test_an_unreachable_host_fails_preflight_and_nothing_starts(
     assert "nothing was started" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     for host in lab.hosts[:2]:  # no run directory was even created on the healthy hosts
-        listing = lab.run(host, ["sh", "-c", "ls /root/.tfdeploy/runs 2>/dev/null; true"])
+        listing = lab.run(host, ["sh", "-c", "ls /root/.tfdeploy/hosts/*/runs 2>/dev/null; true"])
         assert listing.returncode == 0
         assert not [r for r in listing.stdout.split() if r.startswith("unreach-")]
 

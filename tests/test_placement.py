@@ -104,7 +104,7 @@ def test_cpus_pin_the_real_task_process(clean_lab: Lab, lab_inventory: Any, tmp_
         # The supervisor recorded the pinning it applied, for anyone reading the run later.
         run_id = re.search(r"run (\S+) is running detached", up.stdout)
         assert run_id, up.stdout
-        spec_path = f"/root/.tfdeploy/runs/{run_id.group(1)}/tasks/worker-0/spec.json"
+        spec_path = f"/root/.tfdeploy/hosts/*/runs/{run_id.group(1)}/tasks/worker-0/spec.json"
         spec = lab.run(host, f"cat {spec_path}").stdout
         assert json.loads(spec)["cpus"] == [cpu]
     finally:

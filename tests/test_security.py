@@ -279,7 +279,10 @@ def test_secrets_stay_off_command_lines_and_out_of_reach(
     try:
         run_id = re.search(r"run (secret-\S+) is running detached", up.stdout)
         assert run_id, up.stdout
-        run_dir = f"/root/.tfdeploy/runs/{run_id.group(1)}"
+        # Records are per host (WORKDIR/hosts/<host id>/runs/<run id>: docs/PROTOCOL.md).
+        glob = f"/root/.tfdeploy/hosts/*/runs/{run_id.group(1)}"
+        run_dir = lab.run(host, ["sh", "-c", f"echo {glob}"]).stdout.strip()
+        assert "*" not in run_dir, run_dir
         cmdlines = lab.run(host, ["/usr/bin/python3", "-c", CMDLINES]).stdout
         assert "wait.py" in cmdlines  # the task is there to be seen
         assert SECRET not in cmdlines and LISTED not in cmdlines, cmdlines
@@ -300,7 +303,7 @@ def test_secrets_stay_off_command_lines_and_out_of_reach(
         for path in holders:
             mode = lab.run(host, ["stat", "-c", "%a", path]).stdout.strip()
             assert mode == "600", f"{path} holds a secret with mode {mode}"
-        for parent in ("/root/.tfdeploy/runs", run_dir):
+        for parent in (str(Path(run_dir).parent), run_dir):
             assert lab.run(host, ["stat", "-c", "%a", parent]).stdout.strip() == "700", parent
         status = tfdeploy("status", str(inventory), state=state, check_rc=0)
         logs = tfdeploy("logs", run_id.group(1), state=state, check_rc=0)
