@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -145,13 +146,23 @@ class Escaped:
 
 
 def escaped_text(escaped: Sequence[Escaped], mask: Callable[[str], str]) -> str:
-    """What `stop` did beyond the task groups, for the user; `mask` hides secrets in commands."""
-    listed = ", ".join(f"pid {e.pid} ({mask(e.cmd)})" for e in escaped)
+    """The escaped processes a stop killed, for the user: pid, command (masked), last signal."""
+
+    def one(e: Escaped) -> str:
+        how = "gone before a signal" if e.signal is None else _signal_name(e.signal)
+        return f"pid {e.pid} ({mask(e.cmd)}): {how}"
+
     what = "process" if len(escaped) == 1 else "processes"
-    return (
-        f"also stopped {len(escaped)} {what} of the run that had left its task's "
-        f"process group: {listed}"
-    )
+    listed = "; ".join(one(e) for e in escaped)
+    left = "of the run that had left its task's process group"
+    return f"also stopped {len(escaped)} {what} {left}: {listed}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 @dataclass(frozen=True)

@@ -28,15 +28,15 @@ from rich.console import Console
 from rich.text import Text
 
 from deployer import firewall
+from deployer.agent import escaped_text
 from deployer.errors import ExitStatus, HostsFailed, Terminated, TfdeployError, UsageError
 from deployer.fleet import Fleet
-from deployer.inventory import Inventory, load_inventory
+from deployer.inventory import Inventory, discover_hosts, load_inventory
 from deployer.lifecycle import Deployment, UpOptions
 from deployer.plan import make_plan
 from deployer.render import plan_json, plan_table, status_json, status_table
 from deployer.runs import (
     Target,
-    escaped_text,
     find_runs,
     find_runs_settled,
     follow_logs,
@@ -59,21 +59,12 @@ class Env:
 
 
 def _inventory(path: str) -> Inventory:
-    """Loads (pure), then discovers [aws] hosts: the one place the CLI does that I/O."""
-    inventory = load_inventory(path)
-    if inventory.aws is None:
-        return inventory
-    from deployer.aws import resolve_hosts  # boto3 only for inventories that use [aws]
-
-    return resolve_hosts(inventory)
+    """Loads (pure), then discovers the host sources' hosts: the one place the CLI does that I/O."""
+    return discover_hosts(load_inventory(path))
 
 
-def _with_aws_hosts(target: Target) -> Target:
-    if target.inventory.aws is None:
-        return target
-    from deployer.aws import resolve_hosts
-
-    return dataclasses.replace(target, inventory=resolve_hosts(target.inventory))
+def _with_discovered_hosts(target: Target) -> Target:
+    return dataclasses.replace(target, inventory=discover_hosts(target.inventory))
 
 
 def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
@@ -94,7 +85,7 @@ def _cmd_up(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_down(args: argparse.Namespace, env: Env) -> int:
-    target = _with_aws_hosts(resolve(args.target, args.inventory))
+    target = _with_discovered_hosts(resolve(args.target, args.inventory))
     job = target.inventory.job
     with Fleet(target.inventory.hosts) as fleet:
         found, unreachable = find_runs_settled(fleet, target)
@@ -141,7 +132,7 @@ def _unknown_run(run_id: str, task: str | None = None) -> UsageError:
 
 
 def _cmd_status(args: argparse.Namespace, env: Env) -> int:
-    target = _with_aws_hosts(resolve(args.target, args.inventory))
+    target = _with_discovered_hosts(resolve(args.target, args.inventory))
     with Fleet(target.inventory.hosts) as fleet:
         runs = find_runs(fleet, target)
     if target.run_id is not None and not runs:
@@ -156,7 +147,7 @@ def _cmd_status(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace, env: Env) -> int:
-    target = _with_aws_hosts(resolve(args.run_id, args.inventory))
+    target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
     view = PlainView(env.raw_out)
@@ -246,6 +237,7 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+@functools.cache  # building it costs ~14 ms (argparse's gettext lookups); parsing reuses it
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfdeploy",

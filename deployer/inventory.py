@@ -190,11 +190,6 @@ class Inventory:
     pending: tuple[PendingHosts, ...] = ()  # sources whose hosts `discover_hosts` will find
     instances: tuple[Any, ...] = ()  # the machines that discovery found, in host order
 
-    @property
-    def aws(self) -> PendingHosts | None:
-        """Transitional, for callers that ask `inventory.aws is None`: use `pending`."""
-        return self.pending[0] if self.pending else None
-
 
 def discover_hosts(inventory: Inventory) -> Inventory:
     """The inventory with every pending source's hosts appended after the known ones.

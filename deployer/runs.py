@@ -7,7 +7,6 @@ hosts) a run id belongs to.
 from __future__ import annotations
 
 import re
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from deployer.fleet import Fleet, Member
 from deployer.inventory import Inventory, load_inventory
 from deployer.lines import LineAssembler
 from deployer.state import load
-from deployer.text import plural
 
 
 @dataclass(frozen=True)
@@ -145,25 +143,6 @@ def stop_runs(
     results, failures = fleet.each_settled(stop, members)
     stopped = [s for host in by_host if host in results for s in results[host]]
     return stopped, failures
-
-
-def escaped_text(escaped: tuple[Escaped, ...], mask: Callable[[str], str]) -> str:
-    """The escaped processes a stop killed, for the user: pid, command (masked), last signal."""
-
-    def one(e: Escaped) -> str:
-        how = "gone before a signal" if e.signal is None else _signal_name(e.signal)
-        return f"pid {e.pid} ({mask(e.cmd)}): {how}"
-
-    what = plural(len(escaped), "process", "processes")
-    listed = "; ".join(one(e) for e in escaped)
-    return f"also stopped {what} of the run that had left its task's process group: {listed}"
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def follow_logs(
