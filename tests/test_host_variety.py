@@ -321,7 +321,8 @@ def test_shared_home_lifecycle_as_non_root(
         run_id = re.search(r"run (shared-\S+) is running detached", up.stdout)
         assert run_id, up.stdout
         status = json.loads(tfdeploy("status", str(inventory), "--json", state=state).stdout)
-        states = {(r["host"], t["name"]): t["state"] for r in status["runs"] for t in r["tasks"]}
+        ours = [r for r in status["runs"] if r["run_id"] == run_id.group(1)]  # not the first run
+        states = {(r["host"], t["name"]): t["state"] for r in ours for t in r["tasks"]}
         running = {k: v for k, v in states.items() if v == "running"}
         assert running == {(h.name, f"worker:{i}"): "running" for i, h in enumerate(hosts)}
         down = tfdeploy("down", str(inventory), state=state, check_rc=0).stdout
