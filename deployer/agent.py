@@ -50,7 +50,11 @@ import json, os
 if not os.environ.get("HOME", "x"):
     del os.environ["HOME"]  # empty: ~ must come from the passwd entry, not become "/"
 d = json.loads(sys.stdin.buffer.readline())
-home = os.path.join(os.path.expanduser(d["workdir"]), "agent", d["agent_id"])
+w = os.path.expanduser(d["workdir"])
+if d.get("look_only") and not os.path.isdir(w):
+    sys.stdout.write(json.dumps({"v": 1, "ok": True, "absent": True, "workdir": w}) + "\\n")
+    sys.exit(0)
+home = os.path.join(w, "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):
     os.makedirs(home, 0o700, exist_ok=True)
     for name, text in d["files"].items():
@@ -195,6 +199,7 @@ class Agent:
         self.python = python
         self.workdir = workdir
         self.home: str | None = None  # absolute workdir, known after install()
+        self.absent = False  # install(look_only=True) found no workdir: the host has no runs
         self._session: Session | None = None  # the bootstrap, still serving after install()
 
     @property
@@ -213,8 +218,12 @@ class Agent:
         *,
         run_id: str | None = None,
         lease_seconds: float | None = None,
+        look_only: bool = False,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
+
+        `look_only` (status, logs, down): a host without the workdir holds no run, and a verb
+        that only looks must create nothing there; the reply is then `{"absent": True}`.
 
         With a run id, the free `ports` are reserved for that run on the host until it stops or
         its lease lapses (`lease_seconds` without a heartbeat): two `up` of one inventory started
@@ -230,6 +239,7 @@ class Agent:
             request.update(run_id=run_id, lease_seconds=lease_seconds)
         payload = {
             "workdir": self.workdir,
+            "look_only": look_only,
             "agent_id": agent_id(),
             "files": agent_files(),
             "request": request,
@@ -247,6 +257,9 @@ class Agent:
         with session.lock:
             reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
         self.home = reply["workdir"]
+        self.absent = bool(reply.get("absent"))
+        if self.absent:
+            self.close_session()  # the bootstrap answered and left: nothing is installed
         return reply
 
     def call(
@@ -426,4 +439,4 @@ class Agent:
         return int(self.call("firewall", action="remove", run_id=run_id).get("removed") or 0)
 
     def runs(self) -> list[dict[str, Any]]:
-        return list(self.call("runs")["runs"])
+        return [] if self.absent else list(self.call("runs")["runs"])

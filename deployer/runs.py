@@ -103,7 +103,7 @@ def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list
 
 def _ensure_agent(member: Member) -> None:
     if member.agent.home is None:
-        member.agent.install()
+        member.agent.install(look_only=True)  # these verbs create nothing on a host
 
 
 @dataclass(frozen=True)

@@ -370,3 +370,18 @@ def test_an_error_into_a_closed_stderr_pipe_exits_141(tmp_path: Path) -> None:
     assert proc.stderr is not None
     proc.stderr.close()
     assert proc.wait(timeout=60) == 141
+
+
+def test_status_logs_and_down_create_nothing_on_a_host_without_the_workdir(
+    tmp_path: Path,
+) -> None:
+    """A verb that only looks must not leave a workdir (and an agent) on a host it asked."""
+    inventory = local_inventory(tmp_path, "true")
+    state = tmp_path / "state"
+    status = tfdeploy("status", str(inventory), state=state)
+    assert status.returncode == 0 and "no runs" in status.stdout + status.stderr, status
+    down = tfdeploy("down", str(inventory), state=state)
+    assert down.returncode == 0, down.stdout + down.stderr
+    logs = tfdeploy("logs", "hard-20261123T000000Z-abcd", "-i", str(inventory), state=state)
+    assert logs.returncode == 2, logs.stdout + logs.stderr
+    assert not (tmp_path / "wd").exists()
