@@ -124,7 +124,8 @@ class LocalSession(StreamSession):
             self._proc = _spawn(argv, env)
         except FileNotFoundError:
             raise SessionEnded(127, f"{argv[0]}: not found\n".encode()) from None
-        threading.Thread(target=self._drain, name="session-stderr", daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, name="session-stderr", daemon=True)
+        self._drainer.start()
 
     def _drain(self) -> None:
         assert self._proc.stderr is not None
@@ -150,6 +151,8 @@ class LocalSession(StreamSession):
             code = self._proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             code = -1
+        # the child's last words may still be in the pipe: read them before saying why it ended
+        self._drainer.join(timeout=1.0)
         return SessionEnded(code, b"".join(self._err))
 
     def close(self) -> None:
