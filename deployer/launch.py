@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from deployer.agent import Agent
+from deployer.agent import Agent, TaskStatus
 from deployer.board import server_like
+from deployer.errors import JobFailed
+from deployer.fleet import Fleet, Member
 from deployer.plan import Plan, Task
+from deployer.text import plural
 from remote import protocol
 
 
@@ -47,3 +50,34 @@ def start_request(
     if task.cpus is not None:
         request["cpus"] = task.cpus  # the supervisor pins the task before exec
     return request
+
+
+def start_group(
+    fleet: Fleet,
+    tasks: list[Task],
+    run_id: str,
+    forwarded: Mapping[str, str],
+    *,
+    grace: float,
+    on_started: Callable[[str, list[TaskStatus]], None],
+) -> None:
+    """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
+    that answered (on this thread). Any host failing makes a JobFailed naming each such host;
+    what other hosts started is left to the caller's teardown.
+    """
+    grouped = by_host(tasks)
+
+    def start_on(member: Member) -> list[TaskStatus]:
+        requests = [start_request(t, member.agent, run_id, forwarded) for t in grouped[member.name]]
+        return member.agent.start(run_id, requests, grace)
+
+    started, failures = fleet.each_settled(start_on, [fleet.member(h) for h in grouped])
+    for host, statuses in started.items():
+        on_started(host, statuses)
+    if failures:
+        lines = "\n".join(f"  {f.message}" for f in failures)
+        names = ", ".join(t.name for t in tasks)
+        raise JobFailed(
+            f"starting {names} failed on {plural(len(failures), 'host')}:\n{lines}",
+            hint="every task started so far was stopped; fix the host and run up again",
+        )

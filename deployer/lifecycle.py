@@ -13,7 +13,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployer import firewall
@@ -22,14 +22,14 @@ from deployer.board import TaskBoard, server_like
 from deployer.errors import HostError, Interrupted, JobFailed
 from deployer.fleet import Fleet, Member
 from deployer.gpus import GpuMonitor
-from deployer.launch import by_host, start_groups, start_request
+from deployer.launch import by_host, start_group, start_groups, start_request
 from deployer.plan import Plan, Task
 from deployer.poller import POLL_WAIT_S, Poller
 from deployer.preflight import Claim, Settled, preflight
 from deployer.secrets import mask_text
-from deployer.state import RunRecord, new_run_id, save
-from deployer.sync import Manifest, PushResult, push, setup_fingerprint
-from deployer.text import join_names, plural
+from deployer.state import RunRecord, controller_name, new_run_id, save
+from deployer.sync import Manifest, push_all, push_summary, run_setup
+from deployer.text import plural
 from deployer.view import View
 from deployer.watch import Watch
 
@@ -147,7 +147,7 @@ class Deployment:
 
     def push(self, manifest: Manifest, groups: Sequence[Sequence[str]] = ()) -> None:
         """Code to every host; hosts sharing a workdir get each content once, via the first."""
-        self._save_record()
+        save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in self.members)
         fields = {
@@ -155,48 +155,22 @@ class Deployment:
             "job": self.plan.job.name,
             "detached": self.options.detach,
             "lease_seconds": None if self.options.detach else self._lease(),
-            "controller": _controller_name(),
+            "controller": controller_name(),
         }
         shared = [g for g in groups if len(g) > 1]
-        later = {h for g in shared for h in g[1:]}
-        results: dict[str, PushResult] = {}
-        for wave in (
-            [m for m in self.members if m.name not in later],
-            [m for m in self.members if m.name in later],
-        ):  # the rest of a group finds the contents its first host just stored
-            results |= self.fleet.each(
-                lambda m: push(m.agent, manifest, fields), wave, what="pushing the code failed"
-            )
-        for g in shared:
-            self.view.step(f"{join_names(list(g))} share one workdir: each file is sent once")
-        sent = sum(r.sent_bytes for r in results.values())
-        sent_files = sum(r.sent_files for r in results.values())
-        files = plural(len(manifest.files), "file")
-        hosts = plural(len(self.members), "host")
-        news = (
-            f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
-            if sent_files
-            else "0 bytes sent, every file was already there"
-        )
-        self.view.step(f"pushed {files} to {hosts}: {news} (run {self.run_id})")
+        results = push_all(self.fleet, self.members, manifest, fields, shared)
+        for line in push_summary(results, manifest, self.run_id, shared):
+            self.view.step(line)
 
     def setup(self, manifest: Manifest) -> None:
         job = self.plan.job
         if not job.setup:
             return
-        fingerprint = setup_fingerprint(job.setup, job.env, manifest)
         commands = plural(len(job.setup), "command")
         self.view.step(f"setup ({commands}) on {plural(len(self.members), 'host')}")
-
-        def run_setup(member: Member) -> bool:
-            result = member.agent.setup(self.run_id, job.setup, job.env, fingerprint)
-            if result.code:
-                tail = "\n    ".join(result.tail)
-                message = f"setup failed (exit code {result.code}):\n    {tail}"
-                raise HostError(member.name, mask_text(message, job.env, job.secret_env))
-            return result.ran
-
-        ran = self.fleet.each(run_setup, self.members, what="setup failed")
+        ran = self.fleet.each(
+            lambda m: run_setup(m, self.run_id, job, manifest), self.members, what="setup failed"
+        )
         skipped = [n for n, r in ran.items() if not r]
         if skipped:
             self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
@@ -231,32 +205,22 @@ class Deployment:
         self.view.step("the task started" if count == 1 else f"all {count} tasks started")
 
     def _start_group(self, tasks: list[Task]) -> None:
-        grouped = by_host(tasks)
-        members = [self.fleet.member(h) for h in grouped]
-        for host in grouped:
+        for host in by_host(tasks):
             self.poller.watch_host(host)
-        names = ", ".join(t.name for t in tasks)
-        self.view.step(f"starting {names}")
+        self.view.step(f"starting {', '.join(t.name for t in tasks)}")
 
-        def start_on(member: Member) -> list[TaskStatus]:
-            requests = [self._start_request(member, t) for t in grouped[member.name]]
-            statuses = member.agent.start(self.run_id, requests, self.plan.job.stop_grace)
-            self.poller.contact.reached(member.name, self.clock())
-            return statuses
-
-        results, failures = self.fleet.each_settled(start_on, members)
-        for statuses in results.values():
+        def started(host: str, statuses: list[TaskStatus]) -> None:
+            self.poller.contact.reached(host, self.clock())
             self.board.update(statuses)
-        if failures:
-            # Others may have started: the caller's teardown stops them before `up` exits.
-            lines = "\n".join(f"  {f.message}" for f in failures)
-            raise JobFailed(
-                f"starting {names} failed on {plural(len(failures), 'host')}:\n{lines}",
-                hint="every task started so far was stopped; fix the host and run up again",
-            )
 
-    def _start_request(self, member: Member, task: Task) -> dict[str, object]:
-        return start_request(task, member.agent, self.run_id, self.forwarded)
+        start_group(
+            self.fleet,
+            tasks,
+            self.run_id,
+            self.forwarded,
+            grace=self.plan.job.stop_grace,
+            on_started=started,
+        )
 
     def watch(self) -> None:
         """Streams logs until every awaited task has exited, then stops the rest."""
@@ -281,24 +245,10 @@ class Deployment:
                 f"host {host} was lost: its tasks stop by themselves once the controller's "
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
             )
-        grace = self.plan.job.stop_grace
-        try:
-            reports, failures = self.fleet.each_settled(
-                lambda m: m.agent.stop(self.run_id, grace=grace), members
-            )
-        except KeyboardInterrupt:  # a second Ctrl-C (or signal): no more grace
-            self.view.step("second Ctrl-C: killing every task now (SIGKILL)")
-            # Fresh threads: the graceful stops still hold the fleet's usual slots.
-            reports, failures = self.fleet.each_settled(
-                lambda m: m.agent.stop(self.run_id, grace=0), members, urgent=True
-            )
-        for host, report in sorted(reports.items()):
-            if report.escaped:
-                job = self.plan.job
-                hide = functools.partial(mask_text, env=job.env, extra=job.secret_env)
-                self.view.step(f"{host}: {escaped_text(report.escaped, hide)}")
-        for failure in failures:
-            self.view.step(f"could not stop the run on {failure.message}")
+        job = self.plan.job
+        hide = functools.partial(mask_text, env=job.env, extra=job.secret_env)
+        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, hide):
+            self.view.step(line)
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
             self.watching.tick(heartbeat=False, tolerate=True)
         self.firewall_down()
@@ -319,9 +269,8 @@ class Deployment:
             f"{self.plan.job.max_restarts}"
         )
         try:
-            statuses = member.agent.start(
-                self.run_id, [self._start_request(member, watch.task)], self.plan.job.stop_grace
-            )
+            request = start_request(watch.task, member.agent, self.run_id, self.forwarded)
+            statuses = member.agent.start(self.run_id, [request], self.plan.job.stop_grace)
         except HostError as exc:
             raise JobFailed(
                 f"restarting {watch.label} failed: {exc.cause}",
@@ -330,23 +279,24 @@ class Deployment:
             ) from None
         self.board.update(statuses)
 
-    def _save_record(self) -> None:
-        save(
-            RunRecord(
-                run_id=self.run_id,
-                inventory=str(self.plan.inventory.path.resolve()),
-                job=self.plan.job.name,
-                created=time.time(),
-                detached=self.options.detach,
-            )
-        )
 
+def stop_everywhere(
+    fleet: Fleet, members: list[Member], run_id: str, grace: float, hide: Callable[[str], str]
+) -> Iterator[str]:
+    """Stops the run on `members`; yields what to report (escaped processes, failed stops).
 
-def _controller_name() -> str:
-    import getpass
-    import socket
-
+    A second Ctrl-C (or signal) during the graceful stop kills at once, on fresh threads: the
+    graceful stops still hold the fleet's usual slots.
+    """
     try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
-    except (KeyError, OSError):
-        return socket.gethostname()
+        reports, failures = fleet.each_settled(lambda m: m.agent.stop(run_id, grace=grace), members)
+    except KeyboardInterrupt:
+        yield "second Ctrl-C: killing every task now (SIGKILL)"
+        reports, failures = fleet.each_settled(
+            lambda m: m.agent.stop(run_id, grace=0), members, urgent=True
+        )
+    for host, report in sorted(reports.items()):
+        if report.escaped:
+            yield f"{host}: {escaped_text(report.escaped, hide)}"
+    for failure in failures:
+        yield f"could not stop the run on {failure.message}"

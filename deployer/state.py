@@ -12,8 +12,12 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deployer.errors import UsageError
+
+if TYPE_CHECKING:
+    from deployer.plan import Plan
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -39,6 +43,22 @@ class RunRecord:
     job: str
     created: float
     detached: bool
+
+    @classmethod
+    def of(cls, plan: Plan, run_id: str, *, detached: bool) -> RunRecord:
+        inventory = str(plan.inventory.path.resolve())
+        return cls(run_id, inventory, plan.job.name, time.time(), detached)
+
+
+def controller_name() -> str:
+    """user@machine of this controller: hosts show it as whose run holds their ports."""
+    import getpass
+    import socket
+
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):
+        return socket.gethostname()
 
 
 def save(record: RunRecord) -> None:

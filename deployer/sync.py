@@ -11,6 +11,7 @@ import hashlib
 import os
 import shlex
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,11 @@ from typing import Any
 import pathspec
 
 from deployer.agent import Agent
-from deployer.errors import InventoryError
+from deployer.errors import HostError, InventoryError
+from deployer.fleet import Fleet, Member
+from deployer.inventory import Job
+from deployer.secrets import mask_text
+from deployer.text import join_names, plural
 
 IGNORE_FILES = (".gitignore", ".tfdeployignore")
 ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".tfdeployignore")
@@ -119,6 +124,61 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
     )
     sent = sum(by_hash[sha].size for sha in missing)
     return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
+
+
+def push_all(
+    fleet: Fleet,
+    members: Sequence[Member],
+    manifest: Manifest,
+    run_fields: dict[str, Any],
+    groups: Sequence[Sequence[str]] = (),
+) -> dict[str, PushResult]:
+    """Pushes to `members`; hosts sharing a workdir (`groups`) get each content once.
+
+    The first host of each group pushes in the first wave, the rest of the group in a second
+    wave and find in the shared store what their first host just put there.
+    """
+    later = {h for g in groups for h in g[1:]}
+    results: dict[str, PushResult] = {}
+    for wave in (
+        [m for m in members if m.name not in later],
+        [m for m in members if m.name in later],
+    ):
+        results |= fleet.each(
+            lambda m: push(m.agent, manifest, run_fields), wave, what="pushing the code failed"
+        )
+    return results
+
+
+def push_summary(
+    results: dict[str, PushResult],
+    manifest: Manifest,
+    run_id: str,
+    groups: Sequence[Sequence[str]] = (),
+) -> list[str]:
+    """What a push did, in the words `up` prints: shared workdirs first, then bytes sent."""
+    lines = [f"{join_names(list(g))} share one workdir: each file is sent once" for g in groups]
+    sent = sum(r.sent_bytes for r in results.values())
+    sent_files = sum(r.sent_files for r in results.values())
+    news = (
+        f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
+        if sent_files
+        else "0 bytes sent, every file was already there"
+    )
+    files = plural(len(manifest.files), "file")
+    lines.append(f"pushed {files} to {plural(len(results), 'host')}: {news} (run {run_id})")
+    return lines
+
+
+def run_setup(member: Member, run_id: str, job: Job, manifest: Manifest) -> bool:
+    """job.setup on one host; False when an identical setup already ran there (its marker)."""
+    fingerprint = setup_fingerprint(job.setup, job.env, manifest)
+    result = member.agent.setup(run_id, job.setup, job.env, fingerprint)
+    if result.code:
+        tail = "\n    ".join(result.tail)
+        message = f"setup failed (exit code {result.code}):\n    {tail}"
+        raise HostError(member.name, mask_text(message, job.env, job.secret_env))
+    return result.ran
 
 
 BATCH_BYTES = 32 * 1024 * 1024
