@@ -426,6 +426,25 @@ class Agent:
         """The raw `gpus` reply; deployer.gpus.GpuReport.from_json reads it."""
         return self.call("gpus")
 
+    def listen(self, run_id: str, ports: Sequence[int], seconds: float) -> None:
+        """Stand-in listeners on the planned TF ports, for peers' probes (remote/netcheck.py)."""
+        self.call("netcheck", action="listen", run_id=run_id, ports=list(ports), seconds=seconds)
+
+    def probe(self, run_id: str, targets: Sequence[tuple[str, int]], timeout: float) -> list[str]:
+        """One verdict per (address, port): "ok", "refused", "timed out", "no route", ..."""
+        reply = self.call(
+            "netcheck",
+            timeout + 30,
+            action="probe",
+            run_id=run_id,
+            targets=[list(t) for t in targets],
+            wait=timeout,
+        )
+        return [str(r) for r in reply["results"]]
+
+    def unlisten(self, run_id: str) -> None:
+        self.call("netcheck", action="close", run_id=run_id)
+
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
         problem = self.call("firewall", action="check").get("problem")

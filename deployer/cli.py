@@ -78,10 +78,18 @@ def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
 
 def _cmd_up(args: argparse.Namespace, env: Env) -> int:
     plan = make_plan(_inventory(args.inventory))
-    options = UpOptions(detach=args.detach)
+    options = UpOptions(detach=args.detach, netcheck=not args.no_netcheck)
     with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
         view = make_view(env.out, env.raw_out)
         return Deployment(plan, fleet, view, options).run()
+
+
+def _cmd_check(args: argparse.Namespace, env: Env) -> int:
+    plan = make_plan(_inventory(args.inventory))
+    options = UpOptions(netcheck=not args.no_netcheck)
+    with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
+        view = make_view(env.out, env.raw_out)
+        return Deployment(plan, fleet, view, options).check()
 
 
 def _cmd_down(args: argparse.Namespace, env: Env) -> int:
@@ -217,6 +225,14 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _netcheck_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-netcheck",
+        action="store_true",
+        help="skip trying the TF connections between hosts (or job.netcheck = false)",
+    )
+
+
 def _concurrency_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_count(1), default=32, help="hosts at once (32)")
 
@@ -258,8 +274,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("inventory", help="inventory TOML file")
     up.add_argument("--detach", action="store_true", help="return once every task runs")
+    _netcheck_arg(up)
     _concurrency_arg(up)
     up.set_defaults(handler=_cmd_up)
+
+    check = verbs.add_parser(
+        "check", help="preflight only: every host, every check of up, every TF connection"
+    )
+    check.add_argument("inventory", help="inventory TOML file")
+    _netcheck_arg(check)
+    _concurrency_arg(check)
+    check.set_defaults(handler=_cmd_check)
 
     down = verbs.add_parser("down", help="stop a run (or every run of the inventory's job)")
     _target_args(down)

@@ -84,6 +84,12 @@ class HostsFailed(TfdeployError):
         self.failures = failures
 
 
+class NetworkBlocked(TfdeployError):
+    """Preflight's network check: TF connections between hosts that cannot be made."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+
 class JobFailed(TfdeployError):
     """A task of the job failed or a deadline passed; the message says which task and why."""
 

@@ -118,6 +118,7 @@ class Job:
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
+    netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
     forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
 
 
@@ -323,6 +324,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         stall_timeout=t.number("stall_timeout", None, minimum=1),
         lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
         firewall=t.boolean("firewall", False),
+        netcheck=t.boolean("netcheck", True),
         forward_env=t.env_names("forward_env"),
     )
     t.finish()

@@ -42,6 +42,7 @@ class UpOptions:
     # job.lease_seconds (default 60).
     lease_seconds: float | None = None
     poll_wait: float = POLL_WAIT_S  # how long a tick waits for slow hosts
+    netcheck: bool = True  # False: skip preflight's TF connection check (--no-netcheck)
 
 
 class Deployment:
@@ -135,11 +136,28 @@ class Deployment:
         finally:
             self.view.close()
 
+    def check(self) -> int:
+        """`tfdeploy check`: preflight alone. Its port reservations are given back at once."""
+        try:
+            self.preflight()
+            self.fleet.each_settled(lambda m: m.agent.release(self.run_id), self.members)
+            tasks, hosts = plural(len(self.plan.tasks), "task"), plural(len(self.members), "host")
+            self.view.step(f"check ok: nothing was started (up would start {tasks} on {hosts})")
+        finally:
+            self.view.close()
+        return 0
+
     def preflight(self) -> Settled:
         names = ", ".join(m.name for m in self.members)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
         claim = Claim(self.run_id, self._lease())
-        settled = preflight(self.plan, self.fleet, claim, forwarded=list(self.forwarded))
+        settled = preflight(
+            self.plan,
+            self.fleet,
+            claim,
+            forwarded=list(self.forwarded),
+            network=self.options.netcheck,
+        )
         for warning in settled.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {settled.summary}")

@@ -6,16 +6,18 @@ the phases after it work from one plan that never changes under them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deployer import firewall
+from deployer import firewall, netcheck
 from deployer.errors import HostError, HostsFailed
 from deployer.fleet import Fleet, Member
 from deployer.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.inventory import Job
 from deployer.plan import Plan
 from deployer.sync import Manifest, scan
+from deployer.text import plural
 
 MIN_FREE_DISK = 100 * 1024 * 1024
 
@@ -107,17 +109,31 @@ class Claim:
     lease_seconds: float
 
 
-def preflight(plan: Plan, fleet: Fleet, claim: Claim, *, forwarded: Sequence[str] = ()) -> Settled:
+def preflight(
+    plan: Plan,
+    fleet: Fleet,
+    claim: Claim,
+    *,
+    forwarded: Sequence[str] = (),
+    network: bool = True,
+) -> Settled:
     """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
 
     The hello reserves each host's TF ports for `claim.run_id`; if any check fails they are
-    released again, since nothing of the run will start.
+    released again, since nothing of the run will start. Last, unless `network` is False or
+    the job says `netcheck = false`, every TF connection between hosts is tried (netcheck.py).
     """
     members = [fleet.member(h.name) for h in plan.hosts]
     manifest = scan(plan.job.code)
     claimed: set[str] = set()  # hosts whose hello answered: they may hold a reservation
     try:
-        return _settle(plan, fleet, claim, members, claimed, manifest, forwarded)
+        settled = _settle(plan, fleet, claim, members, claimed, manifest, forwarded)
+        if network and plan.job.netcheck:
+            tried = netcheck.check(fleet, settled.plan, claim.run_id)
+            if tried:
+                checked = f"{plural(tried, 'TF connection')} between hosts tried"
+                settled = dataclasses.replace(settled, summary=f"{settled.summary}; {checked}")
+        return settled
     except BaseException as exc:
         # Only hosts that answered: an unreachable one would make Ctrl-C wait for its timeout.
         holders = [m for m in members if m.name in claimed]

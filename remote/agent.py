@@ -226,6 +226,12 @@ def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
     return firewall.op_firewall(req)
 
 
+def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
+    import netcheck  # only network checks pay for its imports
+
+    return netcheck.op_netcheck(req)
+
+
 def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
     import gpuinfo  # only GPU queries pay for its imports
 
@@ -244,6 +250,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "release": op_release,
     "gpus": op_gpus,
     "firewall": op_firewall,
+    "netcheck": op_netcheck,
 }
 
 

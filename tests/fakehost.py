@@ -94,6 +94,9 @@ class FakeHost:
         self.listen_on_start = True  # servers (ps) accept connections as soon as they start
         self.on_start: Callable[[FakeTask], None] | None = None
         self.refusing: str | None = None  # set: every call fails with this cause
+        # Network check: what a probe from this host to (address, port) gets; absent: "ok".
+        self.verdicts: dict[tuple[str, int], str] = {}
+        self.stand_ins: set[int] = set()  # ports the network check listens on right now
         self.silent = threading.Event()  # set: calls hang until cleared (a cut link)
         self._next_pid = 100
         self._lock = threading.Lock()
@@ -213,6 +216,15 @@ class FakeHost:
 
     def _op_firewall(self, req: dict[str, Any]) -> dict[str, Any]:
         return {}
+
+    def _op_netcheck(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req["action"] == "listen":
+            self.stand_ins = set(req["ports"])
+            return {"pid": 1}
+        if req["action"] == "close":
+            self.stand_ins = set()
+            return {"closed": True}
+        return {"results": [self.verdicts.get((a, p), "ok") for a, p in req["targets"]]}
 
 
 def _port(task: FakeTask) -> int | None:

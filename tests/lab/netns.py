@@ -137,6 +137,16 @@ class NamespaceLab(Lab):
                 self.bastion = host
             else:
                 self.hosts.append(host)
+        # Permanent ARP between hosts too: 32 hosts dialling each other at once (a TF job, the
+        # network check) flood the bridge with ~1,000 ARP broadcasts and some go unanswered, a
+        # loss a cloud network (ARP answered by the hypervisor) does not have.
+        for slot in self._slots.values():
+            for dev, cidr, _ in slot.nets:
+                peers = [p for p in self._slots.values() if p is not slot]
+                for peer in peers:
+                    for _, peer_cidr, peer_mac in peer.nets:
+                        if peer_cidr.rsplit(".", 1)[0] == cidr.rsplit(".", 1)[0]:
+                            slot.neighbours.append((peer_cidr.split("/")[0], peer_mac, dev))
         if topology == "bastion":
             priv = octets[1]
             b = self._slots["bastion"]
@@ -227,8 +237,12 @@ class NamespaceLab(Lab):
         links = []
         for dev, addr, _ in slot.nets:
             links += [f"ip link set {dev} up", f"ip addr replace {addr} dev {dev}"]
-        for addr, mac, dev in slot.neighbours:
-            links.append(f"ip neigh replace {addr} lladdr {mac} dev {dev} nud permanent")
+        neighbours = [
+            f"neigh replace {addr} lladdr {mac} dev {dev} nud permanent"
+            for addr, mac, dev in slot.neighbours
+        ]
+        if neighbours:  # one `ip` for all: a 100-host lab has 99 entries per host
+            links.append(f"printf '%s\\n' {' '.join(map(shlex.quote, neighbours))} | ip -batch -")
         d = self.dir / slot.host.name
         script = _BOOT.format(
             hostname=shlex.quote(slot.host.hostname),

@@ -1,0 +1,236 @@
+"""Can every TF connection be made? Stand-in listeners on the planned ports, and probes to peers.
+
+A security group that lets SSH through but drops the TF ports is the most common way a fleet
+job fails, and TensorFlow only says so after a long collective timeout. Before anything starts,
+each host listens on its planned TF ports (`listen`: the TF servers are not running yet), every
+host connects to the destinations TF will connect to (`probe`), and the listeners go (`close`).
+
+The listener is a detached process holding sockets the op bound itself, so a bind error is the
+op's answer; it accepts and drops connections until `close` or its own deadline, so a controller
+that dies mid-check leaves no listening port behind for long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import layout
+import params
+import procs
+
+MAX_LISTEN_S = 120.0
+# The verdicts of a probe; the control side words its advice by them (deployer/netcheck.py).
+OK, REFUSED, TIMED_OUT, NO_ROUTE = "ok", "refused", "timed out", "no route"
+UNRESOLVED = "unresolved"
+_NO_ROUTE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
+
+
+def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
+    action = params.param(req, "action", str)
+    run_id = params.check_name(params.param(req, "run_id", str), "run id")
+    record = layout.host_dir(layout.workdir_path(req)) / "netcheck" / f"{run_id}.json"
+    if action == "listen":
+        ports = params.param(req, "ports", list)
+        seconds = min(float(params.param(req, "seconds", (int, float), 30.0)), MAX_LISTEN_S)
+        return {"pid": listen(record, [_port(p) for p in ports], seconds)}
+    if action == "probe":
+        targets = params.param(req, "targets", list)
+        timeout = float(params.param(req, "wait", (int, float), 3.0))
+        return {"results": probe([_target(t) for t in targets], timeout)}
+    if action == "close":
+        return {"closed": close(record)}
+    raise params.AgentError(f"netcheck action must be listen, probe or close, not {action!r}")
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise params.AgentError(f"ports must be TCP port numbers (1-65535), got {value!r:.40}")
+    return value
+
+
+def _target(value: Any) -> tuple[str, int]:
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
+        raise params.AgentError(f"a probe target is [address, port], not {value!r:.60}")
+    return value[0], _port(value[1])
+
+
+# ---- listening --------------------------------------------------------------------------------
+
+
+def listen(record: Path, ports: list[int], seconds: float) -> int:
+    """Binds `ports` as TF would (every address), then leaves them to a detached listener."""
+    close(record)  # a check of this run that was interrupted before its close
+    sockets = []
+    try:
+        for port in ports:
+            sockets.append(_bound(port))
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise params.AgentError(f"cannot listen on TF port {port}: {exc.strerror}") from None
+    pid = _detach(sockets, time.monotonic() + seconds)
+    for sock in sockets:
+        sock.close()
+    layout.make_private_dir(record.parent)
+    layout.write_json(record, {"pid": pid, "ticks": _ticks_of(pid)})
+    return pid
+
+
+def _bound(port: int) -> socket.socket:
+    """The wildcard address, IPv6 with IPv4 mapped where the host has IPv6, like a TF server."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address: tuple[Any, ...] = ("::", port)
+    except OSError:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = ("0.0.0.0", port)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _ticks_of(pid: int) -> int | None:
+    for _ in range(50):  # the grandchild exists once _detach returns; /proc may lag a moment
+        ticks = procs.start_ticks(pid)
+        if ticks is not None:
+            return ticks
+        time.sleep(0.01)
+    return None
+
+
+def _detach(sockets: list[socket.socket], deadline: float) -> int:
+    """Forks twice: the listener is nobody's child and holds no pipe of the SSH session."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked process
+        try:
+            os.close(read_end)
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild:
+                os.write(write_end, str(grandchild).encode())
+                os._exit(0)
+            os.close(write_end)
+            _quiet_stdio()
+            _serve(sockets, deadline)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        pid = int(pipe.read() or b"0")
+    os.waitpid(child, 0)
+    if pid <= 0:
+        raise params.AgentError("the stand-in listener could not be started")
+    return pid
+
+
+def _quiet_stdio() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _serve(sockets: list[socket.socket], deadline: float) -> None:
+    """Accepts connections until SIGTERM or the deadline; each is closed once its prober has
+    closed it (EOF), so TIME_WAIT stays on the prober's side, never on the TF port."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    accepted: list[socket.socket] = []
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            ready, _, _ = select.select(sockets + accepted, [], [], 0.2)
+        except (InterruptedError, ValueError):
+            continue
+        for sock in ready:
+            if sock in sockets:
+                with contextlib.suppress(OSError):
+                    accepted.append(sock.accept()[0])
+            else:
+                accepted.remove(sock)
+                sock.close()
+    for sock in accepted + sockets:
+        sock.close()
+
+
+def close(record: Path) -> bool:
+    """Stops this run's listener (if any) and waits until its ports are free again."""
+    found = layout.read_json(record)
+    if not isinstance(found, dict):
+        return False
+    pid, ticks = found.get("pid"), found.get("ticks")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not procs.process_alive(pid, ticks):
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        end = time.monotonic() + 2.0
+        while procs.process_alive(pid, ticks) and time.monotonic() < end:
+            time.sleep(0.01)
+    with contextlib.suppress(FileNotFoundError):
+        record.unlink()
+    return True
+
+
+# ---- probing ----------------------------------------------------------------------------------
+
+
+def probe(targets: list[tuple[str, int]], timeout: float) -> list[str]:
+    """One verdict per target, all probed at once: ok, refused, timed out, no route, ...
+
+    What timed out is tried once more, alone: a SYN lost in a burst of hundreds of first
+    contacts (ARP, a busy softirq) is not a firewall. A real drop costs two timeouts.
+    """
+    results = _all_at_once(targets, timeout)
+    again = [i for i, said in enumerate(results) if said == TIMED_OUT]
+    for i, said in zip(again, _all_at_once([targets[i] for i in again], timeout)):
+        results[i] = said
+    return results
+
+
+def _all_at_once(targets: list[tuple[str, int]], timeout: float) -> list[str]:
+    results = [TIMED_OUT] * len(targets)
+
+    def one(i: int) -> None:
+        results[i] = connect(targets[i], timeout)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(targets))]
+    for thread in threads:
+        thread.start()
+    end = time.monotonic() + timeout + 1.0
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
+    return list(results)
+
+
+def connect(target: tuple[str, int], timeout: float) -> str:
+    address, port = target
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout)
+    except socket.gaierror as exc:
+        return f"{UNRESOLVED}: {exc.strerror}"
+    except socket.timeout:
+        return TIMED_OUT
+    except ConnectionRefusedError:
+        return REFUSED
+    except OSError as exc:
+        if exc.errno in _NO_ROUTE:
+            return NO_ROUTE
+        return exc.strerror or str(exc)
+    sock.close()
+    return OK
