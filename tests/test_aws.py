@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import itertools
 import json
+import random
 import re
 import sys
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+from moto.ec2.models import elastic_network_interfaces as moto_eni
 from rich.console import Console
 
 from deployer.aws import DiscoveryError, resolve_hosts
@@ -43,6 +46,10 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    # moto draws public IPs at random from 65,025; EC2 never gives two running instances one,
+    # and a repeat (about 1 run in 1,000 for 12 instances) makes discovery refuse a duplicate.
+    unique = (f"54.214.{n // 250}.{n % 250 + 1}" for n in itertools.count(random.randrange(9999)))
+    monkeypatch.setattr(moto_eni, "random_public_ip", lambda: next(unique))
     with mock_aws():
         yield boto3.client("ec2", region_name=REGION)
 
