@@ -378,8 +378,16 @@ class Agent:
             listening=frozenset(reply.get("listening", [])),
         )
 
-    def stop(self, run_id: str, *, grace: float, tasks: Sequence[str] | None = None) -> StopReport:
-        """Stops tasks (all: also the run's escaped processes and its port reservations)."""
+    def stop(
+        self,
+        run_id: str,
+        *,
+        grace: float,
+        tasks: Sequence[str] | None = None,
+        escaped: bool = False,
+    ) -> StopReport:
+        """Stops tasks (all: also the run's escaped processes and its port reservations; named
+        ones with `escaped`: also the escaped processes, and the run may start again)."""
         reply = self.call(
             "stop",
             # A whole-run stop may take grace twice: the task groups, then escaped processes.
@@ -387,6 +395,7 @@ class Agent:
             run_id=run_id,
             grace=grace,
             tasks=list(tasks) if tasks is not None else None,
+            escaped=escaped,
         )
         return StopReport(
             tasks=tuple(TaskStatus.from_json(t) for t in reply.get("tasks", [])),

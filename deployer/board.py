@@ -57,12 +57,14 @@ class TaskWatch:
     lines: LineAssembler = field(default_factory=LineAssembler)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     restarts: int = 0  # restarts decided by this controller (failure policy "restart")
+    attempt: int = 0  # the whole job's attempt (policy "restart-job"), TFDEPLOY_ATTEMPT
     mark: tuple[object, ...] = ()  # (log bytes, state, restarts) at the last observed change
     active_at: float = 0.0  # controller clock at that change: the stall watchdog's input
 
     @property
     def label(self) -> str:
-        return f"{self.task.name}@{self.task.host}"
+        again = f" [attempt {self.attempt}]" if self.attempt else ""
+        return f"{self.task.name}@{self.task.host}{again}"
 
     @property
     def finished(self) -> bool:
@@ -77,6 +79,18 @@ class TaskBoard:
 
     def __getitem__(self, name: str) -> TaskWatch:
         return self.watches[name]
+
+    @property
+    def attempt(self) -> int:
+        return max((w.attempt for w in self.watches.values()), default=0)
+
+    def next_attempt(self) -> int:
+        """A whole-job restart: every task starts afresh; its log goes on where it was."""
+        attempt = self.attempt + 1
+        for watch in self.watches.values():
+            watch.attempt, watch.status = attempt, None
+            watch.tail.clear()
+        return attempt
 
     def update(self, statuses: Sequence[TaskStatus]) -> None:
         for status in statuses:
@@ -204,6 +218,22 @@ class TaskBoard:
             f"job stalled: no awaited task ({', '.join(awaited)}) wrote output or exited for "
             f"{now - last:.0f} s (stall_timeout = {limit:g} s); {report}"
         )
+
+
+def retryable(status: TaskStatus | None, job: Job) -> bool:
+    """Policy "restart-job", judged on the first failure (the root cause): a signal or an exit
+    code of 128+ (preemption, OOM kill, a lost host) is worth a restart; 1-127 is the program's
+    own verdict (a bug) and restarting will not help. `retry_exit_codes` lists the codes to
+    retry instead. A lost host (no status) is retryable: it may come back, or be replaced.
+    """
+    if status is None or status.reason == "lost" or status.signal is not None:
+        return True
+    code = status.exit_code
+    if code is None:
+        return True
+    if job.retry_exit_codes is not None:
+        return code in job.retry_exit_codes
+    return code >= 128
 
 
 def may_restart(watch: TaskWatch, job: Job) -> bool:

@@ -26,7 +26,7 @@ from deployer.schema import Table
 ROLES = ("chief", "worker", "ps", "evaluator")
 HOST_KEY_MODES = ("strict", "accept-new")
 TRANSPORTS = ("ssh", "local")
-FAILURE_POLICIES = ("teardown", "restart")
+FAILURE_POLICIES = ("teardown", "restart", "restart-job")
 BUILTIN_SERVER = "tfdeploy:server"
 BUILTINS = (BUILTIN_SERVER,)  # commands the agent runs itself (remote/supervisor.py)
 # The job name starts every run id (<job>-<UTC stamp>-<4 hex>), a directory on every host and a
@@ -113,8 +113,10 @@ class Job:
     start_timeout: float
     stop_grace: float
     evaluator_grace: float
-    on_failure: str = "teardown"  # teardown | restart
-    max_restarts: int = 3  # per task, with on_failure = "restart"
+    on_failure: str = "teardown"  # teardown | restart (the task) | restart-job (all tasks)
+    max_restarts: int = 3  # per task with "restart", of the whole job with "restart-job"
+    restart_backoff: float = 10.0  # seconds before the first whole-job restart; doubles, <= 5 min
+    retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
@@ -321,6 +323,8 @@ def _parse_job(t: Table, directory: Path) -> Job:
         evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
         on_failure=t.choice("on_failure", FAILURE_POLICIES, "teardown"),
         max_restarts=t.integer("max_restarts", 3, minimum=0, maximum=1000),
+        restart_backoff=t.number("restart_backoff", 10.0) or 0.0,
+        retry_exit_codes=_retry_exit_codes(t),
         stall_timeout=t.number("stall_timeout", None, minimum=1),
         lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
         firewall=t.boolean("firewall", False),
@@ -329,6 +333,12 @@ def _parse_job(t: Table, directory: Path) -> Job:
     )
     t.finish()
     return job
+
+
+def _retry_exit_codes(t: Table) -> tuple[int, ...] | None:
+    """None when unset (signals and 128+ are retried): an empty list means "retry no code"."""
+    codes = t.index_list("retry_exit_codes", what="an exit code")
+    return codes if t.has("retry_exit_codes") else None
 
 
 def parse_ssh(t: Table, base: SSHSettings, directory: Path) -> SSHSettings:

@@ -13,6 +13,9 @@ from deployer.plan import Plan, Task
 from deployer.text import plural
 from remote import protocol
 
+# What the agent answers a start in a run that `down` stopped (remote/taskops.py).
+STOPPED_ELSEWHERE = "was stopped; nothing of it starts again"
+
 
 def start_groups(plan: Plan) -> list[list[Task]]:
     """ps and servers first, then workers, then the chief and evaluators.
@@ -34,7 +37,7 @@ def by_host(tasks: list[Task]) -> dict[str, list[Task]]:
 
 
 def start_request(
-    task: Task, agent: Agent, run_id: str, forwarded: Mapping[str, str]
+    task: Task, agent: Agent, run_id: str, forwarded: Mapping[str, str], attempt: int = 0
 ) -> dict[str, object]:
     """The `start` entry for one task: its command, and an env made only of what the plan and
     job.forward_env name (never the controller's environment implicitly)."""
@@ -45,7 +48,12 @@ def start_request(
     request: dict[str, object] = {
         "name": task.name,
         "command": command,
-        "env": {**forwarded, **task.env, protocol.RUN_ID_ENV: run_id},
+        "env": {
+            **forwarded,
+            **task.env,
+            protocol.RUN_ID_ENV: run_id,
+            protocol.ATTEMPT_ENV: str(attempt),
+        },
     }
     if task.cpus is not None:
         request["cpus"] = task.cpus  # the supervisor pins the task before exec
@@ -60,6 +68,7 @@ def start_group(
     *,
     grace: float,
     on_started: Callable[[str, list[TaskStatus]], None],
+    attempt: int = 0,
 ) -> None:
     """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
     that answered (on this thread). Any host failing makes a JobFailed naming each such host;
@@ -68,12 +77,20 @@ def start_group(
     grouped = by_host(tasks)
 
     def start_on(member: Member) -> list[TaskStatus]:
-        requests = [start_request(t, member.agent, run_id, forwarded) for t in grouped[member.name]]
+        requests = [
+            start_request(t, member.agent, run_id, forwarded, attempt) for t in grouped[member.name]
+        ]
         return member.agent.start(run_id, requests, grace)
 
     started, failures = fleet.each_settled(start_on, [fleet.member(h) for h in grouped])
     for host, statuses in started.items():
         on_started(host, statuses)
+    if failures and all(STOPPED_ELSEWHERE in f.cause for f in failures):
+        raise JobFailed(
+            f"run {run_id} was stopped from elsewhere (`tfdeploy down`); nothing of it starts "
+            "again",
+            hint="every task started so far was stopped",
+        )
     if failures:
         lines = "\n".join(f"  {f.message}" for f in failures)
         names = ", ".join(t.name for t in tasks)

@@ -9,7 +9,6 @@ contact.py (hosts) and preflight.py, and each tick of I/O is poller.py's.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import time
@@ -17,21 +16,22 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployer import firewall
-from deployer.agent import TaskStatus, escaped_text
+from deployer.agent import TaskStatus
 from deployer.board import TaskBoard, server_like
-from deployer.errors import HostError, Interrupted, JobFailed
+from deployer.errors import Interrupted
 from deployer.fleet import Fleet, Member
 from deployer.gpus import GpuMonitor
-from deployer.launch import by_host, start_group, start_groups, start_request
+from deployer.launch import by_host, start_group, start_groups
 from deployer.plan import Plan, Task
 from deployer.poller import POLL_WAIT_S, Poller
 from deployer.preflight import Claim, Settled, preflight
+from deployer.restarts import backoff_s, restart_task, stop_attempt, stop_lines
 from deployer.secrets import mask_text
 from deployer.state import RunRecord, controller_name, new_run_id, save
 from deployer.sync import Manifest, push_all, push_summary, run_setup
 from deployer.text import plural
 from deployer.view import View
-from deployer.watch import Watch
+from deployer.watch import RestartJob, Watch
 
 
 @dataclass(frozen=True)
@@ -108,14 +108,14 @@ class Deployment:
             self.push(settled.manifest, settled.workdir_groups)
             self.setup(settled.manifest)
             self.firewall_up()
-            self.start()
+            self.start_and_watch()
             if self.options.detach:
                 self.view.step(
                     f"run {self.run_id} is running detached; stop it with "
                     f"`tfdeploy down {self.run_id}`"
                 )
                 return 0
-            self.watch()
+            self.teardown()
             return 0
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             signum = int(getattr(exc, "signum", signal.SIGINT))
@@ -238,12 +238,44 @@ class Deployment:
             self.forwarded,
             grace=self.plan.job.stop_grace,
             on_started=started,
+            attempt=self.board.attempt,
         )
 
-    def watch(self) -> None:
-        """Streams logs until every awaited task has exited, then stops the rest."""
-        self.watching.until_done()
-        self.teardown()
+    def start_and_watch(self) -> None:
+        """Starts the job and streams logs until every awaited task has exited (detached: only
+        starts). Under on_failure = "restart-job" a failure worth it starts it all again."""
+        while True:
+            try:
+                self.start()
+                if not self.options.detach:
+                    self.watching.until_done()
+                return
+            except RestartJob as decision:
+                self._restart_job(decision.cause)
+
+    def _restart_job(self, cause: str) -> None:
+        """Stops every task of this attempt (and what escaped them), waits the backoff, and
+        leaves the board at the next attempt. Ctrl-C or a signal meanwhile ends `up` as usual."""
+        job = self.plan.job
+        attempt = self.board.attempt + 1
+        delay = backoff_s(job, attempt)
+        self.view.step(
+            f"{cause}: restarting the whole job (restart {attempt} of {job.max_restarts}, "
+            f"TFDEPLOY_ATTEMPT={attempt}) in {delay:g} s, after stopping every task"
+        )
+        lines = stop_attempt(self.fleet, self.board, self.poller.contact.lost, self.run_id, job)
+        for line in lines:
+            self.view.step(line)
+        self.watching.tick(tolerate=True)  # the attempt's last words, under its own labels
+        self.watching.drain()
+        self.board.next_attempt()
+        deadline = self.clock() + delay
+        while self.clock() < deadline:
+            self.sleep(min(self.options.poll_interval, deadline - self.clock()))
+
+    def _hide(self, text: str) -> str:
+        """Log text with the job's secret values masked."""
+        return mask_text(text, self.plan.job.env, self.plan.job.secret_env)
 
     def teardown(self) -> None:
         """Stops the run on every host that may hold it; reports what it could not.
@@ -264,8 +296,7 @@ class Deployment:
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
             )
         job = self.plan.job
-        hide = functools.partial(mask_text, env=job.env, extra=job.secret_env)
-        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, hide):
+        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self._hide):
             self.view.step(line)
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
             self.watching.tick(heartbeat=False, tolerate=True)
@@ -277,25 +308,9 @@ class Deployment:
     # ---- acting on what the rules decided ------------------------------------------------
 
     def _restart(self, name: str) -> None:
-        """Same command, same TF_CONFIG, same host and port: PSS picks a restarted worker up."""
-        watch = self.board[name]
-        member = self.fleet.member(watch.task.host)
-        outcome = watch.status.outcome() if watch.status else "failed"
-        watch.restarts += 1
-        self.view.step(
-            f"restarting {watch.label} ({outcome}): restart {watch.restarts} of "
-            f"{self.plan.job.max_restarts}"
+        restart_task(
+            self.fleet, self.board, self.view, self.plan, self.run_id, self.forwarded, name
         )
-        try:
-            request = start_request(watch.task, member.agent, self.run_id, self.forwarded)
-            statuses = member.agent.start(self.run_id, [request], self.plan.job.stop_grace)
-        except HostError as exc:
-            raise JobFailed(
-                f"restarting {watch.label} failed: {exc.cause}",
-                hint=f"the other tasks were stopped; its log: tfdeploy logs {self.run_id} "
-                f"--task {name}",
-            ) from None
-        self.board.update(statuses)
 
 
 def stop_everywhere(
@@ -313,8 +328,4 @@ def stop_everywhere(
         reports, failures = fleet.each_settled(
             lambda m: m.agent.stop(run_id, grace=0), members, urgent=True
         )
-    for host, report in sorted(reports.items()):
-        if report.escaped:
-            yield f"{host}: {escaped_text(report.escaped, hide)}"
-    for failure in failures:
-        yield f"could not stop the run on {failure.message}"
+    yield from stop_lines(reports, failures, hide)

@@ -128,6 +128,7 @@ def make_plan(inventory: Inventory) -> Plan:
     file = str(inventory.path)
     slots = _place_tasks(inventory)
     _check_roles(slots, file)
+    _check_failure_policy(inventory.job, slots, file)
     _check_ports(slots, file)
     cluster: dict[str, list[str]] = {}
     for s in slots:
@@ -217,6 +218,20 @@ def _check_roles(slots: list[_Slot], file: str) -> None:
         )
     if not any(s.role in ("chief", "worker") for s in slots):
         raise InventoryError(file, "hosts", "expected at least one task with role chief or worker")
+
+
+def _check_failure_policy(job: Job, slots: list[_Slot], file: str) -> None:
+    """A lone restarted MWMS worker cannot rejoin collectives in flight: TF restarts the whole
+    cluster from its last checkpoint, which is what restart-job does."""
+    if job.on_failure == "restart" and not any(s.role == "ps" for s in slots):
+        raise InventoryError(
+            file,
+            "job.on_failure",
+            '"restart" restarts one task, which MultiWorkerMirroredStrategy cannot take back '
+            "(a job without ps tasks)",
+            hint='use on_failure = "restart-job": every task is started again and resumes from '
+            "its last checkpoint",
+        )
 
 
 def _check_ports(slots: list[_Slot], file: str) -> None:

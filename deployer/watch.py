@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
-from deployer.board import TaskBoard, may_restart
+from deployer.board import TaskBoard, may_restart, retryable
 from deployer.contact import Loss
 from deployer.errors import JobFailed
 from deployer.gpus import GpuMonitor
@@ -18,6 +18,14 @@ from deployer.plan import Plan, Task
 from deployer.poller import Poller, Tick
 from deployer.text import join_names, plural
 from deployer.view import View
+
+
+class RestartJob(Exception):
+    """Policy "restart-job" decided the whole job starts again (the deployment does it)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause  # "worker:1@h2 was killed by signal 9"
 
 
 class Watch:
@@ -82,6 +90,8 @@ class Watch:
             if failed and may_restart(self.board[failed], self.plan.job):
                 self.restart(failed)
                 continue
+            if failed and self.plan.job.on_failure == "restart-job":
+                self._restart_job_or_fail(failed)
             if failed:
                 restarts = self.board[failed].restarts
                 after = f" after {plural(restarts, 'restart')}" if restarts else ""
@@ -97,12 +107,28 @@ class Watch:
                 )
             if not self.board.behind():  # a backlog is read at once: waiting only adds latency
                 self.sleep(self.interval)
-        self._drain()
+        self.drain()
         self._grace_for_evaluators()
         rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
         self.view.step(f"job succeeded: {join_names(awaited)} exited 0{rest}")
 
-    def _drain(self) -> None:
+    def _restart_job_or_fail(self, failed: str) -> None:
+        """Raises RestartJob when the first failure is worth it and attempts remain."""
+        job, watch = self.plan.job, self.board[failed]
+        outcome = watch.status.outcome() if watch.status else "lost"
+        if not retryable(watch.status, job):
+            codes = (
+                f"retry_exit_codes = {list(job.retry_exit_codes)}"
+                if job.retry_exit_codes is not None
+                else "only signals and exit codes 128+ are retried"
+            )
+            raise self.failure(failed, f"failed with a permanent error, not restarted ({codes})")
+        if self.board.attempt >= job.max_restarts:
+            left = f"failed; no restart left (max_restarts = {job.max_restarts})"
+            raise self.failure(failed, left)
+        raise RestartJob(f"{watch.label} {outcome}")
+
+    def drain(self) -> None:
         """Reads what finished tasks wrote after the last poll: every line is shown, even a
         backlog larger than one poll carries."""
         while self.board.behind():
@@ -141,6 +167,9 @@ class Watch:
 
     def _host_lost(self, loss: Loss) -> NoReturn:
         self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
+        job = self.plan.job
+        if job.on_failure == "restart-job" and self.board.attempt < job.max_restarts:
+            raise RestartJob(f"host {loss.host} was lost ({loss.cause})")
         tasks = [t.name for t in self.plan.tasks_on(loss.host)]
         raise loss.error(tasks, lease=self.lease, status_command=self._status_command())
 

@@ -20,6 +20,8 @@ SERVE_IDLE_EXIT = 75
 # that left their task's process group by finding this exact value in their environment.
 RUN_ID_ENV = "TFDEPLOY_RUN_ID"
 TASK_ENV = "TFDEPLOY_TASK"
+# The whole job's attempt (0 first; on_failure = "restart-job" starts every task again with n+1).
+ATTEMPT_ENV = "TFDEPLOY_ATTEMPT"
 
 # The host identity (hostid.py). Set by the supervisor in every task's environment, so a stop on
 # one host never takes another host's processes for its own; set in the agent's environment, it

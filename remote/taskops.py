@@ -247,8 +247,11 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
             break
         time.sleep(POLL)
     reply: dict[str, Any] = {"tasks": [procs.task_status(d) for d in dirs]}
-    if names is None:  # the whole run: also what left its groups, and its reserved ports
+    # The whole run, or an attempt of it (`escaped`: every task stopped before a whole-job
+    # restart): also what left the task groups, so nothing of one attempt lives into the next.
+    if names is None or params.param(req, "escaped", bool, False):
         supervisors, groups = strays.run_groups(run_dir)
         reply["escaped"] = strays.stop(run_dir.name, grace, supervisors, groups)
+    if names is None:  # and its reserved ports
         reservations.release(layout.workdir_path(req), run_dir.name)
     return reply

@@ -97,6 +97,7 @@ class FakeHost:
         # Network check: what a probe from this host to (address, port) gets; absent: "ok".
         self.verdicts: dict[tuple[str, int], str] = {}
         self.stand_ins: set[int] = set()  # ports the network check listens on right now
+        self.stopped_runs: set[str] = set()  # runs stopped whole: nothing of them starts again
         self.silent = threading.Event()  # set: calls hang until cleared (a cut link)
         self._next_pid = 100
         self._lock = threading.Lock()
@@ -165,6 +166,11 @@ class FakeHost:
         return {"code": 0, "ran": True, "tail": []}
 
     def _op_start(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req["run_id"] in self.stopped_runs:  # as remote/taskops.py answers
+            return {
+                "ok": False,
+                "error": f"run {req['run_id']} was stopped; nothing of it starts again",
+            }
         started = []
         for spec in req["tasks"]:
             old = self.tasks.get(spec["name"])
@@ -203,10 +209,12 @@ class FakeHost:
         )
 
     def _op_stop(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req.get("tasks") is None:  # a whole-run stop ends the run's reservations too
+        names = req.get("tasks")
+        if names is None:  # a whole-run stop ends the run's reservations too, and the run
             self._drop_reservations(req.get("run_id", ""))
+            self.stopped_runs.add(req.get("run_id", ""))
         for task in self.tasks.values():
-            if task.state == "running":
+            if task.state == "running" and (names is None or task.name in names):
                 task.state, task.reason, task.ended = "exited", "stopped", self.clock()
                 task.signal = 15
         return {"stopped": sorted(self.tasks)}

@@ -176,6 +176,7 @@ def test_a_failed_worker_is_restarted_until_max_restarts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = TWO_WORKERS.replace("[job]\n", '[job]\non_failure = "restart"\nmax_restarts = 1\n')
+    text += '\n[[hosts]]\nname = "p"\naddress = "192.0.2.3"\ntasks = [{ role = "ps" }]\n'
     h = Harness(tmp_path, text, monkeypatch)
     b = h.hosts["b"]
     crashes: list[float] = []

@@ -386,7 +386,9 @@ def test_restart_policy_restarts_a_failed_worker_then_gives_up(
 ) -> None:
     lab = clean_lab
     flaky = "--sleep 2 --fail-first 2"
-    layout = [[{"role": "chief", "args": "--sleep 4"}], [{"role": "worker", "args": flaky}]]
+    # A ps makes it a PSS-shaped job: restarting one task is refused for MWMS (restart-job).
+    chief = {"role": "chief", "args": "--sleep 4"}
+    layout = [[chief, {"role": "ps"}], [{"role": "worker", "args": flaky}]]
     inventory = task_inventory(
         lab, lab_inventory, tmp_path, layout, on_failure="restart", max_restarts=3
     )
@@ -405,7 +407,7 @@ def test_restart_policy_restarts_a_failed_worker_then_gives_up(
         lab,
         lab_inventory,
         tmp_path,
-        [[{"role": "worker", "args": "--sleep 0.5 --code 3 --no-serve"}]],
+        [[{"role": "worker", "args": "--sleep 0.5 --code 3 --no-serve"}, {"role": "ps"}]],
         on_failure="restart",
         max_restarts=1,
         file="give_up.toml",

@@ -16,7 +16,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--fail-at-epoch", type=int, default=None, help="inject a failure")
     parser.add_argument("--fail-task", default="worker:1", help="task that fails, e.g. worker:1")
+    under_tfdeploy = "TFDEPLOY_RUN_ID" in os.environ
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=os.environ.get("CHECKPOINT_DIR") or ("ckpt" if under_tfdeploy else ""),
+        help="where each epoch is checkpointed and training resumes from; default: ckpt/ in the "
+        "task's directory under tfdeploy (a restart-job attempt shares it with the one before), "
+        "none otherwise",
+    )
     return parser.parse_args(argv)
+
+
+def own_checkpoint_dir(base: str, me: str) -> str:
+    """MWMS saves are collective: every worker saves. The chief (worker:0 when the cluster has
+    no chief) writes `base`, the others a directory of their own beside it. Replicas hold the
+    same values, so each worker resumes from its own copy, and no shared filesystem is needed.
+    """
+    chief = me == "chief:0" or (me == "worker:0" and "chief" not in common.tf_config()["cluster"])
+    return base if chief else os.path.join(base, "workers", me.replace(":", "-"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +79,22 @@ def main(argv: list[str] | None = None) -> int:
         per_replica = strategy.run(replica_step, args=(x, y))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    for epoch in range(1, args.epochs + 1):
+    # The training state a whole-job restart (on_failure = "restart-job") resumes from.
+    epoch_done = tf.Variable(0, dtype=tf.int64)
+    step = tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_done, step=step)
+    manager = None
+    if args.checkpoint_dir:
+        directory = own_checkpoint_dir(args.checkpoint_dir, me)
+        manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
+    if manager is not None and manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint)
+        common.log(
+            f"{me}: resumed from {manager.latest_checkpoint} after epoch {int(epoch_done)} "
+            f"(step {int(step)}), attempt {os.environ.get('TFDEPLOY_ATTEMPT', '0')}"
+        )
+
+    for epoch in range(int(epoch_done) + 1, args.epochs + 1):
         if args.fail_at_epoch == epoch and me == args.fail_task:
             common.log(f"{me}: injected failure at epoch {epoch} (--fail-at-epoch), exiting 1")
             # A normal exit blocks ~20 s in MWMS's shutdown barrier waiting for the peers;
@@ -72,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         for x, y in dist_dataset:
             total += float(train_step(x, y))
             steps += 1
-        common.log(f"epoch {epoch} loss {total / max(steps, 1):.4f}")
+        step.assign_add(steps)
+        epoch_done.assign(epoch)
+        if manager is not None:
+            manager.save(checkpoint_number=epoch)  # collective: every worker saves
+        common.log(f"epoch {epoch} loss {total / max(steps, 1):.4f} step {int(step)}")
 
     common.report_accuracy(common.accuracy(model(x_test, training=False), y_test))
     return 0
