@@ -55,6 +55,8 @@ class Cluster:
             "CUDA_VISIBLE_DEVICES": cuda,
             "TFDEPLOY_RUN_ID": "test-run",
             "TFDEPLOY_TASK": task,
+            # as under tfdeploy, but never in the example's own directory (pushed by other tests)
+            "CHECKPOINT_DIR": str(self.logdir / "ckpt"),
         }
         if config is not None:
             env["TF_CONFIG"] = config

@@ -5,6 +5,7 @@ worker to SIGKILL mid-training, is restarted as a whole, resumes from its checkp
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,19 @@ def test_a_killed_mwms_worker_restarts_the_job_from_its_checkpoint(
         },
     )
     up = Up(inventory, state=tmp_path / "state")
-    up.wait_for(rf"worker:1@{h2.name} \| epoch 3 loss", timeout=240)
-    [victim] = pids_of(lab, h2, "mwms.py")
-    lab.run(h2, ["kill", "-KILL", str(victim)])
-    up.wait_for(r"\[attempt 1\] \| .*resumed from", timeout=240, count=3)
-    # attempt 0 is gone: one training process per host, each of attempt 1
-    for host in (h1, h2, h3):
-        assert len(pids_of(lab, host, "mwms.py")) == 1
-    assert up.finish(timeout=300) == 0, up.report()
+    try:
+        up.wait_for(rf"worker:1@{h2.name} \| epoch 3 loss", timeout=240)
+        [victim] = pids_of(lab, h2, "mwms.py")
+        lab.run(h2, ["kill", "-KILL", str(victim)])
+        up.wait_for(r"\[attempt 1\] \| .*resumed from", timeout=240, count=3)
+        # attempt 0 is gone: one training process per host, each of attempt 1
+        for host in (h1, h2, h3):
+            assert len(pids_of(lab, host, "mwms.py")) == 1
+        assert up.finish(timeout=300) == 0, up.report()
+    finally:
+        if up.proc.poll() is None:  # a failed wait: stop it, so the lab is left clean
+            up.proc.send_signal(signal.SIGINT)
+            up.finish(timeout=60)
 
     out = up.stdout
     assert f"worker:1@{h2.name} killed by signal 9: restarting the whole job (restart 1 of 3" in out

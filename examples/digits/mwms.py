@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         directory = own_checkpoint_dir(args.checkpoint_dir, me)
         manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
     if manager is not None and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint)
+        with strategy.scope():  # Keras builds optimizer slots lazily: build them to restore them
+            optimizer.build(model.trainable_variables)
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         common.log(
             f"{me}: resumed from {manager.latest_checkpoint} after epoch {int(epoch_done)} "
             f"(step {int(step)}), attempt {os.environ.get('TFDEPLOY_ATTEMPT', '0')}"
