@@ -141,6 +141,27 @@ class SetupResult:
 
 
 @dataclass(frozen=True)
+class RemoteFile:
+    """A file a task left on its host, as `collect` lists it."""
+
+    path: str  # relative to the task's directory (an absolute pattern's: without its first /)
+    size: int
+    mode: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Collected:
+    files: tuple[RemoteFile, ...]
+    refused: tuple[str, ...]  # patterns or matches not pulled, and why
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Collected:
+        files = tuple(RemoteFile(str(p), int(n), int(m), str(h)) for p, n, m, h in d["files"])
+        return cls(files, tuple(str(r) for r in d.get("refused", [])))
+
+
+@dataclass(frozen=True)
 class Escaped:
     """A process of the run that had left its task's process group, stopped with the run."""
 
@@ -453,6 +474,49 @@ class Agent:
 
     def unlisten(self, run_id: str) -> None:
         self.call("netcheck", action="close", run_id=run_id)
+
+    def look(self) -> None:
+        """Says hello once without creating anything on the host (read-only verbs)."""
+        if self.home is None:
+            self.install(look_only=True)
+
+    def collect(
+        self, run_id: str, patterns: Sequence[str], tasks: Sequence[str] | None = None
+    ) -> dict[str, Collected]:
+        """The files each task's `patterns` name on this host, hashed there (remote/results)."""
+        self.look()
+        if self.absent:
+            return {}
+        reply = self.call(
+            "collect",
+            timeout=600,  # hashing gigabytes of checkpoints takes a while
+            run_id=run_id,
+            patterns=list(patterns),
+            tasks=list(tasks) if tasks is not None else None,
+        )
+        return {
+            name: Collected(
+                files=tuple(
+                    RemoteFile(str(p), int(n), int(m), str(h)) for p, n, m, h in t["files"]
+                ),
+                refused=tuple(str(r) for r in t.get("refused", [])),
+            )
+            for name, t in reply.get("tasks", {}).items()
+        }
+
+    def fetch(
+        self, run_id: str, task: str, path: str, patterns: Sequence[str], offset: int, length: int
+    ) -> bytes:
+        reply = self.call(
+            "fetch",
+            run_id=run_id,
+            task=task,
+            path=path,
+            patterns=list(patterns),
+            offset=offset,
+            length=length,
+        )
+        return base64.b64decode(reply["data"])
 
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""

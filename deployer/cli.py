@@ -19,9 +19,11 @@ import select
 import shlex
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
@@ -29,21 +31,35 @@ from rich.text import Text
 
 from deployer import firewall
 from deployer.agent import escaped_text
-from deployer.errors import ExitStatus, HostsFailed, Terminated, TfdeployError, UsageError
+from deployer.archive import LogArchive, archive_ended, has_archive
+from deployer.errors import (
+    ExitStatus,
+    HostError,
+    HostsFailed,
+    Terminated,
+    TfdeployError,
+    UsageError,
+)
 from deployer.fleet import Fleet
 from deployer.inventory import Inventory, discover_hosts, load_inventory
 from deployer.lifecycle import Deployment, UpOptions
 from deployer.plan import make_plan
+from deployer.pull import pull
 from deployer.render import plan_json, plan_table, status_json, status_table
 from deployer.runs import (
     Target,
+    archived_lines,
     find_runs,
     find_runs_settled,
     follow_logs,
     resolve,
     stop_runs,
+    sync_archive,
+    task_host,
 )
 from deployer.secrets import mask_text
+from deployer.state import RUN_ID as STATE_RUN_ID
+from deployer.tunnel import Tunnel
 from deployer.view import PlainView, make_view
 
 UNWRAPPED = 1 << 20  # a console width no line reaches: output to pipes is never wrapped
@@ -155,22 +171,83 @@ def _cmd_status(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace, env: Env) -> int:
+    if args.sync and args.follow:
+        raise UsageError("--sync copies what the hosts have and prints it; it does not follow")
+    view = PlainView(env.raw_out)
+
+    def archived(note: str | None = None) -> int:
+        lines = archived_lines(args.run_id, args.task, args.tail)
+        if not lines and args.task:
+            raise _unknown_run(args.run_id, args.task)
+        if note:
+            env.err.print(Text(note), style="yellow")
+        for label, line in lines:
+            view.lines(label, [line])
+        return ExitStatus.OK
+
+    if STATE_RUN_ID.match(args.run_id) and not args.sync and archive_ended(args.run_id):
+        return archived()  # `up` saw it end: all of it is here, the hosts may be gone
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
-    view = PlainView(env.raw_out)
     with Fleet(target.inventory.hosts) as fleet:
-        found = follow_logs(
-            fleet,
-            target.run_id,
-            lambda label, line: view.lines(label, [line]),
-            task=args.task,
-            tail=args.tail,
-            follow=args.follow,
-        )
+        if args.sync:
+            if not sync_archive(fleet, target.run_id, LogArchive(target.run_id)):
+                raise _unknown_run(target.run_id, args.task)
+            return archived()
+        try:
+            found = follow_logs(
+                fleet,
+                target.run_id,
+                lambda label, line: view.lines(label, [line]),
+                task=args.task,
+                tail=args.tail,
+                follow=args.follow,
+            )
+        except (HostError, HostsFailed) as exc:
+            if not has_archive(target.run_id):
+                raise
+            return archived(f"{exc.message.splitlines()[0]}; from the local archive instead:")
     if not found:
         raise _unknown_run(target.run_id, args.task)
     return ExitStatus.OK
+
+
+def _cmd_pull(args: argparse.Namespace, env: Env) -> int:
+    target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
+    if target.run_id is None:
+        raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
+    with Fleet(target.inventory.hosts, concurrency=args.concurrency) as fleet:
+        result = pull(fleet, target.run_id, args.paths, Path(args.to), tasks=args.task)
+    view = PlainView(env.raw_out)
+    for refusal in result.refused:
+        view.step(f"not pulled: {refusal}")
+    view.step(result.summary())
+    return ExitStatus.OK
+
+
+def _cmd_tunnel(args: argparse.Namespace, env: Env) -> int:
+    target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
+    if target.run_id is None:
+        raise UsageError("tunnel needs a run id (see `tfdeploy status INVENTORY`)")
+    with Fleet(target.inventory.hosts) as fleet:
+        host, task = task_host(find_runs(fleet, target), args.task)
+        transport = fleet.member(host).agent.transport
+        with Tunnel(transport, args.remote_port, args.local_port or 0) as tunnel:
+            view = PlainView(env.raw_out)
+            view.step(
+                f"{tunnel.url} -> {task}@{host} port {args.remote_port} (its loopback, over SSH); "
+                "Ctrl-C ends the tunnel"
+            )
+            reported = 0
+            try:
+                while True:
+                    time.sleep(0.5)
+                    for error in tunnel.errors[reported:]:
+                        view.step(f"a connection failed: {error}")
+                    reported = len(tunnel.errors)
+            except KeyboardInterrupt:
+                return ExitStatus.OK
 
 
 def _cmd_exec(args: argparse.Namespace, env: Env) -> int:
@@ -223,6 +300,14 @@ def _count(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = "count"  # argparse names the type in its messages
     return parse
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number (a usage error otherwise, exit 2)."""
+    port = _count(1)(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1-65535)")
+    return port
 
 
 def _netcheck_arg(parser: argparse.ArgumentParser) -> None:
@@ -304,7 +389,42 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "--tail", type=_count(0), help="only the last N lines of each task (0: only new ones)"
     )
+    logs.add_argument(
+        "--sync",
+        action="store_true",
+        help="copy what the hosts wrote since into the local archive, then print it",
+    )
     logs.set_defaults(handler=_cmd_logs)
+
+    pull_ = verbs.add_parser(
+        "pull", help="copy files of a run's tasks home (only what is not here already)"
+    )
+    _target_args(pull_, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    pull_.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="globs relative to each task's directory, or absolute",
+    )
+    pull_.add_argument(
+        "--task", action="append", type=_task_name, help="only this task (repeatable), e.g. chief:0"
+    )
+    pull_.add_argument(
+        "--to",
+        default="tfdeploy-runs",
+        help="into DIR/RUN_ID/ROLE-INDEX/ (default: ./tfdeploy-runs)",
+    )
+    _concurrency_arg(pull_)
+    pull_.set_defaults(handler=_cmd_pull)
+
+    tunnel = verbs.add_parser(
+        "tunnel", help="forward a local port to a port on a task's host, over SSH"
+    )
+    _target_args(tunnel, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    tunnel.add_argument("remote_port", type=_port, metavar="REMOTE_PORT")
+    tunnel.add_argument("local_port", type=_port, nargs="?", metavar="LOCAL_PORT")
+    tunnel.add_argument("--task", type=_task_name, help="the task whose host (default: chief:0)")
+    tunnel.set_defaults(handler=_cmd_tunnel)
 
     exec_ = verbs.add_parser("exec", help="run a shell command on every host, output prefixed")
     exec_.add_argument("inventory", help="inventory TOML file")

@@ -99,6 +99,15 @@ class HostSettings:
 
 
 @dataclass(frozen=True)
+class TensorBoard:
+    """[job.tensorboard]: TensorBoard beside a task (not in TF_CONFIG), forwarded by `up`."""
+
+    logdir: str  # relative to the task's directory, or absolute, on that host
+    port: int = 6006  # on that host's loopback
+    task: str | None = None  # whose host runs it; default chief:0, else worker:0
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     code: Path
@@ -121,6 +130,9 @@ class Job:
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
     netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
+    artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (pull.py)
+    artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
+    tensorboard: TensorBoard | None = None
     forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
 
 
@@ -329,10 +341,29 @@ def _parse_job(t: Table, directory: Path) -> Job:
         lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
         firewall=t.boolean("firewall", False),
         netcheck=t.boolean("netcheck", True),
+        artifacts=t.string_list("artifacts"),
+        artifacts_to=t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs",
+        tensorboard=_tensorboard(t),
         forward_env=t.env_names("forward_env"),
     )
     t.finish()
     return job
+
+
+def _tensorboard(job: Table) -> TensorBoard | None:
+    if not job.has("tensorboard"):
+        return None
+    t = job.sub_table("tensorboard")
+    task = t.string("task")
+    if task is not None and not re.fullmatch(r"(chief|worker|ps|evaluator):[0-9]+", task):
+        t.fail("task", f"expected a task such as chief:0 or worker:1, got {task!r}")
+    board = TensorBoard(
+        logdir=t.required_string("logdir"),
+        port=t.integer("port", 6006, minimum=1, maximum=65535),
+        task=task,
+    )
+    t.finish()
+    return board
 
 
 def _retry_exit_codes(t: Table) -> tuple[int, ...] | None:

@@ -9,7 +9,7 @@ from deployer.agent import Agent, TaskStatus
 from deployer.board import server_like
 from deployer.errors import JobFailed
 from deployer.fleet import Fleet, Member
-from deployer.plan import Plan, Task
+from deployer.plan import SIDECAR_ROLE, Plan, Task
 from deployer.text import plural
 from remote import protocol
 
@@ -25,7 +25,11 @@ def start_groups(plan: Plan) -> list[list[Task]]:
     """
     servers = [t for t in plan.tasks if server_like(t)]
     workers = [t for t in plan.tasks if t.role == "worker" and not server_like(t)]
-    last = [t for t in plan.tasks if t.role in ("chief", "evaluator") and not server_like(t)]
+    last = [
+        t
+        for t in plan.tasks
+        if t.role in ("chief", "evaluator", SIDECAR_ROLE) and not server_like(t)
+    ]
     return [group for group in (servers, workers, last) if group]
 
 

@@ -14,22 +14,26 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from deployer import firewall
 from deployer.agent import TaskStatus
+from deployer.archive import LogArchive
 from deployer.board import TaskBoard, server_like
-from deployer.errors import Interrupted
+from deployer.errors import Interrupted, TfdeployError, UsageError
 from deployer.fleet import Fleet, Member
 from deployer.gpus import GpuMonitor
 from deployer.launch import by_host, start_group, start_groups
-from deployer.plan import Plan, Task
+from deployer.plan import SIDECAR_ROLE, Plan, Task
 from deployer.poller import POLL_WAIT_S, Poller
 from deployer.preflight import Claim, Settled, preflight
+from deployer.pull import pull
 from deployer.restarts import backoff_s, restart_task, stop_attempt, stop_lines
 from deployer.secrets import mask_text
 from deployer.state import RunRecord, controller_name, new_run_id, save
 from deployer.sync import Manifest, push_all, push_summary, run_setup
 from deployer.text import plural
+from deployer.tunnel import Tunnel
 from deployer.view import View
 from deployer.watch import RestartJob, Watch
 
@@ -72,6 +76,8 @@ class Deployment:
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
+        self.archive = LogArchive(self.run_id)
+        self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self._follow(plan, frozenset())
 
     def _follow(self, plan: Plan, gpu_hosts: frozenset[str]) -> None:
@@ -87,6 +93,7 @@ class Deployment:
             clock=self.clock,
             gpu_monitor=self.gpu_monitor,
             wait_s=self.options.poll_wait,
+            archive=self.archive,
         )
         self.watching = Watch(
             plan,
@@ -116,6 +123,7 @@ class Deployment:
                 )
                 return 0
             self.teardown()
+            self.pull_artifacts()
             return 0
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             signum = int(getattr(exc, "signum", signal.SIGINT))
@@ -127,13 +135,20 @@ class Deployment:
             self.fleet.interrupt()  # abandon calls in flight (a push) so the stop is not queued
             self.poller.abandon()
             self.teardown()
+            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C skips the pull
+                self.pull_artifacts()
             raise Interrupted(
                 f"interrupted{by}; run {self.run_id} was stopped", signum=signum
             ) from None
         except BaseException:
             self.teardown()
+            self.pull_artifacts()  # a failed job's checkpoints are what debugging needs
             raise
         finally:
+            if self.dashboard is not None:
+                self.dashboard.close()
+            if self.archive.files and not self.options.detach:
+                self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
             self.view.close()
 
     def check(self) -> int:
@@ -247,6 +262,7 @@ class Deployment:
         while True:
             try:
                 self.start()
+                self._forward_tensorboard()
                 if not self.options.detach:
                     self.watching.until_done()
                 return
@@ -272,6 +288,47 @@ class Deployment:
         deadline = self.clock() + delay
         while self.clock() < deadline:
             self.sleep(min(self.options.poll_interval, deadline - self.clock()))
+
+    def _forward_tensorboard(self) -> None:
+        """[job.tensorboard]: a local port forwarded to it for as long as `up` watches."""
+        sidecar = next((t for t in self.plan.tasks if t.role == SIDECAR_ROLE), None)
+        if sidecar is None or self.dashboard is not None or sidecar.port is None:
+            return
+        where = f"{sidecar.name}@{sidecar.host} port {sidecar.port}"
+        if self.options.detach:
+            self.view.step(
+                f"tensorboard: {where}; `tfdeploy tunnel {self.run_id} {sidecar.port} "
+                f"--task {sidecar.name}` forwards it here"
+            )
+            return
+        member = self.fleet.member(sidecar.host)
+        if member.host.transport == "local":  # this machine: its own port, no forwarding
+            self.view.step(f"tensorboard: http://127.0.0.1:{sidecar.port}/ ({where})")
+            return
+        transport = member.agent.transport
+        try:
+            self.dashboard = Tunnel(transport, sidecar.port, sidecar.port).start()
+        except UsageError:  # that port is taken here: any free one
+            self.dashboard = Tunnel(transport, sidecar.port).start()
+        self.view.step(f"tensorboard: {self.dashboard.url} (forwarded to {where})")
+
+    def pull_artifacts(self) -> None:
+        """job.artifacts home, once the tasks are stopped; a failure here is reported, never
+        raised: it must not hide how the job itself ended."""
+        job = self.plan.job
+        if not job.artifacts or not self.contacted_hosts:
+            return
+        members = [self.fleet.member(h) for h in sorted(self.contacted_hosts)]
+        try:
+            result = pull(
+                self.fleet, self.run_id, job.artifacts, Path(job.artifacts_to), members=members
+            )
+        except TfdeployError as exc:
+            self.view.step(f"artifacts were not pulled: {exc.message}")
+            return
+        for refusal in result.refused:
+            self.view.step(f"artifact not pulled: {refusal}")
+        self.view.step(f"artifacts: {result.summary()}")
 
     def _hide(self, text: str) -> str:
         """Log text with the job's secret values masked."""

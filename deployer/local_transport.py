@@ -13,6 +13,7 @@ import pwd
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import threading
 from collections import deque
@@ -105,6 +106,17 @@ class LocalTransport:
                 os.unlink(part)
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise HostError(self.name, f"cannot write {remote_path}: {reason}") from exc
+
+    def open_port(self, port: int) -> socket.socket:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5.0)
+            sock.settimeout(None)
+            return sock
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise HostError(
+                self.name, f"nothing accepts connections on its port {port} ({reason})"
+            ) from None
 
     def open_session(self, argv: Sequence[str]) -> LocalSession:
         return LocalSession(self.name, argv, self.env)

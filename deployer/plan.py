@@ -7,6 +7,7 @@ what every host receives.
 from __future__ import annotations
 
 import json
+import shlex
 import string
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -76,6 +77,9 @@ class Task:
         return self.role in ("chief", "worker") and not self.is_server
 
 
+SIDECAR_ROLE = "tensorboard"  # not a TF role: in no cluster, never awaited, started last
+
+
 @dataclass(frozen=True)
 class Plan:
     inventory: Inventory
@@ -140,6 +144,8 @@ def make_plan(inventory: Inventory) -> Plan:
         placeholders={f"{r}_hosts": ",".join(cluster.get(r, [])) for r in CLUSTER_ROLES},
     )
     tasks = tuple(_finish_task(s, inventory, shared) for s in slots)
+    if inventory.job.tensorboard is not None:
+        tasks += (_tensorboard_task(inventory, tasks, file),)
     if not any(t.awaited for t in tasks):
         raise InventoryError(
             file,
@@ -148,6 +154,45 @@ def make_plan(inventory: Inventory) -> Plan:
             hint="give the chief (or the workers) the training command",
         )
     return Plan(inventory=inventory, tasks=tasks, cluster=cluster)
+
+
+def _tensorboard_task(inventory: Inventory, tasks: tuple[Task, ...], file: str) -> Task:
+    """TensorBoard on the host of job.tensorboard.task (chief:0, else worker:0): a sidecar on
+    that host's loopback, in no TF_CONFIG, stopped with the run, never awaited."""
+    board = inventory.job.tensorboard
+    assert board is not None
+    names = {t.name: t for t in tasks}
+    wanted = board.task or next(n for n in ("chief:0", "worker:0") if n in names)
+    beside = names.get(wanted)
+    if beside is None:
+        known = ", ".join(names)
+        raise InventoryError(
+            file, "job.tensorboard.task", f"the job has no task {wanted} (tasks: {known})"
+        )
+    if any(t.port == board.port for t in tasks if t.host == beside.host):
+        raise InventoryError(
+            file,
+            "job.tensorboard.port",
+            f"{board.port} is a TF port on {beside.host}",
+            hint="give TensorBoard another port (default 6006)",
+        )
+    host = next(h for h in inventory.hosts if h.name == beside.host)
+    python = shlex.quote(host.python)  # the host's interpreter, which has TensorFlow
+    command = (
+        f"exec {python} -m tensorboard.main --logdir {shlex.quote(board.logdir)} "
+        f"--port {board.port} --host 127.0.0.1"
+    )
+    return Task(
+        role=SIDECAR_ROLE,
+        index=0,
+        host=beside.host,
+        address=beside.address,
+        port=board.port,
+        gpus=(),
+        command=command,
+        own_env={},
+        cluster_json=beside.cluster_json,
+    )
 
 
 def _place_tasks(inventory: Inventory) -> list[_Slot]:

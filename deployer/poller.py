@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from deployer.agent import Poll
+from deployer.archive import LogArchive
 from deployer.board import TaskBoard
 from deployer.contact import HostContact, Loss
 from deployer.errors import HostError
@@ -49,6 +50,7 @@ class Poller:
         clock: Callable[[], float] = time.monotonic,
         gpu_monitor: GpuMonitor | None = None,
         wait_s: float = POLL_WAIT_S,
+        archive: LogArchive | None = None,
     ) -> None:
         self.fleet = fleet
         self.plan = plan
@@ -57,6 +59,7 @@ class Poller:
         self.clock = clock
         self.gpu_monitor = gpu_monitor
         self.wait_s = wait_s
+        self.archive = archive  # every byte read is also kept on this machine
         self.hosts: set[str] = set()  # hosts where a start was attempted: the ones polled
         self.contact = HostContact()
         self._inflight: dict[str, Pending[Poll]] = {}
@@ -124,6 +127,9 @@ class Poller:
         for poll in polls.values():
             self.board.update(poll.tasks)
             for name, (offset, data) in poll.logs.items():
+                if self.archive is not None:
+                    host = self.board[name].task.host
+                    self.archive.write(name, host, offset - len(data), data)
                 new = self.board.feed(name, offset, data)
                 if new:
                     lines.append((self.board[name].label, tuple(new)))

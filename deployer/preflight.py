@@ -15,7 +15,7 @@ from deployer.errors import HostError, HostsFailed
 from deployer.fleet import Fleet, Member
 from deployer.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.inventory import Job
-from deployer.plan import Plan
+from deployer.plan import SIDECAR_ROLE, Plan
 from deployer.sync import Manifest, scan
 from deployer.text import plural
 
@@ -168,6 +168,7 @@ def _settle(
     problems += gpu_problems
     if plan.job.firewall:
         problems += firewall.check(fleet, members)
+    problems += _tensorboard_missing(plan, fleet)
     if problems:
         raise HostsFailed(problems)
     missing = sorted(set(plan.job.forward_env) - set(forwarded))
@@ -183,6 +184,25 @@ def _settle(
         summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
         workdir_groups=shared_workdirs([m.name for m in members], facts),
     )
+
+
+def _tensorboard_missing(plan: Plan, fleet: Fleet) -> list[HostError]:
+    """[job.tensorboard] needs the package where it runs, unless job.setup may install it."""
+    sidecar = next((t for t in plan.tasks if t.role == SIDECAR_ROLE), None)
+    if sidecar is None or plan.job.setup:
+        return []
+    agent = fleet.member(sidecar.host).agent
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('tensorboard') else 3)"
+    if agent.transport.run([agent.python, "-c", probe], timeout=60).exit_code == 0:
+        return []
+    return [
+        HostError(
+            sidecar.host,
+            f"TensorBoard is not installed for {agent.python} ([job.tensorboard] runs it here)",
+            hint="pip install tensorboard on the host, add it to job.setup, or drop "
+            "[job.tensorboard]",
+        )
+    ]
 
 
 def shared_workdirs(

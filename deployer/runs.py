@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from deployer.agent import Escaped, TaskStatus
+from deployer.archive import LogArchive, read_lines
 from deployer.errors import HostError, HostsFailed, UsageError
 from deployer.fleet import Fleet, Member
 from deployer.inventory import Inventory, load_inventory
@@ -70,6 +72,16 @@ def find_runs(fleet: Fleet, target: Target, *, outcome: str | None = None) -> li
     return runs
 
 
+def task_host(runs: list[HostRun], task: str | None) -> tuple[str, str]:
+    """(host, task) of `task` in a run, or of its chief (else worker:0) when None."""
+    where = {t.name: r.host for r in runs for t in r.tasks}
+    wanted = task or next((n for n in ("chief:0", "worker:0") if n in where), None)
+    if wanted is None or wanted not in where:
+        known = ", ".join(sorted(where)) or "none"
+        raise UsageError(f"the run has no task {task or 'chief:0 or worker:0'} (tasks: {known})")
+    return where[wanted], wanted
+
+
 def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list[HostError]]:
     """Like find_runs, but the hosts that could not be asked come back instead of raising."""
 
@@ -102,8 +114,7 @@ def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list
 
 
 def _ensure_agent(member: Member) -> None:
-    if member.agent.home is None:
-        member.agent.install(look_only=True)  # these verbs create nothing on a host
+    member.agent.look()  # these verbs create nothing on a host
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,34 @@ def follow_logs(
         if not follow or not active:
             return seen
         time.sleep(interval)
+
+
+def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
+    """Fills the local archive with what the hosts wrote since it was last filled (a detached
+    run, or one `up` lost sight of); False when no host knows the run."""
+    seen = False
+    for member in fleet.members:
+        for status in _statuses(member, run_id) or []:
+            seen = True
+            offset = archive.size(status.name)
+            while offset < status.log_bytes:
+                end = min(status.log_bytes, offset + READ_CHUNK)
+                data = _read_range(member, run_id, status.name, offset, end)
+                if not data:
+                    break
+                archive.write(status.name, member.name, offset, data)
+                offset += len(data)
+    return seen
+
+
+def archived_lines(run_id: str, task: str | None, tail: int | None) -> list[tuple[str, str]]:
+    """The archive's lines of a run (or one task); with `tail`, each task's last `tail`."""
+    if tail is None:
+        return list(read_lines(run_id, task))
+    last: dict[str, deque[tuple[str, str]]] = {}
+    for label, line in read_lines(run_id, task):
+        last.setdefault(label, deque(maxlen=tail)).append((label, line))
+    return [item for lines in last.values() for item in lines]
 
 
 def _statuses(member: Member, run_id: str) -> list[TaskStatus] | None:

@@ -53,6 +53,24 @@ class SSHTransport:
             raise _session_lost(self.name, exc) from exc
         return SSHSession(self.name, chan)
 
+    def open_port(self, port: int) -> paramiko.Channel:
+        """direct-tcpip through the SSH connection (jump hosts included): the host connects to
+        its own 127.0.0.1:port, so nothing is opened in its firewall."""
+        transport = self._transport()
+        try:
+            return transport.open_channel(
+                "direct-tcpip",
+                ("127.0.0.1", port),
+                ("127.0.0.1", 0),
+                timeout=self.target.settings.connect_timeout,
+            )
+        except paramiko.ChannelException as exc:
+            raise HostError(
+                self.name, f"nothing accepts connections on its port {port} ({exc})"
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise self._lost(["tunnel", str(port)], exc) from exc
+
     def _transport(self) -> paramiko.Transport:
         """The live connection, (re)connecting first if there is none; raises HostError."""
         with self._lock:

@@ -47,6 +47,18 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
+class Stream(Protocol):
+    """A byte stream to a TCP port on the host (a socket, or an SSH direct-tcpip channel)."""
+
+    def recv(self, size: int) -> bytes: ...
+
+    def sendall(self, data: bytes) -> None: ...
+
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class Transport(Protocol):
     """Run argv lists, write files and hold sessions on one host; safe to share between threads.
 
@@ -62,6 +74,10 @@ class Transport(Protocol):
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None: ...
 
     def open_session(self, argv: Sequence[str]) -> Session: ...
+
+    def open_port(self, port: int) -> Stream:
+        """A connection to `port` on the host's loopback, made from the host (a tunnel)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -232,6 +232,18 @@ def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
     return netcheck.op_netcheck(req)
 
 
+def op_collect(req: dict[str, Any]) -> dict[str, Any]:
+    import results  # only pulls pay for its imports
+
+    return results.op_collect(req)
+
+
+def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
+    import results
+
+    return results.op_fetch(req)
+
+
 def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
     import gpuinfo  # only GPU queries pay for its imports
 
@@ -251,6 +263,8 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "gpus": op_gpus,
     "firewall": op_firewall,
     "netcheck": op_netcheck,
+    "collect": op_collect,
+    "fetch": op_fetch,
 }
 
 

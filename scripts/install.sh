@@ -25,5 +25,5 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-  "tensorflow-cpu==$TF_VERSION" scikit-learn -e ".[dev]"
+  "tensorflow-cpu==$TF_VERSION" "tensorboard==$TF_VERSION" scikit-learn -e ".[dev]"
 echo "installed: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])') venv at $VENV"

@@ -9,6 +9,8 @@ prove (sshd, processes, signals, TensorFlow) stays in the lab tests.
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -98,6 +100,8 @@ class FakeHost:
         self.verdicts: dict[tuple[str, int], str] = {}
         self.stand_ins: set[int] = set()  # ports the network check listens on right now
         self.stopped_runs: set[str] = set()  # runs stopped whole: nothing of them starts again
+        # Files tasks left in their directories: {task: {relative path: content}} (pull).
+        self.files: dict[str, dict[str, bytes]] = {}
         self.silent = threading.Event()  # set: calls hang until cleared (a cut link)
         self._next_pid = 100
         self._lock = threading.Lock()
@@ -224,6 +228,24 @@ class FakeHost:
 
     def _op_firewall(self, req: dict[str, Any]) -> dict[str, Any]:
         return {}
+
+    def _op_collect(self, req: dict[str, Any]) -> dict[str, Any]:
+        found = {}
+        for task, files in self.files.items():
+            if req.get("tasks") is not None and task not in req["tasks"]:
+                continue
+            listed = [
+                [path, len(data), 0o644, hashlib.sha256(data).hexdigest()]
+                for path, data in sorted(files.items())
+                if any(fnmatch.fnmatch(path, p) for p in req["patterns"])
+            ]
+            found[task] = {"files": listed, "refused": []}
+        return {"tasks": found}
+
+    def _op_fetch(self, req: dict[str, Any]) -> dict[str, Any]:
+        data = self.files[req["task"]][req["path"]]
+        chunk = data[req["offset"] : req["offset"] + req["length"]]
+        return {"data": _b64(chunk), "size": len(data)}
 
     def _op_netcheck(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["action"] == "listen":
