@@ -355,3 +355,35 @@ def test_shared_home_push_sends_each_content_once(
     finally:
         left = nothing_left(lab, hosts)
     assert left == {}, f"the run left processes or ports behind: {left}"
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_mwms_as_non_root_with_a_shared_home_trains(
+    lab: Lab, lab_user_inventory: Any, lab_shared_home: Path, tmp_path: Path
+) -> None:
+    """Real TensorFlow, 3 MWMS workers, an unprivileged user whose home is one directory on
+    every host (the default workdir is shared): trains, exits 0, leaves nothing behind."""
+    hosts = lab.hosts[:3]
+    examples = Path(__file__).resolve().parent.parent / "examples" / "digits"
+    inventory = lab_user_inventory(
+        [[{"role": "worker"}]] * 3,
+        code=examples,
+        job={
+            "name": "sharedtf",
+            "command": f"{lab.python} mwms.py --epochs 4",
+            "env": {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"},
+            "stop_grace": 2,
+        },
+        hosts=hosts,
+    )
+    try:
+        out = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=300, check_rc=0)
+        found = re.findall(r"^(worker:\d@\S+) +\| test_accuracy=([0-9.]+)$", out.stdout, re.M)
+        assert {label for label, _ in found} == set(labels(hosts)), out.stdout
+        assert min(float(a) for _, a in found) >= 0.85
+        assert "share one workdir" in out.stdout
+        assert (lab_shared_home / ".tfdeploy" / "store").is_dir()
+    finally:
+        left = nothing_left(lab, hosts)
+    assert left == {}, f"the run left processes or ports behind: {left}"
