@@ -29,16 +29,17 @@ DEFAULT_MAX_BYTES = 256 * 1024
 
 def op_hello(req: dict[str, Any]) -> dict[str, Any]:
     workdir = layout.workdir_path(req)
+    ports = _ports(req, "ports")  # a refused request must create nothing: check first
+    run_id = params.param(req, "run_id", str, None)
+    lease = params.param(req, "lease_seconds", (int, float), None)
+    if run_id is not None:
+        run_id = params.check_name(run_id, "run id")
     layout.make_private_dir(workdir)
     layout.make_private_dir(layout.host_dir(workdir))
     others = hostid.announce(workdir / "hosts", hostid.identity())
-    ports = _ports(req, "ports")
-    run_id = params.param(req, "run_id", str, None)
     if run_id is None:
         busy, held = [p for p in ports if not _bindable(p)], {}
     else:
-        lease = params.param(req, "lease_seconds", (int, float), None)
-        run_id = params.check_name(run_id, "run id")
         busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable)
     return {
         "hostname": socket.gethostname(),

@@ -114,11 +114,18 @@ def run_stopped(run_dir: Path) -> bool:
 
 
 def make_private_dir(path: Path) -> Path:
-    """Creates path and any missing parents as 0700 (mkdir's parents=True would use 0777-umask)."""
+    """Creates path and any missing parents as 0700 (mkdir's parents=True would use 0777-umask).
+
+    Only what it creates: an existing directory keeps its mode (a workdir of "/tmp" or "~" must
+    never make those private to one user).
+    """
     missing = [p for p in (path, *path.parents) if not p.exists()]
     for directory in reversed(missing):
-        directory.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # another host of a shared workdir made it first
+        os.chmod(directory, 0o700)  # mkdir's mode is narrowed by the umask, never widened
     return path
 
 

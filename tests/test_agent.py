@@ -11,6 +11,7 @@ import platform
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -176,15 +177,16 @@ def test_hello_reports_versions_and_busy_ports(workdir: Path) -> None:
         (b"[1]", "JSON object"),
         (b'{"v": 1, "op": "fly"}', "unknown op 'fly'"),
         (b'{"v": 1, "op": "runs"}', "needs the parameter 'workdir'"),
-        (b'{"v": 1, "op": "poll", "workdir": "/tmp", "run_id": "../x"}', "run id '../x'"),
-        (b'{"v": 1, "op": "poll", "workdir": "/tmp", "run_id": "nope-xyz"}', "no run 'nope-xyz'"),
-        (b'{"v": 1, "op": "hello", "workdir": "/tmp", "ports": [true]}', "port numbers"),
+        (b'{"v": 1, "op": "poll", "workdir": "WD", "run_id": "../x"}', "run id '../x'"),
+        (b'{"v": 1, "op": "poll", "workdir": "WD", "run_id": "nope-xyz"}', "no run 'nope-xyz'"),
+        (b'{"v": 1, "op": "hello", "workdir": "WD", "ports": [true]}', "port numbers"),
     ],
 )
-def test_bad_requests_get_a_sentence(payload: bytes, needle: str) -> None:
-    reply = raw_call(payload)
+def test_bad_requests_get_a_sentence(payload: bytes, needle: str, tmp_path: Path) -> None:
+    reply = raw_call(payload.replace(b"WD", str(tmp_path / "wd").encode()))
     assert reply["ok"] is False
     assert needle in reply["error"]
+    assert not (tmp_path / "wd").exists()  # a refused request leaves nothing behind
 
 
 def test_have_and_materialize_hard_link_with_modes(workdir: Path) -> None:
@@ -603,3 +605,13 @@ def test_the_client_has_one_typed_method_per_op(workdir: Path) -> None:
         assert set(agent.gpus()) >= {"nvidia_smi", "gpus", "apps"}
     finally:
         agent.close_session()
+
+
+def test_an_existing_workdir_keeps_its_mode(tmp_path: Path) -> None:
+    """workdir = "/tmp" (or "~") must not make that directory private to one user."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)
+    ok(call(shared, "hello"))
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE((shared / "hosts").stat().st_mode) == 0o700  # what it made is private
