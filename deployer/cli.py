@@ -514,9 +514,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = Env(out=console_for(sys.stdout), err=console_for(sys.stderr), raw_out=sys.stdout)
     try:
         code = run(list(sys.argv[1:] if argv is None else argv), env)
-    except BrokenPipeError:  # stderr's reader went away while an error was being reported
+        # Flushed here, not at exit: a reader gone before a small output's only write would
+        # otherwise fail the interpreter's final flush (exit 120, "Exception ignored ...").
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # stdout's or stderr's reader went away
         code = ExitStatus.BROKEN_PIPE
     if code == ExitStatus.BROKEN_PIPE:
         # What is still buffered for the closed pipe would fail again at exit, with a message.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        null = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            os.dup2(null, stream.fileno())
     sys.exit(int(code))
