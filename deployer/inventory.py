@@ -130,6 +130,7 @@ class Job:
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
     netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
+    require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)
     artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (pull.py)
     artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
     tensorboard: TensorBoard | None = None
@@ -341,6 +342,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
         firewall=t.boolean("firewall", False),
         netcheck=t.boolean("netcheck", True),
+        require_tensorflow=t.boolean("require_tensorflow", True),
         artifacts=t.string_list("artifacts"),
         artifacts_to=t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs",
         tensorboard=_tensorboard(t),
@@ -351,9 +353,9 @@ def _parse_job(t: Table, directory: Path) -> Job:
 
 
 def _tensorboard(job: Table) -> TensorBoard | None:
+    t = job.sub_table("tensorboard")  # read even when absent: a typo gets its "did you mean"
     if not job.has("tensorboard"):
         return None
-    t = job.sub_table("tensorboard")
     task = t.string("task")
     if task is not None and not re.fullmatch(r"(chief|worker|ps|evaluator):[0-9]+", task):
         t.fail("task", f"expected a task such as chief:0 or worker:1, got {task!r}")

@@ -40,12 +40,13 @@ def host_problems(
     """Busy TF ports, a missing TensorFlow (unless setup may install it), too little disk."""
     problems = []
     problems += _busy_ports(host, facts)
-    if not facts.get("tensorflow") and not job.setup:
+    if not facts.get("tensorflow") and not job.setup and job.require_tensorflow:
         problems.append(
             HostError(
                 host,
                 f"TensorFlow is not installed for {python}",
-                hint="install tensorflow on the host or add it to job.setup",
+                hint="install tensorflow on the host or add it to job.setup (a job that does "
+                "not use TensorFlow: require_tensorflow = false)",
             )
         )
     free = int(facts.get("disk_free") or 0)  # type: ignore[call-overload]

@@ -43,6 +43,7 @@ def local_inventory(tmp: Path, command: str, *, env: str = "", hosts: str = "") 
     path.write_text(
         f'[job]\nname = "hard"\ncode = "code"\ncommand = {json.dumps(command)}\n'
         f'workdir = "{tmp}/wd"\npython = "{sys.executable}"\nport = {free_port()}\n'
+        "require_tensorflow = false\n"
         f"stop_grace = 2\n{env}\n"
         '[[hosts]]\nname = "local"\naddress = "127.0.0.1"\ntransport = "local"\n'
         'tasks = [{ role = "worker" }]\n' + hosts

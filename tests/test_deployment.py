@@ -356,3 +356,25 @@ def test_a_second_push_sends_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
         s.startswith("pushed 1 file to 2 hosts: 0 bytes sent, every file was already there")
         for s in h.view.steps
     ), h.view.steps
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_a_host_without_tensorflow_fails_preflight_unless_the_job_says_it_needs_none(
+    required: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = TWO_WORKERS.replace("[job]\n", f"[job]\nrequire_tensorflow = {str(required).lower()}\n")
+    h = Harness(tmp_path, text, monkeypatch)
+    h.hosts["b"].facts["tensorflow"] = None
+    h.hosts["a"].facts["tensorflow"] = None
+    if required:
+        with pytest.raises(HostsFailed) as info:
+            h.run(lambda now: None)
+        assert "b: TensorFlow is not installed for python3" in info.value.message
+        assert "require_tensorflow = false" in (info.value.hint or "")
+        return
+
+    def finish() -> None:
+        h.hosts["a"].exit("worker:0")
+        h.hosts["b"].exit("worker:1")
+
+    assert h.run(h.at(2, finish)) == 0

@@ -97,3 +97,32 @@ def test_artifacts_come_home_however_up_ends(
     for host in (a, b):
         names = [r["op"] for r in host.requests]
         assert names.index("collect") > max(i for i, n in enumerate(names) if n == "stop")
+
+
+@pytest.mark.parametrize(
+    ("board", "key", "expected"),
+    [
+        ('logdir = "tb"\ntask = "worker:5"', "job.tensorboard.task", "no task worker:5"),
+        ('logdir = "tb"\nport = 2222', "job.tensorboard.port", "a TF port on a"),
+        ('logdir = "tb"\ntask = "boss"', "job.tensorboard.task", "such as chief:0"),
+        ("port = 6006", "job.tensorboard.logdir", "is missing"),
+    ],
+)
+def test_tensorboard_settings_are_checked(
+    tmp_path: Path, board: str, key: str, expected: str
+) -> None:
+    from deployer.errors import InventoryError
+
+    with pytest.raises(InventoryError) as info:
+        plan(tmp_path, TWO_WORKERS + f"\n[job.tensorboard]\n{board}\n")
+    assert info.value.key == key and expected in info.value.expected, info.value.message
+
+
+def test_a_tensorboard_sidecar_runs_beside_the_first_worker_on_its_loopback(
+    tmp_path: Path,
+) -> None:
+    p = plan(tmp_path, TWO_WORKERS + '\n[job.tensorboard]\nlogdir = "logs dir"\n')
+    board = p.task("tensorboard:0")
+    assert (board.host, board.port, board.awaited) == ("a", 6006, False)
+    assert "--logdir 'logs dir' --port 6006 --host 127.0.0.1" in board.command
+    assert "tensorboard" not in p.cluster
