@@ -36,9 +36,17 @@ EXAMPLES = ROOT / "examples" / "digits"
 REGION = "us-east-1"
 
 
+@pytest.fixture(scope="module")
+def _moto() -> Iterator[None]:
+    """One moto for the module: its EC2 backend takes ~1.5 s to load, per start."""
+    with mock_aws():
+        yield
+
+
 @pytest.fixture
-def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
-    """moto's EC2 with fake credentials; no profile or config of this machine is read."""
+def ec2(_moto: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """moto's EC2 with fake credentials; no profile or config of this machine is read. Every
+    instance a test launched is terminated after it (discovery sees running ones only)."""
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -50,19 +58,27 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     # and a repeat (about 1 run in 1,000 for 12 instances) makes discovery refuse a duplicate.
     unique = (f"54.214.{n // 250}.{n % 250 + 1}" for n in itertools.count(random.randrange(9999)))
     monkeypatch.setattr(moto_eni, "random_public_ip", lambda: next(unique))
-    with mock_aws():
-        yield boto3.client("ec2", region_name=REGION)
+    client = boto3.client("ec2", region_name=REGION)
+    yield client
+    alive = [
+        i["InstanceId"]
+        for r in client.describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] != "terminated"
+    ]
+    if alive:
+        client.terminate_instances(InstanceIds=alive)
 
 
-_AMI: dict[int, str] = {}
+_AMI: dict[str, str] = {}
 
 
 def launch(ec2: Any, tags: dict[str, str], *, kind: str = "g5.xlarge", **extra: Any) -> str:
     """One instance in its own reservation (moto pages describe_instances by reservation)."""
-    if id(ec2) not in _AMI:  # describing moto's images is slow: once per test
-        _AMI[id(ec2)] = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    if "ami" not in _AMI:  # describing moto's images is slow: once per module
+        _AMI["ami"] = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
     reply = ec2.run_instances(
-        ImageId=_AMI[id(ec2)],
+        ImageId=_AMI["ami"],
         MinCount=1,
         MaxCount=1,
         InstanceType=kind,
