@@ -79,7 +79,7 @@ def pull(
         )
     missing = [w for w in wanted if not _has(w[3], w[2].sha256)]
     sources = _one_source_per_content(missing)
-    fetched = _fetch_all(fleet, run_id, patterns, sources)
+    fetched, sent = _fetch_all(fleet, run_id, patterns, sources)
     for sha, (_, _, remote, dest) in sources.items():
         os.replace(fetched[sha], dest)
         os.chmod(dest, remote.mode or 0o644)
@@ -93,7 +93,7 @@ def pull(
             os.chmod(dest, remote.mode or 0o644)
     return PullResult(
         files=len(wanted),
-        fetched_bytes=sum(r.size for _, _, r, _ in sources.values()),
+        fetched_bytes=sent,
         fetched_files=len(sources),
         refused=tuple(refused),
         destination=base,
@@ -130,22 +130,25 @@ def _fetch_all(
     run_id: str,
     patterns: Sequence[str],
     sources: dict[str, tuple[Member, str, RemoteFile, Path]],
-) -> dict[str, Path]:
-    """Fetches each content once, hosts in parallel; returns where each content now is."""
+) -> tuple[dict[str, Path], int]:
+    """Fetches each content once, hosts in parallel; returns where each content now is, and
+    how many bytes travelled (a resumed content counts only its rest)."""
     by_host: dict[str, list[tuple[str, RemoteFile, Path]]] = {}
     for member, name, remote, dest in sources.values():
         by_host.setdefault(member.name, []).append((name, remote, dest))
     lock = threading.Lock()
     done: dict[str, Path] = {}
+    sent = [0]
 
     def fetch_host(member: Member) -> None:
         for name, remote, dest in by_host[member.name]:
-            path = _fetch(member, run_id, name, remote, patterns, dest)
+            path, fetched = _fetch(member, run_id, name, remote, patterns, dest)
             with lock:
                 done[remote.sha256] = path
+                sent[0] += fetched
 
     fleet.each(fetch_host, [fleet.member(h) for h in by_host], what="pulling files failed")
-    return done
+    return done, sent[0]
 
 
 def _fetch(
@@ -155,14 +158,16 @@ def _fetch(
     remote: RemoteFile,
     patterns: Sequence[str],
     dest: Path,
-) -> Path:
-    """One content into `<dest>.<hash>.part` (resumed where an earlier pull stopped), checked."""
+) -> tuple[Path, int]:
+    """One content into `<dest>.<hash>.part` (resumed where an earlier pull stopped), checked;
+    returns it and the bytes this call fetched."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(f"{dest.name}.{remote.sha256[:12]}.part")
     offset = part.stat().st_size if part.exists() else 0
     if offset > remote.size:
         part.unlink()
         offset = 0
+    resumed = offset
     with part.open("ab") as out:
         while offset < remote.size:
             length = min(FETCH_BYTES, remote.size - offset)
@@ -176,7 +181,7 @@ def _fetch(
         raise HostError(
             member.name, f"{name}: {remote.path} changed while being pulled; pull again"
         )
-    return part
+    return part, remote.size - resumed
 
 
 def _sha256(path: Path) -> str:
