@@ -14,26 +14,25 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from deployer import firewall
 from deployer.agent import TaskStatus
 from deployer.archive import LogArchive
 from deployer.board import TaskBoard, server_like
-from deployer.errors import Interrupted, TfdeployError, UsageError
+from deployer.errors import Interrupted
 from deployer.fleet import Fleet, Member
 from deployer.gpus import GpuMonitor
 from deployer.launch import by_host, start_group, start_groups
-from deployer.plan import SIDECAR_ROLE, Plan, Task
+from deployer.plan import Plan, Task
 from deployer.poller import POLL_WAIT_S, Poller
 from deployer.preflight import Claim, Settled, preflight
-from deployer.pull import pull
+from deployer.pull import artifacts_home
 from deployer.restarts import backoff_s, restart_task, stop_attempt, stop_lines
 from deployer.secrets import mask_text
 from deployer.state import RunRecord, controller_name, new_run_id, save
 from deployer.sync import Manifest, push_all, push_summary, run_setup
 from deployer.text import plural
-from deployer.tunnel import Tunnel
+from deployer.tunnel import Tunnel, forward_sidecar
 from deployer.view import View
 from deployer.watch import RestartJob, Watch
 
@@ -291,44 +290,17 @@ class Deployment:
 
     def _forward_tensorboard(self) -> None:
         """[job.tensorboard]: a local port forwarded to it for as long as `up` watches."""
-        sidecar = next((t for t in self.plan.tasks if t.role == SIDECAR_ROLE), None)
-        if sidecar is None or self.dashboard is not None or sidecar.port is None:
-            return
-        where = f"{sidecar.name}@{sidecar.host} port {sidecar.port}"
-        if self.options.detach:
-            self.view.step(
-                f"tensorboard: {where}; `tfdeploy tunnel {self.run_id} {sidecar.port} "
-                f"--task {sidecar.name}` forwards it here"
+        if self.dashboard is None:
+            self.dashboard, said = forward_sidecar(
+                self.fleet, self.plan, self.run_id, detached=self.options.detach
             )
-            return
-        member = self.fleet.member(sidecar.host)
-        if member.host.transport == "local":  # this machine: its own port, no forwarding
-            self.view.step(f"tensorboard: http://127.0.0.1:{sidecar.port}/ ({where})")
-            return
-        transport = member.agent.transport
-        try:
-            self.dashboard = Tunnel(transport, sidecar.port, sidecar.port).start()
-        except UsageError:  # that port is taken here: any free one
-            self.dashboard = Tunnel(transport, sidecar.port).start()
-        self.view.step(f"tensorboard: {self.dashboard.url} (forwarded to {where})")
+            if said:
+                self.view.step(said)
 
     def pull_artifacts(self) -> None:
-        """job.artifacts home, once the tasks are stopped; a failure here is reported, never
-        raised: it must not hide how the job itself ended."""
-        job = self.plan.job
-        if not job.artifacts or not self.contacted_hosts:
-            return
-        members = [self.fleet.member(h) for h in sorted(self.contacted_hosts)]
-        try:
-            result = pull(
-                self.fleet, self.run_id, job.artifacts, Path(job.artifacts_to), members=members
-            )
-        except TfdeployError as exc:
-            self.view.step(f"artifacts were not pulled: {exc.message}")
-            return
-        for refusal in result.refused:
-            self.view.step(f"artifact not pulled: {refusal}")
-        self.view.step(f"artifacts: {result.summary()}")
+        """job.artifacts home, once the tasks are stopped (never raises: see artifacts_home)."""
+        for line in artifacts_home(self.fleet, self.plan.job, self.run_id, self.contacted_hosts):
+            self.view.step(line)
 
     def _hide(self, text: str) -> str:
         """Log text with the job's secret values masked."""

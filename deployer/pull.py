@@ -13,13 +13,14 @@ import hashlib
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from deployer.agent import Collected, RemoteFile
-from deployer.errors import HostError, HostsFailed, UsageError
+from deployer.errors import HostError, HostsFailed, TfdeployError, UsageError
 from deployer.fleet import Fleet, Member
+from deployer.inventory import Job
 from deployer.text import plural
 
 FETCH_BYTES = 4 * 1024 * 1024  # per agent call (remote/results.py MAX_FETCH)
@@ -42,6 +43,20 @@ class PullResult:
             else "0 bytes sent, every file was already here"
         )
         return f"pulled {plural(self.files, 'file')} into {self.destination}: {news}"
+
+
+def artifacts_home(fleet: Fleet, job: Job, run_id: str, hosts: Iterable[str]) -> list[str]:
+    """job.artifacts from `hosts`, once the tasks were stopped; the lines to show. A failure is
+    one of those lines, never raised: it must not hide how the job itself ended."""
+    members = [fleet.member(h) for h in sorted(hosts)]
+    if not job.artifacts or not members:
+        return []
+    try:
+        result = pull(fleet, run_id, job.artifacts, Path(job.artifacts_to), members=members)
+    except TfdeployError as exc:
+        return [f"artifacts were not pulled: {exc.message}"]
+    refused = [f"artifact not pulled: {refusal}" for refusal in result.refused]
+    return [*refused, f"artifacts: {result.summary()}"]
 
 
 def task_folder(name: str) -> str:

@@ -14,6 +14,8 @@ import socket
 import threading
 
 from deployer.errors import HostError, UsageError
+from deployer.fleet import Fleet
+from deployer.plan import SIDECAR_ROLE, Plan
 from deployer.transport import Stream, Transport
 
 CHUNK = 64 * 1024
@@ -87,6 +89,29 @@ class Tunnel:
             client.close()
             with contextlib.suppress(Exception):
                 remote.close()
+
+
+def forward_sidecar(
+    fleet: Fleet, plan: Plan, run_id: str, *, detached: bool
+) -> tuple[Tunnel | None, str | None]:
+    """[job.tensorboard] made reachable here: a tunnel to its port (the same local port when
+    free), or nothing on this machine's own host, or for a detached run the command that
+    forwards it later. Returns the tunnel (to close when `up` ends) and what to tell the user."""
+    sidecar = next((t for t in plan.tasks if t.role == SIDECAR_ROLE), None)
+    if sidecar is None or sidecar.port is None:
+        return None, None
+    where = f"{sidecar.name}@{sidecar.host} port {sidecar.port}"
+    if detached:
+        later = f"tfdeploy tunnel {run_id} {sidecar.port} --task {sidecar.name}"
+        return None, f"tensorboard: {where}; `{later}` forwards it here"
+    member = fleet.member(sidecar.host)
+    if member.host.transport == "local":  # this machine: its own port, nothing to forward
+        return None, f"tensorboard: http://127.0.0.1:{sidecar.port}/ ({where})"
+    try:
+        tunnel = Tunnel(member.agent.transport, sidecar.port, sidecar.port).start()
+    except UsageError:  # that port is taken here: any free one
+        tunnel = Tunnel(member.agent.transport, sidecar.port).start()
+    return tunnel, f"tensorboard: {tunnel.url} (forwarded to {where})"
 
 
 def _pump(a: Stream, b: Stream, closed: threading.Event) -> None:
