@@ -426,6 +426,14 @@ class Agent:
             ),
         )
 
+    def arm_idle_stop(self, minutes: float, command: str | None = None) -> None:
+        """Shut the machine down after `minutes` without a running task (0 disarms). One watchdog
+        per host, re-armed by each `up`: it outlives this connection, and the laptop."""
+        if command:
+            self.call("idle", minutes=minutes, command=command)
+        else:
+            self.call("idle", minutes=minutes)
+
     def release(self, run_id: str) -> None:
         """Drops the run's port reservations (preflight failed: nothing of it will start)."""
         self.call("release", run_id=run_id)

@@ -10,7 +10,8 @@ as the fleet is unchanged.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,12 +35,46 @@ from deployer.schema import Table, describe
 ADDRESS_KINDS = ("public", "private")
 PAGE_SIZE = 200  # describe_instances' MaxResults for one page (AWS allows 5-1000)
 INSTALL_HINT = "install the AWS extra: pip install 'tfdeploy[aws]'"
+METADATA_URL = "http://169.254.169.254"  # EC2's instance metadata service, as seen from a host
+LAUNCHED_TAG = "tfdeploy:launched"  # on instances tfdeploy launched; the value is the job name
+GROUP_TAG = "tfdeploy:group"  # the [[aws.hosts]] entry an instance was launched for
+TERMINATE_AFTER = ("down", "job-end", "never")
+MAX_LAUNCH = 16  # instances one `up` may launch unless [aws] max_launch says otherwise
+IDLE_MINUTES = 60.0
+LAUNCH_FILTERS = ("instance-type",)  # besides tag:*, what a group that launches may filter by
 
 
 class DiscoveryError(TfdeployError):
     """EC2 could not be asked (no boto3, no credentials, API refused): nothing was contacted."""
 
     exit_status = ExitStatus.USAGE
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A group's `launch` table: what `up` starts when fewer than `count` instances run."""
+
+    count: int
+    instance_type: str | None  # None: the launch template's
+    image_id: str | None
+    launch_template: str | None  # "lt-..." (an id) or a name
+    subnet_id: str | None = None
+    security_group_ids: tuple[str, ...] = ()
+    key_name: str | None = None
+    spot: bool = False
+    max_price: str | None = None  # spot only; None: up to the on-demand price
+    iam_instance_profile: str | None = None  # a name, or an ARN
+    root_volume_gb: int | None = None
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)  # extra tags
+    terminate_after: str = "down"  # down | job-end | never
+    idle_minutes: float = IDLE_MINUTES  # 0: never shut down for idleness
+    idle_command: str | None = None  # how the host stops itself; None: shutdown (via sudo -n)
+
+    @property
+    def market(self) -> str:
+        if not self.spot:
+            return "on-demand"
+        return f"spot, max ${self.max_price}/h" if self.max_price else "spot"
 
 
 @dataclass(frozen=True)
@@ -51,9 +86,16 @@ class HostGroup:
     tf_address: str  # public | private
     settings: HostSettings  # tasks, GPUs, ports, ssh...: read exactly as for [[hosts]]
     key: str  # "aws.hosts[0]"
+    launch: Launch | None = None
 
     def describe_filters(self) -> str:
         return ", ".join(f"{k}={'|'.join(v)}" for k, v in self.filters.items())
+
+    def launch_tags(self, job: str) -> dict[str, str]:
+        """Tags a launched instance gets: the filters' own (so discovery finds it), then ours."""
+        tags = {k[len("tag:") :]: v[0] for k, v in self.filters.items() if k.startswith("tag:")}
+        extra = self.launch.tags if self.launch else {}
+        return {"Name": f"tfdeploy-{job}", **extra, **tags, LAUNCHED_TAG: job, GROUP_TAG: self.key}
 
 
 @dataclass(frozen=True)
@@ -63,11 +105,24 @@ class AwsSettings:
     region: str | None
     profile: str | None
     groups: tuple[HostGroup, ...]
+    job: str = ""  # the job's name: launched instances are tagged with it
     key: str = "aws"
     page_size: int = PAGE_SIZE
+    max_launch: int = MAX_LAUNCH
+    metadata_url: str = METADATA_URL  # how spot hosts reach their metadata service
+    launch_timeout: float = 600.0  # running, host keys in the console, SSH answering
 
-    def discover(self, file: str) -> Discovered:
-        return _discover_all(self, file)
+    def discover(self, file: str, *, preview: bool = False) -> Discovered:
+        return _discover_all(self, file, preview)
+
+    def provision(self, file: str, say: Callable[[str], None]) -> Discovered:
+        from deployer.ec2 import provision  # launching is `up`'s business only
+
+        return provision(self, file, say)
+
+    @property
+    def launches(self) -> bool:
+        return any(g.launch for g in self.groups)
 
 
 @dataclass(frozen=True)
@@ -79,12 +134,19 @@ class Instance:
     zone: str
     private_ip: str | None
     public_ip: str | None
-    launched: datetime
+    launched: datetime | None  # None: not launched yet (`plan` of a group that launches)
     name: str | None  # the Name tag
     group: str  # key of the [[aws.hosts]] entry that matched it
+    spot: bool = False
+    ours: bool = False  # tfdeploy launched it (tagged LAUNCHED_TAG): `down --terminate` may end it
 
     def address(self, kind: str) -> str | None:
         return self.public_ip if kind == "public" else self.private_ip
+
+    @property
+    def planned(self) -> bool:
+        """A stand-in for an instance `up` will launch: `plan` shows it, nothing contacts it."""
+        return self.launched is None
 
 
 # ---- parsing (pure) --------------------------------------------------------------------------
@@ -96,18 +158,29 @@ def parse_aws(t: Table, context: SourceContext) -> Sourced:
     profile = t.string("profile")
     groups = []
     for g in t.table_list("hosts", required=True):
+        filters = _filters(g)
         groups.append(
             HostGroup(
-                filters=_filters(g),
+                filters=filters,
                 ssh_address=g.choice("ssh_address", ADDRESS_KINDS, "private"),
                 tf_address=g.choice("tf_address", ADDRESS_KINDS, "private"),
                 settings=parse_host_settings(g, context),
                 key=g.path,
+                launch=_launch(g, filters) if g.has("launch") else None,
             )
         )
         g.finish()
+    settings = AwsSettings(
+        region=region,
+        profile=profile,
+        groups=tuple(groups),
+        job=context.job.name,
+        max_launch=t.integer("max_launch", MAX_LAUNCH, minimum=1, maximum=1000),
+        metadata_url=_url(t, "metadata_url", METADATA_URL),
+        launch_timeout=t.number("launch_timeout", 600.0, minimum=1.0) or 600.0,
+    )
     t.finish()
-    return Sourced(pending=AwsSettings(region=region, profile=profile, groups=tuple(groups)))
+    return Sourced(pending=settings)
 
 
 register_source("aws", parse_aws)
@@ -130,6 +203,84 @@ def _filters(g: Table) -> dict[str, tuple[str, ...]]:
     return filters
 
 
+def _launch(g: Table, filters: dict[str, tuple[str, ...]]) -> Launch:
+    """`launch = {...}`: checked against the group's filters, which must find what it starts."""
+    t = g.sub_table("launch")
+    template = t.string("launch_template")
+    image = t.string("image_id")
+    if (template is None) == (image is None):
+        t.fail("image_id", "expected exactly one of image_id and launch_template")
+    kind = t.string("instance_type", required=template is None)
+    _check_launch_filters(g, filters, kind)
+    spot = t.boolean("spot", False)
+    max_price = t.string("max_price")
+    if max_price is not None and not spot:
+        t.fail("max_price", "a max price applies to spot instances only: add spot = true")
+    if max_price is not None and not re.fullmatch(r"\d+(\.\d+)?", max_price):
+        t.fail("max_price", f'expected a price in USD per hour like "1.25", got {max_price!r}')
+    volume = t.optional_integer("root_volume_gb", minimum=1, maximum=65536)
+    if volume is not None and template is not None:
+        t.fail("root_volume_gb", "set the root volume in the launch template instead")
+    if not t.has("count"):
+        t.fail("count", "expected the number of instances this group runs, e.g. count = 2")
+    launch = Launch(
+        count=t.integer("count", 1, minimum=1, maximum=1000),
+        instance_type=kind,
+        image_id=image,
+        launch_template=template,
+        subnet_id=t.string("subnet_id"),
+        security_group_ids=t.string_list("security_group_ids"),
+        key_name=t.string("key_name"),
+        spot=spot,
+        max_price=max_price,
+        iam_instance_profile=t.string("iam_instance_profile"),
+        root_volume_gb=volume,
+        tags=_launch_tags(t),
+        terminate_after=t.choice("terminate_after", TERMINATE_AFTER, "down"),
+        idle_minutes=t.number("idle_minutes", IDLE_MINUTES) or 0.0,
+        idle_command=t.string("idle_command"),
+    )
+    t.finish()
+    return launch
+
+
+def _check_launch_filters(g: Table, filters: dict[str, tuple[str, ...]], kind: str | None) -> None:
+    """Instances the group launches must match its own filters, or no `plan` would find them."""
+    table = g.sub_table("filters")
+    if not any(name.startswith("tag:") for name in filters):
+        g.fail(
+            "filters",
+            "a group that launches instances needs a tag filter (they are tagged with it)",
+            hint='e.g. filters = { "tag:tfdeploy-job" = "mnist", "tag:tfdeploy-role" = "worker" }',
+        )
+    for name, values in filters.items():
+        if name.startswith("tag:") and len(values) > 1:
+            table.fail(name, "a group that launches instances needs one value per tag filter")
+        elif not name.startswith("tag:") and name not in LAUNCH_FILTERS:
+            table.fail(
+                name,
+                "a group that launches instances may filter only by tags and instance-type "
+                "(an instance it launches must match every filter)",
+            )
+        elif name == "instance-type" and kind is not None and values != (kind,):
+            table.fail(name, f"launch.instance_type is {kind!r}: the filter would not find it")
+
+
+def _launch_tags(t: Table) -> dict[str, str]:
+    tags = t.string_map("tags")
+    for name in tags:
+        if name.lower().startswith(("aws:", "tfdeploy:")):
+            t.fail(f"tags.{name}", "tags starting with aws: or tfdeploy: are reserved")
+    return tags
+
+
+def _url(t: Table, key: str, default: str) -> str:
+    value = t.string(key, default) or default
+    if not re.fullmatch(r"http://[A-Za-z0-9.\-\[\]:]+", value.rstrip("/")):
+        t.fail(key, f"expected an http:// base URL like {default!r}, got {value!r}")
+    return value.rstrip("/")
+
+
 # ---- discovery (I/O) ---------------------------------------------------------------------------
 
 
@@ -145,15 +296,21 @@ def resolve_hosts(inventory: Inventory, *, page_size: int = PAGE_SIZE) -> Invent
     return discover_hosts(dataclasses.replace(inventory, pending=pending))
 
 
-def _discover_all(settings: AwsSettings, file: str) -> Discovered:
-    """Every group's running instances, as hosts; an instance may belong to one group only."""
-    client = _client(settings)
+def _discover_all(settings: AwsSettings, file: str, preview: bool) -> Discovered:
+    """Every group's running instances, as hosts; an instance may belong to one group only.
+
+    A group that launches may have fewer than its count (even none) running: `up` launches the
+    rest; with `preview`, stand-ins for them are listed after the running ones.
+    """
+    client = client_for(settings)
     seen: dict[str, str] = {}
     instances: list[Instance] = []
     hosts: list[Host] = []
     for group in settings.groups:
         found = discover(client, group, page_size=settings.page_size)
-        if not found:
+        if group.launch is not None and preview:
+            found += planned(group, len(found), start=len(instances) + len(found) + 1)
+        if not found and group.launch is None:
             raise InventoryError(
                 file,
                 f"{group.key}.filters",
@@ -170,11 +327,32 @@ def _discover_all(settings: AwsSettings, file: str) -> Discovered:
                 )
             seen[instance.id] = group.key
             instances.append(instance)
-            hosts.append(_host(instance, group, file))
+            hosts.append(_host(instance, group, file, settings.metadata_url))
     return Discovered(hosts=tuple(hosts), instances=tuple(instances))
 
 
-def _client(settings: AwsSettings) -> Any:
+def planned(group: HostGroup, running: int, *, start: int) -> list[Instance]:
+    """Stand-ins for the instances `up` would launch in `group`: what `plan` shows of them."""
+    assert group.launch is not None
+    missing = max(0, group.launch.count - running)
+    return [
+        Instance(
+            id=f"launch-{start + i}",
+            type=group.launch.instance_type or "(template)",
+            zone="-",
+            private_ip=f"launch-{start + i}",
+            public_ip=f"launch-{start + i}",
+            launched=None,
+            name=None,
+            group=group.key,
+            spot=group.launch.spot,
+            ours=True,
+        )
+        for i in range(missing)
+    ]
+
+
+def client_for(settings: AwsSettings) -> Any:
     try:
         import boto3
         import botocore.exceptions
@@ -201,12 +379,19 @@ def _region(client: Any) -> str:
     return str(client.meta.region_name)
 
 
-def discover(client: Any, group: HostGroup, *, page_size: int = PAGE_SIZE) -> list[Instance]:
-    """Running instances matching the group's filters, by launch time then instance id."""
+def discover(
+    client: Any,
+    group: HostGroup,
+    *,
+    page_size: int = PAGE_SIZE,
+    states: tuple[str, ...] = ("running",),
+) -> list[Instance]:
+    """Instances matching the group's filters (running ones unless `states` says otherwise),
+    by launch time then instance id."""
     import botocore.exceptions
 
     filters = [{"Name": k, "Values": list(v)} for k, v in group.filters.items()]
-    filters.append({"Name": "instance-state-name", "Values": ["running"]})
+    filters.append({"Name": "instance-state-name", "Values": list(states)})
     found: list[Instance] = []
     try:
         pages = client.get_paginator("describe_instances").paginate(
@@ -215,7 +400,7 @@ def discover(client: Any, group: HostGroup, *, page_size: int = PAGE_SIZE) -> li
         for page in pages:
             for reservation in page.get("Reservations", []):
                 for raw in reservation.get("Instances", []):
-                    if raw.get("State", {}).get("Name") == "running":
+                    if raw.get("State", {}).get("Name") in states:
                         found.append(_instance(raw, group.key))
     except botocore.exceptions.NoCredentialsError:
         raise DiscoveryError(
@@ -246,10 +431,12 @@ def _instance(raw: dict[str, Any], group: str) -> Instance:
         launched=raw["LaunchTime"],
         name=tags.get("Name"),
         group=group,
+        spot=raw.get("InstanceLifecycle") == "spot",
+        ours=LAUNCHED_TAG in tags,
     )
 
 
-def _host(instance: Instance, group: HostGroup, file: str) -> Host:
+def _host(instance: Instance, group: HostGroup, file: str, metadata_url: str) -> Host:
     addresses = {}
     for key in ("ssh_address", "tf_address"):
         kind = getattr(group, key)
@@ -262,7 +449,7 @@ def _host(instance: Instance, group: HostGroup, file: str) -> Host:
                 hint='use "private" (through a bastion: [ssh] jump) or give it a public IP',
             )
         addresses[key] = address
-    return make_host(
+    host = make_host(
         group.settings,
         name=instance.id,
         address=addresses["ssh_address"],
@@ -270,11 +457,25 @@ def _host(instance: Instance, group: HostGroup, file: str) -> Host:
         transport=TRANSPORTS[0],
         key=group.key,
     )
+    watch = metadata_url if instance.spot else None
+    host = dataclasses.replace(host, interruption_url=watch)
+    if group.launch and instance.ours:
+        launch = group.launch
+        host = dataclasses.replace(
+            host, idle_minutes=launch.idle_minutes, idle_command=launch.idle_command
+        )
+    return host
 
 
 def instance_rows(instances: Iterable[Instance]) -> list[tuple[str, ...]]:
-    """id, Name tag, type, zone, private and public IP, group: what `plan` shows of each."""
-    return [
-        (i.id, i.name or "-", i.type, i.zone, i.private_ip or "-", i.public_ip or "-", i.group)
-        for i in instances
-    ]
+    """id, Name tag, type, market, zone, private and public IP, group: `plan`'s view of each."""
+    return [_row(i) for i in instances]
+
+
+def _row(i: Instance) -> tuple[str, ...]:
+    market = "spot" if i.spot else "on-demand"
+    if i.planned:
+        return ("(to launch)", "-", i.type, market, "-", "-", "-", i.group)
+    mark = " (launched)" if i.ours else ""
+    ips = (i.private_ip or "-", i.public_ip or "-")
+    return (i.id + mark, i.name or "-", i.type, market, i.zone, *ips, i.group)

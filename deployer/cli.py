@@ -32,6 +32,8 @@ from rich.text import Text
 from deployer import firewall
 from deployer.agent import escaped_text
 from deployer.archive import LogArchive, archive_ended, has_archive
+from deployer.aws import TERMINATE_AFTER
+from deployer.ec2 import fleet_down
 from deployer.errors import (
     ExitStatus,
     HostError,
@@ -59,6 +61,7 @@ from deployer.runs import (
 )
 from deployer.secrets import mask_text
 from deployer.state import RUN_ID as STATE_RUN_ID
+from deployer.text import plural
 from deployer.tunnel import Tunnel
 from deployer.view import PlainView, make_view
 
@@ -84,7 +87,7 @@ def _with_discovered_hosts(target: Target) -> Target:
 
 
 def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
-    plan = make_plan(_inventory(args.inventory))
+    plan = make_plan(discover_hosts(load_inventory(args.inventory), preview=True))
     if args.json:
         env.raw_out.write(plan_json(plan) + "\n")
     else:
@@ -93,15 +96,35 @@ def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_up(args: argparse.Namespace, env: Env) -> int:
-    plan = make_plan(_inventory(args.inventory))
+    loaded = load_inventory(args.inventory)
+    plan = make_plan(discover_hosts(loaded, provision=lambda line: env.out.print(Text(line))))
     options = UpOptions(detach=args.detach, netcheck=not args.no_netcheck)
-    with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
-        view = make_view(env.out, env.raw_out)
-        return Deployment(plan, fleet, view, options).run()
+    try:
+        with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
+            view = make_view(env.out, env.raw_out)
+            return Deployment(plan, fleet, view, options).run()
+    finally:
+        if not args.detach:
+            _terminate(loaded, env, when=("job-end",))
+
+
+def _terminate(inventory: Inventory, env: Env, *, when: Sequence[str]) -> None:
+    """Terminates the instances tfdeploy launched for the groups whose terminate_after is in
+    `when` (all of them for `down --terminate`); never one it only discovered."""
+    for line in fleet_down(inventory, tuple(when)):
+        env.out.print(Text(line))
 
 
 def _cmd_check(args: argparse.Namespace, env: Env) -> int:
-    plan = make_plan(_inventory(args.inventory))
+    inventory = discover_hosts(load_inventory(args.inventory), preview=True)
+    if any(getattr(i, "planned", False) for i in inventory.instances):
+        missing = sum(1 for i in inventory.instances if i.planned)
+        raise UsageError(
+            f"{plural(missing, 'instance')} of the fleet {'is' if missing == 1 else 'are'} not "
+            "launched yet: check needs every host running",
+            hint=f"`tfdeploy up {args.inventory}` launches them (`plan` shows what it would)",
+        )
+    plan = make_plan(inventory)
     options = UpOptions(netcheck=not args.no_netcheck)
     with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
         view = make_view(env.out, env.raw_out)
@@ -109,7 +132,8 @@ def _cmd_check(args: argparse.Namespace, env: Env) -> int:
 
 
 def _cmd_down(args: argparse.Namespace, env: Env) -> int:
-    target = _with_discovered_hosts(resolve(args.target, args.inventory))
+    resolved = resolve(args.target, args.inventory)
+    target = _with_discovered_hosts(resolved)
     job = target.inventory.job
     with Fleet(target.inventory.hosts) as fleet:
         found, unreachable = find_runs_settled(fleet, target)
@@ -127,6 +151,8 @@ def _cmd_down(args: argparse.Namespace, env: Env) -> int:
         env.out.print(Text(f"stopped run {s.run.run_id} on {s.run.host}"))
         if s.escaped:
             env.out.print(Text(f"{s.run.host}: {escaped_text(s.escaped, hide)}"))
+    # An unreachable host is no reason to keep paying for it: terminating ends its tasks too.
+    _terminate(resolved.inventory, env, when=TERMINATE_AFTER if args.terminate else ("down",))
     if unreachable or failed:
         done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
         raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)
@@ -373,6 +399,11 @@ def _parser() -> argparse.ArgumentParser:
 
     down = verbs.add_parser("down", help="stop a run (or every run of the inventory's job)")
     _target_args(down)
+    down.add_argument(
+        "--terminate",
+        action="store_true",
+        help="then terminate the EC2 instances tfdeploy launched for the job ([aws] launch)",
+    )
     down.set_defaults(handler=_cmd_down)
 
     status = verbs.add_parser("status", help="tasks and states of runs, read from the hosts")

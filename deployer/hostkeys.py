@@ -59,6 +59,36 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # p
         )
 
 
+class UnexpectedHostKey(paramiko.SSHException):  # type: ignore[misc]  # paramiko is untyped
+    """The server's key is not one of the fingerprints learnt out of band (EC2 console)."""
+
+    def __init__(self, hostname: str, key: paramiko.PKey, expected: tuple[str, ...]) -> None:
+        super().__init__(f"{hostname} offered a key not among {', '.join(expected)}")
+        self.hostname = hostname
+        self.key = key
+        self.expected = expected
+
+
+class ExpectedKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
+    """A new machine whose key fingerprints we were told (its console output): the key that
+    matches is recorded in known_hosts, replacing what an earlier machine at that address left;
+    any other key is refused, whatever host_keys says."""
+
+    def __init__(self, known_hosts: str, expected: tuple[str, ...]) -> None:
+        self.known_hosts = known_hosts
+        self.expected = expected
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        if key.fingerprint not in self.expected:
+            raise UnexpectedHostKey(hostname, key, self.expected)
+        forget_known_host(self.known_hosts, hostname)
+        append_known_host(self.known_hosts, hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        log.info("verified %s (%s) against its console output", hostname, key.fingerprint)
+
+
 def key_name(address: str, port: int) -> str:
     """The name OpenSSH files a host under in known_hosts: `addr` on port 22, else `[addr]:port`."""
     return address if port == 22 else f"[{address}]:{port}"
@@ -68,10 +98,19 @@ def known_hosts_path(path: str | None) -> str:
     return os.path.expanduser(path or "~/.ssh/known_hosts")
 
 
-def configure_client(host: str, client: paramiko.SSHClient, known_hosts: str, mode: str) -> None:
+def configure_client(
+    host: str,
+    client: paramiko.SSHClient,
+    known_hosts: str,
+    mode: str,
+    expected: tuple[str, ...] = (),
+    name: str = "",
+) -> None:
     """Load known_hosts into `client` and install the policy for `mode`, replacing any other.
 
-    fabric's Connection installs AutoAddPolicy in its constructor; this must run after it.
+    With `expected` fingerprints, the server `name` (a known_hosts name) must offer one of them:
+    a different key recorded for `name` earlier (an address reused by a new instance) is
+    ignored. fabric's Connection installs AutoAddPolicy in its constructor; this runs after it.
     """
     if mode not in ("strict", "accept-new"):
         raise ValueError(f"host_keys must be 'strict' or 'accept-new', not {mode!r}")
@@ -84,7 +123,39 @@ def configure_client(host: str, client: paramiko.SSHClient, known_hosts: str, mo
             raise HostError(host, f"cannot read {known_hosts}: {exc.strerror or exc}") from exc
     policy: paramiko.MissingHostKeyPolicy
     policy = AcceptNewPolicy(known_hosts) if mode == "accept-new" else StrictPolicy()
+    if expected:
+        recorded = keys.lookup(name) or {}
+        if any(k.fingerprint not in expected for k in recorded.values()):
+            del keys[name]  # stale: the policy below decides, against the console's word
+        policy = ExpectedKeyPolicy(known_hosts, expected)
     client.set_missing_host_key_policy(policy)
+
+
+def forget_known_host(path: str, hostname: str) -> None:
+    """Drops every known_hosts line for `hostname` (plain or hashed), keeping all others."""
+    if not os.path.exists(path):
+        return
+    with _APPEND_LOCK, open(path, "r+", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        lines = f.readlines()
+        kept = [line for line in lines if not _names(line, hostname)]
+        if len(kept) != len(lines):
+            f.seek(0)
+            f.writelines(kept)
+            f.truncate()
+
+
+def _names(line: str, hostname: str) -> bool:
+    """Whether a known_hosts line is about `hostname`."""
+    field = line.split(None, 1)[0] if line.strip() and not line.startswith("#") else ""
+    for name in field.split(","):
+        if name.startswith("|1|"):
+            salt = name.split("|")[2]
+            if paramiko.HostKeys.hash_host(hostname, salt) == name:
+                return True
+        elif name == hostname:
+            return True
+    return False
 
 
 def append_known_host(path: str, hostname: str, key: paramiko.PKey) -> None:
@@ -120,6 +191,18 @@ def unknown_key_error(
             f"verify the fingerprint, then run: ssh-keyscan -p {port} {address} >> {known_hosts}\n"
             f'or set host_keys = "accept-new" for this host to record keys on first connect'
         ),
+    )
+
+
+def unexpected_key_error(
+    host: str, address: str, port: int, exc: UnexpectedHostKey, via: str = ""
+) -> HostError:
+    return HostError(
+        host,
+        f"{via}host key of {key_name(address, port)} ({exc.key.get_name()} "
+        f"{exc.key.fingerprint}) is not one its EC2 console output lists "
+        f"({', '.join(exc.expected)}); refusing to connect (possible man-in-the-middle)",
+        hint="compare with `aws ec2 get-console-output --instance-id ID --latest`",
     )
 
 

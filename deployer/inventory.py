@@ -51,6 +51,9 @@ class SSHSettings:
     known_hosts: str | None = None
     connect_timeout: float = 10.0
     ssh_config: str | None = None
+    # SHA256 fingerprints the host's key must have, learnt out of band (a new EC2 instance's
+    # console output): a key matching one is recorded in known_hosts, any other refused.
+    expected_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ class Host:
     tasks: tuple[TaskSpec, ...]
     key: str = ""
     gpus_auto: bool = False  # gpus = "auto": `gpus` is 0 until preflight asks nvidia-smi
+    # Where the machine announces its own coming interruption (a spot instance's metadata
+    # service); its tasks' supervisors watch it and stop them in time. None: not watched.
+    interruption_url: str | None = None
+    # Shut the machine down after this many minutes without a running task (0: never); set for
+    # machines tfdeploy launched itself, so a forgotten fleet stops costing money.
+    idle_minutes: float = 0.0
+    idle_command: str | None = None  # how it stops itself; None: the agent's shutdown default
 
 
 @dataclass(frozen=True)
@@ -166,8 +176,13 @@ class PendingHosts(Protocol):
         """The top-level table this source was read from, e.g. "aws"."""
         ...
 
-    def discover(self, file: str) -> Discovered:
-        """The hosts, or a TfdeployError naming `file` and the key at fault."""
+    def discover(self, file: str, *, preview: bool = False) -> Discovered:
+        """The hosts, or a TfdeployError naming `file` and the key at fault. `preview` (for
+        `plan`) adds stand-ins for machines `provision` would create; nothing contacts them."""
+        ...
+
+    def provision(self, file: str, say: Callable[[str], None]) -> Discovered:
+        """`up`'s discovery: creates what is missing first (e.g. launches EC2 instances)."""
         ...
 
 
@@ -207,17 +222,23 @@ class Inventory:
     instances: tuple[Any, ...] = ()  # the machines that discovery found, in host order
 
 
-def discover_hosts(inventory: Inventory) -> Inventory:
+def discover_hosts(
+    inventory: Inventory, *, preview: bool = False, provision: Callable[[str], None] | None = None
+) -> Inventory:
     """The inventory with every pending source's hosts appended after the known ones.
 
     The only step of loading that does I/O beyond the file; a no-op when nothing is pending.
+    `preview`: with stand-ins for what `up` would create; `provision`: create it, telling it so.
     """
     if not inventory.pending:
         return inventory
     file = str(inventory.path)
     hosts, instances = list(inventory.hosts), list(inventory.instances)
     for source in inventory.pending:
-        found = source.discover(file)
+        if provision is not None:
+            found = source.provision(file, provision)
+        else:
+            found = source.discover(file, preview=preview)
         hosts += found.hosts
         instances += found.instances
     check_unique_hosts(tuple(hosts), file)

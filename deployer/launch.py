@@ -40,8 +40,17 @@ def by_host(tasks: list[Task]) -> dict[str, list[Task]]:
     return grouped
 
 
+SPOT_POLL_S = 5.0  # how often a spot host's supervisors ask for a notice (AWS advises 5 s)
+SPOT_MARGIN_S = 15.0  # SIGKILL this long before the announced interruption time
+
+
 def start_request(
-    task: Task, agent: Agent, run_id: str, forwarded: Mapping[str, str], attempt: int = 0
+    task: Task,
+    agent: Agent,
+    run_id: str,
+    forwarded: Mapping[str, str],
+    attempt: int = 0,
+    interruption_url: str | None = None,
 ) -> dict[str, object]:
     """The `start` entry for one task: its command, and an env made only of what the plan and
     job.forward_env name (never the controller's environment implicitly)."""
@@ -61,6 +70,14 @@ def start_request(
     }
     if task.cpus is not None:
         request["cpus"] = task.cpus  # the supervisor pins the task before exec
+    if interruption_url is not None:
+        # A spot notice gives ~2 minutes: SIGTERM at once (TF's PreemptionCheckpointHandler
+        # or the user's handler saves), SIGKILL only just before the machine goes.
+        request["spot"] = {
+            "url": interruption_url,
+            "interval": SPOT_POLL_S,
+            "margin": SPOT_MARGIN_S,
+        }
     return request
 
 
@@ -81,8 +98,10 @@ def start_group(
     grouped = by_host(tasks)
 
     def start_on(member: Member) -> list[TaskStatus]:
+        url = member.host.interruption_url
         requests = [
-            start_request(t, member.agent, run_id, forwarded, attempt) for t in grouped[member.name]
+            start_request(t, member.agent, run_id, forwarded, attempt, url)
+            for t in grouped[member.name]
         ]
         return member.agent.start(run_id, requests, grace)
 

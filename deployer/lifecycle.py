@@ -113,6 +113,7 @@ class Deployment:
             self._follow(settled.plan, settled.gpu_hosts)
             self.push(settled.manifest, settled.workdir_groups)
             self.setup(settled.manifest)
+            self.arm_idle_stop()
             self.firewall_up()
             self.start_and_watch()
             if self.options.detach:
@@ -206,6 +207,23 @@ class Deployment:
         skipped = [n for n, r in ran.items() if not r]
         if skipped:
             self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
+
+    def arm_idle_stop(self) -> None:
+        """Machines tfdeploy launched shut down after idle_minutes without a running task."""
+        armed = [m for m in self.members if m.host.idle_minutes > 0]
+        if not armed:
+            return
+        self.fleet.each(
+            lambda m: m.agent.arm_idle_stop(m.host.idle_minutes, m.host.idle_command),
+            armed,
+            what="arming idle stop failed",
+        )
+        minutes = sorted({m.host.idle_minutes for m in armed})
+        after = " or ".join(f"{n:g}" for n in minutes)
+        self.view.step(
+            f"idle stop: {plural(len(armed), 'launched host')} shut down after {after} min "
+            "without a running task"
+        )
 
     def firewall_up(self) -> None:
         """With job.firewall: TF ports accept only the cluster's addresses, before any start."""

@@ -36,8 +36,23 @@ def instances_table(plan: Plan) -> Table:
     """The EC2 instances that [aws] discovery found, in host order."""
     from deployer.aws import instance_rows
 
-    table = Table(title=f"{len(plan.inventory.instances)} EC2 instances (running, from [aws])")
-    for column in ("instance", "Name", "type", "zone", "private IP", "public IP", "group"):
+    instances = plan.inventory.instances
+    to_launch = sum(1 for i in instances if i.planned)
+    title = f"{len(instances)} EC2 instances (running, from [aws])"
+    if to_launch:
+        running = len(instances) - to_launch
+        title = f"{len(instances)} EC2 instances ({running} running, {to_launch} to launch by `up`)"
+    table = Table(title=title)
+    for column in (
+        "instance",
+        "Name",
+        "type",
+        "market",
+        "zone",
+        "private IP",
+        "public IP",
+        "group",
+    ):
         table.add_column(column, overflow="fold")
     for row in instance_rows(plan.inventory.instances):
         table.add_row(*(Text(cell) for cell in row))
@@ -161,8 +176,10 @@ def _instances_document(plan: Plan) -> dict[str, Any]:
                 "zone": i.zone,
                 "private_ip": i.private_ip,
                 "public_ip": i.public_ip,
-                "launched": i.launched.isoformat(),
+                "launched": i.launched.isoformat() if i.launched else None,
                 "group": i.group,
+                "spot": i.spot,
+                "by_tfdeploy": i.ours,
             }
             for i in plan.inventory.instances
         ],

@@ -44,7 +44,14 @@ def restart_task(
         f"restarting {watch.label} ({outcome}): restart {watch.restarts} of {plan.job.max_restarts}"
     )
     try:
-        request = start_request(watch.task, member.agent, run_id, forwarded, board.attempt)
+        request = start_request(
+            watch.task,
+            member.agent,
+            run_id,
+            forwarded,
+            board.attempt,
+            member.host.interruption_url,
+        )
         statuses = member.agent.start(run_id, [request], plan.job.stop_grace)
     except HostError as exc:
         raise JobFailed(

@@ -108,6 +108,9 @@ def plan_hops(target: Endpoint) -> list[Hop]:
             hop.conn.client,
             hostkeys.known_hosts_path(target.settings.known_hosts),
             target.settings.host_keys,
+            # fingerprints learnt for the target say nothing about its jump hosts
+            expected=target.settings.expected_keys if hop is hops[-1] else (),
+            name=hostkeys.key_name(hop.conn.host, hop.conn.port),
         )
     return hops
 
@@ -288,6 +291,8 @@ def _handshake_error(
         return hostkeys.unknown_key_error(target.name, host, port, known, exc, hop.where)
     if isinstance(exc, paramiko.BadHostKeyException):
         return hostkeys.changed_key_error(target.name, host, port, known, exc, hop.where)
+    if isinstance(exc, hostkeys.UnexpectedHostKey):
+        return hostkeys.unexpected_key_error(target.name, host, port, exc, hop.where)
     if isinstance(exc, paramiko.AuthenticationException):
         return _auth_error(target, hop, strategy)
     if isinstance(exc, OSError):

@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import io
 import ipaddress
-import itertools
 import json
-import random
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
-from moto.ec2.models import elastic_network_interfaces as moto_eni
 from rich.console import Console
 
 from deployer.aws import DiscoveryError, resolve_hosts
@@ -34,40 +28,6 @@ from tests.lab.inventory import toml_value
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "digits"
 REGION = "us-east-1"
-
-
-@pytest.fixture(scope="module")
-def _moto() -> Iterator[None]:
-    """One moto for the module: its EC2 backend takes ~1.5 s to load, per start."""
-    with mock_aws():
-        yield
-
-
-@pytest.fixture
-def ec2(_moto: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
-    """moto's EC2 with fake credentials; no profile or config of this machine is read. Every
-    instance a test launched is terminated after it (discovery sees running ones only)."""
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
-    # moto draws public IPs at random from 65,025; EC2 never gives two running instances one,
-    # and a repeat (about 1 run in 1,000 for 12 instances) makes discovery refuse a duplicate.
-    unique = (f"54.214.{n // 250}.{n % 250 + 1}" for n in itertools.count(random.randrange(9999)))
-    monkeypatch.setattr(moto_eni, "random_public_ip", lambda: next(unique))
-    client = boto3.client("ec2", region_name=REGION)
-    yield client
-    alive = [
-        i["InstanceId"]
-        for r in client.describe_instances()["Reservations"]
-        for i in r["Instances"]
-        if i["State"]["Name"] != "terminated"
-    ]
-    if alive:
-        client.terminate_instances(InstanceIds=alive)
 
 
 _AMI: dict[str, str] = {}
