@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import os
+import random
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +22,24 @@ from tests.lab import Lab, LabHost, LabUnsupported, cleanup, pythons, start_lab
 def _sigterm(signum: int, frame: FrameType | None) -> None:
     # A CI timeout or `kill` sends SIGTERM: turn it into an interrupt so fixtures tear down.
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """`pytest -m "not lab"`, the in-process tier, runs on two workers when pytest-xdist is
+    installed and `-n` was not given: its tests share nothing, and real agent processes and
+    lease waits make it ~85 s serial, ~50 s on two cores. Anything else (the lab tier: one lab
+    per run) stays serial; `-n 0` or `-p no:xdist` turns it off."""
+    if (
+        (config.option.markexpr or "").strip() == "not lab"
+        and not hasattr(config, "workerinput")  # a worker itself
+        and config.pluginmanager.hasplugin("xdist")
+        and getattr(config.option, "numprocesses", None) is None
+        and (os.cpu_count() or 1) > 1
+    ):
+        config.option.numprocesses = 2
+        config.option.dist = "load"
+        config.option.tx = ["popen"] * 2  # what xdist derives from -n 2, before its configure
 
 
 @pytest.fixture(scope="session")
@@ -193,3 +214,48 @@ def _residue() -> list[str]:
         found = cleanup.residue(the_lab.id, ns_inodes=inodes)
         problems += [f"lab {the_lab.id}: {item}" for item in found]
     return problems
+
+
+# ---- moto's EC2 (test_aws*.py) -------------------------------------------------------------
+
+AWS_REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def _moto() -> Iterator[None]:
+    """One moto (AWS stand-in) per test module: its EC2 backend takes ~1.5 s to load, per start."""
+    from moto import mock_aws
+
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def ec2(_moto: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """moto's EC2 with fake credentials; no profile or config of this machine is read. Every
+    instance a test launched is terminated after it (discovery sees running ones only)."""
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    import boto3
+    from moto.ec2.models import elastic_network_interfaces as moto_eni
+
+    # moto draws public IPs at random from 65,025; EC2 never gives two running instances one,
+    # and a repeat (about 1 run in 1,000 for 12 instances) makes discovery refuse a duplicate.
+    unique = (f"54.214.{n // 250}.{n % 250 + 1}" for n in itertools.count(random.randrange(9999)))
+    monkeypatch.setattr(moto_eni, "random_public_ip", lambda: next(unique))
+
+    client = boto3.client("ec2", region_name=AWS_REGION)
+    yield client
+    alive = [
+        i["InstanceId"]
+        for r in client.describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] != "terminated"
+    ]
+    if alive:
+        client.terminate_instances(InstanceIds=alive)
