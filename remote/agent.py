@@ -251,6 +251,12 @@ def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
     return gpuinfo.op_gpus(req)
 
 
+def op_idle(req: dict[str, Any]) -> dict[str, Any]:
+    import idle  # only arming the idle watchdog pays for its imports
+
+    return idle.op_idle(req)
+
+
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "hello": op_hello,
     "have": store.op_have,
@@ -266,6 +272,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "netcheck": op_netcheck,
     "collect": op_collect,
     "fetch": op_fetch,
+    "idle": op_idle,
 }
 
 
@@ -385,6 +392,10 @@ def main(argv: list[str]) -> int:
         import supervisor  # only supervisors need it; keeps every request's startup lean
 
         return supervisor.main(argv[2:])
+    if len(argv) > 1 and argv[1] == "idle-watch":
+        import idle  # the detached idle watchdog (idle.py), started by the idle op
+
+        return idle.main(argv[2:])
     if len(argv) > 1 and argv[1] == "serve":
         return serve()
     # The request is one JSON line; materialize's file contents (blobs) may follow it raw.

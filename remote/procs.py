@@ -142,6 +142,7 @@ def task_status(task_dir: Path) -> dict[str, Any]:
         "exit_code": ended.get("code"),
         "signal": ended.get("signal"),
         "reason": ended.get("reason"),
+        "notice": ended.get("notice"),  # a spot interruption notice that stopped it
         "log_bytes": log_bytes,
     }
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hostid
 import layout
@@ -21,6 +21,9 @@ import params
 import procs
 import protocol
 import strays
+
+if TYPE_CHECKING:
+    import spot
 
 TICK = 0.25  # how often the stop marker is looked at; stop ops signal the group themselves
 LEASE_CHECK = 1.0
@@ -41,19 +44,26 @@ class _Supervisor:
         self.next_lease_check = time.monotonic() + LEASE_CHECK
         self.pgid = 0
         self.ticks: int | None = None
+        self.watcher: spot.Watch | None = None
+        self.notice: spot.Notice | None = None
 
     def run(self) -> None:
         proc = self._spawn()
         if proc is None:
             return
+        self._watch_spot()
         returncode = self._watch(proc)
         ended = time.time()
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.reason is None and (self.terminated or (self.task_dir / "stop").exists()):
             self.reason = "stopped"
         self._reap_stragglers()
         record = procs.exit_record(returncode, self.reason, ended)
         if self.reason == "lease expired":  # no controller will send a whole-run stop
             record["escaped"] = self._stop_strays()
+        if self.notice is not None:
+            record["notice"] = {"action": self.notice.action, "time": self.notice.time}
         layout.write_json(self.task_dir / "exit.json", record)
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
@@ -107,7 +117,55 @@ class _Supervisor:
                 return returncode
             self._check_stop()
 
+    def _watch_spot(self) -> None:
+        """Polls IMDS for a spot interruption notice when the task's spec asks for it.
+
+        Imported here: supervisors of other tasks start without spot's imports (~5 ms).
+        """
+        config = self.spec.get("spot")
+        if not isinstance(config, dict):
+            return
+        import spot
+
+        self.watcher = spot.Watch(
+            str(config.get("url") or spot.DEFAULT_URL),
+            float(config.get("interval") or spot.DEFAULT_INTERVAL),
+        )
+        self.watcher.start()
+
+    def _check_notice(self) -> None:
+        """A notice stops the task now; a stop or lease expiry already under way wins instead."""
+        if self.watcher is None:
+            return
+        if self.reason is not None:
+            self.watcher.stop()  # the task ends anyway: the notice would change nothing
+            return
+        if self.watcher.notice is not None:
+            self._preempt(self.watcher.notice)
+
+    def _preempt(self, notice: spot.Notice) -> None:
+        """SIGTERM at once, so the task can checkpoint; SIGKILL `margin` seconds before the
+        instance goes, so the exit is recorded (and the log flushed) while it still exists."""
+        self.notice = notice
+        margin = float((self.spec.get("spot") or {}).get("margin") or 0.0)
+        grace = max(0.0, notice.at - margin - time.time())
+        self._say(
+            f"tfdeploy: spot interruption notice ({notice.action} at {notice.time or '?'}): "
+            f"SIGTERM now, SIGKILL in {grace:.0f} s"
+        )
+        self._begin_stop("preempted", grace)
+
+    def _say(self, line: str) -> None:
+        """One line in the task's own log, where the user reads what happened to it."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        fd = os.open(self.task_dir / "output.log", flags, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
     def _check_stop(self) -> None:
+        self._check_notice()
         now = time.time()
         if self.kill_at is not None:
             if now >= self.kill_at:
@@ -128,10 +186,10 @@ class _Supervisor:
             if self._lease_expired(now):
                 self._begin_stop("lease expired")
 
-    def _begin_stop(self, reason: str) -> None:
+    def _begin_stop(self, reason: str, grace: float | None = None) -> None:
         self.reason = reason
         procs.signal_group(self.pgid, self.ticks, signal.SIGTERM)
-        self.kill_at = time.time() + self.grace
+        self.kill_at = time.time() + (self.grace if grace is None else grace)
 
     def _lease_expired(self, now: float) -> bool:
         meta = layout.read_json(self.run_dir / "run.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -79,7 +80,38 @@ def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
     cpus = params.param(item, "cpus", str, None)
     if cpus is not None:
         spec["cpus"] = sorted(cpu_list(cpus, name))
+    spot_item = params.param(item, "spot", dict, None)
+    if spot_item is not None:
+        spec["spot"] = spot_spec(spot_item, name)
     return spec
+
+
+def spot_spec(item: dict[str, Any], name: str) -> dict[str, Any]:
+    """A task's `spot` item with its defaults filled in: what its supervisor will poll.
+
+    Checked here, so a typo is the start op's error instead of a poller that never hears a
+    notice. Imported here: only starts of spot tasks pay for spot's imports (~5 ms).
+    """
+    import spot
+
+    unknown = sorted(set(item) - set(spot.SPEC_KEYS))
+    if unknown:
+        known = ", ".join(spot.SPEC_KEYS)
+        raise params.AgentError(f"task {name}: spot has unknown keys {unknown} (known: {known})")
+    try:
+        url = params.param(item, "url", str, spot.DEFAULT_URL)
+        interval = float(params.param(item, "interval", (int, float), spot.DEFAULT_INTERVAL))
+        margin = float(params.param(item, "margin", (int, float), spot.DEFAULT_MARGIN))
+    except params.AgentError as exc:
+        raise params.AgentError(f"task {name}: spot: {exc}") from None
+    problem = spot.url_problem(url)
+    if problem is not None:
+        raise params.AgentError(f"task {name}: spot url {url!r} is not usable: {problem}")
+    if not (math.isfinite(interval) and interval > 0):
+        raise params.AgentError(f"task {name}: spot interval must be more than 0 s, got {interval}")
+    if not (math.isfinite(margin) and margin >= 0):
+        raise params.AgentError(f"task {name}: spot margin must be 0 s or more, got {margin}")
+    return {"url": url, "interval": interval, "margin": margin}
 
 
 def cpu_list(text: str, name: str) -> set[int]:
