@@ -110,10 +110,17 @@ class TaskStatus:
     def succeeded(self) -> bool:
         return self.state == "exited" and self.exit_code == 0
 
+    @property
+    def preempted(self) -> bool:
+        """Stopped because its machine is being taken away (a spot interruption notice)."""
+        return self.reason == "preempted"
+
     def outcome(self) -> str:
         """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports."""
         if self.state == "lost":
             return "lost (its supervisor vanished: host crash or kill -9)"
+        if self.reason == "preempted":
+            return "preempted: its spot instance got an interruption notice"
         if self.reason in ("stopped", "lease expired"):
             return f"{self.reason} by tfdeploy" if self.reason == "stopped" else self.reason
         if self.signal is not None:
@@ -429,10 +436,12 @@ class Agent:
     def arm_idle_stop(self, minutes: float, command: str | None = None) -> None:
         """Shut the machine down after `minutes` without a running task (0 disarms). One watchdog
         per host, re-armed by each `up`: it outlives this connection, and the laptop."""
+        # looked at every 30 s, or more often for short limits (tests), never under 1 s
+        interval = max(1.0, min(30.0, minutes * 6))
         if command:
-            self.call("idle", minutes=minutes, command=command)
+            self.call("idle", minutes=minutes, command=command, interval=interval)
         else:
-            self.call("idle", minutes=minutes)
+            self.call("idle", minutes=minutes, interval=interval)
 
     def release(self, run_id: str) -> None:
         """Drops the run's port reservations (preflight failed: nothing of it will start)."""

@@ -120,6 +120,11 @@ class AwsSettings:
 
         return provision(self, file, say)
 
+    def replace(self, file: str, gone: Host, say: Callable[[str], None]) -> Host | None:
+        from deployer.ec2 import replace_host
+
+        return replace_host(self, file, gone, say)
+
     @property
     def launches(self) -> bool:
         return any(g.launch for g in self.groups)
@@ -327,7 +332,7 @@ def _discover_all(settings: AwsSettings, file: str, preview: bool) -> Discovered
                 )
             seen[instance.id] = group.key
             instances.append(instance)
-            hosts.append(_host(instance, group, file, settings.metadata_url))
+            hosts.append(host_of(instance, group, file, settings.metadata_url))
     return Discovered(hosts=tuple(hosts), instances=tuple(instances))
 
 
@@ -401,7 +406,7 @@ def discover(
             for reservation in page.get("Reservations", []):
                 for raw in reservation.get("Instances", []):
                     if raw.get("State", {}).get("Name") in states:
-                        found.append(_instance(raw, group.key))
+                        found.append(instance_of(raw, group.key))
     except botocore.exceptions.NoCredentialsError:
         raise DiscoveryError(
             "no AWS credentials found to discover the [aws] hosts",
@@ -420,7 +425,7 @@ def discover(
     return found
 
 
-def _instance(raw: dict[str, Any], group: str) -> Instance:
+def instance_of(raw: dict[str, Any], group: str) -> Instance:
     tags = {t.get("Key"): t.get("Value") for t in raw.get("Tags", [])}
     return Instance(
         id=raw["InstanceId"],
@@ -436,7 +441,7 @@ def _instance(raw: dict[str, Any], group: str) -> Instance:
     )
 
 
-def _host(instance: Instance, group: HostGroup, file: str, metadata_url: str) -> Host:
+def host_of(instance: Instance, group: HostGroup, file: str, metadata_url: str) -> Host:
     addresses = {}
     for key in ("ssh_address", "tf_address"):
         kind = getattr(group, key)

@@ -84,6 +84,17 @@ class TaskBoard:
     def attempt(self) -> int:
         return max((w.attempt for w in self.watches.values()), default=0)
 
+    def carry_over(self, previous: TaskBoard, *, moved: set[str]) -> None:
+        """After a host was replaced: each task goes on from where `previous` saw it (its log
+        offset on its host, its attempt), except the `moved` ones, whose log starts afresh."""
+        for name, watch in self.watches.items():
+            old = previous.watches.get(name)
+            if old is None:
+                continue
+            watch.attempt, watch.restarts = old.attempt, old.restarts
+            if name not in moved:
+                watch.offset, watch.lines = old.offset, old.lines
+
     def next_attempt(self) -> int:
         """A whole-job restart: every task starts afresh; its log goes on where it was."""
         attempt = self.attempt + 1
@@ -226,7 +237,7 @@ def retryable(status: TaskStatus | None, job: Job) -> bool:
     own verdict (a bug) and restarting will not help. `retry_exit_codes` lists the codes to
     retry instead. A lost host (no status) is retryable: it may come back, or be replaced.
     """
-    if status is None or status.reason == "lost" or status.signal is not None:
+    if status is None or status.reason in ("lost", "preempted") or status.signal is not None:
         return True
     code = status.exit_code
     if code is None:
@@ -247,5 +258,6 @@ def may_restart(watch: TaskWatch, job: Job) -> bool:
         and watch.task.role in ("worker", "ps")
         and watch.restarts < job.max_restarts
         and status is not None
-        and status.reason not in ("stopped", "lease expired")
+        and status.reason not in ("stopped", "lease expired", "preempted")  # preempted: its
+        # machine is going away, and the task would be started again there in vain
     )

@@ -43,8 +43,8 @@ from deployer.errors import (
     UsageError,
 )
 from deployer.fleet import Fleet
-from deployer.inventory import Inventory, discover_hosts, load_inventory
-from deployer.lifecycle import Deployment, UpOptions
+from deployer.inventory import Host, Inventory, discover_hosts, load_inventory
+from deployer.lifecycle import Deployment, HostReplacer, UpOptions
 from deployer.plan import make_plan
 from deployer.pull import pull
 from deployer.render import plan_json, plan_table, status_json, status_table
@@ -102,10 +102,23 @@ def _cmd_up(args: argparse.Namespace, env: Env) -> int:
     try:
         with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
             view = make_view(env.out, env.raw_out)
-            return Deployment(plan, fleet, view, options).run()
+            return Deployment(plan, fleet, view, options, replace_host=_replacer(loaded)).run()
     finally:
         if not args.detach:
             _terminate(loaded, env, when=("job-end",))
+
+
+def _replacer(inventory: Inventory) -> HostReplacer:
+    """How `up` gets a new machine for a gone one: from the source that found the host."""
+
+    def replace(gone: Host, say: Callable[[str], None]) -> Host | None:
+        for source in inventory.pending:
+            new = source.replace(str(inventory.path), gone, say)
+            if new is not None:
+                return new
+        return None
+
+    return replace
 
 
 def _terminate(inventory: Inventory, env: Env, *, when: Sequence[str]) -> None:

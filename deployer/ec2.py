@@ -26,6 +26,8 @@ from deployer.aws import (
     Launch,
     client_for,
     discover,
+    host_of,
+    instance_of,
 )
 from deployer.errors import ExitStatus, HostError, InventoryError, TfdeployError
 from deployer.inventory import Discovered, Host, Inventory
@@ -365,3 +367,38 @@ def fleet_down(inventory: Inventory, when: tuple[str, ...]) -> list[str]:
         else:
             lines.append("no instance that tfdeploy launched for this job is left to terminate")
     return lines
+
+
+# ---- restart-job: a new machine for a gone one -------------------------------------------------
+
+
+def replace_host(settings: AwsSettings, file: str, gone: Host, say: Say) -> Host | None:
+    """Launches one instance of `gone`'s group and returns it as a host, verified like any new
+    instance; terminates `gone` first if tfdeploy launched it (a preempted instance is going
+    anyway; a lost one might come back and cost money beside its replacement). None when the
+    group does not launch: the job then restarts on the hosts it has."""
+    group = next((g for g in settings.groups if g.key == gone.key and g.launch), None)
+    if group is None:
+        return None
+    client = client_for(settings)
+    reply = _call(client, "describe_instances", InstanceIds=[gone.name])
+    old = [instance_of(raw, group.key) for raw in _raw_instances(reply)]
+    if any(i.ours for i in old):
+        _call(client, "terminate_instances", InstanceIds=[gone.name])
+        say(f"terminated {gone.name}, which tfdeploy launched")
+    order = Order(group, 1, launch_request(client, group, 1, settings.job))
+    (new_id,) = _launch(client, order)
+    say(f"launched {order.describe()} to replace {gone.name}: {new_id}")
+    deadline = time.monotonic() + settings.launch_timeout
+    try:
+        keys = wait_ready(client, [new_id], deadline, say)
+        (raw,) = _raw_instances(_call(client, "describe_instances", InstanceIds=[new_id]))
+        host = _expecting(
+            host_of(instance_of(raw, group.key), group, file, settings.metadata_url),
+            keys[new_id],
+        )
+        wait_for_ssh([host], deadline, say, clock=time.monotonic)
+    except BaseException:
+        _call(client, "terminate_instances", InstanceIds=[new_id])
+        raise
+    return host

@@ -54,13 +54,20 @@ class Fleet:
         connect: Callable[[Host], Transport] | None = None,
     ) -> None:
         # connect: how to reach a host; tests pass scripted hosts (tests/fakehost.py) here.
-        connect = connect or open_transport
-        self.members = [
-            Member(h, Agent(connect(h), python=h.python, workdir=h.workdir)) for h in hosts
-        ]
+        self._connect = connect or open_transport
+        self.members = [self._member(h) for h in hosts]
         self._slots = threading.BoundedSemaphore(max(1, concurrency))
         self._busy: dict[str, int] = {}  # host -> calls in flight
         self._busy_lock = threading.Lock()
+
+    def _member(self, host: Host) -> Member:
+        return Member(host, Agent(self._connect(host), python=host.python, workdir=host.workdir))
+
+    def add(self, host: Host) -> Member:
+        """A host that joins while the job runs (a replacement for a lost or preempted one)."""
+        member = self._member(host)
+        self.members.append(member)
+        return member
 
     def member(self, name: str) -> Member:
         for m in self.members:

@@ -185,6 +185,10 @@ class PendingHosts(Protocol):
         """`up`'s discovery: creates what is missing first (e.g. launches EC2 instances)."""
         ...
 
+    def replace(self, file: str, gone: Host, say: Callable[[str], None]) -> Host | None:
+        """A new machine in place of `gone`, if `gone` is this source's and it can make one."""
+        ...
+
 
 @dataclass(frozen=True)
 class Sourced:

@@ -9,6 +9,7 @@ contact.py (hosts) and preflight.py, and each tick of I/O is poller.py's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -22,8 +23,9 @@ from deployer.board import TaskBoard, server_like
 from deployer.errors import Interrupted
 from deployer.fleet import Fleet, Member
 from deployer.gpus import GpuMonitor
+from deployer.inventory import Host
 from deployer.launch import by_host, start_group, start_groups
-from deployer.plan import Plan, Task
+from deployer.plan import Plan, Task, make_plan
 from deployer.poller import POLL_WAIT_S, Poller
 from deployer.preflight import Claim, Settled, preflight
 from deployer.pull import artifacts_home
@@ -35,6 +37,9 @@ from deployer.text import plural
 from deployer.tunnel import Tunnel, forward_sidecar
 from deployer.view import View
 from deployer.watch import RestartJob, Watch
+
+# A new machine in place of `host` (lost, or preempted), told through `say`; None: not possible.
+HostReplacer = Callable[[Host, Callable[[str], None]], Host | None]
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,10 @@ class Deployment:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         environ: Mapping[str, str] | None = None,
+        replace_host: HostReplacer | None = None,
     ) -> None:
         self.fleet = fleet
+        self.replace_host = replace_host  # under "restart-job": a new machine for a gone one
         self.view = view
         self.options = options
         self.clock = clock
@@ -178,11 +185,19 @@ class Deployment:
         self.view.step(f"preflight ok: {settled.summary}")
         return settled
 
-    def push(self, manifest: Manifest, groups: Sequence[Sequence[str]] = ()) -> None:
-        """Code to every host; hosts sharing a workdir get each content once, via the first."""
+    def push(
+        self,
+        manifest: Manifest,
+        groups: Sequence[Sequence[str]] = (),
+        *,
+        only: Sequence[Member] | None = None,
+    ) -> None:
+        """Code to every host (or `only` to these); hosts sharing a workdir get each content
+        once, via the first."""
+        members = self.members if only is None else list(only)
         save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
-        self.contacted_hosts.update(m.name for m in self.members)
+        self.contacted_hosts.update(m.name for m in members)
         fields = {
             "run_id": self.run_id,
             "job": self.plan.job.name,
@@ -191,18 +206,19 @@ class Deployment:
             "controller": controller_name(),
         }
         shared = [g for g in groups if len(g) > 1]
-        results = push_all(self.fleet, self.members, manifest, fields, shared)
+        results = push_all(self.fleet, members, manifest, fields, shared)
         for line in push_summary(results, manifest, self.run_id, shared):
             self.view.step(line)
 
-    def setup(self, manifest: Manifest) -> None:
+    def setup(self, manifest: Manifest, *, only: Sequence[Member] | None = None) -> None:
         job = self.plan.job
         if not job.setup:
             return
+        members = self.members if only is None else list(only)
         commands = plural(len(job.setup), "command")
-        self.view.step(f"setup ({commands}) on {plural(len(self.members), 'host')}")
+        self.view.step(f"setup ({commands}) on {plural(len(members), 'host')}")
         ran = self.fleet.each(
-            lambda m: run_setup(m, self.run_id, job, manifest), self.members, what="setup failed"
+            lambda m: run_setup(m, self.run_id, job, manifest), members, what="setup failed"
         )
         skipped = [n for n, r in ran.items() if not r]
         if skipped:
@@ -284,12 +300,13 @@ class Deployment:
                     self.watching.until_done()
                 return
             except RestartJob as decision:
-                self._restart_job(decision.cause)
+                self._restart_job(decision)
 
-    def _restart_job(self, cause: str) -> None:
-        """Stops every task of this attempt (and what escaped them), waits the backoff, and
-        leaves the board at the next attempt. Ctrl-C or a signal meanwhile ends `up` as usual."""
-        job = self.plan.job
+    def _restart_job(self, decision: RestartJob) -> None:
+        """Stops every task of this attempt (and what escaped them), replaces a host that is
+        gone when one can, waits the backoff, and leaves the board at the next attempt. Ctrl-C
+        or a signal meanwhile ends `up` as usual."""
+        cause, job = decision.cause, self.plan.job
         attempt = self.board.attempt + 1
         delay = backoff_s(job, attempt)
         self.view.step(
@@ -301,10 +318,34 @@ class Deployment:
             self.view.step(line)
         self.watching.tick(tolerate=True)  # the attempt's last words, under its own labels
         self.watching.drain()
+        if decision.gone and self.replace_host is not None:
+            self._replace(decision.host)
         self.board.next_attempt()
         deadline = self.clock() + delay
         while self.clock() < deadline:
             self.sleep(min(self.options.poll_interval, deadline - self.clock()))
+
+    def _replace(self, name: str) -> None:
+        """A new machine takes the gone host's place in the host order, so every task keeps
+        its role and index; the cluster is checked again, and only the new host gets the code."""
+        old = self.fleet.member(name).host
+        new = self.replace_host(old, self.view.step) if self.replace_host else None
+        if new is None:
+            return
+        self.fleet.add(new)
+        hosts = tuple(new if h.name == name else h for h in self.plan.inventory.hosts)
+        previous = self.board
+        self.plan = make_plan(dataclasses.replace(self.plan.inventory, hosts=hosts))
+        self.members = [self.fleet.member(h.name) for h in self.plan.hosts]
+        self.contacted_hosts.discard(name)  # terminated: nothing left there to stop
+        settled = self.preflight()
+        self._follow(settled.plan, settled.gpu_hosts)
+        self.board.carry_over(previous, moved={t.name for t in self.plan.tasks_on(new.name)})
+        joined = self.fleet.member(new.name)
+        self.push(settled.manifest, (), only=[joined])
+        self.setup(settled.manifest, only=[joined])
+        self.arm_idle_stop()
+        self.view.step(f"{new.name} replaces {name}: same tasks, same indices")
 
     def _forward_tensorboard(self) -> None:
         """[job.tensorboard]: a local port forwarded to it for as long as `up` watches."""

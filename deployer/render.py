@@ -278,6 +278,8 @@ def _state_text(task: TaskStatus) -> str:
         return "lost (supervisor gone)"
     if task.reason == "stopped":
         return "stopped by tfdeploy"
+    if task.preempted:
+        return "preempted (spot interruption)"
     if task.reason == "lease expired":
         return task.reason
     if task.signal is not None:

@@ -23,9 +23,11 @@ from deployer.view import View
 class RestartJob(Exception):
     """Policy "restart-job" decided the whole job starts again (the deployment does it)."""
 
-    def __init__(self, cause: str) -> None:
+    def __init__(self, cause: str, host: str, *, gone: bool = False) -> None:
         super().__init__(cause)
         self.cause = cause  # "worker:1@h2 was killed by signal 9"
+        self.host = host  # where the first failure happened
+        self.gone = gone  # the host itself is lost or being taken away: replace it if one can
 
 
 class Watch:
@@ -95,7 +97,9 @@ class Watch:
             if failed:
                 restarts = self.board[failed].restarts
                 after = f" after {plural(restarts, 'restart')}" if restarts else ""
-                raise self.failure(failed, f"failed{after}")
+                status = self.board[failed].status
+                what = "was preempted" if status and status.preempted else f"failed{after}"
+                raise self.failure(failed, what)
             if all(self.board.finished(n) for n in awaited):
                 break
             stalled = self.board.stalled(awaited, self.plan.job.stall_timeout, self.clock())
@@ -126,7 +130,8 @@ class Watch:
         if self.board.attempt >= job.max_restarts:
             left = f"failed; no restart left (max_restarts = {job.max_restarts})"
             raise self.failure(failed, left)
-        raise RestartJob(f"{watch.label} {outcome}")
+        gone = watch.status is None or watch.status.preempted
+        raise RestartJob(f"{watch.label} {outcome}", watch.task.host, gone=gone)
 
     def drain(self) -> None:
         """Reads what finished tasks wrote after the last poll: every line is shown, even a
@@ -169,7 +174,7 @@ class Watch:
         self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
         job = self.plan.job
         if job.on_failure == "restart-job" and self.board.attempt < job.max_restarts:
-            raise RestartJob(f"host {loss.host} was lost ({loss.cause})")
+            raise RestartJob(f"host {loss.host} was lost ({loss.cause})", loss.host, gone=True)
         tasks = [t.name for t in self.plan.tasks_on(loss.host)]
         raise loss.error(tasks, lease=self.lease, status_command=self._status_command())
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from moto.ec2.responses.general import General
 from moto.ec2.utils import Base64EncodedString
 
 from deployer.aws import LAUNCHED_TAG
+from tests.fakes.imds import Imds
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
 from tests.test_aws import REGION, cli, described, launch
@@ -198,3 +201,131 @@ def test_a_key_not_in_the_console_output_is_refused_and_what_was_launched_is_ter
     assert "Traceback" not in err
     for h in lab.hosts[1:4]:
         assert not lab.leftovers(h), lab.leftovers(h)
+
+
+# ---- spot instances: interruption notices, and replacement under restart-job -----------------
+
+SPOT_JOB = """\
+import os, signal, sys, time
+attempt = os.environ["TFDEPLOY_ATTEMPT"]
+print(os.environ["TFDEPLOY_TASK"], "attempt", attempt, "on", os.uname().nodename, flush=True)
+def checkpoint(signum, frame):
+    print("SIGTERM: saving a checkpoint", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, checkpoint)
+if attempt == "0":
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def imds(lab: Lab) -> Iterator[Imds]:
+    """The metadata service stand-in, on this machine's address on the lab's bridge."""
+    network = ipaddress.ip_network(f"{lab.hosts[0].address}/24", strict=False)
+    with Imds(str(network.network_address + 1)) as stand_in:
+        yield stand_in
+
+
+def spot_inventory(tmp_path: Path, fleet: FakeFleet, imds: Imds, job: str = "") -> Path:
+    path = write(tmp_path, fleet, tmp_path / "known_hosts", launch=", spot = true, count = 2")
+    text = path.read_text().replace(", count = 3", "")
+    text = text.replace("require_tensorflow = false\n", f"require_tensorflow = false\n{job}")
+    text = text.replace(
+        "launch_timeout = 30\n", f'launch_timeout = 30\nmetadata_url = "{imds.url}"\n'
+    )
+    path.write_text(text)
+    (tmp_path / "code" / "hello.py").write_text(SPOT_JOB)
+    return path
+
+
+def test_a_spot_notice_stops_the_task_in_time_and_the_run_ends_preempted(
+    fleet: FakeFleet, imds: Imds, tmp_path: Path
+) -> None:
+    lab, ec2 = fleet.lab, fleet.ec2
+    for h in lab.hosts[1:3]:
+        fleet.cloud_init(h.address)
+    doomed = lab.hosts[2]
+    at = imds.notice(seconds_from_now=40, only=doomed.address)  # its machine goes in 40 s
+    path = spot_inventory(tmp_path, fleet, imds)
+
+    code, out, err = cli("up", str(path))
+    assert code == 1, f"{out}\n{err}"
+    (instance,) = [
+        i for i in described(ec2, running_of_job(ec2)) if i["PrivateIpAddress"] == doomed.address
+    ]
+    assert instance["InstanceLifecycle"] == "spot"
+    victim = instance["InstanceId"]
+    assert re.search(rf"worker:\d@{victim} was preempted \(preempted: its spot instance got", err)
+    notice = re.search(
+        r"spot interruption notice \(terminate at (\S+)\): SIGTERM now, SIGKILL in (\d+) s", out
+    )
+    assert notice, out
+    grace = int(notice.group(2))
+    assert 40 - 15 - 10 <= grace <= 40 - 15, grace  # time left minus the 15 s margin
+    assert re.search(rf"^worker:\d@{victim} +\| SIGTERM: saving a checkpoint$", out, re.M)
+    assert imds.count("PUT", "/latest/api/token") >= 2  # both spot hosts asked
+    assert at > 0
+    cli("down", str(path), "--terminate")
+    for h in lab.hosts[1:3]:
+        assert not lab.leftovers(h), lab.leftovers(h)
+
+
+def test_restart_job_replaces_a_preempted_host_and_the_job_finishes(
+    fleet: FakeFleet, imds: Imds, tmp_path: Path
+) -> None:
+    lab, ec2 = fleet.lab, fleet.ec2
+    for h in lab.hosts[1:4]:
+        fleet.cloud_init(h.address)
+    doomed = lab.hosts[2]
+    imds.notice(seconds_from_now=30, only=doomed.address)
+    job = 'on_failure = "restart-job"\nmax_restarts = 1\nrestart_backoff = 0\n'
+    path = spot_inventory(tmp_path, fleet, imds, job)
+
+    code, out, err = cli("up", str(path))
+    assert code == 0, f"{out}\n{err}"
+    ips = {i["InstanceId"]: i["PrivateIpAddress"] for i in described(ec2, running_of_job(ec2))}
+    assert sorted(ips.values()) == sorted([lab.hosts[1].address, lab.hosts[3].address])
+    new = next(i for i, ip in ips.items() if ip == lab.hosts[3].address)
+    old = re.search(
+        r"launched 1 x c6i.large \(spot\) for aws.hosts\[0\] to replace (i-\w+): " + new, out
+    )
+    assert old, out
+    assert f"{new} replaces {old.group(1)}: same tasks, same indices" in out
+    # The task the gone host ran runs again, same name, on the new machine, as attempt 1.
+    there = re.escape(lab.hosts[3].hostname)
+    moved = re.search(rf"^(worker:\d)@{new} \[attempt 1\] +\| \1 attempt 1 on {there}$", out, re.M)
+    assert moved, out
+    assert "job succeeded" in out
+    cli("down", str(path), "--terminate")
+    assert running_of_job(ec2) == []
+    for h in lab.hosts[1:4]:
+        assert not lab.leftovers(h), lab.leftovers(h)
+
+
+def test_a_launched_host_shuts_itself_down_after_idle_minutes(
+    fleet: FakeFleet, tmp_path: Path
+) -> None:
+    lab = fleet.lab
+    host = lab.hosts[1]
+    fleet.cloud_init(host.address)
+    standin = Path(tempfile.mkdtemp(dir=lab.dir))  # lab.dir: seen by every lab host
+    calls = standin / "calls"
+    (standin / "shutdown").write_text(f'#!/bin/sh\necho "$(uname -n) $*" >> {calls}\n')
+    (standin / "shutdown").chmod(0o755)
+    command = f"PATH={standin}:$PATH shutdown -h now"
+    path = write(tmp_path, fleet, tmp_path / "known_hosts", launch=", count = 1")
+    text = path.read_text().replace("count = 3, ", "")
+    text = text.replace(
+        "idle_minutes = 0", f"idle_minutes = 0.05, idle_command = {toml_value(command)}"
+    )
+    path.write_text(text)
+
+    code, out, err = cli("up", str(path))
+    assert code == 0, f"{out}\n{err}"
+    assert "idle stop: 1 launched host shut down after 0.05 min without a running task" in out
+    deadline = time.monotonic() + 20
+    while not calls.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert calls.read_text() == f"{host.hostname} -h now\n"  # that host, once
+    assert not lab.leftovers(host), lab.leftovers(host)  # the watchdog ended with its shutdown
+    cli("down", str(path), "--terminate")

@@ -35,6 +35,7 @@ class Imds:
         self.answers: list[tuple[str, str, int]] = []  # (method, path, status)
         self.tokens: set[str] = set()
         self.action: dict[str, str] | None = None
+        self.only: str | None = None  # the one client address a notice is for (None: all)
         self.lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -69,12 +70,16 @@ class Imds:
     ) -> None:
         self.stop()
 
-    def notice(self, action: str = "terminate", seconds_from_now: float = 120) -> float:
-        """Switches a notice on; returns its time in Unix seconds (whole seconds, as AWS gives)."""
+    def notice(
+        self, action: str = "terminate", seconds_from_now: float = 120, *, only: str | None = None
+    ) -> float:
+        """Switches a notice on, for the client at address `only` if given (each instance has
+        its own metadata service: one stand-in serves several lab hosts); returns its time in
+        Unix seconds (whole seconds, as AWS gives)."""
         at = int(time.time() + seconds_from_now)
         text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
         with self.lock:
-            self.action = {"action": action, "time": text}
+            self.action, self.only = {"action": action, "time": text}, only
         return float(at)
 
     def clear(self) -> None:
@@ -90,15 +95,15 @@ class Imds:
         with self.lock:
             return self.requests.count((method, path))
 
-    def answer(self, method: str, path: str, headers: Any) -> tuple[int, bytes]:
+    def answer(self, method: str, path: str, headers: Any, client: str = "") -> tuple[int, bytes]:
         """(status, body) for one request, recorded."""
         with self.lock:
             self.requests.append((method, path))
-            status, body = self._answer(method, path, headers)
+            status, body = self._answer(method, path, headers, client)
             self.answers.append((method, path, status))
         return status, body
 
-    def _answer(self, method: str, path: str, headers: Any) -> tuple[int, bytes]:
+    def _answer(self, method: str, path: str, headers: Any, client: str) -> tuple[int, bytes]:
         if method == "PUT":
             if path != TOKEN_PATH:
                 return 405, b""
@@ -110,7 +115,8 @@ class Imds:
             return 200, token.encode()
         if headers.get(TOKEN_HEADER) not in self.tokens:
             return 401, b""
-        if path == ACTION_PATH and self.action is not None:
+        noticed = self.action is not None and self.only in (None, client)
+        if path == ACTION_PATH and noticed:
             return 200, json.dumps(self.action).encode()
         return 404, b""
 
@@ -128,7 +134,7 @@ def _handler(imds: Imds) -> type[BaseHTTPRequestHandler]:
             self._reply("GET")
 
         def _reply(self, method: str) -> None:
-            status, body = imds.answer(method, self.path, self.headers)
+            status, body = imds.answer(method, self.path, self.headers, self.client_address[0])
             self.send_response(status)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(body)))
