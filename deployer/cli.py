@@ -105,7 +105,10 @@ def _cmd_up(args: argparse.Namespace, env: Env) -> int:
             return Deployment(plan, fleet, view, options, replace_host=_replacer(loaded)).run()
     finally:
         if not args.detach:
-            _terminate(loaded, env, when=("job-end",))
+            try:
+                _terminate(loaded, env, when=("job-end",))
+            except TfdeployError as exc:  # reported; the job's own outcome stays the exit status
+                env.err.print(Text(f"tfdeploy: terminate_after = job-end failed: {exc}"))
 
 
 def _replacer(inventory: Inventory) -> HostReplacer:

@@ -329,3 +329,17 @@ def test_a_launched_host_shuts_itself_down_after_idle_minutes(
     assert calls.read_text() == f"{host.hostname} -h now\n"  # that host, once
     assert not lab.leftovers(host), lab.leftovers(host)  # the watchdog ended with its shutdown
     cli("down", str(path), "--terminate")
+
+
+def test_terminate_after_job_end_terminates_when_up_ends(fleet: FakeFleet, tmp_path: Path) -> None:
+    lab, ec2 = fleet.lab, fleet.ec2
+    fleet.cloud_init(lab.hosts[1].address)
+    path = write(tmp_path, fleet, tmp_path / "known_hosts", launch=', terminate_after = "job-end"')
+    path.write_text(path.read_text().replace("count = 3", "count = 1"))
+
+    code, out, err = cli("up", str(path))
+    assert code == 0, f"{out}\n{err}"
+    (launched,) = re.findall(r"for aws.hosts\[0\]: (i-\w+)", out)
+    assert f"terminated 1 instance tfdeploy launched: {launched}" in out
+    assert running_of_job(ec2) == []
+    assert not lab.leftovers(lab.hosts[1]), lab.leftovers(lab.hosts[1])
