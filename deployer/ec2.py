@@ -92,12 +92,15 @@ def provision(
         _dry_run(client, order)
     deadline = clock() + settings.launch_timeout
     launched: list[str] = []
+    batches: list[list[str]] = []
     try:
         for order in orders:
             ids = _launch(client, order)
             say(f"launched {order.describe()}: {', '.join(ids)}")
             launched += ids
-        keys = wait_ready(client, launched, deadline, say, clock=clock)
+            batches.append(ids)
+        lenient = [i for o, ids in zip(orders, batches, strict=True) if _lenient(o) for i in ids]
+        keys = wait_ready(client, launched, deadline, say, clock=clock, trust_first=lenient)
         found = settings.discover(file)
         hosts = tuple(_expecting(h, keys.get(h.name, ())) for h in found.hosts)
         wait_for_ssh([h for h in hosts if h.name in launched], deadline, say, clock=clock)
@@ -107,6 +110,10 @@ def provision(
             say(f"terminated the {plural(len(launched), 'instance')} this up launched")
         raise
     return dataclasses.replace(found, hosts=hosts)
+
+
+def _lenient(order: Order) -> bool:
+    return order.group.settings.ssh.host_keys == "accept-new"
 
 
 def _orders(client: Any, settings: AwsSettings, file: str) -> list[Order]:
@@ -214,9 +221,20 @@ def _launch(client: Any, order: Order) -> list[str]:
 
 
 def wait_ready(
-    client: Any, ids: Sequence[str], deadline: float, say: Say, *, clock: Any = time.monotonic
+    client: Any,
+    ids: Sequence[str],
+    deadline: float,
+    say: Say,
+    *,
+    clock: Any = time.monotonic,
+    trust_first: Iterable[str] = (),
 ) -> dict[str, tuple[str, ...]]:
-    """Waits until `ids` run and their consoles show SSH host key fingerprints; returns them."""
+    """Waits until `ids` run and their consoles show SSH host key fingerprints; returns them.
+
+    Instances in `trust_first` (their hosts say host_keys = "accept-new") wait for the console
+    half the time left at most, then go without fingerprints: accept-new stays the fallback
+    only when the user chose it. Any other instance without them by `deadline` is an error.
+    """
     pending = set(ids)
     say(f"waiting for {plural(len(ids), 'instance')} to run")
     while pending:
@@ -230,13 +248,23 @@ def wait_ready(
                 raise LaunchError(f"instance {raw['InstanceId']} ended while starting: {reason}")
         _pause(pending, deadline, clock, "to run")
     keys: dict[str, tuple[str, ...]] = {}
+    lenient = set(trust_first)
+    patience = clock() + (deadline - clock()) / 2
     say("reading the new instances' SSH host keys from their console output")
     while len(keys) < len(ids):
         for instance in (i for i in ids if i not in keys):
             found = console_fingerprints(client, instance)
             if found:
                 keys[instance] = found
-        _pause([i for i in ids if i not in keys], deadline, clock, "to print host keys")
+        waiting = [i for i in ids if i not in keys]
+        if waiting and set(waiting) <= lenient and clock() >= patience:
+            say(
+                f"warning: no SSH host key fingerprints in the console output of "
+                f"{', '.join(waiting)}: their keys are accepted on first use (host_keys = "
+                '"accept-new")'
+            )
+            break
+        _pause(waiting, deadline, clock, "to print host keys")
     return keys
 
 
@@ -391,11 +419,12 @@ def replace_host(settings: AwsSettings, file: str, gone: Host, say: Say) -> Host
     say(f"launched {order.describe()} to replace {gone.name}: {new_id}")
     deadline = time.monotonic() + settings.launch_timeout
     try:
-        keys = wait_ready(client, [new_id], deadline, say)
+        lenient = [new_id] if _lenient(order) else []
+        keys = wait_ready(client, [new_id], deadline, say, trust_first=lenient)
         (raw,) = _raw_instances(_call(client, "describe_instances", InstanceIds=[new_id]))
         host = _expecting(
             host_of(instance_of(raw, group.key), group, file, settings.metadata_url),
-            keys[new_id],
+            keys.get(new_id, ()),
         )
         wait_for_ssh([host], deadline, say, clock=time.monotonic)
     except BaseException:

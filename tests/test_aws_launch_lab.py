@@ -343,3 +343,36 @@ def test_terminate_after_job_end_terminates_when_up_ends(fleet: FakeFleet, tmp_p
     assert f"terminated 1 instance tfdeploy launched: {launched}" in out
     assert running_of_job(ec2) == []
     assert not lab.leftovers(lab.hosts[1]), lab.leftovers(lab.hosts[1])
+
+
+@pytest.mark.parametrize("host_keys", ["strict", "accept-new"])
+def test_a_console_without_fingerprints_falls_back_only_when_the_user_chose_accept_new(
+    fleet: FakeFleet, tmp_path: Path, host_keys: str
+) -> None:
+    lab, ec2 = fleet.lab, fleet.ec2
+    host = lab.hosts[1]  # its console never prints the fingerprints (cloud-init not run)
+    known = tmp_path / "known_hosts"
+    path = write(tmp_path, fleet, known)
+    text = path.read_text().replace("count = 3", "count = 1")
+    text = text.replace("launch_timeout = 30", "launch_timeout = 4")
+    text = text.replace(
+        "connect_timeout = 5\n", f'connect_timeout = 5\nhost_keys = "{host_keys}"\n'
+    )
+    path.write_text(text)
+
+    code, out, err = cli("up", str(path))
+    if host_keys == "strict":
+        assert code == 3, f"{out}\n{err}"
+        assert re.search(
+            r"i-\w+ still waiting to print host keys when aws.launch_timeout ran out", err
+        )
+        assert "terminated the 1 instance this up launched" in out
+        assert running_of_job(ec2) == [] and not known.exists()
+    else:
+        assert code == 0, f"{out}\n{err}"
+        assert re.search(
+            r"warning: no SSH host key fingerprints in the console output of i-\w+", out
+        )
+        assert paramiko.HostKeys(str(known)).lookup(host.address)  # recorded on first use
+        cli("down", str(path), "--terminate")
+    assert not lab.leftovers(host), lab.leftovers(host)
