@@ -108,7 +108,9 @@ class TaskStatus:
 
     @property
     def succeeded(self) -> bool:
-        return self.state == "exited" and self.exit_code == 0
+        """Exited 0 by itself: a task that saved a checkpoint on a spot notice and exited 0 has
+        not finished its work."""
+        return self.state == "exited" and self.exit_code == 0 and not self.preempted
 
     @property
     def preempted(self) -> bool:
@@ -136,6 +138,16 @@ class Poll:
     tasks: tuple[TaskStatus, ...]
     logs: dict[str, tuple[int, bytes]]  # task name -> (new offset, bytes read)
     listening: frozenset[int]
+
+
+@dataclass(frozen=True)
+class PeerFetch:
+    """What one host copied from its peers: what arrived, what none had, what went wrong."""
+
+    fetched: int
+    bytes: int
+    missing: tuple[str, ...]
+    errors: tuple[str, ...]  # "10.0.0.2:2222: connection refused", one per peer that failed
 
 
 @dataclass(frozen=True)
@@ -491,6 +503,48 @@ class Agent:
 
     def unlisten(self, run_id: str) -> None:
         self.call("netcheck", action="close", run_id=run_id)
+
+    def serve_store(
+        self, run_id: str, address: str, port: int, secret: str, seconds: float
+    ) -> None:
+        """Serves this host's store to the run's peers on address:port (remote/peers.py)."""
+        self.call(
+            "peers",
+            action="serve",
+            run_id=run_id,
+            address=address,
+            port=port,
+            secret=secret,
+            seconds=seconds,
+        )
+
+    def fetch_from_peers(
+        self,
+        run_id: str,
+        blobs: Sequence[tuple[str, int]],
+        peers: Sequence[tuple[str, int]],
+        secret: str,
+        timeout: float,
+    ) -> PeerFetch:
+        """Copies `blobs` from the first peers that have them into this host's store."""
+        reply = self.call(
+            "peers",
+            timeout,
+            action="fetch",
+            run_id=run_id,
+            blobs=[list(b) for b in blobs],
+            peers=[list(p) for p in peers],
+            secret=secret,
+        )
+        return PeerFetch(
+            fetched=int(reply["fetched"]),
+            bytes=int(reply["bytes"]),
+            missing=tuple(reply["missing"]),
+            errors=tuple(reply["errors"]),
+        )
+
+    def stop_serving(self, run_id: str) -> None:
+        self.call("peers", action="close", run_id=run_id)
 
     def look(self) -> None:
         """Says hello once without creating anything on the host (read-only verbs)."""
