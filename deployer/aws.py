@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -114,16 +114,6 @@ class AwsSettings:
 
     def discover(self, file: str, *, preview: bool = False) -> Discovered:
         return _discover_all(self, file, preview)
-
-    def provision(self, file: str, say: Callable[[str], None]) -> Discovered:
-        from deployer.ec2 import provision  # launching is `up`'s business only
-
-        return provision(self, file, say)
-
-    def replace(self, file: str, gone: Host, say: Callable[[str], None]) -> Host | None:
-        from deployer.ec2 import replace_host
-
-        return replace_host(self, file, gone, say)
 
     @property
     def launches(self) -> bool:

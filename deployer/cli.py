@@ -29,11 +29,10 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
-from deployer import firewall
+from deployer import ec2, firewall
 from deployer.agent import escaped_text
 from deployer.archive import LogArchive, archive_ended, has_archive
 from deployer.aws import TERMINATE_AFTER
-from deployer.ec2 import fleet_down
 from deployer.errors import (
     ExitStatus,
     HostError,
@@ -97,7 +96,10 @@ def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
 
 def _cmd_up(args: argparse.Namespace, env: Env) -> int:
     loaded = load_inventory(args.inventory)
-    plan = make_plan(discover_hosts(loaded, provision=lambda line: env.out.print(Text(line))))
+    say = functools.partial(_say, env)
+    plan = make_plan(
+        discover_hosts(loaded, provision=functools.partial(ec2.provision_any, say=say))
+    )
     options = UpOptions(detach=args.detach, netcheck=not args.no_netcheck)
     try:
         with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
@@ -116,7 +118,7 @@ def _replacer(inventory: Inventory) -> HostReplacer:
 
     def replace(gone: Host, say: Callable[[str], None]) -> Host | None:
         for source in inventory.pending:
-            new = source.replace(str(inventory.path), gone, say)
+            new = ec2.replace_any(source, str(inventory.path), gone, say)
             if new is not None:
                 return new
         return None
@@ -124,10 +126,14 @@ def _replacer(inventory: Inventory) -> HostReplacer:
     return replace
 
 
+def _say(env: Env, line: str) -> None:
+    env.out.print(Text(line))
+
+
 def _terminate(inventory: Inventory, env: Env, *, when: Sequence[str]) -> None:
     """Terminates the instances tfdeploy launched for the groups whose terminate_after is in
     `when` (all of them for `down --terminate`); never one it only discovered."""
-    for line in fleet_down(inventory, tuple(when)):
+    for line in ec2.fleet_down(inventory, tuple(when)):
         env.out.print(Text(line))
 
 

@@ -30,7 +30,7 @@ from deployer.aws import (
     instance_of,
 )
 from deployer.errors import ExitStatus, HostError, InventoryError, TfdeployError
-from deployer.inventory import Discovered, Host, Inventory
+from deployer.inventory import Discovered, Host, Inventory, PendingHosts
 from deployer.text import plural
 
 Say = Callable[[str], None]
@@ -114,6 +114,13 @@ def provision(
 
 def _lenient(order: Order) -> bool:
     return order.group.settings.ssh.host_keys == "accept-new"
+
+
+def provision_any(source: PendingHosts, file: str, *, say: Say) -> Discovered:
+    """`up`'s discovery of one host source: an `[aws]` that launches provisions first."""
+    if isinstance(source, AwsSettings) and source.launches:
+        return provision(source, file, say)
+    return source.discover(file)
 
 
 def _orders(client: Any, settings: AwsSettings, file: str) -> list[Order]:
@@ -398,6 +405,13 @@ def fleet_down(inventory: Inventory, when: tuple[str, ...]) -> list[str]:
 
 
 # ---- restart-job: a new machine for a gone one -------------------------------------------------
+
+
+def replace_any(source: PendingHosts, file: str, gone: Host, say: Say) -> Host | None:
+    """A new machine for `gone` from the source that found it, when that source can make one."""
+    if isinstance(source, AwsSettings):
+        return replace_host(source, file, gone, say)
+    return None
 
 
 def replace_host(settings: AwsSettings, file: str, gone: Host, say: Say) -> Host | None:

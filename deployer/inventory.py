@@ -140,6 +140,7 @@ class Job:
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
     netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
+    fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
     require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)
     artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (pull.py)
     artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
@@ -181,14 +182,6 @@ class PendingHosts(Protocol):
         `plan`) adds stand-ins for machines `provision` would create; nothing contacts them."""
         ...
 
-    def provision(self, file: str, say: Callable[[str], None]) -> Discovered:
-        """`up`'s discovery: creates what is missing first (e.g. launches EC2 instances)."""
-        ...
-
-    def replace(self, file: str, gone: Host, say: Callable[[str], None]) -> Host | None:
-        """A new machine in place of `gone`, if `gone` is this source's and it can make one."""
-        ...
-
 
 @dataclass(frozen=True)
 class Sourced:
@@ -227,12 +220,16 @@ class Inventory:
 
 
 def discover_hosts(
-    inventory: Inventory, *, preview: bool = False, provision: Callable[[str], None] | None = None
+    inventory: Inventory,
+    *,
+    preview: bool = False,
+    provision: Callable[[PendingHosts, str], Discovered] | None = None,
 ) -> Inventory:
     """The inventory with every pending source's hosts appended after the known ones.
 
     The only step of loading that does I/O beyond the file; a no-op when nothing is pending.
-    `preview`: with stand-ins for what `up` would create; `provision`: create it, telling it so.
+    `preview`: with stand-ins for what `up` would create; `provision(source, file)`: `up`'s
+    discovery, which creates what is missing first (EC2 launches: deployer/ec2.py).
     """
     if not inventory.pending:
         return inventory
@@ -240,9 +237,11 @@ def discover_hosts(
     hosts, instances = list(inventory.hosts), list(inventory.instances)
     for source in inventory.pending:
         if provision is not None:
-            found = source.provision(file, provision)
+            found = provision(source, file)
+        elif preview:
+            found = source.discover(file, preview=True)
         else:
-            found = source.discover(file, preview=preview)
+            found = source.discover(file)
         hosts += found.hosts
         instances += found.instances
     check_unique_hosts(tuple(hosts), file)
@@ -367,6 +366,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
         firewall=t.boolean("firewall", False),
         netcheck=t.boolean("netcheck", True),
+        fanout=t.boolean("fanout", True),
         require_tensorflow=t.boolean("require_tensorflow", True),
         artifacts=t.string_list("artifacts"),
         artifacts_to=t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs",

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from deployer import firewall
+from deployer import fanout, firewall
 from deployer.agent import TaskStatus
 from deployer.archive import LogArchive
 from deployer.board import TaskBoard, server_like
@@ -206,8 +206,13 @@ class Deployment:
             "controller": controller_name(),
         }
         shared = [g for g in groups if len(g) > 1]
+        later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
+        spread = None
+        if self.plan.job.fanout:
+            firsts = [m for m in members if m.name not in later]
+            spread = fanout.spread(self.fleet, firsts, self.plan, manifest, self.run_id, fields)
         results = push_all(self.fleet, members, manifest, fields, shared)
-        for line in push_summary(results, manifest, self.run_id, shared):
+        for line in push_summary(results, manifest, self.run_id, shared, spread):
             self.view.step(line)
 
     def setup(self, manifest: Manifest, *, only: Sequence[Member] | None = None) -> None:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pathspec
 
@@ -24,6 +24,9 @@ from deployer.fleet import Fleet, Member
 from deployer.inventory import Job
 from deployer.secrets import mask_text
 from deployer.text import join_names, plural
+
+if TYPE_CHECKING:
+    from deployer.fanout import Spread
 
 IGNORE_FILES = (".gitignore", ".tfdeployignore")
 ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".tfdeployignore")
@@ -105,14 +108,7 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
     batches = _batches([by_hash[sha] for sha in missing])
     files = [[f.path, f.sha256, f.mode] for f in manifest.files]
     for batch in batches[:-1]:  # only above BATCH_BYTES: store these, build the run dir last
-        agent.call(
-            "materialize",
-            timeout=_timeout(batch),
-            files=[],
-            stream=_pack(manifest.root, batch),
-            **_blob_list(batch),
-            **run_fields,
-        )
+        _store_batch(agent, manifest, batch, run_fields)
     last = batches[-1] if batches else ()
     agent.call(
         "materialize",
@@ -124,6 +120,27 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
     )
     sent = sum(by_hash[sha].size for sha in missing)
     return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
+
+
+def store_contents(
+    agent: Agent, manifest: Manifest, contents: Sequence[CodeFile], run_fields: dict[str, Any]
+) -> None:
+    """Streams `contents` into the host's store, in batches; the run's code dir comes later."""
+    for batch in _batches(list(contents)):
+        _store_batch(agent, manifest, batch, run_fields)
+
+
+def _store_batch(
+    agent: Agent, manifest: Manifest, batch: tuple[CodeFile, ...], run_fields: dict[str, Any]
+) -> None:
+    agent.call(
+        "materialize",
+        timeout=_timeout(batch),
+        files=[],
+        stream=_pack(manifest.root, batch),
+        **_blob_list(batch),
+        **run_fields,
+    )
 
 
 def push_all(
@@ -155,16 +172,21 @@ def push_summary(
     manifest: Manifest,
     run_id: str,
     groups: Sequence[Sequence[str]] = (),
+    spread: Spread | None = None,
 ) -> list[str]:
-    """What a push did, in the words `up` prints: shared workdirs first, then bytes sent."""
+    """What a push did, in the words `up` prints: shared workdirs first, the fan-out, then what
+    the controller sent (to the fan-out's seed and directly)."""
     lines = [f"{join_names(list(g))} share one workdir: each file is sent once" for g in groups]
-    sent = sum(r.sent_bytes for r in results.values())
+    lines += spread.lines() if spread is not None else []
+    direct = sum(r.sent_bytes for r in results.values())
+    sent = direct + (spread.uplink_bytes if spread else 0)
     sent_files = sum(r.sent_files for r in results.values())
-    news = (
-        f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
-        if sent_files
-        else "0 bytes sent, every file was already there"
-    )
+    if not sent:
+        news = "0 bytes sent, every file was already there"
+    elif spread is not None:
+        news = f"{sent} bytes sent from here ({spread.uplink_bytes} to the fan-out's seed)"
+    else:
+        news = f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
     files = plural(len(manifest.files), "file")
     lines.append(f"pushed {files} to {plural(len(results), 'host')}: {news} (run {run_id})")
     return lines

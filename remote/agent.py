@@ -251,6 +251,12 @@ def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
     return gpuinfo.op_gpus(req)
 
 
+def op_peers(req: dict[str, Any]) -> dict[str, Any]:
+    import peers  # only a fan-out push pays for its imports
+
+    return peers.op_peers(req)
+
+
 def op_idle(req: dict[str, Any]) -> dict[str, Any]:
     import idle  # only arming the idle watchdog pays for its imports
 
@@ -273,6 +279,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "collect": op_collect,
     "fetch": op_fetch,
     "idle": op_idle,
+    "peers": op_peers,
 }
 
 

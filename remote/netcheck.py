@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import select
 import signal
 import socket
@@ -23,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import daemon
 import layout
 import params
-import procs
 
 MAX_LISTEN_S = 120.0
 # The verdicts of a probe; the control side words its advice by them (deployer/netcheck.py).
@@ -77,11 +76,10 @@ def listen(record: Path, ports: list[int], seconds: float) -> int:
         for sock in sockets:
             sock.close()
         raise params.AgentError(f"cannot listen on TF port {port}: {exc.strerror}") from None
-    pid = _detach(sockets, time.monotonic() + seconds)
+    deadline = time.monotonic() + seconds
+    pid = daemon.spawn(record, lambda: _serve(sockets, deadline))
     for sock in sockets:
         sock.close()
-    layout.make_private_dir(record.parent)
-    layout.write_json(record, {"pid": pid, "ticks": _ticks_of(pid)})
     return pid
 
 
@@ -102,48 +100,6 @@ def _bound(port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def _ticks_of(pid: int) -> int | None:
-    for _ in range(50):  # the grandchild exists once _detach returns; /proc may lag a moment
-        ticks = procs.start_ticks(pid)
-        if ticks is not None:
-            return ticks
-        time.sleep(0.01)
-    return None
-
-
-def _detach(sockets: list[socket.socket], deadline: float) -> int:
-    """Forks twice: the listener is nobody's child and holds no pipe of the SSH session."""
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked process
-        try:
-            os.close(read_end)
-            os.setsid()
-            grandchild = os.fork()
-            if grandchild:
-                os.write(write_end, str(grandchild).encode())
-                os._exit(0)
-            os.close(write_end)
-            _quiet_stdio()
-            _serve(sockets, deadline)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        pid = int(pipe.read() or b"0")
-    os.waitpid(child, 0)
-    if pid <= 0:
-        raise params.AgentError("the stand-in listener could not be started")
-    return pid
-
-
-def _quiet_stdio() -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
 
 
 def _serve(sockets: list[socket.socket], deadline: float) -> None:
@@ -170,21 +126,7 @@ def _serve(sockets: list[socket.socket], deadline: float) -> None:
 
 def close(record: Path) -> bool:
     """Stops this run's listener (if any) and waits until its ports are free again."""
-    found = layout.read_json(record)
-    if not isinstance(found, dict):
-        return False
-    pid, ticks = found.get("pid"), found.get("ticks")
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not procs.process_alive(pid, ticks):
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        end = time.monotonic() + 2.0
-        while procs.process_alive(pid, ticks) and time.monotonic() < end:
-            time.sleep(0.01)
-    with contextlib.suppress(FileNotFoundError):
-        record.unlink()
-    return True
+    return daemon.stop(record)
 
 
 # ---- probing ----------------------------------------------------------------------------------

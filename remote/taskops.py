@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import daemon
 import layout
 import params
 import procs
@@ -284,6 +285,9 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     if names is None or params.param(req, "escaped", bool, False):
         supervisors, groups = strays.run_groups(run_dir)
         reply["escaped"] = strays.stop(run_dir.name, grace, supervisors, groups)
-    if names is None:  # and its reserved ports
-        reservations.release(layout.workdir_path(req), run_dir.name)
+    if names is None:  # and its reserved ports, and a push's or check's server still serving
+        workdir = layout.workdir_path(req)
+        reservations.release(workdir, run_dir.name)
+        for kind in ("peers", "netcheck"):
+            daemon.stop(layout.host_dir(workdir) / kind / f"{run_dir.name}.json")
     return reply

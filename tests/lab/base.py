@@ -117,6 +117,17 @@ class Lab:
     def uncap_bandwidth(self, host: HostRef) -> None:
         raise self._unsupported("uncap_bandwidth")
 
+    def cap_uplink(self, rate: str = "100mbit") -> None:
+        """Shape what this machine sends into the lab to `rate`; host-to-host traffic stays free."""
+        raise self._unsupported("cap_uplink")
+
+    def uncap_uplink(self) -> None:
+        raise self._unsupported("uncap_uplink")
+
+    def uplink_bytes(self) -> int:
+        """Bytes this machine has sent into the lab so far (a counter: take differences)."""
+        raise self._unsupported("uplink_bytes")
+
     def shared_home(self) -> contextlib.AbstractContextManager[Path]:
         """One directory as the login user's home on every host (see NamespaceLab)."""
         raise self._unsupported("shared_home")

@@ -500,6 +500,37 @@ class NamespaceLab(Lab):
         slot = self._live(host)
         self._tc(slot, "qdisc", "del", "root")  # "no such qdisc" when not capped is fine
 
+    @property
+    def uplink(self) -> str:
+        """The lab's (public) bridge as the root namespace sees it: this machine's way in."""
+        return f"tfl{self.id}b"
+
+    def cap_uplink(self, rate: str = "100mbit") -> None:
+        """Shape what this machine sends into the lab to `rate`, like a controller's uplink.
+
+        tbf on the bridge device's egress: only packets the root namespace sends into the bridge
+        leave through it; frames from one host to another are forwarded between the bridge's
+        ports and never pass it, and neither does what hosts send to this machine.
+        """
+        if self.stopped:
+            raise LabError("the lab is stopped")
+        argv = ["tc", "qdisc", "replace", "dev", self.uplink, "root", "tbf", "rate", rate]
+        done = subprocess.run(
+            [*argv, "burst", "64kb", "latency", "100ms"], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise LabError(f"tc failed on {self.uplink}: {done.stderr.strip()}")
+
+    def uncap_uplink(self) -> None:
+        if self.stopped:
+            return  # the bridge, and its qdisc, are gone
+        argv = ["tc", "qdisc", "del", "dev", self.uplink, "root"]
+        subprocess.run(argv, capture_output=True, text=True)  # not capped: nothing to delete
+
+    def uplink_bytes(self) -> int:
+        """tx_bytes of the bridge device: every byte (frames, headers included) sent into it."""
+        return int(Path(f"/sys/class/net/{self.uplink}/statistics/tx_bytes").read_text())
+
     # -- teardown --------------------------------------------------------------------------------
 
     @property

@@ -1,0 +1,83 @@
+"""Short-lived detached servers (netcheck's stand-in listeners, the push's store server).
+
+An op binds its sockets itself, so a bind error is its answer; the serving then goes to a
+process that is nobody's child and holds no pipe of the SSH session, so the op returns at once.
+Each server has a deadline of its own: a controller that dies mid-push leaves no port open
+for long. Its record (pid and start ticks) lets a later op stop exactly that process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+import layout
+import params
+import procs
+
+
+def spawn(record: Path, serve: Callable[[], None]) -> int:
+    """Runs `serve` in a detached grandchild, records it, returns its pid."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked process
+        try:
+            os.close(read_end)
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild:
+                os.write(write_end, str(grandchild).encode())
+                os._exit(0)
+            os.close(write_end)
+            _quiet_stdio()
+            serve()
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        pid = int(pipe.read() or b"0")
+    os.waitpid(child, 0)
+    if pid <= 0:
+        raise params.AgentError("the detached server could not be started")
+    layout.make_private_dir(record.parent)
+    layout.write_json(record, {"pid": pid, "ticks": _ticks_of(pid)})
+    return pid
+
+
+def stop(record: Path) -> bool:
+    """Stops the recorded server (SIGTERM, then SIGKILL) and waits until it is gone."""
+    found = layout.read_json(record)
+    if not isinstance(found, dict):
+        return False
+    pid, ticks = found.get("pid"), found.get("ticks")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not procs.process_alive(pid, ticks):
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        end = time.monotonic() + 2.0
+        while procs.process_alive(pid, ticks) and time.monotonic() < end:
+            time.sleep(0.01)
+    with contextlib.suppress(FileNotFoundError):
+        record.unlink()
+    return True
+
+
+def _ticks_of(pid: int) -> int | None:
+    for _ in range(50):  # the grandchild exists once spawn returns; /proc may lag a moment
+        ticks = procs.start_ticks(pid)
+        if ticks is not None:
+            return ticks
+        time.sleep(0.01)
+    return None
+
+
+def _quiet_stdio() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
