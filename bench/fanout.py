@@ -469,6 +469,7 @@ def main() -> int:
     tmp = make_tmp()
     lab: Lab | None = None
     res: dict[tuple[str, str, int], list[Sample]] = defaultdict(list)
+    failed: dict[tuple[str, str, int], list[str]] = defaultdict(list)
     cap_check = ""
     try:
         tree = tmp / "code"
@@ -487,7 +488,12 @@ def main() -> int:
                 hosts = lab.hosts[:n]
                 for rep in range(args.reps):
                     for v in variants:
-                        s = bench.run(v, hosts)
+                        try:
+                            s = bench.run(v, hosts)
+                        except BenchError as exc:  # a result too: shown in the table
+                            failed[title, v, n].append(_cause(str(exc)))
+                            _log(started, f"{title}, N={n}, rep {rep + 1}: {v} FAILED: {exc}")
+                            continue
                         res[title, v, n].append(s)
                         _log(
                             started,
@@ -506,6 +512,11 @@ def main() -> int:
         print(f"\n### {args.mb} MB in {args.mb} files of 1 MB to N empty hosts, {title}\n")
         cells = {(v, n): res[title, v, n] for v in variants for n in sizes}
         print(table(defaultdict(list, cells), sizes, variants, tree_bytes))
+        for (where_, v, n), causes in sorted(failed.items()):
+            if where_ == title:
+                print(
+                    f"\n{VARIANTS[v][0]}, N={n}: {len(causes)} run(s) failed: {'; '.join(causes)}"
+                )
         where = phase_table(defaultdict(list, cells), sizes, variants)
         print(
             "\nWhere the time goes: tfdeploy up --detach by phase (preflight + push + start), "
@@ -522,6 +533,13 @@ def main() -> int:
         + (", median (min-max)." if args.reps > 1 else ".")
     )
     return 0
+
+
+def _cause(text: str) -> str:
+    """The line of a failure report that says why (tfdeploy's `error:` and its host lines)."""
+    lines = [line.strip() for line in text.splitlines()]
+    said = [line for line in lines if line.startswith(("error:", "h"))]
+    return " ".join(said[:2]) or (lines[0] if lines else "?")
 
 
 def _log(started: float, text: str) -> None:

@@ -9,7 +9,10 @@ import hashlib
 import os
 import re
 import secrets
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,3 +237,43 @@ def test_peers_need_the_secret_and_a_tampered_content_never_enters_the_store(
     finally:
         a.stop_serving("peertest")
     assert 2299 not in lab.listening_ports(host_a)
+
+
+def test_ctrl_c_during_a_fan_out_leaves_no_server_and_no_partial_file(
+    lab: Lab, tmp_path: Path, code: Path
+) -> None:
+    hosts = lab.hosts[:4]
+    path = inventory(lab, tmp_path, code, hosts)
+    workdir = f"~/.tfdeploy-{tmp_path.name}"
+    for h in hosts:
+        lab.cap_bandwidth(h, "8mbit")  # the copies take seconds: time to press Ctrl-C
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "deployer", "up", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        serving = False
+        for _ in range(1500):
+            serving = any(
+                lab.run(h, f"ls {workdir}/hosts/*/peers/*.json 2>/dev/null").stdout.strip()
+                for h in hosts
+            )
+            if serving or up.poll() is not None:
+                break
+        assert serving, "no store server was seen"
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for h in hosts:
+            lab.uncap_bandwidth(h)
+    assert up.returncode == 130, out
+    assert_clean(lab, hosts)
+    for h in hosts:
+        partial = lab.run(h, f"find {workdir} -name '*.part'")
+        assert partial.stdout.strip() == "", f"{h.name}: {partial.stdout}"

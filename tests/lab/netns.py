@@ -516,7 +516,7 @@ class NamespaceLab(Lab):
             raise LabError("the lab is stopped")
         argv = ["tc", "qdisc", "replace", "dev", self.uplink, "root", "tbf", "rate", rate]
         done = subprocess.run(
-            [*argv, "burst", "64kb", "latency", "100ms"], capture_output=True, text=True
+            [*argv, "burst", "64kb", "latency", "400ms"], capture_output=True, text=True
         )
         if done.returncode != 0:
             raise LabError(f"tc failed on {self.uplink}: {done.stderr.strip()}")
