@@ -124,7 +124,7 @@ def test_a_task_ignoring_sigterm_is_killed_margin_seconds_before_the_end(workdir
         new_run(workdir)
         start(workdir, spot_task(STUBBORN, imds.url))
         wait_for(lambda: imds.count("GET", ACTION_PATH) >= 1)
-        at = imds.notice(seconds_from_now=20)
+        at = imds.notice(seconds_from_now=17)  # SIGKILL 2 s from now (whole seconds: 1-2 s)
         wait_for(lambda: notice_line(workdir), timeout=3)
         assert status(workdir, "worker:0")["state"] == "running"  # SIGTERM changed nothing
         done = wait_state(workdir, "worker:0", "exited", timeout=10)
@@ -185,7 +185,7 @@ def test_a_broken_metadata_service_never_disturbs_the_task(workdir: Path, kind: 
     with broken_imds(kind) as url:
         new_run(workdir)
         start(workdir, spot_task("sleep 30", url, interval=0.2))
-        time.sleep(2.0)
+        time.sleep(1.0)  # five polls
         assert status(workdir, "worker:0")["state"] == "running"
         assert task_file(workdir, "output.log").read_bytes() == b""
         assert task_file(workdir, "supervisor.log").read_bytes() == b""
@@ -290,10 +290,10 @@ def arm(workdir: Path, **params: Any) -> dict[str, Any]:
 def test_idle_fires_when_nothing_runs(idle_wd: Path, tmp_path: Path) -> None:
     marker = tmp_path / "fired"
     began = time.monotonic()
-    reply = arm(idle_wd, minutes=0.05, interval=0.2, command=f"echo fired > {marker}")
-    assert (reply["armed"], reply["minutes"]) == (True, 0.05) and alive(reply["pid"])
+    reply = arm(idle_wd, minutes=0.025, interval=0.2, command=f"echo fired > {marker}")
+    assert (reply["armed"], reply["minutes"]) == (True, 0.025) and alive(reply["pid"])
     wait_for(marker.exists, timeout=8)
-    assert time.monotonic() - began >= 3.0 - 0.2
+    assert time.monotonic() - began >= 1.5 - 0.2
     wait_for(lambda: not alive(reply["pid"]), timeout=3)
     host = host_dir(idle_wd)
     fired = json.loads((host / "idle-fired.json").read_text())
@@ -306,13 +306,13 @@ def test_idle_fires_when_nothing_runs(idle_wd: Path, tmp_path: Path) -> None:
 def test_idle_waits_while_a_task_runs(idle_wd: Path, tmp_path: Path) -> None:
     marker = tmp_path / "fired"
     new_run(idle_wd)
-    start(idle_wd, {"name": "worker:0", "command": "sleep 4"})
-    arm(idle_wd, minutes=0.05, interval=0.2, command=f"touch {marker}")
+    start(idle_wd, {"name": "worker:0", "command": "sleep 2.5"})
+    arm(idle_wd, minutes=0.025, interval=0.2, command=f"touch {marker}")
     wait_state(idle_wd, "worker:0", "exited", timeout=8)
     ended = time.time()
-    assert not marker.exists()  # 3 s of allowance went by while the task ran
+    assert not marker.exists()  # 1.5 s of allowance went by while the task ran
     wait_for(marker.exists, timeout=6)
-    assert time.time() - ended >= 3.0 - 0.5  # the clock started when the task ended
+    assert time.time() - ended >= 1.5 - 0.5  # the clock started when the task ended
     wait_for(lambda: not watchdogs(idle_wd), timeout=3)
 
 
