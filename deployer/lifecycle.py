@@ -142,6 +142,7 @@ class Deployment:
             self.fleet.interrupt()  # abandon calls in flight (a push) so the stop is not queued
             self.poller.abandon()
             self.teardown()
+            self._arm_idle_stop_anyway()
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C skips the pull
                 self.pull_artifacts()
             raise Interrupted(
@@ -149,6 +150,7 @@ class Deployment:
             ) from None
         except BaseException:
             self.teardown()
+            self._arm_idle_stop_anyway()
             self.pull_artifacts()  # a failed job's checkpoints are what debugging needs
             raise
         finally:
@@ -245,6 +247,18 @@ class Deployment:
             f"idle stop: {plural(len(armed), 'launched host')} shut down after {after} min "
             "without a running task"
         )
+
+    def _arm_idle_stop_anyway(self) -> None:
+        """An `up` that failed before its idle stop was armed (preflight found no TensorFlow on
+        a new AMI, say) must not leave launched GPU machines running forever: arm it on every
+        launched host that answers, and say nothing of those that do not."""
+        armed = [m for m in self.members if m.host.idle_minutes > 0 and m.agent.home]
+        with contextlib.suppress(KeyboardInterrupt):
+            self.fleet.each_settled(
+                lambda m: m.agent.arm_idle_stop(m.host.idle_minutes, m.host.idle_command),
+                armed,
+                urgent=True,
+            )
 
     def firewall_up(self) -> None:
         """With job.firewall: TF ports accept only the cluster's addresses, before any start."""

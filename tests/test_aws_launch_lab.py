@@ -302,9 +302,12 @@ def test_restart_job_replaces_a_preempted_host_and_the_job_finishes(
         assert not lab.leftovers(h), lab.leftovers(h)
 
 
+@pytest.mark.parametrize("job", ["succeeds", "setup fails"])
 def test_a_launched_host_shuts_itself_down_after_idle_minutes(
-    fleet: FakeFleet, tmp_path: Path
+    fleet: FakeFleet, tmp_path: Path, job: str
 ) -> None:
+    """Also when `up` failed before it armed the idle stop: a launched machine whose job never
+    started must not run (and cost) until someone remembers it."""
     lab = fleet.lab
     host = lab.hosts[1]
     fleet.cloud_init(host.address)
@@ -318,11 +321,18 @@ def test_a_launched_host_shuts_itself_down_after_idle_minutes(
     text = text.replace(
         "idle_minutes = 0", f"idle_minutes = 0.05, idle_command = {toml_value(command)}"
     )
+    if job == "setup fails":
+        text = text.replace(
+            "require_tensorflow = false\n", 'require_tensorflow = false\nsetup = ["exit 3"]\n'
+        )
     path.write_text(text)
 
     code, out, err = cli("up", str(path))
-    assert code == 0, f"{out}\n{err}"
-    assert "idle stop: 1 launched host shut down after 0.05 min without a running task" in out
+    if job == "succeeds":
+        assert code == 0, f"{out}\n{err}"
+        assert "idle stop: 1 launched host shut down after 0.05 min without a running task" in out
+    else:
+        assert code == 3 and "setup failed (exit code 3)" in err, f"{out}\n{err}"
     deadline = time.monotonic() + 20
     while not calls.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
