@@ -22,9 +22,24 @@ import procs
 
 def spawn(record: Path, serve: Callable[[], None]) -> int:
     """Runs `serve` in a detached grandchild, records it, returns its pid."""
+
+    def body() -> None:
+        _quiet_stdio()
+        serve()
+
+    pid = detach(body)
+    layout.make_private_dir(record.parent)
+    layout.write_json(record, {"pid": pid, "ticks": ticks_of(pid)})
+    return pid
+
+
+def detach(body: Callable[[], None]) -> int:
+    """Forks twice and runs `body` in the grandchild, which then exits: nobody's child, in the
+    session the first fork made and left (no run's stop signals it; never a session leader, so
+    it can never get a terminal), holding no pipe of the SSH channel. Returns its pid."""
     read_end, write_end = os.pipe()
     child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked process
+    if child == 0:  # pragma: no cover - runs in the forked processes
         try:
             os.close(read_end)
             os.setsid()
@@ -33,8 +48,7 @@ def spawn(record: Path, serve: Callable[[], None]) -> int:
                 os.write(write_end, str(grandchild).encode())
                 os._exit(0)
             os.close(write_end)
-            _quiet_stdio()
-            serve()
+            body()
         finally:
             os._exit(0)
     os.close(write_end)
@@ -42,9 +56,7 @@ def spawn(record: Path, serve: Callable[[], None]) -> int:
         pid = int(pipe.read() or b"0")
     os.waitpid(child, 0)
     if pid <= 0:
-        raise params.AgentError("the detached server could not be started")
-    layout.make_private_dir(record.parent)
-    layout.write_json(record, {"pid": pid, "ticks": _ticks_of(pid)})
+        raise params.AgentError("the detached process could not be started")
     return pid
 
 
@@ -67,7 +79,7 @@ def stop(record: Path) -> bool:
     return True
 
 
-def _ticks_of(pid: int) -> int | None:
+def ticks_of(pid: int) -> int | None:
     for _ in range(50):  # the grandchild exists once spawn returns; /proc may lag a moment
         ticks = procs.start_ticks(pid)
         if ticks is not None:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import daemon
 import layout
 import params
 import procs
@@ -100,46 +101,23 @@ def _locked(host: Path) -> Iterator[None]:
 
 def _start(host: Path) -> int:
     """Starts the watchdog detached and records it (the caller holds the lock)."""
-    pid = _detach([sys.executable, "-S", str(AGENT), "idle-watch", str(host)], host / LOG)
-    ticks = None
-    for _ in range(50):  # the grandchild exists once its pid arrives; /proc may lag a moment
-        ticks = procs.start_ticks(pid)
-        if ticks is not None:
-            break
-        time.sleep(0.01)
-    layout.write_json(host / PID, {"pid": pid, "ticks": ticks, "started": time.time()})
+    argv = [sys.executable, "-S", str(AGENT), "idle-watch", str(host)]
+    pid = daemon.detach(lambda: _exec(argv, host / LOG))
+    record = {"pid": pid, "ticks": daemon.ticks_of(pid), "started": time.time()}
+    layout.write_json(host / PID, record)
     return pid
 
 
-def _detach(argv: list[str], log: Path) -> int:
-    """Forks twice and execs argv: nobody's child, in the session and process group the first
-    fork made and left (no run's stop signals it; never a session leader, so it can never get a
-    terminal), holding no pipe of the SSH channel and no directory busy."""
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked processes
-        try:
-            os.close(read_end)
-            os.setsid()
-            grandchild = os.fork()
-            if grandchild:
-                os.write(write_end, str(grandchild).encode())
-                os._exit(0)
-            os.close(write_end)
-            _redirect_stdio(log)
-            os.chdir("/")
-            os.execv(argv[0], argv)  # the agent's files are non-inheritable: all closed here
-        except OSError as exc:
-            os.write(2, f"tfdeploy idle: cannot start the watchdog: {exc}\n".encode())
-        finally:
-            os._exit(127)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        pid = int(pipe.read() or b"0")
-    os.waitpid(child, 0)
-    if pid <= 0:
-        raise params.AgentError("the idle watchdog could not be started")
-    return pid
+def _exec(argv: list[str], log: Path) -> None:
+    """In the detached process: output to the log, no directory kept busy, then the watchdog
+    (the agent's files are non-inheritable: all closed by the exec)."""
+    try:
+        _redirect_stdio(log)
+        os.chdir("/")
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        os.write(2, f"tfdeploy idle: cannot start the watchdog: {exc}\n".encode())
+        os._exit(127)
 
 
 def _redirect_stdio(log: Path) -> None:
