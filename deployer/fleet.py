@@ -12,8 +12,6 @@ from deployer.agent import Agent
 from deployer.errors import HostError, HostsFailed
 from deployer.inventory import Host
 from deployer.local_transport import LocalTransport
-from deployer.ssh import Endpoint
-from deployer.ssh_transport import SSHTransport
 from deployer.transport import Transport
 
 T = TypeVar("T")
@@ -22,9 +20,14 @@ CLOSE_WAIT_S = 2.0  # how long close() waits for connections to shut before leav
 
 
 def open_transport(host: Host) -> Transport:
-    """Picks how to reach a host; SSH settings come from the inventory (host overrides [ssh])."""
+    """Picks how to reach a host; SSH settings come from the inventory (host overrides [ssh]).
+    The SSH stack (fabric, paramiko: a fifth of a second of imports) loads when a host needs it,
+    so `plan`, `--help` and local runs start without it."""
     if host.transport == "local":
         return LocalTransport(host.name)
+    from deployer.ssh import Endpoint
+    from deployer.ssh_transport import SSHTransport
+
     return SSHTransport(Endpoint(host.name, host.address, host.ssh))
 
 

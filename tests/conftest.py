@@ -26,20 +26,22 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """`pytest -m "not lab"`, the in-process tier, runs on two workers when pytest-xdist is
-    installed and `-n` was not given: its tests share nothing, and real agent processes and
-    lease waits make it ~85 s serial, ~50 s on two cores. Anything else (the lab tier: one lab
-    per run) stays serial; `-n 0` or `-p no:xdist` turns it off."""
+    """`pytest -m "not lab"`, the in-process tier, runs on one worker more than there are cores
+    when pytest-xdist is installed and `-n` was not given: its tests share nothing, and a third
+    of its time is real agent processes, leases and watchdogs waiting, which a spare worker
+    overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on 3). Anything else (the
+    lab tier: one lab per run) stays serial; `-n 0` or `-p no:xdist` turns it off."""
+    cores = os.cpu_count() or 1
     if (
         (config.option.markexpr or "").strip() == "not lab"
         and not hasattr(config, "workerinput")  # a worker itself
         and config.pluginmanager.hasplugin("xdist")
         and getattr(config.option, "numprocesses", None) is None
-        and (os.cpu_count() or 1) > 1
+        and cores > 1
     ):
-        config.option.numprocesses = 2
+        config.option.numprocesses = cores + 1
         config.option.dist = "load"
-        config.option.tx = ["popen"] * 2  # what xdist derives from -n 2, before its configure
+        config.option.tx = ["popen"] * (cores + 1)  # what xdist derives from -n, before configure
 
 
 @pytest.fixture(scope="session")

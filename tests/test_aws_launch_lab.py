@@ -19,10 +19,6 @@ from typing import Any
 
 import paramiko
 import pytest
-from moto.core.responses import ActionResult
-from moto.ec2.models.subnets import Subnet
-from moto.ec2.responses.general import General
-from moto.ec2.utils import Base64EncodedString
 
 from deployer.aws import LAUNCHED_TAG
 from tests.fakes.imds import Imds
@@ -64,6 +60,12 @@ def fleet(lab: Lab, ec2: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeF
     vpc = ec2.create_vpc(CidrBlock=str(network))["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=str(network))["Subnet"]["SubnetId"]
     fake = FakeFleet(ec2, lab, subnet, [h.address for h in lab.hosts[1:4]])
+    # Imported here: moto's EC2 models take a second to import, which every collecting worker
+    # of the fast tier would pay for tests it deselects.
+    from moto.core.responses import ActionResult
+    from moto.ec2.models.subnets import Subnet
+    from moto.ec2.responses.general import General
+    from moto.ec2.utils import Base64EncodedString
 
     def lab_address(self: Subnet, instance: Any) -> str:
         address = fake.free.pop(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from tests.helpers import one_line, run_cli
 
 INVENTORIES = Path(__file__).parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"
-TFDEPLOY = "/opt/tfdeploy/venv/bin/tfdeploy"
+# The console script pip installed next to the Python running the tests (the user's venv).
+TFDEPLOY = str(Path(sys.executable).with_name("tfdeploy"))
 BAD = sorted(INVENTORIES.glob("bad_*.toml"))
 
 

@@ -66,7 +66,14 @@ def test_deployer_has_no_import_circles() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["deployer.plan", "deployer.render", "deployer.inventory", "deployer.transport"]
+    "module",
+    [
+        "deployer.plan",
+        "deployer.render",
+        "deployer.inventory",
+        "deployer.transport",
+        "deployer.cli",
+    ],
 )
 def test_planning_and_rendering_load_no_ssh_stack(module: str) -> None:
     probe = f"import sys, {module}; print([m for m in ('paramiko', 'fabric') if m in sys.modules])"
