@@ -169,7 +169,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # never start sshd hosts. A `tf` test skips with a reason where TensorFlow is missing.
     no_tf = pytest.mark.skip(reason="needs TensorFlow (pip install tensorflow-cpu)")
     has_tf = importlib.util.find_spec("tensorflow") is not None
+    # Booting VMs takes ~9 minutes without KVM: only a run that asks for it (`-m vagrant`).
+    vagrant_asked = "vagrant" in (config.option.markexpr or "")
+    no_vagrant = pytest.mark.skip(reason="boots VMs: run with `pytest -m vagrant` (README)")
     for item in items:
+        if "vagrant" in item.keywords and not vagrant_asked:
+            item.add_marker(no_vagrant)
         if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.lab)
         if "tf" in item.keywords and not has_tf:

@@ -3,8 +3,11 @@
 # for root (the inventory logs in as root, like the namespace lab). $1 is the public key.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends python3 python3-venv rsync openssh-server
+# The locally built box (build-box.sh) has all of it: then nothing is downloaded.
+if ! dpkg -s python3 python3-venv rsync openssh-server >/dev/null 2>&1; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends python3 python3-venv rsync openssh-server
+fi
 if [ ! -x /opt/tfdeploy/venv/bin/python ]; then
   python3 -m venv /opt/tfdeploy/venv
   /opt/tfdeploy/venv/bin/python -m pip install -q --upgrade pip
