@@ -45,11 +45,12 @@ if [ -x "$VENV/bin/python" ]; then
 fi
 key=$( (cat "$0"; echo "$venv_id $MIRROR") | sha256sum | cut -c1-16)
 box_file=$CACHE/bookworm-$key.box
-if [ -f "$box_file" ] && vagrant box list 2>/dev/null | grep -q "^$BOX .*libvirt"; then
-  if [ -f "$BOOT_DIR/tfdeploy-bookworm-$key.vmlinuz" ]; then
-    say "$BOX is up to date ($box_file)"
-    exit 0
-  fi
+added=$CACHE/added  # the key of the build last added to Vagrant
+boxes=$(vagrant box list 2>/dev/null || true)
+if [ -f "$box_file" ] && [ "$(cat "$added" 2>/dev/null)" = "$key" ] &&
+  [ -f "$BOOT_DIR/tfdeploy-bookworm-$key.vmlinuz" ] && [[ $boxes == *"$BOX "*libvirt* ]]; then
+  say "$BOX is up to date ($box_file)"
+  exit 0
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tfdeploy-box.XXXXXX")
@@ -130,8 +131,20 @@ EOF
 tar -C "$work/box" -cf "$box_file.part" metadata.json Vagrantfile box.img
 mv "$box_file.part" "$box_file"
 find "$CACHE" -name 'bookworm-*.box' ! -name "$(basename "$box_file")" -delete
+find "$BOOT_DIR" -name 'tfdeploy-bookworm-*' ! -name "tfdeploy-bookworm-$key.*" -delete
 
 say "adding $BOX to Vagrant"
+# vagrant-libvirt puts the VMs' disks in libvirt's `default` storage pool, which a fresh
+# libvirt install may not have (virt-manager makes it on first use).
+if command -v virsh >/dev/null && ! virsh -q pool-info default >/dev/null 2>&1; then
+  say "defining libvirt's default storage pool (/var/lib/libvirt/images)"
+  mkdir -p /var/lib/libvirt/images
+  virsh -q pool-define-as default dir --target /var/lib/libvirt/images >/dev/null
+  virsh -q pool-autostart default >/dev/null
+fi
+if command -v virsh >/dev/null && [ "$(virsh -q pool-info default | sed -n 's/^State: *//p')" = inactive ]; then
+  virsh -q pool-start default >/dev/null
+fi
 # vagrant-libvirt keeps the box's disk as a volume of the default pool and reuses it by name: an
 # older build's volume must go (VMs made from it must have been destroyed first).
 if command -v virsh >/dev/null && virsh -q pool-info default >/dev/null 2>&1; then
@@ -139,4 +152,5 @@ if command -v virsh >/dev/null && virsh -q pool-info default >/dev/null 2>&1; th
     while read -r vol; do virsh -q vol-delete --pool default "$vol" >/dev/null; done
 fi
 vagrant box add --force --name "$BOX" --provider libvirt "$box_file" >&2
+echo "$key" >"$added"
 say "done: $BOX ($(du -h "$box_file" | cut -f1)); cd $HERE && vagrant up --provider=libvirt"
