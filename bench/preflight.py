@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import sys
 
-from deployer.fleet import Fleet
-from deployer.inventory import load_inventory
-from deployer.lifecycle import Deployment, UpOptions
-from deployer.plan import make_plan
-from deployer.view import PlainView
+from deployer.config.inventory import load_inventory
+from deployer.config.plan import make_plan
+from deployer.hosts.fleet import Fleet
+from deployer.up.deployment import Deployment, UpOptions
+from deployer.watch.view import PlainView
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,5 @@
 """Lets `python -m deployer` work like the `tfdeploy` script (tests use it)."""
 
-from deployer.cli import main
+from deployer.cli.main import main
 
 main()

@@ -27,7 +27,7 @@ import layout
 import params
 
 MAX_LISTEN_S = 120.0
-# The verdicts of a probe; the control side words its advice by them (deployer/netcheck.py).
+# The verdicts of a probe; the control side words its advice by them (deployer/up/netcheck.py).
 OK, REFUSED, TIMED_OUT, NO_ROUTE = "ok", "refused", "timed out", "no route"
 UNRESOLVED = "unresolved"
 _NO_ROUTE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}

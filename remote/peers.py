@@ -2,7 +2,7 @@
 
 `serve` leaves a detached server on the host's cluster address; `fetch` asks peers for the
 contents this host lacks; `close` stops the server. The controller decides who serves whom
-(deployer/fanout.py); this module only moves bytes, and trusts none of them:
+(deployer/push/fanout.py); this module only moves bytes, and trusts none of them:
 
 - a client proves it holds the run's secret (HMAC of the server's fresh nonce) before the
   server sends anything, so nothing in the store is served to anyone outside the run; the

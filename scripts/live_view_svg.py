@@ -15,11 +15,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deployer.fleet import Fleet
-from deployer.inventory import load_inventory
-from deployer.lifecycle import Deployment, UpOptions
-from deployer.plan import make_plan
-from deployer.view import PlainView, TaskRow, prefixed, task_table
+from deployer.config.inventory import load_inventory
+from deployer.config.plan import make_plan
+from deployer.hosts.fleet import Fleet
+from deployer.up.deployment import Deployment, UpOptions
+from deployer.watch.view import PlainView, TaskRow, prefixed, task_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

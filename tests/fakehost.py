@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployer.errors import HostError
-from deployer.inventory import Host
-from deployer.transport import CommandResult
+from deployer.config.inventory import Host
+from deployer.core.errors import HostError
+from deployer.hosts.transport import CommandResult
 
 
 class FakeClock:

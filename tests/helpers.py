@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from deployer.cli import Env, run
-from deployer.errors import InventoryError
-from deployer.inventory import Inventory, load_inventory
-from deployer.plan import Plan, make_plan
+from deployer.cli.main import Env, run
+from deployer.config.inventory import Inventory, load_inventory
+from deployer.config.plan import Plan, make_plan
+from deployer.core.errors import InventoryError
 from tests.lab.inventory import toml_key, toml_value
 
 JOB = """\

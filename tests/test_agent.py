@@ -551,8 +551,8 @@ def test_an_idle_session_leaves_and_the_client_resends_one_shot(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A cut link leaves the host's end of a session open for hours: it must not linger.
-    from deployer.agent import Agent
-    from deployer.local_transport import LocalTransport
+    from deployer.hosts.agent import Agent
+    from deployer.hosts.local_transport import LocalTransport
 
     transport = LocalTransport("here", env={"TFDEPLOY_SERVE_IDLE_S": "1"})
     agent = Agent(transport, python=PYTHON, workdir=str(workdir))
@@ -586,8 +586,8 @@ def test_everything_the_agent_writes_is_private(workdir: Path) -> None:
 
 
 def test_the_client_has_one_typed_method_per_op(workdir: Path) -> None:
-    from deployer.agent import Agent, SetupResult
-    from deployer.local_transport import LocalTransport
+    from deployer.hosts.agent import Agent, SetupResult
+    from deployer.hosts.local_transport import LocalTransport
 
     agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
     agent.install()

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from deployer.agent import Agent
-from deployer.local_transport import LocalTransport
+from deployer.hosts.agent import Agent
+from deployer.hosts.local_transport import LocalTransport
 from tests.test_agent import AGENT, PYTHON, alive, new_run, ok, runs_dir, start, wait_for
 from tests.test_agent import workdir as workdir  # the fixture: stops every run it left
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deployer.archive import LogArchive, archive_ended, read_lines, run_dir
-from deployer.runs import archived_lines
+from deployer.results.archive import LogArchive, archive_ended, read_lines, run_dir
+from deployer.results.runs import archived_lines
 from tests.helpers import run_cli
 from tests.test_deployment import TWO_WORKERS, Harness
 

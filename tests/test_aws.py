@@ -1,7 +1,7 @@
 """EC2 discovery against moto's EC2 implementation (no real AWS), and `up` through a bastion.
 
 moto is the sanctioned AWS stand-in: boto3 sends its real requests and moto answers them in this
-process. The CLI therefore runs in-process here (`deployer.cli.run` with an injected Env): a
+process. The CLI therefore runs in-process here (`deployer.cli.main.run` with an injected Env): a
 subprocess would not see moto's in-process EC2.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from deployer.aws import DiscoveryError, resolve_hosts
-from deployer.cli import Env, run
-from deployer.errors import InventoryError
-from deployer.inventory import load_inventory
+from deployer.cli.main import Env, run
+from deployer.config.inventory import load_inventory
+from deployer.core.errors import InventoryError
+from deployer.sources.aws import DiscoveryError, resolve_hosts
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
 

@@ -12,10 +12,16 @@ import boto3
 import pytest
 from moto.core.authorization import enable_iam_authentication
 
-from deployer.aws import LAUNCHED_TAG, AwsSettings
-from deployer.ec2 import LaunchError, fleet_down, launch_request, parse_fingerprints, provision
-from deployer.errors import InventoryError
-from deployer.inventory import load_inventory
+from deployer.config.inventory import load_inventory
+from deployer.core.errors import InventoryError
+from deployer.sources.aws import LAUNCHED_TAG, AwsSettings
+from deployer.sources.ec2 import (
+    LaunchError,
+    fleet_down,
+    launch_request,
+    parse_fingerprints,
+    provision,
+)
 from tests.test_aws import REGION, cli, launch, write_inventory
 
 GROUP = """

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from deployer.agent import TaskStatus
-from deployer.render import status_table
-from deployer.runs import HostRun
+from deployer.cli.render import status_table
+from deployer.hosts.agent import TaskStatus
+from deployer.results.runs import HostRun
 from tests.helpers import run_cli
 
 INVENTORIES = Path(__file__).parent / "inventories"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import deployer.cli
+import deployer.cli.main
 from tests.helpers import one_line, run_cli
 
 INVENTORIES = Path(__file__).parent / "inventories"
@@ -163,7 +163,7 @@ def test_traceback_flag_shows_the_traceback_but_keeps_the_exit_status() -> None:
     code, out, err = run_cli("--traceback", "plan", str(INVENTORIES / "bad_duplicate_host.toml"))
     assert (code, out) == (2, "")
     assert "Traceback (most recent call last)" in err
-    assert "deployer.errors.InventoryError: " in err
+    assert "deployer.core.errors.InventoryError: " in err
     assert "error: " in err and "hosts[1].name: duplicate host name" in one_line(err)
 
 
@@ -171,7 +171,7 @@ def test_internal_bug_is_one_line_without_traceback(monkeypatch: pytest.MonkeyPa
     def broken(_inventory: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(deployer.cli, "make_plan", broken)
+    monkeypatch.setattr(deployer.cli.main, "make_plan", broken)
     code, out, err = run_cli("plan", str(GOOD))
     assert (code, out) == (1, "")
     assert err.splitlines() == [
@@ -208,5 +208,5 @@ def test_real_process_exit_codes_and_no_traceback(tmp_path: Path) -> None:
         [TFDEPLOY, "--traceback", "plan", str(bad)], capture_output=True, text=True, timeout=60
     )
     assert "Traceback (most recent call last)" in debug.stderr
-    assert "deployer.errors.InventoryError: " in debug.stderr
+    assert "deployer.core.errors.InventoryError: " in debug.stderr
     assert debug.returncode == 2  # the error's own status, traceback or not

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from deployer.errors import HostsFailed, Interrupted, JobFailed
-from deployer.fleet import Fleet
-from deployer.lifecycle import Deployment, UpOptions
+from deployer.core.errors import HostsFailed, Interrupted, JobFailed
+from deployer.hosts.fleet import Fleet
+from deployer.up.deployment import Deployment, UpOptions
 from tests.fakehost import FakeClock, FakeFleetHosts, RecordingView
 from tests.helpers import JOB, plan
 

@@ -1,5 +1,5 @@
 """The push's fan-out on the lab: the controller sends the code once, hosts copy it to each other
-(deployer/fanout.py, remote/peers.py). Integrity, the run's secret, a tampering peer, a blocked
+(deployer/push/fanout.py, remote/peers.py). Integrity, the run's secret, a tampering peer, a blocked
 pair and a relay killed mid-push, on real hosts; the timing is bench/fanout.py's business.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.agent import Agent
+from deployer.hosts.agent import Agent
 from tests.lab import Lab, LabHost
 from tests.test_firewall import lab_agent
 from tests.test_lifecycle import tfdeploy

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from deployer.agent import Agent
-from deployer.errors import HostError
-from deployer.inventory import SSHSettings
-from deployer.ssh import Endpoint
-from deployer.ssh_transport import SSHTransport
+from deployer.config.inventory import SSHSettings
+from deployer.core.errors import HostError
+from deployer.hosts.agent import Agent
+from deployer.hosts.ssh import Endpoint
+from deployer.hosts.ssh_transport import SSHTransport
 from tests.lab import Lab, LabHost
 from tests.test_lifecycle import tfdeploy
 

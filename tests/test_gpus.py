@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from deployer.fleet import Fleet
-from deployer.gpus import GpuReport, check_gpus, usage_text
-from deployer.inventory import parse_inventory
-from deployer.lifecycle import Deployment, UpOptions
-from deployer.plan import make_plan
-from deployer.view import TaskRow, task_table
+from deployer.config.inventory import parse_inventory
+from deployer.config.plan import make_plan
+from deployer.hosts.fleet import Fleet
+from deployer.hosts.gpus import GpuReport, check_gpus, usage_text
+from deployer.up.deployment import Deployment, UpOptions
+from deployer.watch.view import TaskRow, task_table
 from tests.lab import Lab, LabHost
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "nvidia-smi"
@@ -152,7 +152,7 @@ def test_busy_gpu_warns_and_shared_gpu_is_an_error(tmp_path: Path) -> None:
         "a: GPU 1 (NVIDIA A10G), given to worker:0, already runs compute process(es) 777: "
         "another job may be using it"
     ]
-    from deployer.errors import InventoryError
+    from deployer.core.errors import InventoryError
 
     two = [{"role": "worker", "gpus": [0]}, {"role": "worker", "gpus": [0]}]
     with pytest.raises(InventoryError, match="GPU 0 would be shared"):

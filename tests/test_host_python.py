@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from deployer.agent import Agent
-from deployer.errors import HostError
-from deployer.local_transport import LocalTransport
+from deployer.core.errors import HostError
+from deployer.hosts.agent import Agent
+from deployer.hosts.local_transport import LocalTransport
 
 PYENV = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions"
 

@@ -31,7 +31,10 @@ def _runtime_imports(path: Path) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = {f"deployer.{p.stem}": p for p in (ROOT / "deployer").glob("*.py")}
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for p in (ROOT / "deployer").glob("**/*.py")
+    }
     return {name: _runtime_imports(path) & modules.keys() for name, path in modules.items()}
 
 
@@ -61,18 +64,18 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_deployer_has_no_import_circles() -> None:
     graph = import_graph()
-    assert "deployer.transport" in graph and graph["deployer.cli"]
+    assert "deployer.hosts.transport" in graph and graph["deployer.cli.main"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
 @pytest.mark.parametrize(
     "module",
     [
-        "deployer.plan",
-        "deployer.render",
-        "deployer.inventory",
-        "deployer.transport",
-        "deployer.cli",
+        "deployer.config.plan",
+        "deployer.cli.render",
+        "deployer.config.inventory",
+        "deployer.hosts.transport",
+        "deployer.cli.main",
     ],
 )
 def test_planning_and_rendering_load_no_ssh_stack(module: str) -> None:

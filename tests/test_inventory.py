@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from deployer.errors import ExitStatus, InventoryError
-from deployer.inventory import BUILTIN_SERVER, SSHSettings, TaskSpec, load_inventory
+from deployer.config.inventory import BUILTIN_SERVER, SSHSettings, TaskSpec, load_inventory
+from deployer.core.errors import ExitStatus, InventoryError
 from tests.helpers import JOB, load, write_toml
 
 ONE_HOST = (

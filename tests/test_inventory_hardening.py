@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from deployer import state
-from deployer.inventory import MAX_JOB_NAME
+from deployer.config.inventory import MAX_JOB_NAME
+from deployer.results import state
 from tests.helpers import JOB, one_line, plan, run_cli, tf_config, write_toml
 
 HOST = '[[hosts]]\naddress = "10.0.0.1"\n'

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import deployer.inventory as inventory_module
-from deployer.errors import InventoryError
-from deployer.inventory import (
+import deployer.config.inventory as inventory_module
+from deployer.config.inventory import (
     Discovered,
     SourceContext,
     Sourced,
@@ -19,7 +18,8 @@ from deployer.inventory import (
     make_host,
     parse_host_settings,
 )
-from deployer.schema import Table
+from deployer.config.schema import Table
+from deployer.core.errors import InventoryError
 from tests.helpers import JOB, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,8 +121,8 @@ def test_an_unregistered_table_is_still_an_unknown_key(tmp_path: Path) -> None:
 
 def test_the_aws_source_uses_only_public_names_of_the_inventory() -> None:
     """aws.py plugs in like any other source: no private helper, no Table internals."""
-    tree = ast.parse((ROOT / "deployer" / "aws.py").read_text())
-    ours = ("deployer.inventory", "deployer.schema")
+    tree = ast.parse((ROOT / "deployer" / "sources" / "aws.py").read_text())
+    ours = ("deployer.config.inventory", "deployer.config.schema")
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module in ours:
             assert not [a.name for a in node.names if a.name.startswith("_")]

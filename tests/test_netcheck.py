@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from deployer.agent import Agent
-from deployer.errors import NetworkBlocked
-from deployer.local_transport import LocalTransport
-from deployer.netcheck import Link, blocked, links
+from deployer.core.errors import NetworkBlocked
+from deployer.hosts.agent import Agent
+from deployer.hosts.local_transport import LocalTransport
+from deployer.up.netcheck import Link, blocked, links
 from tests.helpers import JOB, plan
 from tests.test_deployment import Harness
 

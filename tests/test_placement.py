@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from deployer.inventory import load_inventory
-from deployer.plan import make_plan, thread_env
+from deployer.config.inventory import load_inventory
+from deployer.config.plan import make_plan, thread_env
 from tests.lab import Lab
 
 THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")

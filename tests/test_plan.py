@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.render import plan_document, plan_table
+from deployer.cli.render import plan_document, plan_table
 from tests.helpers import JOB, plan, plan_error, tf_config
 
 PSS = (

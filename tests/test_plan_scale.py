@@ -6,8 +6,8 @@ import json
 import tracemalloc
 from pathlib import Path
 
-from deployer.inventory import Inventory
-from deployer.plan import make_plan
+from deployer.config.inventory import Inventory
+from deployer.config.plan import make_plan
 from tests.helpers import JOB, load
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from deployer.errors import HostError, Interrupted, JobFailed
-from deployer.fleet import Fleet
-from deployer.pull import pull
+from deployer.core.errors import HostError, Interrupted, JobFailed
+from deployer.hosts.fleet import Fleet
+from deployer.results.pull import pull
 from tests.fakehost import FakeClock, FakeFleetHosts
 from tests.helpers import plan
 from tests.test_deployment import TWO_WORKERS, Harness
@@ -111,7 +111,7 @@ def test_artifacts_come_home_however_up_ends(
 def test_tensorboard_settings_are_checked(
     tmp_path: Path, board: str, key: str, expected: str
 ) -> None:
-    from deployer.errors import InventoryError
+    from deployer.core.errors import InventoryError
 
     with pytest.raises(InventoryError) as info:
         plan(tmp_path, TWO_WORKERS + f"\n[job.tensorboard]\n{board}\n")

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from deployer.agent import TaskStatus
-from deployer.board import TaskBoard, may_restart
-from deployer.contact import HOST_LOSS_S, HostContact
-from deployer.errors import HostError
-from deployer.launch import start_groups
-from deployer.lines import MAX_LINE, LineAssembler, clean
-from deployer.plan import Plan
-from deployer.secrets import MASK, mask_text, masked
-from deployer.state import RUN_ID, new_run_id
-from deployer.sync import BATCH_BYTES, CodeFile, Manifest, _batches, setup_fingerprint
-from deployer.text import join_names, plural, size
+from deployer.config.plan import Plan
+from deployer.core.errors import HostError
+from deployer.core.lines import MAX_LINE, LineAssembler, clean
+from deployer.core.secrets import MASK, mask_text, masked
+from deployer.core.text import join_names, plural, size
+from deployer.hosts.agent import TaskStatus
+from deployer.push.sync import BATCH_BYTES, CodeFile, Manifest, _batches, setup_fingerprint
+from deployer.results.state import RUN_ID, new_run_id
+from deployer.up.launch import start_groups
+from deployer.watch.board import TaskBoard, may_restart
+from deployer.watch.contact import HOST_LOSS_S, HostContact
 from tests.helpers import JOB, plan
 
 # ---- hosts: outage or loss -----------------------------------------------------------------

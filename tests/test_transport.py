@@ -18,13 +18,13 @@ from typing import Any
 import paramiko
 import pytest
 
-from deployer import hostkeys
-from deployer.errors import HostError
-from deployer.inventory import SSHSettings
-from deployer.local_transport import LocalTransport
-from deployer.ssh import Endpoint
-from deployer.ssh_transport import SSHTransport
-from deployer.transport import render
+from deployer.config.inventory import SSHSettings
+from deployer.core.errors import HostError
+from deployer.hosts import hostkeys
+from deployer.hosts.local_transport import LocalTransport
+from deployer.hosts.ssh import Endpoint
+from deployer.hosts.ssh_transport import SSHTransport
+from deployer.hosts.transport import render
 from tests.helpers import HOSTILE_STRINGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -508,7 +508,7 @@ def test_argv_is_quoted_once() -> None:
 FORBIDDEN_NAMES = {"AutoAddPolicy", "WarningPolicy"}
 FORBIDDEN_TEXT = re.compile(r"StrictHostKeyChecking\s*[= ]\s*no", re.IGNORECASE)
 # The only place allowed to install a host-key policy: the explicit accept-new opt-in lives there.
-POLICY_MODULE = ROOT / "deployer" / "hostkeys.py"
+POLICY_MODULE = ROOT / "deployer" / "hosts" / "hostkeys.py"
 
 
 def test_no_code_accepts_unknown_host_keys_silently() -> None:
@@ -699,7 +699,7 @@ def test_an_empty_home_is_not_the_root_directory(
     """HOME="" made `~/x` mean `/x`; a login would take the home from the passwd entry."""
     import pwd
 
-    from deployer.agent import Agent
+    from deployer.hosts.agent import Agent
 
     home = pwd.getpwuid(os.getuid()).pw_dir
     monkeypatch.setenv("HOME", "")

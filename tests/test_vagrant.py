@@ -6,8 +6,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from deployer.inventory import load_inventory
-from deployer.plan import make_plan
+from deployer.config.inventory import load_inventory
+from deployer.config.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.inventory import load_inventory
+from deployer.config.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 VAGRANT_DIR = REPO / "vagrant"

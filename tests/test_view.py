@@ -8,8 +8,8 @@ import time
 
 from rich.console import Console
 
-from deployer.board import TaskRow
-from deployer.view import LiveView, prefixed
+from deployer.watch.board import TaskRow
+from deployer.watch.view import LiveView, prefixed
 
 ROWS = [TaskRow("worker:0", "h1", "running", 4242), TaskRow("worker:1", "h2", "running", 4343)]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -1,0 +1,309 @@
+"""Static renderings for people and scripts: the plan as a rich table and as one JSON document."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from deployer.config.plan import Plan, Task
+from deployer.core.secrets import masked
+from deployer.core.text import plural
+from deployer.hosts.agent import TaskStatus
+
+if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
+    from deployer.results.runs import HostRun
+
+
+def _gpu_text(task: Task, auto: bool = False) -> str:
+    if auto and not task.gpus and task.role != "ps":
+        return "auto"  # counted by nvidia-smi at preflight, then split as the README says
+    return ",".join(str(g) for g in task.gpus) or "-"
+
+
+def _auto_hosts(plan: Plan) -> set[str]:
+    return {h.name for h in plan.inventory.hosts if h.gpus_auto}
+
+
+def instances_table(plan: Plan) -> Table:
+    """The EC2 instances that [aws] discovery found, in host order."""
+    from deployer.sources.aws import instance_rows
+
+    instances = plan.inventory.instances
+    to_launch = sum(1 for i in instances if i.planned)
+    title = f"{len(instances)} EC2 instances (running, from [aws])"
+    if to_launch:
+        running = len(instances) - to_launch
+        title = f"{len(instances)} EC2 instances ({running} running, {to_launch} to launch by `up`)"
+    table = Table(title=title)
+    for column in (
+        "instance",
+        "Name",
+        "type",
+        "market",
+        "zone",
+        "private IP",
+        "public IP",
+        "group",
+    ):
+        table.add_column(column, overflow="fold")
+    for row in instance_rows(plan.inventory.instances):
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
+COMPACT_CONFIGS = 16 * 1024  # bytes of TF_CONFIG text beyond which the cluster is shown once
+
+
+def plan_table(plan: Plan) -> RenderableType:
+    """One row per task, then the TF_CONFIG each task gets (secrets masked).
+
+    A TF_CONFIG holds the whole cluster, so printing one per task grows with the square of the
+    hosts (2,000 hosts: 75 MB). Beyond COMPACT_CONFIGS the cluster is shown once; `plan --json`
+    always has every task's in full.
+    """
+    job = plan.job
+    title = (
+        f"job {job.name}: {plural(len(plan.tasks), 'task')} on {plural(len(plan.hosts), 'host')}"
+    )
+    table = Table(title=title)
+    for column in ("task", "host", "address", "GPUs", "command"):
+        table.add_column(column, overflow="fold")
+    auto = _auto_hosts(plan)
+    for task in plan.tasks:
+        address = task.endpoint if task.port is not None else f"{task.address} (no server)"
+        gpus = _gpu_text(task, task.host in auto)
+        # Text, not str: addresses come from the inventory and rich would parse "[...]" as markup.
+        table.add_row(task.name, task.host, Text(address), gpus, Text(task.command))
+    parts: list[RenderableType] = [instances_table(plan)] if plan.inventory.instances else []
+    return Group(*parts, table, *_tf_configs(plan))
+
+
+def _tf_configs(plan: Plan) -> list[RenderableType]:
+    cluster = json.dumps(plan.cluster)
+    sizes = itertools.accumulate(len(t.env["TF_CONFIG"]) for t in plan.tasks)
+    if all(total <= COMPACT_CONFIGS for total in sizes):  # stops at the first one beyond
+        return [_heading("TF_CONFIG per task"), _config_lines(plan.tasks)]
+    unusual = [t for t in plan.tasks if not _is_usual_config(t, cluster)]
+    shared = Text()
+    shared.append("every task", style="bold")
+    shared.append(' TF_CONFIG={"cluster": CLUSTER, "task": {"type": ROLE, "index": INDEX}}')
+    shared.append(" with ROLE:INDEX as in the task column (plan --json shows each in full)\n")
+    shared.append("CLUSTER", style="bold")
+    shared.append(f" {cluster}")
+    parts: list[RenderableType] = [_heading("TF_CONFIG"), shared]
+    if unusual:
+        parts += [_heading("tasks with another TF_CONFIG"), _config_lines(unusual)]
+    return parts
+
+
+def _is_usual_config(task: Task, cluster: str) -> bool:
+    """Whether the task's TF_CONFIG is exactly the cluster plus its own type and index."""
+    config = task.env["TF_CONFIG"]
+    head = '{"cluster": '
+    tail = f', "task": {json.dumps({"type": task.role, "index": task.index})}}}'
+    return (
+        len(config) == len(head) + len(cluster) + len(tail)
+        and config.startswith(head)
+        and config.endswith(tail)
+        and config.startswith(cluster, len(head))
+    )
+
+
+def _heading(text: str) -> Text:
+    return Text(text, style="bold underline")
+
+
+def _config_lines(tasks: Sequence[Task]) -> Text:
+    configs = Text()
+    for task in tasks:
+        configs.append(f"{task.name:<12}", style="bold")
+        configs.append(f" TF_CONFIG={task.env['TF_CONFIG']}\n")
+    return configs
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    job = plan.job
+    secret = job.secret_env
+    auto = _auto_hosts(plan)
+    return {
+        "job": {
+            "name": job.name,
+            "code": str(job.code),
+            "command": job.command,
+            "python": job.python,
+            "workdir": job.workdir,
+            "port": job.port,
+            "setup": list(job.setup),
+            "env": masked(job.env, secret),
+            "cluster": plan.cluster,
+        },
+        "tasks": [
+            {
+                "role": t.role,
+                "index": t.index,
+                "host": t.host,
+                "address": t.address,
+                "port": t.port,
+                "gpus": list(t.gpus),
+                "command": t.command,
+                "env": masked(t.env, secret),
+                # gpus = "auto": the GPUs are counted by nvidia-smi at preflight
+                **({"gpus_auto": True} if t.host in auto else {}),
+            }
+            for t in plan.tasks
+        ],
+        **_instances_document(plan),
+    }
+
+
+def _instances_document(plan: Plan) -> dict[str, Any]:
+    if not plan.inventory.instances:
+        return {}
+    return {
+        "instances": [
+            {
+                "id": i.id,
+                "name": i.name,
+                "type": i.type,
+                "zone": i.zone,
+                "private_ip": i.private_ip,
+                "public_ip": i.public_ip,
+                "launched": i.launched.isoformat() if i.launched else None,
+                "group": i.group,
+                "spot": i.spot,
+                "by_tfdeploy": i.ours,
+            }
+            for i in plan.inventory.instances
+        ],
+    }
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan_document(plan), indent=2)
+
+
+def status_table(runs: Sequence[HostRun]) -> RenderableType:
+    """One heading and one table per run, newest first, readable at 80 columns.
+
+    The run id (30+ characters) is the heading, not a column, and a task's outcome shares the
+    state column in short words, so numbers (pid, start time, restarts) never have to wrap;
+    `restarts` is left out while no task of the run was restarted.
+    """
+    by_run: dict[str, list[HostRun]] = {}
+    for r in runs:
+        by_run.setdefault(r.run_id, []).append(r)
+    parts: list[RenderableType] = []
+    for run_id, host_runs in by_run.items():
+        parts += [_run_heading(run_id, host_runs), RunTasks(host_runs), Text("")]
+    return Group(*parts[:-1])
+
+
+def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
+    heading = Text()
+    heading.append(f"run {run_id}", style="bold")
+    created = min((r.created for r in host_runs if r.created), default=0)
+    facts = [f"job {host_runs[0].job}"] if host_runs[0].job else []
+    if created:
+        facts.append("created " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)))
+    if any(r.detached for r in host_runs):
+        facts.append("detached")
+    if facts:
+        heading.append(f" ({', '.join(facts)})")
+    return heading
+
+
+class RunTasks:
+    """The tasks of one run as a table that fits the width it is given: columns are dropped
+    (start time first) before any number would have to wrap; host and state text may wrap."""
+
+    OPTIONAL = ("started",)  # dropped, in this order, while the table does not fit
+
+    def __init__(self, host_runs: list[HostRun]) -> None:
+        self.host_runs = host_runs
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        dropped: set[str] = set()
+        table = self._table(dropped)
+        natural = options.update_width(1 << 20)  # Measurement.get clamps to the width it gets
+        for column in self.OPTIONAL:
+            if Measurement.get(console, natural, table).maximum <= options.max_width:
+                break
+            dropped.add(column)
+            table = self._table(dropped)
+        yield table
+
+    def _table(self, dropped: set[str]) -> Table:
+        rows = [(r.host, t) for r in self.host_runs for t in r.tasks]
+        columns = ["task", "host", "pid", "state", "started", "restarts"]
+        if not any(t.restarts for _, t in rows):
+            dropped = dropped | {"restarts"}
+        table = Table()
+        for name in columns:
+            if name not in dropped:
+                number = name in ("pid", "restarts")
+                wraps = name in ("host", "state")
+                table.add_column(
+                    name,
+                    no_wrap=not wraps,
+                    overflow="fold",
+                    justify="right" if number else "left",
+                )
+        for host, t in rows:
+            started = time.strftime("%H:%M:%S", time.localtime(t.started)) if t.started else "-"
+            cells: dict[str, RenderableType] = {
+                "task": t.name,
+                "host": Text(host),
+                "pid": str(t.pid or "-"),
+                "state": _state_text(t),
+                "started": started,
+                "restarts": str(t.restarts),
+            }
+            table.add_row(*(cells[c] for c in columns if c not in dropped))
+        return table
+
+
+def _state_text(task: TaskStatus) -> str:
+    """Short words for the table: running, exited 0, killed (signal 9), stopped, lost."""
+    if not task.finished:
+        return f"{task.state}, frozen (SIGSTOP)" if task.frozen else task.state
+    if task.state == "lost":
+        return "lost (supervisor gone)"
+    if task.reason == "stopped":
+        return "stopped by tfdeploy"
+    if task.preempted:
+        return "preempted (spot interruption)"
+    if task.reason == "lease expired":
+        return task.reason
+    if task.signal is not None:
+        return f"killed (signal {task.signal})"
+    code = task.exit_code
+    if code is not None and 128 < code <= 128 + 64:
+        return f"exited {code} (signal {code - 128}?)"
+    return f"exited {code}"
+
+
+def status_json(runs: Sequence[HostRun]) -> str:
+    return json.dumps(
+        {
+            "runs": [
+                {
+                    "run_id": r.run_id,
+                    "host": r.host,
+                    "job": r.job,
+                    "created": r.created,
+                    "detached": r.detached,
+                    "tasks": [t.__dict__ for t in r.tasks],
+                }
+                for r in runs
+            ]
+        },
+        indent=2,
+    )

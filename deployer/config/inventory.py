@@ -1,0 +1,566 @@
+"""The inventory file: which hosts exist, how to reach them and which tasks each runs.
+
+Parsing does no I/O beyond reading the one file (and checking that the code directory exists), so
+every mistake is reported before any host is touched. `[[hosts]]` lists hosts by hand; any other
+top-level table that lists hosts (`[aws]`) is a *host source* plugged in through `register_source`,
+so the parser knows no source but its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from deployer.config.schema import Table
+from deployer.core.errors import InventoryError
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+HOST_KEY_MODES = ("strict", "accept-new")
+TRANSPORTS = ("ssh", "local")
+FAILURE_POLICIES = ("teardown", "restart", "restart-job")
+BUILTIN_SERVER = "tfdeploy:server"
+BUILTINS = (BUILTIN_SERVER,)  # commands the agent runs itself (remote/supervisor.py)
+# The job name starts every run id (<job>-<UTC stamp>-<4 hex>), a directory on every host and a
+# file name in the state directory: capped far below NAME_MAX (255) with room for the rest.
+MAX_JOB_NAME = 64
+
+# Names end up in remote paths and run ids, so they must never contain '/' or be '..'.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+# A job name starts every run id, which names a directory on each host: no ':' or '@' there.
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How to reach a host; [ssh] gives the defaults and a host's own `ssh` table overrides them."""
+
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+    jump: str | None = None
+    host_keys: str = "strict"
+    known_hosts: str | None = None
+    connect_timeout: float = 10.0
+    ssh_config: str | None = None
+    # SHA256 fingerprints the host's key must have, learnt out of band (a new EC2 instance's
+    # console output): a key matching one is recorded in known_hosts, any other refused.
+    expected_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One `tasks` entry of a host; `count` copies of it become tasks of the plan."""
+
+    role: str
+    count: int = 1
+    gpus: tuple[int, ...] | None = None
+    command: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    threads: int | None = None  # TF intra/inter-op and OpenMP threads for this task
+    cpus: str | None = None  # CPU list to pin the task to, e.g. "0-3" or "0,2"
+    key: str = ""  # key path in the inventory, for messages about this entry
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    tf_address: str
+    port: int
+    gpus: int
+    share_gpus: bool
+    transport: str
+    python: str
+    workdir: str
+    ssh: SSHSettings
+    tasks: tuple[TaskSpec, ...]
+    key: str = ""
+    gpus_auto: bool = False  # gpus = "auto": `gpus` is 0 until preflight asks nvidia-smi
+    # Where the machine announces its own coming interruption (a spot instance's metadata
+    # service); its tasks' supervisors watch it and stop them in time. None: not watched.
+    interruption_url: str | None = None
+    # Shut the machine down after this many minutes without a running task (0: never); set for
+    # machines tfdeploy launched itself, so a forgotten fleet stops costing money.
+    idle_minutes: float = 0.0
+    idle_command: str | None = None  # how it stops itself; None: the agent's shutdown default
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What a host entry says besides where the host is; `[[hosts]]` and sources read it alike."""
+
+    port: int
+    gpus: int
+    gpus_auto: bool
+    share_gpus: bool
+    python: str
+    workdir: str
+    ssh: SSHSettings
+    tasks: tuple[TaskSpec, ...]
+
+
+@dataclass(frozen=True)
+class TensorBoard:
+    """[job.tensorboard]: TensorBoard beside a task (not in TF_CONFIG), forwarded by `up`."""
+
+    logdir: str  # relative to the task's directory, or absolute, on that host
+    port: int = 6006  # on that host's loopback
+    task: str | None = None  # whose host runs it; default chief:0, else worker:0
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    code: Path
+    command: str | None
+    python: str
+    workdir: str
+    port: int
+    env: dict[str, str]
+    setup: tuple[str, ...]
+    role_commands: dict[str, str]
+    secret_env: tuple[str, ...]
+    start_timeout: float
+    stop_grace: float
+    evaluator_grace: float
+    on_failure: str = "teardown"  # teardown | restart (the task) | restart-job (all tasks)
+    max_restarts: int = 3  # per task with "restart", of the whole job with "restart-job"
+    restart_backoff: float = 10.0  # seconds before the first whole-job restart; doubles, <= 5 min
+    retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry
+    stall_timeout: float | None = None  # fail when awaited tasks are silent this long
+    lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
+    firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
+    netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
+    fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
+    require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)
+    artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (pull.py)
+    artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
+    tensorboard: TensorBoard | None = None
+    forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
+
+
+# ---- host sources ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a host source may use besides its own table."""
+
+    file: str  # the inventory, for messages
+    directory: Path  # absolute: relative files in the inventory are relative to it, never the cwd
+    job: Job
+    ssh: SSHSettings  # [ssh]: the defaults that each host's own ssh table overrides
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What a pending source found: hosts in order, and the machines behind them for `plan`."""
+
+    hosts: tuple[Host, ...]
+    instances: tuple[Any, ...] = ()  # e.g. EC2 instances; the source's module knows their type
+
+
+class PendingHosts(Protocol):
+    """Hosts that only I/O can find (e.g. EC2 discovery): `discover_hosts` asks, after parsing."""
+
+    @property
+    def key(self) -> str:
+        """The top-level table this source was read from, e.g. "aws"."""
+        ...
+
+    def discover(self, file: str, *, preview: bool = False) -> Discovered:
+        """The hosts, or a TfdeployError naming `file` and the key at fault. `preview` (for
+        `plan`) adds stand-ins for machines `provision` would create; nothing contacts them."""
+        ...
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """What a source reads from its table: hosts known now, and/or hosts to discover later."""
+
+    hosts: tuple[Host, ...] = ()
+    pending: PendingHosts | None = None
+
+
+HostSource = Callable[[Table, SourceContext], Sourced]
+
+_SOURCES: dict[str, HostSource] = {}
+# Sources kept in modules of their own, imported only by an inventory that has their table (so
+# `[aws]` costs nothing, and needs no boto3, elsewhere); each registers itself on import.
+_SOURCE_MODULES = {"aws": "deployer.sources.aws"}
+
+
+def register_source(key: str, source: HostSource) -> None:
+    """Makes the top-level table `key` a host source, read by `source`."""
+    _SOURCES[key] = source
+
+
+def _source(key: str) -> HostSource | None:
+    if key not in _SOURCES and key in _SOURCE_MODULES:
+        importlib.import_module(_SOURCE_MODULES[key])
+    return _SOURCES.get(key)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    job: Job
+    hosts: tuple[Host, ...]
+    pending: tuple[PendingHosts, ...] = ()  # sources whose hosts `discover_hosts` will find
+    instances: tuple[Any, ...] = ()  # the machines that discovery found, in host order
+
+
+def discover_hosts(
+    inventory: Inventory,
+    *,
+    preview: bool = False,
+    provision: Callable[[PendingHosts, str], Discovered] | None = None,
+) -> Inventory:
+    """The inventory with every pending source's hosts appended after the known ones.
+
+    The only step of loading that does I/O beyond the file; a no-op when nothing is pending.
+    `preview`: with stand-ins for what `up` would create; `provision(source, file)`: `up`'s
+    discovery, which creates what is missing first (EC2 launches: deployer/sources/ec2.py).
+    """
+    if not inventory.pending:
+        return inventory
+    file = str(inventory.path)
+    hosts, instances = list(inventory.hosts), list(inventory.instances)
+    for source in inventory.pending:
+        if provision is not None:
+            found = provision(source, file)
+        elif preview:
+            found = source.discover(file, preview=True)
+        else:
+            found = source.discover(file)
+        hosts += found.hosts
+        instances += found.instances
+    check_unique_hosts(tuple(hosts), file)
+    return dataclasses.replace(
+        inventory, hosts=tuple(hosts), instances=tuple(instances), pending=()
+    )
+
+
+# ---- reading the file --------------------------------------------------------------------------
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Reads and validates an inventory file; raises InventoryError naming file and key path."""
+    path = Path(path)
+    try:
+        _check_regular(path)
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InventoryError(str(path), "", "file not found") from None
+    except OSError as exc:
+        raise InventoryError(str(path), "", f"cannot be read: {exc.strerror}") from None
+    try:
+        # utf-8-sig: editors on Windows start UTF-8 files with a byte order mark; TOML has none.
+        data = tomllib.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise InventoryError(str(path), "", "is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InventoryError(str(path), "", f"invalid TOML: {exc}") from None
+    return parse_inventory(data, path)
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular(path: Path) -> None:
+    """Reading a FIFO or a device could block forever (or never end): only files are read."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "another kind of file")
+        raise InventoryError(
+            str(path),
+            "",
+            f"expected a regular file, but this is {kind}",
+            hint="name the inventory's TOML file",
+        )
+
+
+def parse_inventory(data: dict[str, object], path: Path) -> Inventory:
+    root = Table(data, "", str(path))
+    directory = path.parent.absolute()
+    job = _parse_job(root.sub_table("job", required=True), directory)
+    ssh = parse_ssh(root.sub_table("ssh"), SSHSettings(), directory)
+    context = SourceContext(file=str(path), directory=directory, job=job, ssh=ssh)
+    sourced = [
+        source(root.sub_table(key), context)
+        for key in root.written_keys()
+        if key != "hosts" and (source := _source(key)) is not None
+    ]
+    host_tables = root.table_list("hosts", required=not sourced)
+    root.finish()
+    hosts = tuple(_parse_host(t, context) for t in host_tables)
+    hosts += tuple(h for s in sourced for h in s.hosts)
+    check_unique_hosts(hosts, str(path))
+    pending = tuple(s.pending for s in sourced if s.pending is not None)
+    return Inventory(path=path, job=job, hosts=hosts, pending=pending)
+
+
+def _name(table: Table, key: str, value: str) -> str:
+    if not _NAME.match(value) or ".." in value:
+        table.fail(key, f"expected a name of letters, digits and . _ - : @, got {value!r}")
+    return value
+
+
+def _parse_job(t: Table, directory: Path) -> Job:
+    name = t.required_string("name")
+    if not _JOB_NAME.match(name) or ".." in name:
+        t.fail("name", f"expected a job name of letters, digits and . _ -, got {name!r}")
+    if len(name) > MAX_JOB_NAME:
+        t.fail(
+            "name",
+            f"expected a job name of at most {MAX_JOB_NAME} characters, got {len(name)}: it "
+            "starts every run id, which names a directory on each host",
+        )
+    code_text = t.required_string("code")
+    code = (directory / Path(code_text).expanduser()).resolve()
+    if not code.is_dir():
+        t.fail("code", f"expected a directory, but {code} does not exist or is not a directory")
+    role_commands = {"ps": BUILTIN_SERVER} | {
+        role: _builtin_checked(t, f"role_commands.{role}", command)
+        for role, command in t.string_map("role_commands").items()
+    }
+    for role in role_commands:
+        if role not in ROLES:
+            t.fail(f"role_commands.{role}", f"expected one of the roles {', '.join(ROLES)}")
+    if role_commands.get("evaluator") == BUILTIN_SERVER:
+        t.fail("role_commands.evaluator", "an evaluator runs the user's code, not a TF server")
+    job = Job(
+        name=name,
+        code=code,
+        command=_command(t),
+        python=t.string("python", "python3") or "python3",
+        workdir=t.remote_dir("workdir", "~/.tfdeploy"),
+        port=t.integer("port", 2222, minimum=1, maximum=65535),
+        env=t.env_map("env"),
+        setup=t.string_list("setup"),
+        role_commands=role_commands,
+        secret_env=t.env_names("secret_env"),
+        start_timeout=t.number("start_timeout", 120.0, minimum=1) or 120.0,
+        stop_grace=t.number("stop_grace", 10.0) or 0.0,
+        evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
+        on_failure=t.choice("on_failure", FAILURE_POLICIES, "teardown"),
+        max_restarts=t.integer("max_restarts", 3, minimum=0, maximum=1000),
+        restart_backoff=t.number("restart_backoff", 10.0) or 0.0,
+        retry_exit_codes=_retry_exit_codes(t),
+        stall_timeout=t.number("stall_timeout", None, minimum=1),
+        lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
+        firewall=t.boolean("firewall", False),
+        netcheck=t.boolean("netcheck", True),
+        fanout=t.boolean("fanout", True),
+        require_tensorflow=t.boolean("require_tensorflow", True),
+        artifacts=t.string_list("artifacts"),
+        artifacts_to=t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs",
+        tensorboard=_tensorboard(t),
+        forward_env=t.env_names("forward_env"),
+    )
+    t.finish()
+    return job
+
+
+def _tensorboard(job: Table) -> TensorBoard | None:
+    t = job.sub_table("tensorboard")  # read even when absent: a typo gets its "did you mean"
+    if not job.has("tensorboard"):
+        return None
+    task = t.string("task")
+    if task is not None and not re.fullmatch(r"(chief|worker|ps|evaluator):[0-9]+", task):
+        t.fail("task", f"expected a task such as chief:0 or worker:1, got {task!r}")
+    board = TensorBoard(
+        logdir=t.required_string("logdir"),
+        port=t.integer("port", 6006, minimum=1, maximum=65535),
+        task=task,
+    )
+    t.finish()
+    return board
+
+
+def _retry_exit_codes(t: Table) -> tuple[int, ...] | None:
+    """None when unset (signals and 128+ are retried): an empty list means "retry no code"."""
+    codes = t.index_list("retry_exit_codes", what="an exit code")
+    return codes if t.has("retry_exit_codes") else None
+
+
+def parse_ssh(t: Table, base: SSHSettings, directory: Path) -> SSHSettings:
+    """An ssh table over `base`; relative files are relative to the inventory's `directory`."""
+    timeout = t.number("connect_timeout", base.connect_timeout, minimum=0.1)
+
+    def path(key: str, default: str | None) -> str | None:
+        # Relative files are relative to the inventory, like `code`: the same file works from
+        # any working directory. '~' paths are left for the transport to expand.
+        value = t.string(key)
+        if value is None:
+            return default
+        if value.startswith("~"):
+            return value
+        return os.path.normpath(directory / value)
+
+    settings = SSHSettings(
+        user=t.string("user", base.user),
+        port=t.integer("port", base.port, minimum=1, maximum=65535),
+        identity=path("identity", base.identity),
+        jump=t.string("jump", base.jump),
+        host_keys=t.choice("host_keys", HOST_KEY_MODES, base.host_keys),
+        known_hosts=path("known_hosts", base.known_hosts),
+        connect_timeout=timeout if timeout is not None else base.connect_timeout,
+        ssh_config=path("ssh_config", base.ssh_config),
+    )
+    t.finish()
+    return settings
+
+
+def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
+    """The keys every host entry has (tasks, GPUs, port, python, workdir, ssh), over the job's."""
+    job = context.job
+    ssh = parse_ssh(t.sub_table("ssh"), context.ssh, context.directory)
+    task_tables = t.table_list("tasks", required=True)
+    gpus, gpus_auto = read_gpu_count(t)
+    return HostSettings(
+        port=t.integer("port", job.port, minimum=1, maximum=65535),
+        gpus=gpus,
+        gpus_auto=gpus_auto,
+        share_gpus=t.boolean("share_gpus", False),
+        python=t.string("python", job.python) or job.python,
+        workdir=t.remote_dir("workdir", job.workdir),
+        ssh=ssh,
+        tasks=tuple(parse_task(tt) for tt in task_tables),
+    )
+
+
+def make_host(
+    settings: HostSettings, *, name: str, address: str, tf_address: str, key: str, transport: str
+) -> Host:
+    return Host(
+        name=name,
+        address=address,
+        tf_address=tf_address,
+        port=settings.port,
+        gpus=settings.gpus,
+        gpus_auto=settings.gpus_auto,
+        share_gpus=settings.share_gpus,
+        transport=transport,
+        python=settings.python,
+        workdir=settings.workdir,
+        ssh=settings.ssh,
+        tasks=settings.tasks,
+        key=key,
+    )
+
+
+def _parse_host(t: Table, context: SourceContext) -> Host:
+    address = t.host_address("address", t.required_string("address"), port_key="ssh.port")
+    written = t.string("name")  # a default name is the address, which was checked above
+    name = address if written is None else _name(t, "name", written)
+    settings = parse_host_settings(t, context)
+    tf_address = t.string("tf_address")
+    host = make_host(
+        settings,
+        name=name,
+        address=address,
+        tf_address=address if tf_address is None else t.host_address("tf_address", tf_address),
+        transport=t.choice("transport", TRANSPORTS, "ssh"),
+        key=t.path,
+    )
+    t.finish()
+    return host
+
+
+def parse_task(t: Table) -> TaskSpec:
+    """One `tasks` entry."""
+    role = t.string("role", required=True)
+    if role not in ROLES:
+        t.fail("role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+    assert role is not None
+    listed = t.index_list("gpus", what="a GPU index")  # read even when absent: a known key
+    gpus = listed if t.has("gpus") else None
+    task = TaskSpec(
+        role=role,
+        count=t.integer("count", 1, minimum=1, maximum=1024),
+        gpus=gpus,
+        command=_command(t),
+        env=t.env_map("env"),
+        threads=t.optional_integer("threads", minimum=1, maximum=4096),
+        cpus=t.cpu_list("cpus"),
+        key=t.path,
+    )
+    t.finish()
+    return task
+
+
+def _command(t: Table) -> str | None:
+    command = t.string("command")
+    return None if command is None else _builtin_checked(t, "command", command)
+
+
+def _builtin_checked(t: Table, key: str, command: str) -> str:
+    """A command naming a built-in ("tfdeploy:...") must name one that exists."""
+    word = command.strip()
+    if not word.startswith("tfdeploy:"):
+        return command
+    if word not in BUILTINS:
+        names = [b.removeprefix("tfdeploy:") for b in BUILTINS]  # the shared prefix always matches
+        close = difflib.get_close_matches(word.removeprefix("tfdeploy:"), names, n=1, cutoff=0.6)
+        t.fail(
+            key,
+            f"unknown built-in command {word!r} (built-ins: {', '.join(BUILTINS)})",
+            hint=f"did you mean 'tfdeploy:{close[0]}'?" if close else None,
+        )
+    return word  # the agent strips it too: plan and hosts agree on what is a built-in
+
+
+def read_gpu_count(t: Table) -> tuple[int, bool]:
+    """`gpus = N` or `gpus = "auto"` (count them with nvidia-smi at preflight): (N, auto)."""
+    if not t.has("gpus"):
+        t.integer("gpus", 0)  # marks the key as known
+        return 0, False
+    try:
+        return t.integer("gpus", 0, minimum=0, maximum=1024), False
+    except InventoryError as not_a_count:
+        try:
+            word = t.string("gpus")
+        except InventoryError:
+            raise not_a_count from None
+        if word != "auto":
+            t.fail("gpus", f'expected an integer or "auto" (count with nvidia-smi), got {word!r}')
+        return 0, True
+
+
+def check_unique_hosts(hosts: tuple[Host, ...], file: str) -> None:
+    """No two hosts share a name, or an address and SSH port: each would be deployed twice."""
+    names: dict[str, str] = {}
+    endpoints: dict[tuple[str, int, str], str] = {}
+    for host in hosts:
+        if host.name in names:
+            raise InventoryError(
+                file,
+                f"{host.key}.name",
+                f"duplicate host name {host.name!r} (also {names[host.name]})",
+            )
+        names[host.name] = host.key
+        endpoint = (host.address, host.ssh.port, host.transport)
+        if endpoint in endpoints:
+            raise InventoryError(
+                file,
+                f"{host.key}.address",
+                f"{host.address} port {host.ssh.port} is already listed as {endpoints[endpoint]}",
+                hint="list a host once and give it several tasks instead",
+            )
+        endpoints[endpoint] = host.key

@@ -1,0 +1,116 @@
+"""The few typed errors tfdeploy raises; only the CLI turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+import enum
+
+from deployer.core.text import plural
+
+
+class ExitStatus(enum.IntEnum):
+    """Exit codes shared by every command, so scripts can tell the failure classes apart."""
+
+    OK = 0
+    JOB_FAILED = 1
+    USAGE = 2
+    UNREACHABLE = 3
+    INTERRUPTED = 130
+    # stdout was a pipe whose reader went away (`tfdeploy logs RUN | head -1`): 128 + SIGPIPE,
+    # what a shell reports for tools that die of SIGPIPE; tfdeploy exits quietly instead.
+    BROKEN_PIPE = 141
+
+
+class TfdeployError(Exception):
+    """Base class: an expected failure with a message for the user and an optional hint."""
+
+    exit_status = ExitStatus.JOB_FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(TfdeployError):
+    """The command line itself is wrong (unknown run id, bad flag combination)."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class InventoryError(TfdeployError):
+    """An inventory file is wrong; the message names the file, the key path and what is expected."""
+
+    exit_status = ExitStatus.USAGE
+
+    def __init__(self, path: str, key: str, expected: str, *, hint: str | None = None) -> None:
+        where = f"{path}: {key}" if key else path
+        super().__init__(f"{where}: {expected}", hint=hint)
+        self.path = path
+        self.key = key
+        self.expected = expected
+
+
+class HostError(TfdeployError):
+    """A host could not be reached or failed a check; nothing was started because of it."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+    def __init__(self, host: str, cause: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{host}: {cause}", hint=hint)
+        self.host = host
+        self.cause = cause
+
+
+class HostsFailed(TfdeployError):
+    """Several hosts failed at once (preflight, push, exec); carries one HostError per host.
+
+    `outcome` says what the failure meant for the verb as a whole: "nothing was started" for
+    `up`'s phases before any start, something else for `down` or `exec`, None for reads.
+    """
+
+    exit_status = ExitStatus.UNREACHABLE
+
+    def __init__(
+        self,
+        failures: list[HostError],
+        *,
+        what: str = "preflight failed",
+        outcome: str | None = "nothing was started",
+    ) -> None:
+        lines = "\n".join(f"  {f.message}" for f in failures)
+        hints = sorted({f.hint for f in failures if f.hint})
+        head = f"{what} on {plural(len(failures), 'host')}" + (f"; {outcome}" if outcome else "")
+        super().__init__(f"{head}:\n{lines}", hint="\n".join(hints) or None)
+        self.failures = failures
+
+
+class NetworkBlocked(TfdeployError):
+    """Preflight's network check: TF connections between hosts that cannot be made."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+
+class JobFailed(TfdeployError):
+    """A task of the job failed or a deadline passed; the message says which task and why."""
+
+    exit_status = ExitStatus.JOB_FAILED
+
+
+class Interrupted(TfdeployError):
+    """Ctrl-C, SIGTERM or SIGHUP; everything started was stopped. Exit status 128 + signal."""
+
+    exit_status = ExitStatus.INTERRUPTED
+
+    def __init__(self, message: str, *, hint: str | None = None, signum: int = 2) -> None:
+        super().__init__(message, hint=hint)
+        self.signum = signum
+        self.exit_status = 128 + signum  # type: ignore[assignment]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived (timeout, CI cancellation, a closed terminal): handled like
+    Ctrl-C, so every started task is stopped before tfdeploy exits 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum

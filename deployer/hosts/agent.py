@@ -1,0 +1,605 @@
+"""Control-side client of the remote agent: installs it on a host and speaks docs/PROTOCOL.md.
+
+Every call is one command on the host's existing connection with the request on stdin, so secrets
+never appear on a command line and a call costs one round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from deployer.core.errors import HostError
+from deployer.hosts.transport import Session, SessionEnded, Transport
+from remote import protocol
+
+
+class _SessionLeft(Exception):
+    """The host's session ended while idle; the request was never read, so resending is safe."""
+
+
+REMOTE_DIR = Path(__file__).resolve().parents[2] / "remote"
+
+# Runs on the host with only the interpreter: makes sure this agent version is installed (files
+# arrive on the first stdin line), answers the hello request in the same process, then keeps
+# serving requests on the same channel (`agent.serve`) until stdin closes: every later call of
+# the connection costs one round trip instead of an sshd session and a Python start (~50 ms of
+# host CPU). Fed all at once with EOF, it answers the hello alone and exits (one-shot mode).
+# Hosts sharing a home (NFS) may install at once: each writes its own temporary names, and a
+# rename puts identical content in place.
+# The version gate comes first and uses nothing newer than Python 2 syntax, so an interpreter
+# too old for the agent says so instead of failing on some later line.
+MIN_HOST_PYTHON = (3, 8)
+TOO_OLD_EXIT = 79  # the bootstrap's exit status when the host's Python is older than that
+_VERSION_GATE = f"""
+import sys
+if sys.version_info < {MIN_HOST_PYTHON!r}:
+    sys.stderr.write(".".join(str(n) for n in sys.version_info[:3]))
+    sys.exit({TOO_OLD_EXIT})
+"""
+_BOOTSTRAP = (
+    _VERSION_GATE
+    + """
+import json, os
+if not os.environ.get("HOME", "x"):
+    del os.environ["HOME"]  # empty: ~ must come from the passwd entry, not become "/"
+d = json.loads(sys.stdin.buffer.readline())
+w = os.path.expanduser(d["workdir"])
+if d.get("look_only") and not os.path.isdir(w):
+    sys.stdout.write(json.dumps({"v": 1, "ok": True, "absent": True, "workdir": w}) + "\\n")
+    sys.exit(0)
+home = os.path.join(w, "agent", d["agent_id"])
+if not os.path.isfile(os.path.join(home, ".complete")):
+    os.makedirs(home, 0o700, exist_ok=True)
+    for name, text in d["files"].items():
+        tmp = os.path.join(home, "%s.part-%s-%d" % (name, os.uname()[1], os.getpid()))
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(home, name))
+    open(os.path.join(home, ".complete"), "w").close()
+sys.path.insert(0, home)
+import agent
+sys.exit(agent.serve(json.dumps(d["request"]).encode()))
+"""
+)
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One task as the host's agent reports it."""
+
+    name: str
+    state: str  # starting | running | exited | lost
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    log_bytes: int = 0
+    restarts: int = 0  # how often the task was started again after it ended
+    frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TaskStatus:
+        return cls(
+            name=d["name"],
+            state=d["state"],
+            pid=d.get("pid"),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            reason=d.get("reason"),
+            started=d.get("started"),
+            ended=d.get("ended"),
+            log_bytes=d.get("log_bytes") or 0,
+            restarts=d.get("restarts") or 0,
+            frozen=bool(d.get("frozen")),
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("exited", "lost")
+
+    @property
+    def succeeded(self) -> bool:
+        """Exited 0 by itself: a task that saved a checkpoint on a spot notice and exited 0 has
+        not finished its work."""
+        return self.state == "exited" and self.exit_code == 0 and not self.preempted
+
+    @property
+    def preempted(self) -> bool:
+        """Stopped because its machine is being taken away (a spot interruption notice)."""
+        return self.reason == "preempted"
+
+    def outcome(self) -> str:
+        """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports."""
+        if self.state == "lost":
+            return "lost (its supervisor vanished: host crash or kill -9)"
+        if self.reason == "preempted":
+            return "preempted: its spot instance got an interruption notice"
+        if self.reason in ("stopped", "lease expired"):
+            return f"{self.reason} by tfdeploy" if self.reason == "stopped" else self.reason
+        if self.signal is not None:
+            return f"killed by signal {self.signal}"
+        if self.exit_code is not None and 128 < self.exit_code <= 128 + 64:
+            # A shell running the command reports a child killed by signal N as 128+N.
+            return f"exit code {self.exit_code}: a process killed by signal {self.exit_code - 128}?"
+        return f"exit code {self.exit_code}"
+
+
+@dataclass(frozen=True)
+class Poll:
+    tasks: tuple[TaskStatus, ...]
+    logs: dict[str, tuple[int, bytes]]  # task name -> (new offset, bytes read)
+    listening: frozenset[int]
+
+
+@dataclass(frozen=True)
+class PeerFetch:
+    """What one host copied from its peers: what arrived, what none had, what went wrong."""
+
+    fetched: int
+    bytes: int
+    missing: tuple[str, ...]
+    errors: tuple[str, ...]  # "10.0.0.2:2222: connection refused", one per peer that failed
+
+
+@dataclass(frozen=True)
+class SetupResult:
+    """The setup op on one host: `ran` is False when the fingerprint's marker was there."""
+
+    code: int  # 0 ok, else the failing command's status (128+N: killed by signal N)
+    ran: bool
+    tail: tuple[str, ...]  # the last lines this setup wrote
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file a task left on its host, as `collect` lists it."""
+
+    path: str  # relative to the task's directory (an absolute pattern's: without its first /)
+    size: int
+    mode: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Collected:
+    files: tuple[RemoteFile, ...]
+    refused: tuple[str, ...]  # patterns or matches not pulled, and why
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Collected:
+        files = tuple(RemoteFile(str(p), int(n), int(m), str(h)) for p, n, m, h in d["files"])
+        return cls(files, tuple(str(r) for r in d.get("refused", [])))
+
+
+@dataclass(frozen=True)
+class Escaped:
+    """A process of the run that had left its task's process group, stopped with the run."""
+
+    pid: int
+    cmd: str
+    signal: int | None  # the last signal it got (None: it was gone before one was sent)
+
+
+def escaped_text(escaped: Sequence[Escaped], mask: Callable[[str], str]) -> str:
+    """The escaped processes a stop killed, for the user: pid, command (masked), last signal."""
+
+    def one(e: Escaped) -> str:
+        how = "gone before a signal" if e.signal is None else _signal_name(e.signal)
+        return f"pid {e.pid} ({mask(e.cmd)}): {how}"
+
+    what = "process" if len(escaped) == 1 else "processes"
+    listed = "; ".join(one(e) for e in escaped)
+    left = "of the run that had left its task's process group"
+    return f"also stopped {len(escaped)} {what} {left}: {listed}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass(frozen=True)
+class StopReport:
+    tasks: tuple[TaskStatus, ...]
+    escaped: tuple[Escaped, ...] = ()
+
+
+@cache
+def agent_files() -> dict[str, str]:
+    """The remote side's source files, pushed to every host (the package marker is not needed)."""
+    return {
+        p.name: p.read_text(encoding="utf-8")
+        for p in sorted(REMOTE_DIR.glob("*.py"))
+        if protocol.is_pushed(p.name)
+    }
+
+
+@cache
+def agent_id() -> str:
+    """Content hash of the agent: two tfdeploy versions never overwrite each other's agent."""
+    return protocol.agent_id((name, text.encode()) for name, text in agent_files().items())
+
+
+class Agent:
+    """The agent on one host, reached through that host's transport."""
+
+    def __init__(self, transport: Transport, *, python: str, workdir: str) -> None:
+        self.transport = transport
+        self.python = python
+        self.workdir = workdir
+        self.home: str | None = None  # absolute workdir, known after install()
+        self.absent = False  # install(look_only=True) found no workdir: the host has no runs
+        self._session: Session | None = None  # the bootstrap, still serving after install()
+
+    @property
+    def host(self) -> str:
+        return self.transport.name
+
+    @property
+    def agent_dir(self) -> str:
+        if self.home is None:
+            raise RuntimeError("Agent.install() must run before the agent directory is known")
+        return f"{self.home}/agent/{agent_id()}"
+
+    def install(
+        self,
+        ports: Sequence[int] = (),
+        *,
+        run_id: str | None = None,
+        lease_seconds: float | None = None,
+        look_only: bool = False,
+    ) -> dict[str, Any]:
+        """Installs this agent version if the host lacks it and returns the `hello` facts.
+
+        `look_only` (status, logs, down): a host without the workdir holds no run, and a verb
+        that only looks must create nothing there; the reply is then `{"absent": True}`.
+
+        With a run id, the free `ports` are reserved for that run on the host until it stops or
+        its lease lapses (`lease_seconds` without a heartbeat): two `up` of one inventory started
+        at once cannot both pass preflight. Ports reserved by another run come back busy.
+        """
+        request: dict[str, Any] = {
+            "v": protocol.PROTOCOL_VERSION,
+            "op": "hello",
+            "workdir": self.workdir,
+            "ports": list(ports),
+        }
+        if run_id is not None:
+            request.update(run_id=run_id, lease_seconds=lease_seconds)
+        payload = {
+            "workdir": self.workdir,
+            "look_only": look_only,
+            "agent_id": agent_id(),
+            "files": agent_files(),
+            "request": request,
+        }
+        # -S: the bootstrap and the session after it need no site-packages (the hello finds
+        # TensorFlow's dist-info itself); `site` costs ~15 ms of host CPU per connection.
+        argv = [self.python, "-S", "-c", _BOOTSTRAP]
+        self.close_session()
+        try:
+            session = self.transport.open_session(argv)
+        except SessionEnded as exc:
+            self._reply(exc.exit_code, b"", exc.stderr)
+            raise  # _reply always raises for an ended session
+        self._session = session
+        with session.lock:
+            reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
+        self.home = reply["workdir"]
+        self.absent = bool(reply.get("absent"))
+        if self.absent:
+            self.close_session()  # the bootstrap answered and left: nothing is installed
+        return reply
+
+    def call(
+        self, op: str, timeout: float | None = 60, *, stream: bytes = b"", **params: Any
+    ) -> dict[str, Any]:
+        """One op; `stream` is raw bytes sent after the request line (materialize's contents)."""
+        request = {"v": protocol.PROTOCOL_VERSION, "op": op, "workdir": self.workdir, **params}
+        session = self._session
+        if session is not None and session.lock.acquire(blocking=False):
+            try:
+                return self._over(session, json.dumps(request).encode() + b"\n" + stream, timeout)
+            except _SessionLeft:
+                pass  # it left while idle, before reading this request: send it one-shot
+            finally:
+                session.lock.release()
+        # Busy session (another thread's call) or none: a one-shot agent process.
+        # -S: the agent is stdlib-only; skipping site-packages (a TF venv's .pth files) halves
+        # the interpreter's start, which every one-shot call pays on the host.
+        argv = [self.python, "-S", f"{self.agent_dir}/agent.py"]
+        return self._exchange(argv, request, timeout, stream)
+
+    def close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    def _over(self, session: Session, data: bytes, timeout: float | None) -> dict[str, Any]:
+        try:
+            line = session.request(data, timeout)
+        except SessionEnded as exc:
+            self._session = None
+            if exc.exit_code == protocol.SERVE_IDLE_EXIT:
+                raise _SessionLeft from None
+            return self._reply(exc.exit_code, b"", exc.stderr)
+        except HostError:
+            self._session = None  # lost or timed out: later calls start afresh, one-shot
+            session.close()
+            raise
+        return self._reply(0, line, b"")
+
+    def _exchange(
+        self, argv: list[str], request: dict[str, Any], timeout: float | None, stream: bytes = b""
+    ) -> dict[str, Any]:
+        stdin = json.dumps(request).encode() + b"\n" + stream
+        result = self.transport.run(argv, stdin=stdin, timeout=timeout)
+        return self._reply(result.exit_code, result.stdout, result.stderr)
+
+    def _reply(self, exit_code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
+        if exit_code == 127 or exit_code == TOO_OLD_EXIT:
+            raise self._no_interpreter(exit_code, stderr.decode(errors="replace"))
+        try:
+            reply: dict[str, Any] = json.loads(stdout)
+        except ValueError:
+            detail = (stderr or stdout).decode(errors="replace").strip()
+            last = detail.splitlines()[-1] if detail else f"exit code {exit_code}"
+            raise HostError(self.host, f"the tfdeploy agent failed: {last}") from None
+        if not reply.get("ok"):
+            raise HostError(self.host, str(reply.get("error", "the agent refused the request")))
+        return reply
+
+    def _no_interpreter(self, exit_code: int, stderr: str) -> HostError:
+        """The interpreter is missing, cannot start (its loader's words), or is too old."""
+        hint = "set job.python (or python on the host) to an installed interpreter"
+        if exit_code == TOO_OLD_EXIT:
+            need = ".".join(map(str, MIN_HOST_PYTHON))
+            return HostError(
+                self.host,
+                f"{self.python!r} is Python {stderr.strip()}; "
+                f"the tfdeploy agent needs Python {need} or newer",
+                hint=hint + " (python3.8 to python3.13)",
+            )
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        loader = any("shared librar" in line for line in lines)  # exits 127 too
+        if not lines or (
+            not loader and all("not found" in x or "No such file" in x for x in lines)
+        ):
+            return HostError(self.host, f"{self.python!r} was not found on the host", hint=hint)
+        said = "\n    ".join(lines[:3])
+        return HostError(self.host, f"{self.python!r} cannot start:\n    {said}", hint=hint)
+
+    # The operations of docs/PROTOCOL.md, typed for the rest of the control side.
+
+    def missing(self, hashes: Sequence[str]) -> list[str]:
+        return list(self.call("have", hashes=list(hashes))["missing"])
+
+    def start(self, run_id: str, tasks: list[dict[str, Any]], grace: float) -> list[TaskStatus]:
+        reply = self.call("start", run_id=run_id, tasks=tasks, grace=grace)
+        return [TaskStatus.from_json(t) for t in reply["tasks"]]
+
+    def poll(
+        self,
+        run_id: str,
+        offsets: dict[str, int],
+        *,
+        max_bytes: int = 1 << 20,
+        ports: Sequence[int] = (),
+        heartbeat: bool = True,
+        timeout: float = 30,
+    ) -> Poll:
+        reply = self.call(
+            "poll",
+            timeout=timeout,
+            run_id=run_id,
+            offsets=offsets,
+            max_bytes=max_bytes,
+            ports=list(ports),
+            heartbeat=heartbeat,
+        )
+        logs = {
+            name: (int(entry["offset"]), base64.b64decode(entry["data"]))
+            for name, entry in reply.get("logs", {}).items()
+        }
+        return Poll(
+            tasks=tuple(TaskStatus.from_json(t) for t in reply["tasks"]),
+            logs=logs,
+            listening=frozenset(reply.get("listening", [])),
+        )
+
+    def stop(
+        self,
+        run_id: str,
+        *,
+        grace: float,
+        tasks: Sequence[str] | None = None,
+        escaped: bool = False,
+    ) -> StopReport:
+        """Stops tasks (all: also the run's escaped processes and its port reservations; named
+        ones with `escaped`: also the escaped processes, and the run may start again)."""
+        reply = self.call(
+            "stop",
+            # A whole-run stop may take grace twice: the task groups, then escaped processes.
+            timeout=2 * grace + 60,
+            run_id=run_id,
+            grace=grace,
+            tasks=list(tasks) if tasks is not None else None,
+            escaped=escaped,
+        )
+        return StopReport(
+            tasks=tuple(TaskStatus.from_json(t) for t in reply.get("tasks", [])),
+            escaped=tuple(
+                Escaped(pid=int(e["pid"]), cmd=str(e.get("cmd", "")), signal=e.get("signal"))
+                for e in reply.get("escaped", [])
+            ),
+        )
+
+    def arm_idle_stop(self, minutes: float, command: str | None = None) -> None:
+        """Shut the machine down after `minutes` without a running task (0 disarms). One watchdog
+        per host, re-armed by each `up`: it outlives this connection, and the laptop."""
+        # looked at every 30 s, or more often for short limits (tests), never under 1 s
+        interval = max(1.0, min(30.0, minutes * 6))
+        if command:
+            self.call("idle", minutes=minutes, command=command, interval=interval)
+        else:
+            self.call("idle", minutes=minutes, interval=interval)
+
+    def release(self, run_id: str) -> None:
+        """Drops the run's port reservations (preflight failed: nothing of it will start)."""
+        self.call("release", run_id=run_id)
+
+    def setup(
+        self,
+        run_id: str,
+        commands: Sequence[str],
+        env: Mapping[str, str],
+        fingerprint: str,
+        timeout: float = 3600,
+    ) -> SetupResult:
+        reply = self.call(
+            "setup",
+            timeout=timeout,
+            run_id=run_id,
+            commands=list(commands),
+            env=dict(env),
+            fingerprint=fingerprint,
+        )
+        return SetupResult(
+            code=int(reply.get("code") or 0),
+            ran=bool(reply.get("ran")),
+            tail=tuple(str(line) for line in reply.get("tail") or ()),
+        )
+
+    def gpus(self) -> dict[str, Any]:
+        """The raw `gpus` reply; deployer.hosts.gpus.GpuReport.from_json reads it."""
+        return self.call("gpus")
+
+    def listen(self, run_id: str, ports: Sequence[int], seconds: float) -> None:
+        """Stand-in listeners on the planned TF ports, for peers' probes (remote/netcheck.py)."""
+        self.call("netcheck", action="listen", run_id=run_id, ports=list(ports), seconds=seconds)
+
+    def probe(self, run_id: str, targets: Sequence[tuple[str, int]], timeout: float) -> list[str]:
+        """One verdict per (address, port): "ok", "refused", "timed out", "no route", ..."""
+        reply = self.call(
+            "netcheck",
+            timeout + 30,
+            action="probe",
+            run_id=run_id,
+            targets=[list(t) for t in targets],
+            wait=timeout,
+        )
+        return [str(r) for r in reply["results"]]
+
+    def unlisten(self, run_id: str) -> None:
+        self.call("netcheck", action="close", run_id=run_id)
+
+    def serve_store(
+        self, run_id: str, address: str, port: int, secret: str, seconds: float
+    ) -> None:
+        """Serves this host's store to the run's peers on address:port (remote/peers.py)."""
+        self.call(
+            "peers",
+            action="serve",
+            run_id=run_id,
+            address=address,
+            port=port,
+            secret=secret,
+            seconds=seconds,
+        )
+
+    def fetch_from_peers(
+        self,
+        run_id: str,
+        blobs: Sequence[tuple[str, int]],
+        peers: Sequence[tuple[str, int]],
+        secret: str,
+        timeout: float,
+    ) -> PeerFetch:
+        """Copies `blobs` from the first peers that have them into this host's store."""
+        reply = self.call(
+            "peers",
+            timeout,
+            action="fetch",
+            run_id=run_id,
+            blobs=[list(b) for b in blobs],
+            peers=[list(p) for p in peers],
+            secret=secret,
+        )
+        return PeerFetch(
+            fetched=int(reply["fetched"]),
+            bytes=int(reply["bytes"]),
+            missing=tuple(reply["missing"]),
+            errors=tuple(reply["errors"]),
+        )
+
+    def stop_serving(self, run_id: str) -> None:
+        self.call("peers", action="close", run_id=run_id)
+
+    def look(self) -> None:
+        """Says hello once without creating anything on the host (read-only verbs)."""
+        if self.home is None:
+            self.install(look_only=True)
+
+    def collect(
+        self, run_id: str, patterns: Sequence[str], tasks: Sequence[str] | None = None
+    ) -> dict[str, Collected]:
+        """The files each task's `patterns` name on this host, hashed there (remote/results)."""
+        self.look()
+        if self.absent:
+            return {}
+        reply = self.call(
+            "collect",
+            timeout=600,  # hashing gigabytes of checkpoints takes a while
+            run_id=run_id,
+            patterns=list(patterns),
+            tasks=list(tasks) if tasks is not None else None,
+        )
+        return {
+            name: Collected(
+                files=tuple(
+                    RemoteFile(str(p), int(n), int(m), str(h)) for p, n, m, h in t["files"]
+                ),
+                refused=tuple(str(r) for r in t.get("refused", [])),
+            )
+            for name, t in reply.get("tasks", {}).items()
+        }
+
+    def fetch(
+        self, run_id: str, task: str, path: str, patterns: Sequence[str], offset: int, length: int
+    ) -> bytes:
+        reply = self.call(
+            "fetch",
+            run_id=run_id,
+            task=task,
+            path=path,
+            patterns=list(patterns),
+            offset=offset,
+            length=length,
+        )
+        return base64.b64decode(reply["data"])
+
+    def firewall_problem(self) -> str | None:
+        """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
+        problem = self.call("firewall", action="check").get("problem")
+        return str(problem) if problem else None
+
+    def firewall_add(self, run_id: str, ports: Sequence[int], allowed: Sequence[str]) -> None:
+        self.call("firewall", action="add", run_id=run_id, ports=list(ports), allowed=list(allowed))
+
+    def firewall_remove(self, run_id: str) -> int:
+        """Removes the run's rules (idempotent); how many rule sets were removed."""
+        return int(self.call("firewall", action="remove", run_id=run_id).get("removed") or 0)
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [] if self.absent else list(self.call("runs")["runs"])

@@ -1,0 +1,207 @@
+"""The hosts of a job as one group: one reused connection each, and bounded parallel calls."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from deployer.config.inventory import Host
+from deployer.core.errors import HostError, HostsFailed
+from deployer.hosts.agent import Agent
+from deployer.hosts.local_transport import LocalTransport
+from deployer.hosts.transport import Transport
+
+T = TypeVar("T")
+DEFAULT_CONCURRENCY = 32
+CLOSE_WAIT_S = 2.0  # how long close() waits for connections to shut before leaving them be
+
+
+def open_transport(host: Host) -> Transport:
+    """Picks how to reach a host; SSH settings come from the inventory (host overrides [ssh]).
+    The SSH stack (fabric, paramiko: a fifth of a second of imports) loads when a host needs it,
+    so `plan`, `--help` and local runs start without it."""
+    if host.transport == "local":
+        return LocalTransport(host.name)
+    from deployer.hosts.ssh import Endpoint
+    from deployer.hosts.ssh_transport import SSHTransport
+
+    return SSHTransport(Endpoint(host.name, host.address, host.ssh))
+
+
+@dataclass
+class Member:
+    host: Host
+    agent: Agent
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+
+class Fleet:
+    """Connections to a set of hosts; `each` runs a function on all of them in parallel.
+
+    Calls run on daemon threads, at most `concurrency` at once. A call abandoned by Ctrl-C (a
+    slow push, a hanging connect) must neither delay the urgent stop that follows nor keep the
+    process alive at exit, which a ThreadPoolExecutor's joined workers would do.
+    """
+
+    def __init__(
+        self,
+        hosts: Iterable[Host],
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        connect: Callable[[Host], Transport] | None = None,
+    ) -> None:
+        # connect: how to reach a host; tests pass scripted hosts (tests/fakehost.py) here.
+        self._connect = connect or open_transport
+        self.members = [self._member(h) for h in hosts]
+        self._slots = threading.BoundedSemaphore(max(1, concurrency))
+        self._busy: dict[str, int] = {}  # host -> calls in flight
+        self._busy_lock = threading.Lock()
+
+    def _member(self, host: Host) -> Member:
+        return Member(host, Agent(self._connect(host), python=host.python, workdir=host.workdir))
+
+    def add(self, host: Host) -> Member:
+        """A host that joins while the job runs (a replacement for a lost or preempted one)."""
+        member = self._member(host)
+        self.members.append(member)
+        return member
+
+    def member(self, name: str) -> Member:
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def each(
+        self,
+        fn: Callable[[Member], T],
+        members: Iterable[Member] | None = None,
+        *,
+        what: str = "preflight failed",
+    ) -> dict[str, T]:
+        """Calls fn on every member at once; if any host fails, raises one error naming them all."""
+        chosen = list(self.members if members is None else members)
+        results, failures = self.each_settled(fn, chosen)
+        if failures:
+            raise HostsFailed(failures, what=what)
+        return results
+
+    def submit(
+        self, fn: Callable[[Member], T], member: Member, *, urgent: bool = False
+    ) -> Pending[T]:
+        """Starts fn(member) on its own daemon thread; the caller collects it when it is done.
+
+        urgent: skip the concurrency limit, for the forced stop of a second Ctrl-C while the
+        graceful stops still occupy every slot.
+        """
+        pending: Pending[T] = Pending(member.name)
+
+        def work() -> None:
+            with contextlib.nullcontext() if urgent else self._slots:
+                with self._busy_lock:
+                    self._busy[member.name] = self._busy.get(member.name, 0) + 1
+                try:
+                    pending.settle(True, fn(member))
+                except BaseException as exc:  # handed to the collecting thread
+                    pending.settle(False, exc)
+                finally:
+                    with self._busy_lock:
+                        self._busy[member.name] -= 1
+
+        threading.Thread(target=work, name=f"fleet-{member.name}", daemon=True).start()
+        return pending
+
+    def each_settled(
+        self,
+        fn: Callable[[Member], T],
+        members: Iterable[Member] | None = None,
+        *,
+        urgent: bool = False,
+    ) -> tuple[dict[str, T], list[HostError]]:
+        """Like each, but returns the failures instead of raising (teardown must reach them all)."""
+        chosen = list(self.members if members is None else members)
+        pendings = [self.submit(fn, m, urgent=urgent) for m in chosen]
+        results: dict[str, T] = {}
+        failures: list[HostError] = []
+        for pending in pendings:
+            pending.wait()  # interruptible: Ctrl-C reaches the caller at once
+            try:
+                results[pending.host] = pending.result()
+            except HostError as exc:
+                failures.append(exc)
+        return results, failures
+
+    def interrupt(self) -> list[str]:
+        """Drops the connection of every host with a call in flight; returns their names.
+
+        After Ctrl-C the stop must not queue behind megabytes of a push still in the socket's
+        send buffer (on a slow link, many seconds): a fresh connection carries it at once.
+        """
+        with self._busy_lock:
+            busy = [m for m in self.members if self._busy.get(m.name)]
+        self._close_all(busy)
+        return [m.name for m in busy]
+
+    def close(self) -> None:
+        """Closes every connection; one stuck behind a transfer is left to die with the process."""
+        self._close_all(self.members)
+
+    @staticmethod
+    def _close_all(members: list[Member]) -> None:
+        closers = [threading.Thread(target=_close_quietly, args=(m,), daemon=True) for m in members]
+        for thread in closers:
+            thread.start()
+        for thread in closers:
+            thread.join(timeout=CLOSE_WAIT_S)
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_quietly(member: Member) -> None:
+    with contextlib.suppress(Exception):
+        member.agent.close_session()
+    with contextlib.suppress(Exception):
+        member.agent.transport.close()
+
+
+class Pending(Generic[T]):
+    """The outcome of one call started by Fleet.submit."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._event = threading.Event()
+        self._ok = False
+        self._value: object = None
+
+    def settle(self, ok: bool, value: object) -> None:
+        self._ok, self._value = ok, value
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def result(self) -> T:
+        """The value, or the call's error: HostError as is, an unclassified OSError as one."""
+        if not self._event.is_set():
+            raise RuntimeError(f"the call to {self.host} has not finished")
+        if self._ok:
+            return self._value  # type: ignore[return-value]
+        if isinstance(self._value, HostError):
+            raise self._value
+        if isinstance(self._value, OSError):  # a socket error the transport did not classify
+            raise HostError(self.host, f"connection failed: {self._value}") from self._value
+        assert isinstance(self._value, BaseException)
+        raise self._value

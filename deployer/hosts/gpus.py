@@ -1,0 +1,216 @@
+"""GPUs as the hosts report them: preflight checks, the re-plan for `gpus = "auto"`, live usage.
+
+The agent's `gpus` op runs nvidia-smi on a host. Preflight asks every host that wants GPUs
+(`gpus = N`, `gpus = "auto"`, or a task naming GPU indices) and then plans again with the counts
+the hosts reported, so `CUDA_VISIBLE_DEVICES` follows the hardware actually found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployer.config.inventory import Host
+from deployer.config.plan import Plan, Task, make_plan
+from deployer.core.errors import HostError
+
+POLL_INTERVAL = 3.0  # seconds between GPU usage queries while a job runs: nvidia-smi is cheap
+NO_SMI_HINT = (
+    "install the NVIDIA driver on the host (it provides nvidia-smi), or remove `gpus` from the "
+    "host and its tasks to run on CPU"
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total: int | None  # MiB
+    memory_used: int | None  # MiB
+    utilization: int | None  # percent
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    """One host's answer to the `gpus` op."""
+
+    nvidia_smi: str | None  # its path; None when the host has none
+    error: str | None
+    gpus: tuple[Gpu, ...]
+    apps: tuple[tuple[str, int | None], ...]  # (GPU uuid, pid) of each compute process
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> GpuReport:
+        return cls(
+            nvidia_smi=d.get("nvidia_smi"),
+            error=d.get("error"),
+            gpus=tuple(
+                Gpu(
+                    index=int(g["index"]),
+                    uuid=str(g.get("uuid", "")),
+                    name=str(g.get("name", "")),
+                    memory_total=g.get("memory_total"),
+                    memory_used=g.get("memory_used"),
+                    utilization=g.get("utilization"),
+                )
+                for g in d.get("gpus", [])
+            ),
+            apps=tuple((str(a.get("gpu_uuid", "")), a.get("pid")) for a in d.get("apps", [])),
+        )
+
+    def gpu(self, index: int) -> Gpu | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+
+def wants_gpus(host: Host) -> bool:
+    """Whether preflight must ask the host's nvidia-smi."""
+    return host.gpus_auto or host.gpus > 0 or any(spec.gpus for spec in host.tasks)
+
+
+def _why(host: Host) -> str:
+    if host.gpus_auto:
+        return 'gpus = "auto"'
+    if host.gpus:
+        return f"gpus = {host.gpus}"
+    return "a task names GPU indices"
+
+
+def check_gpus(
+    plan: Plan, reports: Mapping[str, GpuReport]
+) -> tuple[Plan, list[HostError], list[str]]:
+    """Checks the GPUs each host reported; returns the re-planned Plan, problems and warnings.
+
+    Problems (preflight fails): no nvidia-smi or a failing one where GPUs were requested, fewer
+    GPUs than `gpus = N`, a task naming an index the host lacks. Warnings: a GPU given to a task
+    already runs someone's compute processes.
+    """
+    problems: list[HostError] = []
+    replaced: dict[str, Host] = {}
+    for host in plan.hosts:
+        if not wants_gpus(host):
+            continue
+        report = reports.get(host.name)
+        if report is None or report.nvidia_smi is None:
+            problems.append(
+                HostError(
+                    host.name,
+                    f"GPUs were requested ({_why(host)}) but nvidia-smi was not found on the host",
+                    hint=NO_SMI_HINT,
+                )
+            )
+            continue
+        if report.error:
+            problems.append(HostError(host.name, f"nvidia-smi failed: {report.error}"))
+            continue
+        found = sorted(g.index for g in report.gpus)
+        listed = f"nvidia-smi lists {len(found)} GPU(s)" + (
+            f": indices {', '.join(map(str, found))}" if found else ""
+        )
+        if host.gpus_auto and not found:
+            problems.append(HostError(host.name, f'gpus = "auto" but {listed}'))
+            continue
+        if not host.gpus_auto and host.gpus > len(found):
+            problems.append(HostError(host.name, f"gpus = {host.gpus} but {listed}"))
+            continue
+        for spec in host.tasks:
+            for index in spec.gpus or ():
+                if index not in found:
+                    problems.append(
+                        HostError(
+                            host.name,
+                            f"{spec.key}.gpus: GPU {index} does not exist: {listed}",
+                        )
+                    )
+        if host.gpus_auto:
+            replaced[host.name] = dataclasses.replace(host, gpus=len(found))
+    if problems:
+        return plan, problems, []
+    if replaced:
+        hosts = tuple(replaced.get(h.name, h) for h in plan.inventory.hosts)
+        plan = make_plan(dataclasses.replace(plan.inventory, hosts=hosts))
+    return plan, [], _busy_warnings(plan, reports)
+
+
+def gpu_reports(facts: Mapping[str, Mapping[str, object]]) -> dict[str, GpuReport]:
+    """The `gpus` replies preflight gathered (under the "gpus" key of each host's facts)."""
+    return {
+        name: GpuReport.from_json(f["gpus"])  # type: ignore[arg-type]
+        for name, f in facts.items()
+        if "gpus" in f
+    }
+
+
+def monitored_hosts(plan: Plan, reports: Mapping[str, GpuReport]) -> set[str]:
+    """Hosts whose GPU usage the live view shows: nvidia-smi answered, a task has GPUs."""
+    return {
+        name
+        for name, report in reports.items()
+        if report.nvidia_smi and not report.error and any(t.gpus for t in plan.tasks_on(name))
+    }
+
+
+def _busy_warnings(plan: Plan, reports: Mapping[str, GpuReport]) -> list[str]:
+    warnings = []
+    for task in plan.tasks:
+        report = reports.get(task.host)
+        if report is None:
+            continue
+        for index in task.gpus:
+            gpu = report.gpu(index)
+            pids = [str(pid) for uuid, pid in report.apps if gpu is not None and uuid == gpu.uuid]
+            if pids:
+                warnings.append(
+                    f"{task.host}: GPU {index} ({gpu.name if gpu else '?'}), given to {task.name}, "
+                    f"already runs compute process(es) {', '.join(pids)}: another job may be "
+                    "using it"
+                )
+    return warnings
+
+
+def usage_text(task: Task, report: GpuReport | None) -> str:
+    """'87% 20.1/22.5 GiB': mean utilization and summed memory of the task's GPUs."""
+    if report is None or not task.gpus:
+        return ""
+    gpus = [g for g in (report.gpu(i) for i in task.gpus) if g is not None]
+    utils = [g.utilization for g in gpus if g.utilization is not None]
+    used = [g.memory_used for g in gpus if g.memory_used is not None]
+    total = [g.memory_total for g in gpus if g.memory_total is not None]
+    if not utils and not used:
+        return ""
+    parts = [f"{round(sum(utils) / len(utils))}%" if utils else "?%"]
+    if used and total:
+        parts.append(f"{sum(used) / 1024:.1f}/{sum(total) / 1024:.1f} GiB")
+    return " ".join(parts)
+
+
+class GpuMonitor:
+    """Asks GPU hosts for their usage at most every `interval` seconds while the job runs."""
+
+    def __init__(
+        self,
+        hosts: set[str],
+        *,
+        interval: float = POLL_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hosts = hosts
+        self.interval = interval
+        self.clock = clock
+        self.reports: dict[str, GpuReport] = {}
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        return bool(self.hosts) and (
+            self._last is None or self.clock() - self._last >= self.interval
+        )
+
+    def update(self, reports: Mapping[str, GpuReport]) -> None:
+        self._last = self.clock()
+        self.reports.update(reports)
+
+    def usage(self, task: Task) -> str:
+        return usage_text(task, self.reports.get(task.host))

@@ -1,0 +1,328 @@
+"""Opening SSH connections: ssh_config, jump chains, socket options, keys, and readable errors."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import fabric
+import paramiko
+from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey, OnDiskPrivateKey
+
+from deployer.config.inventory import SSHSettings
+from deployer.core.errors import HostError
+from deployer.hosts import hostkeys
+
+# paramiko logs a failed handshake ("Exception (client): Error reading SSH protocol banner", with
+# tracebacks) at ERROR, and with no handler configured Python prints that on stderr. Each such
+# failure already becomes one HostError that says what happened; the log must not reach a user.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+# --- Every connection option tfdeploy sets, in one place -------------------------------------
+# A cut link (cable, security group, instance gone) never sends a FIN or RST, so without these an
+# SSH read blocks for many minutes. Kernel keepalive catches an idle link: first probe after
+# KEEPIDLE s, then every KEEPINTVL s, dead after KEEPCNT misses (~8 s in all).
+TCP_KEEPIDLE_S = 2
+TCP_KEEPINTVL_S = 2
+TCP_KEEPCNT = 3
+# Keepalive only probes idle sockets; when we have unacknowledged data in flight (stdin, a put,
+# a keepalive request) the kernel retransmits for ~15 min instead. This caps that at 8 s.
+TCP_USER_TIMEOUT_MS = 8000
+# SSH-level keepalive: keeps NAT and firewall state warm on long-idle connections (tails, waits);
+# it does not detect a dead link by itself (lab-measured). It must be longer than the keepalive
+# window above: a keepalive sent into a dead link restarts detection as USER_TIMEOUT (5 s + 8 s).
+SSH_KEEPALIVE_S = 15
+# OpenSSH's default MaxSessions is 10 per connection; we keep 8 for exec, 1 for SFTP, 1 spare.
+MAX_EXEC_SESSIONS = 8
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A host as SSH sees it: the inventory's name (for messages), its address, its settings."""
+
+    name: str
+    address: str
+    settings: SSHSettings
+
+
+@dataclass
+class Hop:
+    """One SSH connection of a chain: zero or more jump hosts, then the target."""
+
+    conn: fabric.Connection
+    keys: list[str]
+    explicit_keys: bool
+    label: str  # "" for the target itself, else "jump host SPEC (addr:port)"
+    loaded: list[tuple[str, paramiko.PKey]] = field(default_factory=list)
+    encrypted: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.label}: " if self.label else ""
+
+    @property
+    def addr(self) -> str:
+        return f"{self.conn.host}:{self.conn.port}"
+
+
+def plan_hops(target: Endpoint) -> list[Hop]:
+    """Resolve ssh_config and ProxyJump into the connections to open, first hop first (no I/O)."""
+    config = _fabric_config(target.settings.ssh_config)
+    # gateway=False: fabric would build jump Connections itself (with AutoAddPolicy and no
+    # timeouts); we build the chain below from the same ssh_config instead.
+    main = fabric.Connection(
+        target.address,
+        user=target.settings.user,
+        port=target.settings.port if target.settings.port != 22 else None,
+        config=config,
+        gateway=False,
+    )
+    identity = [target.settings.identity] if target.settings.identity else []
+    jump = target.settings.jump or main.ssh_config.get("proxyjump")
+    if not jump and "proxycommand" in main.ssh_config:
+        raise HostError(
+            target.name,
+            "ssh_config sets ProxyCommand, which tfdeploy does not support",
+            hint="use ProxyJump (or the host's `jump` setting) instead",
+        )
+    hops: list[Hop] = []
+    prev: fabric.Connection | bool = False
+    for spec in (jump or "").split(","):
+        if not spec.strip() or spec.strip().lower() == "none":
+            continue
+        conn = fabric.Connection(spec.strip(), config=config, gateway=prev)
+        keys = _config_keys(conn) + identity
+        label = f"jump host {spec.strip()} ({conn.host}:{conn.port})"
+        hops.append(Hop(conn, keys, bool(keys), label))
+        prev = conn
+    main.gateway = prev
+    keys = identity + _config_keys(main)
+    hops.append(Hop(main, keys, bool(keys), ""))
+    for hop in hops:
+        hostkeys.configure_client(
+            target.name,
+            hop.conn.client,
+            hostkeys.known_hosts_path(target.settings.known_hosts),
+            target.settings.host_keys,
+            # fingerprints learnt for the target say nothing about its jump hosts
+            expected=target.settings.expected_keys if hop is hops[-1] else (),
+            name=hostkeys.key_name(hop.conn.host, hop.conn.port),
+        )
+    return hops
+
+
+def open_hops(target: Endpoint, hops: list[Hop]) -> None:
+    """Connect every hop in order; on failure close what was opened and raise a HostError."""
+    opened: list[Hop] = []
+    try:
+        for hop in hops:
+            _load_keys(target, hop)
+            sock = _open_socket(target, hop, opened[-1] if opened else None)
+            _handshake(target, hop, sock)
+            opened.append(hop)
+    except BaseException:
+        for hop in reversed(opened):
+            hop.conn.client.close()
+        raise
+
+
+def set_dead_link_detection(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    # getattr: these constants are Linux names; macOS and BSD lack some of them.
+    for name, value in (
+        ("TCP_KEEPIDLE", TCP_KEEPIDLE_S),
+        ("TCP_KEEPINTVL", TCP_KEEPINTVL_S),
+        ("TCP_KEEPCNT", TCP_KEEPCNT),
+        ("TCP_USER_TIMEOUT", TCP_USER_TIMEOUT_MS),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _fabric_config(path: str | None) -> fabric.Config:
+    ssh_config = paramiko.SSHConfig()
+    path = os.path.expanduser(path or "~/.ssh/config")
+    if os.path.exists(path):
+        ssh_config = paramiko.SSHConfig.from_path(path)
+    # lazy=True: load no fabric/invoke YAML files and no /etc/ssh/ssh_config; only the file above.
+    return fabric.Config(ssh_config=ssh_config, lazy=True)
+
+
+def _config_keys(conn: fabric.Connection) -> list[str]:
+    return [str(k) for k in conn.connect_kwargs.get("key_filename", [])]
+
+
+def _load_keys(target: Endpoint, hop: Hop) -> None:
+    """Read key files up front: never prompt, and know which ones need a passphrase."""
+    paths = hop.keys
+    if not hop.explicit_keys:  # like OpenSSH: the default key names in ~/.ssh
+        paths = [f"~/.ssh/id_{kind}" for kind in ("ed25519", "ecdsa", "rsa")]
+    hop.loaded, hop.encrypted = [], []
+    for raw in paths:
+        path = os.path.expanduser(raw)
+        if not os.path.exists(path):
+            if raw == target.settings.identity:
+                raise HostError(target.name, f"identity file {path} does not exist")
+            continue
+        try:
+            hop.loaded.append((path, paramiko.PKey.from_path(path)))
+        except (paramiko.PasswordRequiredException, TypeError):
+            # cryptography raises TypeError ("password was not given") for encrypted keys.
+            hop.encrypted.append(path)
+        except (OSError, ValueError, paramiko.SSHException) as exc:
+            raise HostError(target.name, f"cannot read key {path}: {exc}") from exc
+
+
+class _KeysThenAgent(AuthStrategy):  # type: ignore[misc]  # paramiko is untyped
+    """Try our loaded key files, then the ssh-agent's keys; never ask for a passphrase."""
+
+    def __init__(self, user: str, keys: list[tuple[str, paramiko.PKey]]) -> None:
+        super().__init__(ssh_config=paramiko.SSHConfig())
+        self.user = user
+        self.keys = keys
+        self.agent_keys = 0
+
+    def get_sources(self) -> Iterator[InMemoryPrivateKey | OnDiskPrivateKey]:
+        for path, key in self.keys:
+            yield OnDiskPrivateKey(self.user, "python-config", path, key)
+        agent = paramiko.Agent()  # no SSH_AUTH_SOCK -> no keys, no error
+        try:
+            for key in agent.get_keys():
+                self.agent_keys += 1
+                yield InMemoryPrivateKey(self.user, key)
+        finally:
+            agent.close()
+
+
+def _open_socket(target: Endpoint, hop: Hop, prev: Hop | None) -> socket.socket | paramiko.Channel:
+    timeout = target.settings.connect_timeout
+    if prev is None:
+        try:
+            sock = socket.create_connection((hop.conn.host, hop.conn.port), timeout=timeout)
+        except OSError as exc:
+            raise _socket_error(target, hop, exc) from exc
+        # Only the first hop has a kernel socket; the others ride inside it, so this covers all.
+        set_dead_link_detection(sock)
+        return sock
+    transport = prev.conn.client.get_transport()
+    assert transport is not None
+    try:
+        return transport.open_channel(
+            "direct-tcpip", (hop.conn.host, hop.conn.port), ("", 0), timeout=timeout
+        )
+    except paramiko.ChannelException as exc:
+        raise HostError(
+            target.name,
+            f"{hop.where}{prev.label} could not connect to {hop.addr}: {exc.text.lower()}",
+            hint=f"is sshd running on {hop.addr}, and reachable from the jump host?",
+        ) from exc
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise HostError(
+            target.name,
+            f"{hop.where}timed out connecting to {hop.addr} through {prev.label} "
+            f"after {timeout:g} s",
+        ) from exc
+
+
+def _handshake(target: Endpoint, hop: Hop, sock: socket.socket | paramiko.Channel) -> None:
+    timeout = target.settings.connect_timeout
+    strategy = _KeysThenAgent(hop.conn.user, hop.loaded)
+    try:
+        hop.conn.client.connect(
+            hop.conn.host,
+            port=hop.conn.port,
+            username=hop.conn.user,
+            sock=sock,
+            # The key exchange wait starts with the banner wait: were they equal, a silent
+            # port could end the kex wait first and be reported as "No existing session".
+            timeout=2 * timeout,
+            banner_timeout=timeout,  # a port that accepts TCP but never speaks SSH
+            auth_timeout=timeout,  # each authentication attempt
+            channel_timeout=timeout,  # opening sessions and jump tunnels
+            auth_strategy=strategy,
+        )
+    except BaseException as exc:
+        sock.close()
+        raise _handshake_error(target, hop, strategy, exc) from exc
+    transport = hop.conn.client.get_transport()
+    assert transport is not None
+    transport.set_keepalive(SSH_KEEPALIVE_S)
+    hop.conn.transport = transport  # fabric's view of the connection stays truthful
+
+
+def _socket_error(target: Endpoint, hop: Hop, exc: OSError) -> HostError:
+    if isinstance(exc, socket.gaierror):
+        return HostError(
+            target.name,
+            f"{hop.where}could not resolve hostname {hop.conn.host}",
+            hint="check the address in the inventory and your DNS",
+        )
+    if isinstance(exc, ConnectionRefusedError):
+        return HostError(
+            target.name,
+            f"{hop.where}connection refused by {hop.addr}",
+            hint=f"is sshd running and listening on port {hop.conn.port}?",
+        )
+    if isinstance(exc, TimeoutError) or exc.errno == errno.ETIMEDOUT:
+        return HostError(
+            target.name,
+            f"{hop.where}timed out connecting to {hop.addr} "
+            f"after {target.settings.connect_timeout:g} s",
+            hint="is the host up, and does a firewall or security group allow SSH from here?",
+        )
+    if exc.errno == errno.EHOSTUNREACH:
+        return HostError(target.name, f"{hop.where}no route to host {hop.addr}")
+    if exc.errno == errno.ENETUNREACH:
+        return HostError(target.name, f"{hop.where}network is unreachable for {hop.addr}")
+    return HostError(target.name, f"{hop.where}cannot connect to {hop.addr}: {exc.strerror or exc}")
+
+
+def _handshake_error(
+    target: Endpoint, hop: Hop, strategy: _KeysThenAgent, exc: BaseException
+) -> BaseException:
+    known = hostkeys.known_hosts_path(target.settings.known_hosts)
+    host, port = hop.conn.host, hop.conn.port
+    if isinstance(exc, hostkeys.UnknownHostKey):
+        return hostkeys.unknown_key_error(target.name, host, port, known, exc, hop.where)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return hostkeys.changed_key_error(target.name, host, port, known, exc, hop.where)
+    if isinstance(exc, hostkeys.UnexpectedHostKey):
+        return hostkeys.unexpected_key_error(target.name, host, port, exc, hop.where)
+    if isinstance(exc, paramiko.AuthenticationException):
+        return _auth_error(target, hop, strategy)
+    if isinstance(exc, OSError):
+        return _socket_error(target, hop, exc)
+    if isinstance(exc, paramiko.SSHException | EOFError):
+        text = str(exc) or type(exc).__name__
+        if "banner" in text:
+            wait = target.settings.connect_timeout
+            text = f"no SSH banner within {wait:g} s (is it an SSH server?)"
+        return HostError(target.name, f"{hop.where}SSH handshake with {hop.addr} failed: {text}")
+    return exc  # KeyboardInterrupt and programming errors pass through unchanged
+
+
+def _auth_error(target: Endpoint, hop: Hop, strategy: _KeysThenAgent) -> HostError:
+    who = f"{hop.conn.user}@{hop.conn.host}"
+    if hop.encrypted and not strategy.agent_keys:
+        key = ", ".join(hop.encrypted)
+        return HostError(
+            target.name,
+            f"{hop.where}cannot log in as {who}: key {key} is passphrase-protected "
+            "and no ssh-agent has it",
+            hint=f"start an agent and add the key (eval $(ssh-agent); ssh-add {hop.encrypted[0]}), "
+            "or use a key without a passphrase",
+        )
+    keys = ", ".join(path for path, _ in hop.loaded) or "none"
+    if strategy.agent_keys:
+        keys += f" + {strategy.agent_keys} agent key(s)"
+    return HostError(
+        target.name,
+        f"{hop.where}authentication failed for {who} (user={hop.conn.user}, key={keys})",
+        hint=f"is the public key in ~{hop.conn.user}/.ssh/authorized_keys on {hop.conn.host}, "
+        "and is the user name right?",
+    )

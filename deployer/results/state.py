@@ -1,0 +1,79 @@
+"""Run ids and the local record of runs, so `down/status/logs RUN_ID` know which hosts to ask.
+
+The hosts stay the source of truth: losing this directory only means naming the inventory again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deployer.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from deployer.config.plan import Plan
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def new_run_id(job: str, now: float | None = None) -> str:
+    """<job>-<UTC timestamp>-<4 hex>: sortable by time, unique when two people start at once."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return f"{job}-{stamp}-{secrets.token_hex(2)}"
+
+
+def state_dir() -> Path:
+    override = os.environ.get("TFDEPLOY_STATE_DIR")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tfdeploy"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    inventory: str  # absolute path of the inventory the run was started from
+    job: str
+    created: float
+    detached: bool
+
+    @classmethod
+    def of(cls, plan: Plan, run_id: str, *, detached: bool) -> RunRecord:
+        inventory = str(plan.inventory.path.resolve())
+        return cls(run_id, inventory, plan.job.name, time.time(), detached)
+
+
+def controller_name() -> str:
+    """user@machine of this controller: hosts show it as whose run holds their ports."""
+    import getpass
+    import socket
+
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):
+        return socket.gethostname()
+
+
+def save(record: RunRecord) -> None:
+    folder = state_dir() / "runs"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = folder / f".{record.run_id}.json.part"
+    tmp.write_text(json.dumps(record.__dict__, indent=1), encoding="utf-8")
+    tmp.replace(folder / f"{record.run_id}.json")
+
+
+def load(run_id: str) -> RunRecord | None:
+    if not RUN_ID.match(run_id):
+        raise UsageError(f"{run_id!r} is not a run id or an inventory file")
+    path = state_dir() / "runs" / f"{run_id}.json"
+    try:
+        return RunRecord(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None

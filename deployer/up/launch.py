@@ -1,0 +1,123 @@
+"""What starting a task means: TF's start order, and the request each task is started with."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+
+from deployer.config.plan import SIDECAR_ROLE, Plan, Task
+from deployer.core.errors import JobFailed
+from deployer.core.text import plural
+from deployer.hosts.agent import Agent, TaskStatus
+from deployer.hosts.fleet import Fleet, Member
+from deployer.watch.board import server_like
+from remote import protocol
+
+# What the agent answers a start in a run that `down` stopped (remote/taskops.py).
+STOPPED_ELSEWHERE = "was stopped; nothing of it starts again"
+
+
+def start_groups(plan: Plan) -> list[list[Task]]:
+    """ps and servers first, then workers, then the chief and evaluators.
+
+    TF clients block on servers that are not up yet, and a PSS chief blocks until every server
+    answers; starting in this order makes each group's wait short and a late server visible.
+    """
+    servers = [t for t in plan.tasks if server_like(t)]
+    workers = [t for t in plan.tasks if t.role == "worker" and not server_like(t)]
+    last = [
+        t
+        for t in plan.tasks
+        if t.role in ("chief", "evaluator", SIDECAR_ROLE) and not server_like(t)
+    ]
+    return [group for group in (servers, workers, last) if group]
+
+
+def by_host(tasks: list[Task]) -> dict[str, list[Task]]:
+    grouped: dict[str, list[Task]] = {}
+    for task in tasks:
+        grouped.setdefault(task.host, []).append(task)
+    return grouped
+
+
+SPOT_POLL_S = 5.0  # how often a spot host's supervisors ask for a notice (AWS advises 5 s)
+SPOT_MARGIN_S = 15.0  # SIGKILL this long before the announced interruption time
+
+
+def start_request(
+    task: Task,
+    agent: Agent,
+    run_id: str,
+    forwarded: Mapping[str, str],
+    attempt: int = 0,
+    interruption_url: str | None = None,
+) -> dict[str, object]:
+    """The `start` entry for one task: its command, and an env made only of what the plan and
+    job.forward_env name (never the controller's environment implicitly)."""
+    command = task.command
+    if task.is_server:
+        server = f"{agent.agent_dir}/tfserver.py"
+        command = f"exec {shlex.quote(agent.python)} {shlex.quote(server)}"
+    request: dict[str, object] = {
+        "name": task.name,
+        "command": command,
+        "env": {
+            **forwarded,
+            **task.env,
+            protocol.RUN_ID_ENV: run_id,
+            protocol.ATTEMPT_ENV: str(attempt),
+        },
+    }
+    if task.cpus is not None:
+        request["cpus"] = task.cpus  # the supervisor pins the task before exec
+    if interruption_url is not None:
+        # A spot notice gives ~2 minutes: SIGTERM at once (TF's PreemptionCheckpointHandler
+        # or the user's handler saves), SIGKILL only just before the machine goes.
+        request["spot"] = {
+            "url": interruption_url,
+            "interval": SPOT_POLL_S,
+            "margin": SPOT_MARGIN_S,
+        }
+    return request
+
+
+def start_group(
+    fleet: Fleet,
+    tasks: list[Task],
+    run_id: str,
+    forwarded: Mapping[str, str],
+    *,
+    grace: float,
+    on_started: Callable[[str, list[TaskStatus]], None],
+    attempt: int = 0,
+) -> None:
+    """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
+    that answered (on this thread). Any host failing makes a JobFailed naming each such host;
+    what other hosts started is left to the caller's teardown.
+    """
+    grouped = by_host(tasks)
+
+    def start_on(member: Member) -> list[TaskStatus]:
+        url = member.host.interruption_url
+        requests = [
+            start_request(t, member.agent, run_id, forwarded, attempt, url)
+            for t in grouped[member.name]
+        ]
+        return member.agent.start(run_id, requests, grace)
+
+    started, failures = fleet.each_settled(start_on, [fleet.member(h) for h in grouped])
+    for host, statuses in started.items():
+        on_started(host, statuses)
+    if failures and all(STOPPED_ELSEWHERE in f.cause for f in failures):
+        raise JobFailed(
+            f"run {run_id} was stopped from elsewhere (`tfdeploy down`); nothing of it starts "
+            "again",
+            hint="every task started so far was stopped",
+        )
+    if failures:
+        lines = "\n".join(f"  {f.message}" for f in failures)
+        names = ", ".join(t.name for t in tasks)
+        raise JobFailed(
+            f"starting {names} failed on {plural(len(failures), 'host')}:\n{lines}",
+            hint="every task started so far was stopped; fix the host and run up again",
+        )

@@ -1,0 +1,248 @@
+"""Preflight: ask every host for its facts and check them; nothing starts unless all pass.
+
+It returns the plan it settled on (GPU counts of `gpus = "auto"` hosts are known only now), so
+the phases after it work from one plan that never changes under them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from deployer.config.inventory import Job
+from deployer.config.plan import SIDECAR_ROLE, Plan
+from deployer.core.errors import HostError, HostsFailed
+from deployer.core.text import plural
+from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
+from deployer.push.sync import Manifest, scan
+from deployer.up import firewall, netcheck
+
+MIN_FREE_DISK = 100 * 1024 * 1024
+
+
+def agreed_tensorflow(facts: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """The TensorFlow version the hosts share; hosts that disagree would fail mid-training."""
+    versions = {name: f.get("tensorflow") for name, f in facts.items()}
+    known = {str(v) for v in versions.values() if v}
+    if len(known) > 1:
+        raise HostsFailed(
+            [HostError(n, f"TensorFlow {v or 'missing'}") for n, v in sorted(versions.items())],
+            what="hosts disagree on the TensorFlow version",
+        )
+    return sorted(known)
+
+
+def host_problems(
+    host: str, facts: Mapping[str, object], *, python: str, job: Job, manifest: Manifest
+) -> list[HostError]:
+    """Busy TF ports, a missing TensorFlow (unless setup may install it), too little disk."""
+    problems = []
+    problems += _busy_ports(host, facts)
+    if not facts.get("tensorflow") and not job.setup and job.require_tensorflow:
+        problems.append(
+            HostError(
+                host,
+                f"TensorFlow is not installed for {python}",
+                hint="install tensorflow on the host or add it to job.setup (a job that does "
+                "not use TensorFlow: require_tensorflow = false)",
+            )
+        )
+    free = int(facts.get("disk_free") or 0)  # type: ignore[call-overload]
+    needed = MIN_FREE_DISK + 2 * manifest.total_bytes
+    if free < needed:
+        problems.append(
+            HostError(
+                host,
+                f"only {free // 2**20} MiB free in {facts.get('workdir')}, "
+                f"need {needed // 2**20} MiB",
+            )
+        )
+    return problems
+
+
+def _busy_ports(host: str, facts: Mapping[str, object]) -> list[HostError]:
+    busy = [int(p) for p in facts.get("busy_ports") or []]  # type: ignore[attr-defined]
+    if not busy:
+        return []
+    held: Mapping[str, str] = facts.get("reserved_by") or {}  # type: ignore[assignment]
+    runs = sorted({held[str(p)] for p in busy if str(p) in held})
+    ports = ", ".join(str(p) for p in busy)
+    if runs:  # another `up` is between its preflight and its start
+        return [
+            HostError(
+                host,
+                f"TF port(s) {ports} already in use: reserved by run {', '.join(runs)}",
+                hint="another `up` of this job is starting; wait for it or stop it "
+                f"(`tfdeploy down {runs[0]}`)",
+            )
+        ]
+    return [
+        HostError(
+            host,
+            f"TF port(s) {ports} already in use",
+            hint="stop what holds them (`tfdeploy status` lists runs) or set another port",
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What preflight found: the plan to run, the code to push, and what to tell the user."""
+
+    plan: Plan
+    manifest: Manifest
+    gpu_hosts: frozenset[str]  # hosts whose GPU use the live view shows
+    gpu_reports: Mapping[str, GpuReport]
+    warnings: tuple[str, ...]
+    summary: str  # "python 3.11.2, tensorflow 2.21.0"
+    # Hosts that see one workdir (an NFS home), in plan order; a host alone is a group of one.
+    # The push sends each content to the first host of a group only.
+    workdir_groups: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The run preflight reserves the TF ports for, and how long a silent controller keeps them."""
+
+    run_id: str
+    lease_seconds: float
+
+
+def preflight(
+    plan: Plan,
+    fleet: Fleet,
+    claim: Claim,
+    *,
+    forwarded: Sequence[str] = (),
+    network: bool = True,
+) -> Settled:
+    """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
+
+    The hello reserves each host's TF ports for `claim.run_id`; if any check fails they are
+    released again, since nothing of the run will start. Last, unless `network` is False or
+    the job says `netcheck = false`, every TF connection between hosts is tried (netcheck.py).
+    """
+    members = [fleet.member(h.name) for h in plan.hosts]
+    manifest = scan(plan.job.code)
+    claimed: set[str] = set()  # hosts whose hello answered: they may hold a reservation
+    try:
+        settled = _settle(plan, fleet, claim, members, claimed, manifest, forwarded)
+        if network and plan.job.netcheck:
+            tried = netcheck.check(fleet, settled.plan, claim.run_id)
+            if tried:
+                checked = f"{plural(tried, 'TF connection')} between hosts tried"
+                settled = dataclasses.replace(settled, summary=f"{settled.summary}; {checked}")
+        return settled
+    except BaseException as exc:
+        # Only hosts that answered: an unreachable one would make Ctrl-C wait for its timeout.
+        holders = [m for m in members if m.name in claimed]
+        fleet.each_settled(
+            lambda m: m.agent.release(claim.run_id),
+            holders,
+            urgent=isinstance(exc, KeyboardInterrupt),
+        )
+        raise
+
+
+def _settle(
+    plan: Plan,
+    fleet: Fleet,
+    claim: Claim,
+    members: list[Member],
+    claimed: set[str],
+    manifest: Manifest,
+    forwarded: Sequence[str],
+) -> Settled:
+    facts = fleet.each(lambda m: _hello(plan, m, claim, claimed), members, what="preflight failed")
+    tf_versions = agreed_tensorflow(facts)
+    problems = [
+        problem
+        for name, f in facts.items()
+        for problem in host_problems(
+            name, f, python=fleet.member(name).agent.python, job=plan.job, manifest=manifest
+        )
+    ]
+    reports = gpu_reports(facts)
+    settled_plan, gpu_problems, warnings = check_gpus(plan, reports)
+    problems += gpu_problems
+    if plan.job.firewall:
+        problems += firewall.check(fleet, members)
+    problems += _tensorboard_missing(plan, fleet)
+    if problems:
+        raise HostsFailed(problems)
+    missing = sorted(set(plan.job.forward_env) - set(forwarded))
+    if missing:
+        warnings.append(f"forward_env: {', '.join(missing)} are not set here")
+    python = sorted({str(f.get("python")) for f in facts.values()})
+    return Settled(
+        plan=settled_plan,
+        manifest=manifest,
+        gpu_hosts=frozenset(monitored_hosts(settled_plan, reports)),
+        gpu_reports=reports,
+        warnings=tuple(warnings),
+        summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
+        workdir_groups=shared_workdirs([m.name for m in members], facts),
+    )
+
+
+def _tensorboard_missing(plan: Plan, fleet: Fleet) -> list[HostError]:
+    """[job.tensorboard] needs the package where it runs, unless job.setup may install it."""
+    sidecar = next((t for t in plan.tasks if t.role == SIDECAR_ROLE), None)
+    if sidecar is None or plan.job.setup:
+        return []
+    agent = fleet.member(sidecar.host).agent
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('tensorboard') else 3)"
+    if agent.transport.run([agent.python, "-c", probe], timeout=60).exit_code == 0:
+        return []
+    return [
+        HostError(
+            sidecar.host,
+            f"TensorBoard is not installed for {agent.python} ([job.tensorboard] runs it here)",
+            hint="pip install tensorboard on the host, add it to job.setup, or drop "
+            "[job.tensorboard]",
+        )
+    ]
+
+
+def shared_workdirs(
+    hosts: Sequence[str], facts: Mapping[str, Mapping[str, object]]
+) -> tuple[tuple[str, ...], ...]:
+    """Group hosts by the workdir they see, from each hello's `host_id` and `shared_with`.
+
+    Two hosts share when either lists the other (of two hellos at one instant only the later is
+    sure to see the other's token) or they report the same id (one machine, e.g. loopback).
+    """
+    ids = {h: str(facts[h].get("host_id") or "") for h in hosts}
+    group = {h: h for h in hosts}  # union-find: each host's representative
+
+    def root(h: str) -> str:
+        while group[h] != h:
+            h = group[h]
+        return h
+
+    by_id: dict[str, str] = {}
+    for h in hosts:
+        if not ids[h]:
+            continue  # an agent without host ids: keep it on its own
+        if ids[h] in by_id:
+            group[root(h)] = root(by_id[ids[h]])
+        by_id.setdefault(ids[h], h)
+    for h in hosts:
+        for other_id in facts[h].get("shared_with") or []:  # type: ignore[attr-defined]
+            if other_id in by_id:
+                group[root(by_id[other_id])] = root(h)
+    groups: dict[str, list[str]] = {}
+    for h in hosts:
+        groups.setdefault(root(h), []).append(h)
+    return tuple(tuple(g) for g in groups.values())
+
+
+def _hello(plan: Plan, member: Member, claim: Claim, claimed: set[str]) -> dict[str, object]:
+    ports = [t.port for t in plan.tasks_on(member.name) if t.port is not None]
+    facts = member.agent.install(ports, run_id=claim.run_id, lease_seconds=claim.lease_seconds)
+    claimed.add(member.name)
+    if wants_gpus(member.host):
+        facts["gpus"] = member.agent.gpus()
+    return facts

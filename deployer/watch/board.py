@@ -1,0 +1,263 @@
+"""What the controller knows of each task while a run goes on, and the rules that judge it.
+
+Pure: no I/O and no clock of its own. The rules (which failure counts first, whether a failed
+task is restarted, when a job is stalled, what a failure report says) read in one place and are
+tested as tables; lifecycle.py acts on their answers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from deployer.config.inventory import Job
+from deployer.config.plan import Task
+from deployer.core.errors import JobFailed
+from deployer.core.lines import LineAssembler
+from deployer.core.secrets import mask_text
+from deployer.hosts.agent import TaskStatus
+
+TAIL_LINES = 20
+
+
+def server_like(task: Task) -> bool:
+    """Tasks that must be serving before anyone else starts (TF clients block on them)."""
+    return task.is_server or task.role == "ps"
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One line of the task table: what a view shows of a task, as plain values."""
+
+    name: str  # role:index
+    host: str
+    state: str
+    pid: int | None = None
+    gpus: str = "-"
+    gpu_use: str = ""  # "87% 20.1/22.5 GiB" of the task's GPUs, when the host has nvidia-smi
+    started: float | None = None
+    ended: float | None = None
+    restarts: int = 0
+    outcome: str = ""  # "exit code 0", "killed by signal 9" once finished
+    last_line: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.host}"
+
+
+@dataclass
+class TaskWatch:
+    """What the controller knows of one task while the job runs."""
+
+    task: Task
+    offset: int = 0
+    status: TaskStatus | None = None
+    lines: LineAssembler = field(default_factory=LineAssembler)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    restarts: int = 0  # restarts decided by this controller (failure policy "restart")
+    attempt: int = 0  # the whole job's attempt (policy "restart-job"), TFDEPLOY_ATTEMPT
+    mark: tuple[object, ...] = ()  # (log bytes, state, restarts) at the last observed change
+    active_at: float = 0.0  # controller clock at that change: the stall watchdog's input
+
+    @property
+    def label(self) -> str:
+        again = f" [attempt {self.attempt}]" if self.attempt else ""
+        return f"{self.task.name}@{self.task.host}{again}"
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not None and self.status.finished
+
+
+class TaskBoard:
+    """Every task of the run, as the hosts last reported it."""
+
+    def __init__(self, tasks: Iterable[Task]) -> None:
+        self.watches = {t.name: TaskWatch(t) for t in tasks}
+
+    def __getitem__(self, name: str) -> TaskWatch:
+        return self.watches[name]
+
+    @property
+    def attempt(self) -> int:
+        return max((w.attempt for w in self.watches.values()), default=0)
+
+    def carry_over(self, previous: TaskBoard, *, moved: set[str]) -> None:
+        """After a host was replaced: each task goes on from where `previous` saw it (its log
+        offset on its host, its attempt), except the `moved` ones, whose log starts afresh."""
+        for name, watch in self.watches.items():
+            old = previous.watches.get(name)
+            if old is None:
+                continue
+            watch.attempt, watch.restarts = old.attempt, old.restarts
+            if name not in moved:
+                watch.offset, watch.lines = old.offset, old.lines
+
+    def next_attempt(self) -> int:
+        """A whole-job restart: every task starts afresh; its log goes on where it was."""
+        attempt = self.attempt + 1
+        for watch in self.watches.values():
+            watch.attempt, watch.status = attempt, None
+            watch.tail.clear()
+        return attempt
+
+    def update(self, statuses: Sequence[TaskStatus]) -> None:
+        for status in statuses:
+            if status.name in self.watches:
+                self.watches[status.name].status = status
+
+    def feed(self, name: str, offset: int, data: bytes) -> list[str]:
+        """Log bytes read up to `offset`; returns the complete lines to show."""
+        watch = self.watches[name]
+        watch.offset = offset
+        lines = watch.lines.feed(data)
+        if watch.status is not None and watch.status.finished and offset >= watch.status.log_bytes:
+            lines += watch.lines.flush()
+        watch.tail.extend(lines)
+        return lines
+
+    def offsets(self, host: str) -> dict[str, int]:
+        """Where to read on for each started task of a host."""
+        return {
+            w.task.name: w.offset
+            for w in self.watches.values()
+            if w.task.host == host and w.status is not None
+        }
+
+    def behind(self) -> bool:
+        """Some task's log holds more than the last poll could carry (max_bytes per host)."""
+        return any(
+            w.status is not None and w.offset < w.status.log_bytes for w in self.watches.values()
+        )
+
+    def bytes_read(self) -> int:
+        return sum(w.offset for w in self.watches.values())
+
+    def finished(self, name: str) -> bool:
+        return self.watches[name].finished
+
+    def first_failure(self, awaited: Sequence[str]) -> str | None:
+        """The task that failed first: an awaited task, or a server the others depend on."""
+        failed = [
+            w
+            for w in self.watches.values()
+            if w.status is not None
+            and w.status.finished
+            and not w.status.succeeded
+            and (w.task.name in awaited or server_like(w.task))
+        ]
+        failed.sort(key=lambda w: (w.status.ended or 0.0) if w.status else 0.0)
+        return failed[0].task.name if failed else None
+
+    def rows(self, gpu_use: Callable[[Task], str]) -> list[TaskRow]:
+        rows = []
+        for w in self.watches.values():
+            s = w.status
+            rows.append(
+                TaskRow(
+                    name=w.task.name,
+                    host=w.task.host,
+                    state=s.state if s else "pending",
+                    pid=s.pid if s else None,
+                    gpus=",".join(map(str, w.task.gpus)) or "-",
+                    gpu_use=gpu_use(w.task),
+                    started=s.started if s else None,
+                    ended=s.ended if s else None,
+                    restarts=max(w.restarts, s.restarts if s else 0),
+                    outcome=s.outcome() if s and s.finished else "",
+                    last_line=w.tail[-1] if w.tail else "",
+                )
+            )
+        return rows
+
+    def failure(self, name: str, what: str, *, run_id: str, secret_env: Sequence[str]) -> JobFailed:
+        """The report of a failed task: who, how it ended, and its last log lines."""
+        watch = self.watches[name]
+        status = watch.status
+        outcome = status.outcome() if status else "unknown"
+        lines = len(watch.tail)
+        tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
+        noun = "log line" if lines == 1 else "log lines"
+        message = f"{watch.label} {what} ({outcome}); its last {lines} {noun}:\n{tail}"
+        if status is not None and status.reason == "stopped":
+            # This controller had not stopped anything yet: `down` (or another controller) did.
+            message = (
+                f"run {run_id} was stopped from elsewhere (`tfdeploy down` or another "
+                f"controller): {watch.label} was {outcome}"
+            )
+        others = "the other tasks were stopped; " if len(self.watches) > 1 else ""
+        return JobFailed(
+            mask_text(message, watch.task.env, secret_env),
+            hint=f"{others}full log: tfdeploy logs {run_id} --task {name}",
+        )
+
+    # ---- the stall watchdog's input and verdict ---------------------------------------------
+
+    def start_stall_clock(self, now: float) -> None:
+        """The stall clock starts when watching starts, not when the tasks did."""
+        for w in self.watches.values():
+            w.active_at = max(w.active_at, now)
+
+    def note_activity(self, now: float) -> None:
+        """Remembers when each task last wrote a byte, changed state or was restarted."""
+        for w in self.watches.values():
+            s = w.status
+            mark = (s.log_bytes, s.state, s.restarts, w.restarts) if s else ()
+            if mark != w.mark:
+                w.mark, w.active_at = mark, now
+
+    def stalled(self, awaited: Sequence[str], limit: float | None, now: float) -> str | None:
+        """stall_timeout: why the job counts as hung at `now`, or None while it is working.
+
+        A job whose awaited tasks all stay silent is hung: a ParameterServerStrategy chief waits
+        forever, without a word, for a frozen worker; only a watchdog outside TensorFlow ends it.
+        """
+        if limit is None:
+            return None
+        last = max(self.watches[n].active_at for n in awaited)
+        if now - last < limit:
+            return None
+        running = [w for w in self.watches.values() if w.status and not w.status.finished]
+        frozen = [w.label for w in running if w.status and w.status.frozen]
+        silent = [w.label for w in running if now - w.active_at >= limit and w.label not in frozen]
+        report = f"silent for {limit:g} s or more: {', '.join(silent) or 'none'}"
+        if frozen:
+            report += f"; frozen (stopped by a signal, e.g. SIGSTOP): {', '.join(frozen)}"
+        return (
+            f"job stalled: no awaited task ({', '.join(awaited)}) wrote output or exited for "
+            f"{now - last:.0f} s (stall_timeout = {limit:g} s); {report}"
+        )
+
+
+def retryable(status: TaskStatus | None, job: Job) -> bool:
+    """Policy "restart-job", judged on the first failure (the root cause): a signal or an exit
+    code of 128+ (preemption, OOM kill, a lost host) is worth a restart; 1-127 is the program's
+    own verdict (a bug) and restarting will not help. `retry_exit_codes` lists the codes to
+    retry instead. A lost host (no status) is retryable: it may come back, or be replaced.
+    """
+    if status is None or status.reason in ("lost", "preempted") or status.signal is not None:
+        return True
+    code = status.exit_code
+    if code is None:
+        return True
+    if job.retry_exit_codes is not None:
+        return code in job.retry_exit_codes
+    return code >= 128
+
+
+def may_restart(watch: TaskWatch, job: Job) -> bool:
+    """Policy "restart": a failed worker or ps is started again, at most max_restarts times.
+
+    Not a task that tfdeploy itself stopped or whose lease expired: those ended on purpose.
+    """
+    status = watch.status
+    return (
+        job.on_failure == "restart"
+        and watch.task.role in ("worker", "ps")
+        and watch.restarts < job.max_restarts
+        and status is not None
+        and status.reason not in ("stopped", "lease expired", "preempted")  # preempted: its
+        # machine is going away, and the task would be started again there in vain
+    )

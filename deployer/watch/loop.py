@@ -1,0 +1,191 @@
+"""The watch phase of `up`: poll, show, and act on what the rules say, until the job ends.
+
+Each tick's I/O is the poller's and each judgment is a pure rule's (board.py, contact.py); this
+class only loops over them, writes to the view and raises the job's failure. Restarting a task
+needs the start phase, so the deployment hands it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NoReturn
+
+from deployer.config.plan import Plan, Task
+from deployer.core.errors import JobFailed
+from deployer.core.text import join_names, plural
+from deployer.hosts.gpus import GpuMonitor
+from deployer.watch.board import TaskBoard, may_restart, retryable
+from deployer.watch.contact import Loss
+from deployer.watch.poller import Poller, Tick
+from deployer.watch.view import View
+
+
+class RestartJob(Exception):
+    """Policy "restart-job" decided the whole job starts again (the deployment does it)."""
+
+    def __init__(self, cause: str, host: str, *, gone: bool = False) -> None:
+        super().__init__(cause)
+        self.cause = cause  # "worker:1@h2 was killed by signal 9"
+        self.host = host  # where the first failure happened
+        self.gone = gone  # the host itself is lost or being taken away: replace it if one can
+
+
+class Watch:
+    """Ticks over one run's started hosts; `until_done` returns when the awaited tasks exit."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        poller: Poller,
+        view: View,
+        *,
+        restart: Callable[[str], None],
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        interval: float,
+        lease: float,
+    ) -> None:
+        self.plan = plan
+        self.poller = poller
+        self.board: TaskBoard = poller.board
+        self.view = view
+        self.restart = restart
+        self.clock = clock
+        self.sleep = sleep
+        self.interval = interval
+        self.lease = lease
+        self.run_id = poller.run_id
+
+    @property
+    def gpu_monitor(self) -> GpuMonitor | None:
+        return self.poller.gpu_monitor
+
+    def wait_listening(self, servers: list[Task], deadline: float) -> None:
+        waiting = {t.name for t in servers}
+        while waiting:
+            polls = self.tick().polls
+            for poll in polls.values():
+                for status in poll.tasks:
+                    if status.name in waiting and status.finished:
+                        raise self.failure(status.name, "stopped before it served its port")
+            for host, poll in polls.items():
+                waiting -= {t.name for t in self.plan.tasks_on(host) if t.port in poll.listening}
+            if waiting and self.clock() > deadline:
+                late = ", ".join(sorted(waiting))
+                raise JobFailed(
+                    f"{late} did not accept connections on its TF port within "
+                    f"{self.plan.job.start_timeout:g} s (start_timeout)",
+                    hint="check its log with `tfdeploy logs`, or raise job.start_timeout",
+                )
+            if waiting:
+                self.sleep(self.interval)
+
+    def until_done(self) -> None:
+        """Streams logs until every awaited task has exited; fails fast on the first failure."""
+        awaited = [t.name for t in self.plan.tasks if t.awaited]
+        verb = "exits" if len(awaited) == 1 else "exit"
+        self.view.step(f"watching; the job ends when {join_names(awaited)} {verb}")
+        self.board.start_stall_clock(self.clock())
+        while True:
+            self.tick()
+            failed = self.board.first_failure(awaited)
+            if failed and may_restart(self.board[failed], self.plan.job):
+                self.restart(failed)
+                continue
+            if failed and self.plan.job.on_failure == "restart-job":
+                self._restart_job_or_fail(failed)
+            if failed:
+                restarts = self.board[failed].restarts
+                after = f" after {plural(restarts, 'restart')}" if restarts else ""
+                status = self.board[failed].status
+                what = "was preempted" if status and status.preempted else f"failed{after}"
+                raise self.failure(failed, what)
+            if all(self.board.finished(n) for n in awaited):
+                break
+            stalled = self.board.stalled(awaited, self.plan.job.stall_timeout, self.clock())
+            if stalled:
+                raise JobFailed(
+                    stalled,
+                    hint="a frozen or hung peer blocks TensorFlow without an error; every task "
+                    f"was stopped. Logs: tfdeploy logs {self.run_id}",
+                )
+            if not self.board.behind():  # a backlog is read at once: waiting only adds latency
+                self.sleep(self.interval)
+        self.drain()
+        self._grace_for_evaluators()
+        rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
+        self.view.step(f"job succeeded: {join_names(awaited)} exited 0{rest}")
+
+    def _restart_job_or_fail(self, failed: str) -> None:
+        """Raises RestartJob when the first failure is worth it and attempts remain."""
+        job, watch = self.plan.job, self.board[failed]
+        outcome = watch.status.outcome() if watch.status else "lost"
+        if not retryable(watch.status, job):
+            codes = (
+                f"retry_exit_codes = {list(job.retry_exit_codes)}"
+                if job.retry_exit_codes is not None
+                else "only signals and exit codes 128+ are retried"
+            )
+            raise self.failure(failed, f"failed with a permanent error, not restarted ({codes})")
+        if self.board.attempt >= job.max_restarts:
+            left = f"failed; no restart left (max_restarts = {job.max_restarts})"
+            raise self.failure(failed, left)
+        gone = watch.status is None or watch.status.preempted
+        raise RestartJob(f"{watch.label} {outcome}", watch.task.host, gone=gone)
+
+    def drain(self) -> None:
+        """Reads what finished tasks wrote after the last poll: every line is shown, even a
+        backlog larger than one poll carries."""
+        while self.board.behind():
+            before = self.board.bytes_read()
+            self.tick()
+            if self.board.bytes_read() == before:
+                return  # no progress (a log shrank or vanished): nothing more to show
+
+    def _grace_for_evaluators(self) -> None:
+        evaluators = [t.name for t in self.plan.tasks if t.role == "evaluator"]
+        if not evaluators:
+            return
+        grace = self.plan.job.evaluator_grace
+        self.view.step(f"waiting up to {grace:g} s for evaluators to finish")
+        deadline = self.clock() + grace
+        while self.clock() < deadline and not all(self.board.finished(n) for n in evaluators):
+            self.sleep(self.interval)
+            self.tick()
+
+    def tick(self, *, heartbeat: bool = True, tolerate: bool = False) -> Tick:
+        """One poll of every started host, shown; a lost host fails the job."""
+        tick = self.poller.tick(heartbeat=heartbeat, tolerate=tolerate)
+        for host in tick.recovered:
+            self.view.step(f"contact with {host} is back; logs resume where they stopped")
+        for label, lines in tick.lines:
+            self.view.lines(label, lines)
+        for outage in tick.outages:
+            self.view.step(
+                f"no answer from {outage.host} ({outage.cause}); retrying for up to "
+                f"{self.poller.contact.loss_after:g} s"
+            )
+        self.view.tasks(self.board.rows(self._gpu_use))
+        if tick.loss is not None:
+            self._host_lost(tick.loss)
+        return tick
+
+    def _host_lost(self, loss: Loss) -> NoReturn:
+        self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
+        job = self.plan.job
+        if job.on_failure == "restart-job" and self.board.attempt < job.max_restarts:
+            raise RestartJob(f"host {loss.host} was lost ({loss.cause})", loss.host, gone=True)
+        tasks = [t.name for t in self.plan.tasks_on(loss.host)]
+        raise loss.error(tasks, lease=self.lease, status_command=self._status_command())
+
+    def _status_command(self) -> str:
+        return f"tfdeploy status {self.run_id} -i {self.plan.inventory.path}"
+
+    def failure(self, name: str, what: str) -> JobFailed:
+        self.tick(heartbeat=True, tolerate=True)  # drain the last log lines of the task
+        return self.board.failure(
+            name, what, run_id=self.run_id, secret_env=self.plan.job.secret_env
+        )
+
+    def _gpu_use(self, task: Task) -> str:
+        return self.gpu_monitor.usage(task) if self.gpu_monitor else ""
