@@ -8,4 +8,5 @@ V=${TFDEPLOY_VENV:-/opt/tfdeploy/venv}
 "$V/bin/ruff" check .
 "$V/bin/ruff" format --check .
 "$V/bin/mypy"
+"$V/bin/lint-imports" --no-cache | tail -n +13  # the contracts in pyproject.toml, by name
 exec "$V/bin/pytest" -q "$@"

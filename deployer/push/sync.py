@@ -14,19 +14,15 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pathspec
 
 from deployer.config.inventory import Job
 from deployer.core.errors import HostError, InventoryError
 from deployer.core.secrets import mask_text
-from deployer.core.text import join_names, plural
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
-
-if TYPE_CHECKING:
-    from deployer.push.fanout import Spread
 
 IGNORE_FILES = (".gitignore", ".tfdeployignore")
 ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".tfdeployignore")
@@ -165,31 +161,6 @@ def push_all(
             lambda m: push(m.agent, manifest, run_fields), wave, what="pushing the code failed"
         )
     return results
-
-
-def push_summary(
-    results: dict[str, PushResult],
-    manifest: Manifest,
-    run_id: str,
-    groups: Sequence[Sequence[str]] = (),
-    spread: Spread | None = None,
-) -> list[str]:
-    """What a push did, in the words `up` prints: shared workdirs first, the fan-out, then what
-    the controller sent (to the fan-out's seed and directly)."""
-    lines = [f"{join_names(list(g))} share one workdir: each file is sent once" for g in groups]
-    lines += spread.lines() if spread is not None else []
-    direct = sum(r.sent_bytes for r in results.values())
-    sent = direct + (spread.uplink_bytes if spread else 0)
-    sent_files = sum(r.sent_files for r in results.values())
-    if not sent:
-        news = "0 bytes sent, every file was already there"
-    elif spread is not None:
-        news = f"{sent} bytes sent from here ({spread.uplink_bytes} to the fan-out's seed)"
-    else:
-        news = f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
-    files = plural(len(manifest.files), "file")
-    lines.append(f"pushed {files} to {plural(len(results), 'host')}: {news} (run {run_id})")
-    return lines
 
 
 def run_setup(member: Member, run_id: str, job: Job, manifest: Manifest) -> bool:

@@ -25,7 +25,8 @@ from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push import fanout
-from deployer.push.sync import Manifest, push_all, push_summary, run_setup
+from deployer.push.summary import push_summary
+from deployer.push.sync import Manifest, push_all, run_setup
 from deployer.results.archive import LogArchive
 from deployer.results.pull import artifacts_home
 from deployer.results.state import RunRecord, controller_name, new_run_id, save
