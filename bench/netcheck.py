@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from bench.tools import make_tmp
-from deployer.config.inventory import load_inventory
 from deployer.config.plan import make_plan
 from deployer.hosts.fleet import Fleet
+from deployer.sources import load_inventory
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import PlainView
 from tests.lab import start_lab

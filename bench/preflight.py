@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import sys
 
-from deployer.config.inventory import load_inventory
 from deployer.config.plan import make_plan
 from deployer.hosts.fleet import Fleet
+from deployer.sources import load_inventory
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import PlainView
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deployer.config.inventory import load_inventory
 from deployer.config.plan import make_plan
 from deployer.hosts.fleet import Fleet
+from deployer.sources import load_inventory
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import PlainView, TaskRow, prefixed, task_table
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployer.config.inventory import Host
+from deployer.config.model import Host
 from deployer.core.errors import HostError
 from deployer.hosts.transport import CommandResult
 
@@ -306,6 +306,10 @@ class FakeTransport:
         if self.host.refusing:
             raise HostError(self.name, self.host.refusing)
         return FakeSession(self.host)
+
+    def connect(self) -> None:
+        if self.host.refusing:
+            raise HostError(self.name, self.host.refusing)
 
     def close(self) -> None:
         pass

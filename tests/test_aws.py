@@ -19,9 +19,10 @@ import pytest
 from rich.console import Console
 
 from deployer.cli.main import Env, run
-from deployer.config.inventory import load_inventory
 from deployer.core.errors import InventoryError
-from deployer.sources.aws import DiscoveryError, resolve_hosts
+from deployer.sources import load_inventory
+from deployer.sources.aws import resolve_hosts
+from deployer.sources.aws.settings import DiscoveryError
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
 

@@ -12,16 +12,17 @@ import boto3
 import pytest
 from moto.core.authorization import enable_iam_authentication
 
-from deployer.config.inventory import load_inventory
+from deployer.config.sources import ANY_TIME, AT_DOWN
 from deployer.core.errors import InventoryError
-from deployer.sources.aws import LAUNCHED_TAG, AwsSettings
-from deployer.sources.ec2 import (
+from deployer.sources import load_inventory
+from deployer.sources.aws import AwsSource
+from deployer.sources.aws.launch import (
     LaunchError,
-    fleet_down,
     launch_request,
     parse_fingerprints,
     provision,
 )
+from deployer.sources.aws.settings import LAUNCHED_TAG, AwsSettings
 from tests.test_aws import REGION, cli, launch, write_inventory
 
 GROUP = """
@@ -49,8 +50,8 @@ def inventory(tmp_path: Path, ec2: Any, *, count: int = 3, extra: str = "", aws:
 
 def settings_of(path: Path) -> AwsSettings:
     (source,) = load_inventory(path).pending
-    assert isinstance(source, AwsSettings)
-    return source
+    assert isinstance(source, AwsSource)
+    return source.settings
 
 
 def states(ec2: Any, *, terminated: bool = False) -> dict[str, str]:
@@ -197,8 +198,11 @@ def test_down_terminate_ends_only_what_tfdeploy_launched(ec2: Any, tmp_path: Pat
     group = settings.groups[0]
     ours = ec2.run_instances(**launch_request(ec2, group, 2, "mnist"))["Instances"]
     other_job = ec2.run_instances(**launch_request(ec2, group, 1, "other"))["Instances"]
-    assert fleet_down(load_inventory(path), ("down",)) == []  # terminate_after = "never"
-    lines = fleet_down(load_inventory(path), ("down", "job-end", "never"))
+    (source,) = load_inventory(path).sources
+    lines: list[str] = []
+    source.terminate(AT_DOWN, lines.append)
+    assert lines == []  # terminate_after = "never"
+    source.terminate(ANY_TIME, lines.append)
     ids = sorted(i["InstanceId"] for i in ours)
     assert lines == [f"terminated 2 instances tfdeploy launched: {', '.join(ids)}"]
     now = states(ec2, terminated=True)

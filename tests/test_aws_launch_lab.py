@@ -20,7 +20,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from deployer.sources.aws import LAUNCHED_TAG
+from deployer.sources.aws.settings import LAUNCHED_TAG
 from tests.fakes.imds import Imds
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
@@ -81,7 +81,7 @@ def fleet(lab: Lab, ec2: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeF
 
     monkeypatch.setattr(Subnet, "get_available_subnet_ip", lab_address)
     monkeypatch.setattr(General, "get_console_output", console)
-    monkeypatch.setattr("deployer.sources.ec2.POLL_S", 0.2)
+    monkeypatch.setattr("deployer.sources.aws.launch.POLL_S", 0.2)
     yield fake
     for h in lab.hosts[:4]:
         lab.kill_leftovers(h)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from deployer.config.inventory import SSHSettings
+from deployer.config.model import SSHSettings
 from deployer.core.errors import HostError
 from deployer.hosts.agent import Agent
 from deployer.hosts.ssh import Endpoint

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from deployer.config.inventory import BUILTIN_SERVER, SSHSettings, TaskSpec, load_inventory
+from deployer.config.inventory import load_inventory
+from deployer.config.model import SSHSettings, TaskSpec
+from deployer.config.roles import BUILTIN_SERVER
 from deployer.core.errors import ExitStatus, InventoryError
 from tests.helpers import JOB, load, write_toml
 

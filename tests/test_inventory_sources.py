@@ -1,28 +1,31 @@
-"""Host sources: top-level tables the parser does not know, plugged in through `register_source`."""
+"""Host sources: top-level tables the parser does not know, given to `load_inventory` as readers."""
 
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-import deployer.config.inventory as inventory_module
+from deployer.cli.render import plan_json, plan_table
 from deployer.config.inventory import (
-    Discovered,
-    SourceContext,
-    Sourced,
+    Inventory,
     discover_hosts,
-    load_inventory,
     make_host,
     parse_host_settings,
 )
+from deployer.config.inventory import load_inventory as load_with
+from deployer.config.model import Host
+from deployer.config.plan import make_plan
 from deployer.config.schema import Table
+from deployer.config.sources import Discovered, Say, SourceContext, Sourced, SourceTable
 from deployer.core.errors import InventoryError
 from tests.helpers import JOB, write_toml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Rack:
     size: int
     key: str = "rack"
 
-    def discover(self, file: str) -> Discovered:
+    def discover(self, file: str, *, preview: bool = False) -> Discovered:
         settings = parse_host_settings(self.table, self.context)
         hosts = tuple(
             make_host(
@@ -47,7 +50,20 @@ class Rack:
             )
             for i in range(self.size)
         )
-        return Discovered(hosts=hosts, instances=tuple(f"machine {i}" for i in range(self.size)))
+        rows = tuple((h.name, h.address) for h in hosts)
+        table = SourceTable(f"{self.size} rack machines", ("machine", "address"), rows, "rack")
+        return Discovered(
+            hosts=hosts, instances=tuple(f"machine {i}" for i in range(self.size)), table=table
+        )
+
+    def provision(self, file: str, say: Say) -> Discovered:
+        return self.discover(file)
+
+    def replace(self, file: str, gone: Host, say: Say) -> Host | None:
+        return None
+
+    def terminate(self, when: tuple[str, ...], say: Say) -> None:
+        """A rack's machines are not ours to end."""
 
 
 def read_rack(t: Table, context: SourceContext) -> Sourced:
@@ -67,10 +83,16 @@ def read_pair(t: Table, context: SourceContext) -> Sourced:
     )
 
 
+READERS = {"rack": lambda: read_rack, "pair": lambda: read_pair}
+
+
+def load_inventory(path: Path) -> Inventory:
+    return load_with(path, READERS)
+
+
 @pytest.fixture
-def sources(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(inventory_module._SOURCES, "rack", read_rack)
-    monkeypatch.setitem(inventory_module._SOURCES, "pair", read_pair)
+def sources() -> None:
+    """The readers are passed to every load in this file; the fixture names the dependence."""
 
 
 def test_a_registered_source_adds_hosts_without_hosts_table(tmp_path: Path, sources: None) -> None:
@@ -116,15 +138,29 @@ def test_hosts_of_a_source_must_not_clash_with_the_static_ones(
 def test_an_unregistered_table_is_still_an_unknown_key(tmp_path: Path) -> None:
     text = JOB + '[rack]\nsize = 2\n[[hosts]]\naddress = "a"\ntasks = [{ role = "chief" }]\n'
     with pytest.raises(InventoryError, match=r"rack: unknown key \(known keys here: hosts, job"):
-        load_inventory(write_toml(tmp_path, text))
+        load_with(write_toml(tmp_path, text))
 
 
 def test_the_aws_source_uses_only_public_names_of_the_inventory() -> None:
-    """aws.py plugs in like any other source: no private helper, no Table internals."""
-    tree = ast.parse((ROOT / "deployer" / "sources" / "aws.py").read_text())
-    ours = ("deployer.config.inventory", "deployer.config.schema")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module in ours:
-            assert not [a.name for a in node.names if a.name.startswith("_")]
-        if isinstance(node, ast.Attribute):
-            assert node.attr not in ("_data", "_seen"), ast.unparse(node)
+    """The aws package plugs in like any other source: no private helper, no Table internals."""
+    ours = ("deployer.config.inventory", "deployer.config.schema", "deployer.config.sources")
+    for path in sorted((ROOT / "deployer" / "sources" / "aws").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in ours:
+                assert not [a.name for a in node.names if a.name.startswith("_")], path
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in ("_data", "_seen"), ast.unparse(node)
+
+
+def test_plan_shows_what_a_source_found_as_the_source_describes_it(
+    tmp_path: Path, sources: None
+) -> None:
+    """The renderers know no source: a test's rack shows in the table and JSON like EC2 does."""
+    text = JOB + '[rack]\nsize = 2\ntasks = [{ role = "worker" }]\n'
+    plan = make_plan(discover_hosts(load_inventory(write_toml(tmp_path, text))))
+    console = Console(width=120, color_system=None, record=True)
+    console.print(plan_table(plan))
+    shown = console.export_text()
+    assert "2 rack machines" in shown and "rack-1" in shown and "10.9.0.2" in shown
+    assert json.loads(plan_json(plan))["rack"] == []  # no documents: an empty list, not missing

@@ -18,7 +18,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from deployer.config.inventory import SSHSettings
+from deployer.config.model import SSHSettings
 from deployer.core.errors import HostError
 from deployer.hosts import hostkeys
 from deployer.hosts.local_transport import LocalTransport

@@ -30,8 +30,9 @@ from rich.console import Console
 from rich.text import Text
 
 from deployer.cli.render import plan_json, plan_table, status_json, status_table
-from deployer.config.inventory import Host, Inventory, discover_hosts, load_inventory
+from deployer.config.inventory import Inventory, discover_hosts
 from deployer.config.plan import make_plan
+from deployer.config.sources import ANY_TIME, AT_DOWN, AT_JOB_END
 from deployer.core.errors import (
     ExitStatus,
     HostError,
@@ -59,10 +60,9 @@ from deployer.results.runs import (
 )
 from deployer.results.state import RUN_ID as STATE_RUN_ID
 from deployer.results.tunnel import Tunnel
-from deployer.sources import ec2
-from deployer.sources.aws import TERMINATE_AFTER
+from deployer.sources import load_inventory
 from deployer.up import firewall
-from deployer.up.deployment import Deployment, HostReplacer, UpOptions
+from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import PlainView, make_view
 
 UNWRAPPED = 1 << 20  # a console width no line reaches: output to pipes is never wrapped
@@ -97,51 +97,35 @@ def _cmd_plan(args: argparse.Namespace, env: Env) -> int:
 
 def _cmd_up(args: argparse.Namespace, env: Env) -> int:
     loaded = load_inventory(args.inventory)
-    say = functools.partial(_say, env)
-    plan = make_plan(
-        discover_hosts(loaded, provision=functools.partial(ec2.provision_any, say=say))
-    )
+    plan = make_plan(discover_hosts(loaded, provision=functools.partial(_say, env)))
     options = UpOptions(detach=args.detach, netcheck=not args.no_netcheck)
     try:
         with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
             view = make_view(env.out, env.raw_out)
-            return Deployment(plan, fleet, view, options, replace_host=_replacer(loaded)).run()
+            return Deployment(plan, fleet, view, options).run()
     finally:
         if not args.detach:
             try:
-                _terminate(loaded, env, when=("job-end",))
+                _terminate(loaded, env, when=AT_JOB_END)
             except TfdeployError as exc:  # reported; the job's own outcome stays the exit status
                 env.err.print(Text(f"tfdeploy: terminate_after = job-end failed: {exc}"))
-
-
-def _replacer(inventory: Inventory) -> HostReplacer:
-    """How `up` gets a new machine for a gone one: from the source that found the host."""
-
-    def replace(gone: Host, say: Callable[[str], None]) -> Host | None:
-        for source in inventory.pending:
-            new = ec2.replace_any(source, str(inventory.path), gone, say)
-            if new is not None:
-                return new
-        return None
-
-    return replace
 
 
 def _say(env: Env, line: str) -> None:
     env.out.print(Text(line))
 
 
-def _terminate(inventory: Inventory, env: Env, *, when: Sequence[str]) -> None:
-    """Terminates the instances tfdeploy launched for the groups whose terminate_after is in
-    `when` (all of them for `down --terminate`); never one it only discovered."""
-    for line in ec2.fleet_down(inventory, tuple(when)):
-        env.out.print(Text(line))
+def _terminate(inventory: Inventory, env: Env, *, when: tuple[str, ...]) -> None:
+    """Ends the machines the inventory's sources created whose end is due at `when`; never one
+    they only discovered."""
+    for source in inventory.sources:
+        source.terminate(when, functools.partial(_say, env))
 
 
 def _cmd_check(args: argparse.Namespace, env: Env) -> int:
     inventory = discover_hosts(load_inventory(args.inventory), preview=True)
-    if any(getattr(i, "planned", False) for i in inventory.instances):
-        missing = sum(1 for i in inventory.instances if i.planned)
+    missing = sum(t.to_launch for t in inventory.tables)
+    if missing:
         raise UsageError(
             f"{plural(missing, 'instance')} of the fleet {'is' if missing == 1 else 'are'} not "
             "launched yet: check needs every host running",
@@ -175,7 +159,7 @@ def _cmd_down(args: argparse.Namespace, env: Env) -> int:
         if s.escaped:
             env.out.print(Text(f"{s.run.host}: {escaped_text(s.escaped, hide)}"))
     # An unreachable host is no reason to keep paying for it: terminating ends its tasks too.
-    _terminate(resolved.inventory, env, when=TERMINATE_AFTER if args.terminate else ("down",))
+    _terminate(resolved.inventory, env, when=ANY_TIME if args.terminate else AT_DOWN)
     if unreachable or failed:
         done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
         raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)

@@ -14,6 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer.config.plan import Plan, Task
+from deployer.config.roles import role
+from deployer.config.sources import SourceTable
 from deployer.core.secrets import masked
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
@@ -23,7 +25,7 @@ if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must no
 
 
 def _gpu_text(task: Task, auto: bool = False) -> str:
-    if auto and not task.gpus and task.role != "ps":
+    if auto and not task.gpus and role(task.role).implicit_gpus:
         return "auto"  # counted by nvidia-smi at preflight, then split as the README says
     return ",".join(str(g) for g in task.gpus) or "-"
 
@@ -32,29 +34,12 @@ def _auto_hosts(plan: Plan) -> set[str]:
     return {h.name for h in plan.inventory.hosts if h.gpus_auto}
 
 
-def instances_table(plan: Plan) -> Table:
-    """The EC2 instances that [aws] discovery found, in host order."""
-    from deployer.sources.aws import instance_rows
-
-    instances = plan.inventory.instances
-    to_launch = sum(1 for i in instances if i.planned)
-    title = f"{len(instances)} EC2 instances (running, from [aws])"
-    if to_launch:
-        running = len(instances) - to_launch
-        title = f"{len(instances)} EC2 instances ({running} running, {to_launch} to launch by `up`)"
-    table = Table(title=title)
-    for column in (
-        "instance",
-        "Name",
-        "type",
-        "market",
-        "zone",
-        "private IP",
-        "public IP",
-        "group",
-    ):
+def source_table(found: SourceTable) -> Table:
+    """What a host source found (e.g. EC2 instances), as the source describes it."""
+    table = Table(title=found.title)
+    for column in found.columns:
         table.add_column(column, overflow="fold")
-    for row in instance_rows(plan.inventory.instances):
+    for row in found.rows:
         table.add_row(*(Text(cell) for cell in row))
     return table
 
@@ -82,7 +67,7 @@ def plan_table(plan: Plan) -> RenderableType:
         gpus = _gpu_text(task, task.host in auto)
         # Text, not str: addresses come from the inventory and rich would parse "[...]" as markup.
         table.add_row(task.name, task.host, Text(address), gpus, Text(task.command))
-    parts: list[RenderableType] = [instances_table(plan)] if plan.inventory.instances else []
+    parts: list[RenderableType] = [source_table(s) for s in plan.inventory.tables]
     return Group(*parts, table, *_tf_configs(plan))
 
 
@@ -160,30 +145,12 @@ def plan_document(plan: Plan) -> dict[str, Any]:
             }
             for t in plan.tasks
         ],
-        **_instances_document(plan),
+        **_sources_document(plan),
     }
 
 
-def _instances_document(plan: Plan) -> dict[str, Any]:
-    if not plan.inventory.instances:
-        return {}
-    return {
-        "instances": [
-            {
-                "id": i.id,
-                "name": i.name,
-                "type": i.type,
-                "zone": i.zone,
-                "private_ip": i.private_ip,
-                "public_ip": i.public_ip,
-                "launched": i.launched.isoformat() if i.launched else None,
-                "group": i.group,
-                "spot": i.spot,
-                "by_tfdeploy": i.ours,
-            }
-            for i in plan.inventory.instances
-        ],
-    }
+def _sources_document(plan: Plan) -> dict[str, Any]:
+    return {s.json_key: list(s.documents) for s in plan.inventory.tables}
 
 
 def plan_json(plan: Plan) -> str:

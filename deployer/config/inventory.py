@@ -10,24 +10,30 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import os
 import re
 import stat
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from deployer.config.model import (
+    FailurePolicy,
+    Host,
+    HostSettings,
+    Job,
+    SSHSettings,
+    TaskSpec,
+    TensorBoard,
+)
+from deployer.config.roles import BUILTIN_SERVER, ROLE_NAMES, TF_ROLES, has_port
 from deployer.config.schema import Table
+from deployer.config.sources import HostSource, Say, SourceContext, SourceReaders, SourceTable
 from deployer.core.errors import InventoryError
 
-ROLES = ("chief", "worker", "ps", "evaluator")
 HOST_KEY_MODES = ("strict", "accept-new")
 TRANSPORTS = ("ssh", "local")
-FAILURE_POLICIES = ("teardown", "restart", "restart-job")
-BUILTIN_SERVER = "tfdeploy:server"
 BUILTINS = (BUILTIN_SERVER,)  # commands the agent runs itself (remote/supervisor.py)
 # The job name starts every run id (<job>-<UTC stamp>-<4 hex>), a directory on every host and a
 # file name in the state directory: capped far below NAME_MAX (255) with room for the rest.
@@ -40,221 +46,56 @@ _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
-class SSHSettings:
-    """How to reach a host; [ssh] gives the defaults and a host's own `ssh` table overrides them."""
-
-    user: str | None = None
-    port: int = 22
-    identity: str | None = None
-    jump: str | None = None
-    host_keys: str = "strict"
-    known_hosts: str | None = None
-    connect_timeout: float = 10.0
-    ssh_config: str | None = None
-    # SHA256 fingerprints the host's key must have, learnt out of band (a new EC2 instance's
-    # console output): a key matching one is recorded in known_hosts, any other refused.
-    expected_keys: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One `tasks` entry of a host; `count` copies of it become tasks of the plan."""
-
-    role: str
-    count: int = 1
-    gpus: tuple[int, ...] | None = None
-    command: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    threads: int | None = None  # TF intra/inter-op and OpenMP threads for this task
-    cpus: str | None = None  # CPU list to pin the task to, e.g. "0-3" or "0,2"
-    key: str = ""  # key path in the inventory, for messages about this entry
-
-
-@dataclass(frozen=True)
-class Host:
-    name: str
-    address: str
-    tf_address: str
-    port: int
-    gpus: int
-    share_gpus: bool
-    transport: str
-    python: str
-    workdir: str
-    ssh: SSHSettings
-    tasks: tuple[TaskSpec, ...]
-    key: str = ""
-    gpus_auto: bool = False  # gpus = "auto": `gpus` is 0 until preflight asks nvidia-smi
-    # Where the machine announces its own coming interruption (a spot instance's metadata
-    # service); its tasks' supervisors watch it and stop them in time. None: not watched.
-    interruption_url: str | None = None
-    # Shut the machine down after this many minutes without a running task (0: never); set for
-    # machines tfdeploy launched itself, so a forgotten fleet stops costing money.
-    idle_minutes: float = 0.0
-    idle_command: str | None = None  # how it stops itself; None: the agent's shutdown default
-
-
-@dataclass(frozen=True)
-class HostSettings:
-    """What a host entry says besides where the host is; `[[hosts]]` and sources read it alike."""
-
-    port: int
-    gpus: int
-    gpus_auto: bool
-    share_gpus: bool
-    python: str
-    workdir: str
-    ssh: SSHSettings
-    tasks: tuple[TaskSpec, ...]
-
-
-@dataclass(frozen=True)
-class TensorBoard:
-    """[job.tensorboard]: TensorBoard beside a task (not in TF_CONFIG), forwarded by `up`."""
-
-    logdir: str  # relative to the task's directory, or absolute, on that host
-    port: int = 6006  # on that host's loopback
-    task: str | None = None  # whose host runs it; default chief:0, else worker:0
-
-
-@dataclass(frozen=True)
-class Job:
-    name: str
-    code: Path
-    command: str | None
-    python: str
-    workdir: str
-    port: int
-    env: dict[str, str]
-    setup: tuple[str, ...]
-    role_commands: dict[str, str]
-    secret_env: tuple[str, ...]
-    start_timeout: float
-    stop_grace: float
-    evaluator_grace: float
-    on_failure: str = "teardown"  # teardown | restart (the task) | restart-job (all tasks)
-    max_restarts: int = 3  # per task with "restart", of the whole job with "restart-job"
-    restart_backoff: float = 10.0  # seconds before the first whole-job restart; doubles, <= 5 min
-    retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry
-    stall_timeout: float | None = None  # fail when awaited tasks are silent this long
-    lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
-    firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
-    netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
-    fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
-    require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)
-    artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (pull.py)
-    artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
-    tensorboard: TensorBoard | None = None
-    forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
-
-
-# ---- host sources ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SourceContext:
-    """What a host source may use besides its own table."""
-
-    file: str  # the inventory, for messages
-    directory: Path  # absolute: relative files in the inventory are relative to it, never the cwd
-    job: Job
-    ssh: SSHSettings  # [ssh]: the defaults that each host's own ssh table overrides
-
-
-@dataclass(frozen=True)
-class Discovered:
-    """What a pending source found: hosts in order, and the machines behind them for `plan`."""
-
-    hosts: tuple[Host, ...]
-    instances: tuple[Any, ...] = ()  # e.g. EC2 instances; the source's module knows their type
-
-
-class PendingHosts(Protocol):
-    """Hosts that only I/O can find (e.g. EC2 discovery): `discover_hosts` asks, after parsing."""
-
-    @property
-    def key(self) -> str:
-        """The top-level table this source was read from, e.g. "aws"."""
-        ...
-
-    def discover(self, file: str, *, preview: bool = False) -> Discovered:
-        """The hosts, or a TfdeployError naming `file` and the key at fault. `preview` (for
-        `plan`) adds stand-ins for machines `provision` would create; nothing contacts them."""
-        ...
-
-
-@dataclass(frozen=True)
-class Sourced:
-    """What a source reads from its table: hosts known now, and/or hosts to discover later."""
-
-    hosts: tuple[Host, ...] = ()
-    pending: PendingHosts | None = None
-
-
-HostSource = Callable[[Table, SourceContext], Sourced]
-
-_SOURCES: dict[str, HostSource] = {}
-# Sources kept in modules of their own, imported only by an inventory that has their table (so
-# `[aws]` costs nothing, and needs no boto3, elsewhere); each registers itself on import.
-_SOURCE_MODULES = {"aws": "deployer.sources.aws"}
-
-
-def register_source(key: str, source: HostSource) -> None:
-    """Makes the top-level table `key` a host source, read by `source`."""
-    _SOURCES[key] = source
-
-
-def _source(key: str) -> HostSource | None:
-    if key not in _SOURCES and key in _SOURCE_MODULES:
-        importlib.import_module(_SOURCE_MODULES[key])
-    return _SOURCES.get(key)
-
-
-@dataclass(frozen=True)
 class Inventory:
     path: Path
     job: Job
     hosts: tuple[Host, ...]
-    pending: tuple[PendingHosts, ...] = ()  # sources whose hosts `discover_hosts` will find
+    pending: tuple[HostSource, ...] = ()  # sources whose hosts `discover_hosts` will find
     instances: tuple[Any, ...] = ()  # the machines that discovery found, in host order
+    tables: tuple[SourceTable, ...] = ()  # how each discovered source shows them (`plan`)
+    sources: tuple[HostSource, ...] = ()  # every source, discovered or not: replace, terminate
 
 
 def discover_hosts(
-    inventory: Inventory,
-    *,
-    preview: bool = False,
-    provision: Callable[[PendingHosts, str], Discovered] | None = None,
+    inventory: Inventory, *, preview: bool = False, provision: Say | None = None
 ) -> Inventory:
     """The inventory with every pending source's hosts appended after the known ones.
 
     The only step of loading that does I/O beyond the file; a no-op when nothing is pending.
-    `preview`: with stand-ins for what `up` would create; `provision(source, file)`: `up`'s
-    discovery, which creates what is missing first (EC2 launches: deployer/sources/ec2.py).
+    `preview`: with stand-ins for what `up` would create; `provision`: `up`'s discovery, which
+    creates what is missing first and tells the user through this function.
     """
     if not inventory.pending:
         return inventory
     file = str(inventory.path)
-    hosts, instances = list(inventory.hosts), list(inventory.instances)
+    hosts, instances, tables = list(inventory.hosts), list(inventory.instances), []
     for source in inventory.pending:
         if provision is not None:
-            found = provision(source, file)
-        elif preview:
-            found = source.discover(file, preview=True)
+            found = source.provision(file, provision)
         else:
-            found = source.discover(file)
+            found = source.discover(file, preview=preview)
         hosts += found.hosts
         instances += found.instances
+        tables += [found.table] if found.table is not None else []
     check_unique_hosts(tuple(hosts), file)
     return dataclasses.replace(
-        inventory, hosts=tuple(hosts), instances=tuple(instances), pending=()
+        inventory,
+        hosts=tuple(hosts),
+        instances=tuple(instances),
+        tables=(*inventory.tables, *tables),
+        pending=(),
     )
 
 
 # ---- reading the file --------------------------------------------------------------------------
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Reads and validates an inventory file; raises InventoryError naming file and key path."""
+def load_inventory(path: str | Path, sources: SourceReaders | None = None) -> Inventory:
+    """Reads and validates an inventory file; raises InventoryError naming file and key path.
+
+    `sources`: the top-level tables besides `[[hosts]]` that may list hosts, and their readers
+    (deployer.sources.READERS for the CLI); any other table is an unknown key.
+    """
     path = Path(path)
     try:
         _check_regular(path)
@@ -270,7 +111,7 @@ def load_inventory(path: str | Path) -> Inventory:
         raise InventoryError(str(path), "", "is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(str(path), "", f"invalid TOML: {exc}") from None
-    return parse_inventory(data, path)
+    return parse_inventory(data, path, sources or {})
 
 
 _FILE_KINDS = (
@@ -295,16 +136,19 @@ def _check_regular(path: Path) -> None:
         )
 
 
-def parse_inventory(data: dict[str, object], path: Path) -> Inventory:
+def parse_inventory(
+    data: dict[str, object], path: Path, sources: SourceReaders | None = None
+) -> Inventory:
     root = Table(data, "", str(path))
     directory = path.parent.absolute()
     job = _parse_job(root.sub_table("job", required=True), directory)
     ssh = parse_ssh(root.sub_table("ssh"), SSHSettings(), directory)
     context = SourceContext(file=str(path), directory=directory, job=job, ssh=ssh)
+    readers = sources or {}
     sourced = [
-        source(root.sub_table(key), context)
+        readers[key]()(root.sub_table(key), context)
         for key in root.written_keys()
-        if key != "hosts" and (source := _source(key)) is not None
+        if key != "hosts" and key in readers
     ]
     host_tables = root.table_list("hosts", required=not sourced)
     root.finish()
@@ -312,7 +156,7 @@ def parse_inventory(data: dict[str, object], path: Path) -> Inventory:
     hosts += tuple(h for s in sourced for h in s.hosts)
     check_unique_hosts(hosts, str(path))
     pending = tuple(s.pending for s in sourced if s.pending is not None)
-    return Inventory(path=path, job=job, hosts=hosts, pending=pending)
+    return Inventory(path=path, job=job, hosts=hosts, pending=pending, sources=pending)
 
 
 def _name(table: Table, key: str, value: str) -> str:
@@ -335,15 +179,16 @@ def _parse_job(t: Table, directory: Path) -> Job:
     code = (directory / Path(code_text).expanduser()).resolve()
     if not code.is_dir():
         t.fail("code", f"expected a directory, but {code} does not exist or is not a directory")
-    role_commands = {"ps": BUILTIN_SERVER} | {
+    defaults = {r.name: r.default_command for r in TF_ROLES.values() if r.default_command}
+    role_commands = defaults | {
         role: _builtin_checked(t, f"role_commands.{role}", command)
         for role, command in t.string_map("role_commands").items()
     }
     for role in role_commands:
-        if role not in ROLES:
-            t.fail(f"role_commands.{role}", f"expected one of the roles {', '.join(ROLES)}")
-    if role_commands.get("evaluator") == BUILTIN_SERVER:
-        t.fail("role_commands.evaluator", "an evaluator runs the user's code, not a TF server")
+        if role not in TF_ROLES:
+            t.fail(f"role_commands.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
+        elif role_commands[role] == BUILTIN_SERVER and not has_port(role):
+            t.fail(f"role_commands.{role}", f"an {role} runs the user's code, not a TF server")
     job = Job(
         name=name,
         code=code,
@@ -358,7 +203,9 @@ def _parse_job(t: Table, directory: Path) -> Job:
         start_timeout=t.number("start_timeout", 120.0, minimum=1) or 120.0,
         stop_grace=t.number("stop_grace", 10.0) or 0.0,
         evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
-        on_failure=t.choice("on_failure", FAILURE_POLICIES, "teardown"),
+        on_failure=FailurePolicy(
+            t.choice("on_failure", [p.value for p in FailurePolicy], "teardown")
+        ),
         max_restarts=t.integer("max_restarts", 3, minimum=0, maximum=1000),
         restart_backoff=t.number("restart_backoff", 10.0) or 0.0,
         retry_exit_codes=_retry_exit_codes(t),
@@ -382,7 +229,7 @@ def _tensorboard(job: Table) -> TensorBoard | None:
     if not job.has("tensorboard"):
         return None
     task = t.string("task")
-    if task is not None and not re.fullmatch(r"(chief|worker|ps|evaluator):[0-9]+", task):
+    if task is not None and not re.fullmatch(rf"({'|'.join(ROLE_NAMES)}):[0-9]+", task):
         t.fail("task", f"expected a task such as chief:0 or worker:1, got {task!r}")
     board = TensorBoard(
         logdir=t.required_string("logdir"),
@@ -486,8 +333,8 @@ def _parse_host(t: Table, context: SourceContext) -> Host:
 def parse_task(t: Table) -> TaskSpec:
     """One `tasks` entry."""
     role = t.string("role", required=True)
-    if role not in ROLES:
-        t.fail("role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+    if role not in TF_ROLES:
+        t.fail("role", f"expected one of {', '.join(ROLE_NAMES)}, got {role!r}")
     assert role is not None
     listed = t.index_list("gpus", what="a GPU index")  # read even when absent: a known key
     gpus = listed if t.has("gpus") else None

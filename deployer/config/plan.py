@@ -6,16 +6,29 @@ what every host receives.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from deployer.config.inventory import BUILTIN_SERVER, Host, Inventory, Job, TaskSpec
+from deployer.config.inventory import Inventory
+from deployer.config.model import FailurePolicy, Host, Job, TaskSpec
+from deployer.config.roles import (
+    AWAITED_ROLES,
+    BUILTIN_SERVER,
+    CLUSTER_ROLES,
+    LEAD_TASKS,
+    ROLE_NAMES,
+    SIDECAR,
+    TF_ROLES,
+    has_port,
+    role,
+)
 from deployer.core.errors import InventoryError
 
-CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator is never in the cluster dict (TF_NOTES)
 PLACEHOLDERS = ("task_type", "task_index", "chief_hosts", "worker_hosts", "ps_hosts")
 # Set by tfdeploy for each task; the hint says what to write instead.
 RESERVED_ENV = {
@@ -74,10 +87,12 @@ class Task:
     @property
     def awaited(self) -> bool:
         """The job ends when every awaited task has exited; servers and evaluators never end."""
-        return self.role in ("chief", "worker") and not self.is_server
+        return role(self.role).awaited and not self.is_server
 
-
-SIDECAR_ROLE = "tensorboard"  # not a TF role: in no cluster, never awaited, started last
+    @property
+    def serves(self) -> bool:
+        """A server the others depend on (a ps, or a task running the built-in server)."""
+        return self.is_server or role(self.role).serves
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,11 @@ class Plan:
         """Hosts that run at least one task, in inventory order."""
         used = {t.host for t in self.tasks}
         return tuple(h for h in self.inventory.hosts if h.name in used)
+
+    def with_hosts(self, hosts: Iterable[Host]) -> Plan:
+        """The same job planned over other hosts: the one re-plan, for the rare callers that
+        learn something about the hosts after the first plan (GPU counts, a replacement)."""
+        return make_plan(dataclasses.replace(self.inventory, hosts=tuple(hosts)))
 
     def tasks_on(self, host: str) -> tuple[Task, ...]:
         return self._by_host.get(host, ())
@@ -162,7 +182,7 @@ def _tensorboard_task(inventory: Inventory, tasks: tuple[Task, ...], file: str) 
     board = inventory.job.tensorboard
     assert board is not None
     names = {t.name: t for t in tasks}
-    wanted = board.task or next(n for n in ("chief:0", "worker:0") if n in names)
+    wanted = board.task or next(n for n in LEAD_TASKS if n in names)
     beside = names.get(wanted)
     if beside is None:
         known = ", ".join(names)
@@ -183,7 +203,7 @@ def _tensorboard_task(inventory: Inventory, tasks: tuple[Task, ...], file: str) 
         f"--port {board.port} --host 127.0.0.1"
     )
     return Task(
-        role=SIDECAR_ROLE,
+        role=SIDECAR.name,
         index=0,
         host=beside.host,
         address=beside.address,
@@ -196,7 +216,7 @@ def _tensorboard_task(inventory: Inventory, tasks: tuple[Task, ...], file: str) 
 
 
 def _place_tasks(inventory: Inventory) -> list[_Slot]:
-    counters = dict.fromkeys(("chief", "worker", "ps", "evaluator"), 0)
+    counters = dict.fromkeys(ROLE_NAMES, 0)
     slots: list[_Slot] = []
     for host in inventory.hosts:
         expanded = [spec for spec in host.tasks for _ in range(spec.count)]
@@ -204,7 +224,7 @@ def _place_tasks(inventory: Inventory) -> list[_Slot]:
         next_port = host.port
         for spec, task_gpus in zip(expanded, gpus, strict=True):
             port = None
-            if spec.role != "evaluator":
+            if has_port(spec.role):
                 port, next_port = next_port, next_port + 1
             slots.append(_Slot(spec, host, spec.role, counters[spec.role], port, task_gpus))
             counters[spec.role] += 1
@@ -240,7 +260,7 @@ def _assign_gpus(host: Host, specs: list[TaskSpec], file: str) -> list[tuple[int
                 )
             owner[gpu] = spec.key
     free = [g for g in range(host.gpus) if g not in owner]
-    implicit = [i for i, s in enumerate(specs) if s.gpus is None and s.role != "ps"]
+    implicit = [i for i, s in enumerate(specs) if s.gpus is None and role(s.role).implicit_gpus]
     result: list[tuple[int, ...]] = [s.gpus or () for s in specs]
     if implicit:
         base, extra = divmod(len(free), len(implicit))
@@ -253,22 +273,28 @@ def _assign_gpus(host: Host, specs: list[TaskSpec], file: str) -> list[tuple[int
 
 
 def _check_roles(slots: list[_Slot], file: str) -> None:
-    chiefs = [s for s in slots if s.role == "chief"]
-    if len(chiefs) > 1:
-        raise InventoryError(
-            file,
-            f"{chiefs[1].spec.key}.role",
-            f"at most one chief per job, found {len(chiefs)}",
-            hint="make the others workers",
-        )
-    if not any(s.role in ("chief", "worker") for s in slots):
-        raise InventoryError(file, "hosts", "expected at least one task with role chief or worker")
+    for r in TF_ROLES.values():
+        mine = [s for s in slots if s.role == r.name]
+        if r.at_most is not None and len(mine) > r.at_most:
+            raise InventoryError(
+                file,
+                f"{mine[r.at_most].spec.key}.role",
+                f"at most {_count_word(r.at_most)} {r.name} per job, found {len(mine)}",
+                hint="make the others workers",
+            )
+    if not any(role(s.role).awaited for s in slots):
+        wanted = " or ".join(AWAITED_ROLES)
+        raise InventoryError(file, "hosts", f"expected at least one task with role {wanted}")
+
+
+def _count_word(n: int) -> str:
+    return "one" if n == 1 else str(n)
 
 
 def _check_failure_policy(job: Job, slots: list[_Slot], file: str) -> None:
     """A lone restarted MWMS worker cannot rejoin collectives in flight: TF restarts the whole
     cluster from its last checkpoint, which is what restart-job does."""
-    if job.on_failure == "restart" and not any(s.role == "ps" for s in slots):
+    if job.on_failure == FailurePolicy.RESTART and not any(role(s.role).serves for s in slots):
         raise InventoryError(
             file,
             "job.on_failure",

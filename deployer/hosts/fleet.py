@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from deployer.config.inventory import Host
+from deployer.config.model import Host
 from deployer.core.errors import HostError, HostsFailed
 from deployer.hosts.agent import Agent
 from deployer.hosts.local_transport import LocalTransport

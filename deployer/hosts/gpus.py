@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployer.config.inventory import Host
-from deployer.config.plan import Plan, Task, make_plan
+from deployer.config.model import Host
+from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError
 
 POLL_INTERVAL = 3.0  # seconds between GPU usage queries while a job runs: nvidia-smi is cheap
@@ -131,7 +131,7 @@ def check_gpus(
         return plan, problems, []
     if replaced:
         hosts = tuple(replaced.get(h.name, h) for h in plan.inventory.hosts)
-        plan = make_plan(dataclasses.replace(plan.inventory, hosts=hosts))
+        plan = plan.with_hosts(hosts)
     return plan, [], _busy_warnings(plan, reports)
 
 

@@ -13,7 +13,7 @@ import fabric
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey, OnDiskPrivateKey
 
-from deployer.config.inventory import SSHSettings
+from deployer.config.model import SSHSettings
 from deployer.core.errors import HostError
 from deployer.hosts import hostkeys
 

@@ -67,6 +67,11 @@ class Transport(Protocol):
 
     name: str
 
+    def connect(self) -> None:
+        """Reaches the host now (every other call connects on first use): how a caller waits
+        for a new machine to answer. HostError when it cannot (a refused key among them)."""
+        ...
+
     def run(
         self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
     ) -> CommandResult: ...

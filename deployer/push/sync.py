@@ -18,7 +18,7 @@ from typing import Any
 
 import pathspec
 
-from deployer.config.inventory import Job
+from deployer.config.model import Job
 from deployer.core.errors import HostError, InventoryError
 from deployer.core.secrets import mask_text
 from deployer.hosts.agent import Agent

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.config.inventory import Job
+from deployer.config.model import Job
 from deployer.core.errors import HostError, HostsFailed, TfdeployError, UsageError
 from deployer.core.text import plural
 from deployer.hosts.agent import Collected, RemoteFile

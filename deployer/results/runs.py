@@ -13,13 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.config.inventory import Inventory, load_inventory
+from deployer.config.inventory import Inventory
+from deployer.config.roles import LEAD_TASKS
 from deployer.core.errors import HostError, HostsFailed, UsageError
 from deployer.core.lines import LineAssembler
 from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.results.archive import LogArchive, read_lines
 from deployer.results.state import load
+from deployer.sources import load_inventory
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,10 @@ def find_runs(fleet: Fleet, target: Target, *, outcome: str | None = None) -> li
 def task_host(runs: list[HostRun], task: str | None) -> tuple[str, str]:
     """(host, task) of `task` in a run, or of its chief (else worker:0) when None."""
     where = {t.name: r.host for r in runs for t in r.tasks}
-    wanted = task or next((n for n in ("chief:0", "worker:0") if n in where), None)
+    wanted = task or next((n for n in LEAD_TASKS if n in where), None)
     if wanted is None or wanted not in where:
         known = ", ".join(sorted(where)) or "none"
-        raise UsageError(f"the run has no task {task or 'chief:0 or worker:0'} (tasks: {known})")
+        raise UsageError(f"the run has no task {task or ' or '.join(LEAD_TASKS)} (tasks: {known})")
     return where[wanted], wanted
 
 

@@ -13,7 +13,8 @@ import select
 import socket
 import threading
 
-from deployer.config.plan import SIDECAR_ROLE, Plan
+from deployer.config.plan import Plan
+from deployer.config.roles import SIDECAR
 from deployer.core.errors import HostError, UsageError
 from deployer.hosts.fleet import Fleet
 from deployer.hosts.transport import Stream, Transport
@@ -97,7 +98,7 @@ def forward_sidecar(
     """[job.tensorboard] made reachable here: a tunnel to its port (the same local port when
     free), or nothing on this machine's own host, or for a detached run the command that
     forwards it later. Returns the tunnel (to close when `up` ends) and what to tell the user."""
-    sidecar = next((t for t in plan.tasks if t.role == SIDECAR_ROLE), None)
+    sidecar = next((t for t in plan.tasks if t.role == SIDECAR.name), None)
     if sidecar is None or sidecar.port is None:
         return None, None
     where = f"{sidecar.name}@{sidecar.host} port {sidecar.port}"

@@ -9,15 +9,13 @@ contact.py (hosts) and preflight.py, and each tick of I/O is poller.py's.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from deployer.config.inventory import Host
-from deployer.config.plan import Plan, Task, make_plan
+from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
 from deployer.core.secrets import mask_text
 from deployer.core.text import plural
@@ -34,14 +32,13 @@ from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
 from deployer.up.launch import by_host, start_group, start_groups
 from deployer.up.preflight import Claim, Settled, preflight
-from deployer.up.restarts import backoff_s, restart_task, stop_attempt, stop_lines
-from deployer.watch.board import TaskBoard, server_like
+from deployer.up.recovery import Recovery
+from deployer.up.restarts import stop_lines
+from deployer.watch.board import TaskBoard
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
+from deployer.watch.run import Run
 from deployer.watch.view import View
-
-# A new machine in place of `host` (lost, or preempted), told through `say`; None: not possible.
-HostReplacer = Callable[[Host, Callable[[str], None]], Host | None]
 
 
 @dataclass(frozen=True)
@@ -68,15 +65,12 @@ class Deployment:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         environ: Mapping[str, str] | None = None,
-        replace_host: HostReplacer | None = None,
     ) -> None:
         self.fleet = fleet
-        self.replace_host = replace_host  # under "restart-job": a new machine for a gone one
         self.view = view
         self.options = options
-        self.clock = clock
-        self.sleep = sleep
-        self.run_id = new_run_id(plan.job.name)
+        self.run_state = Run(new_run_id(plan.job.name), plan, clock)
+        self.run_id = self.run_state.run_id
         self.members = [fleet.member(h.name) for h in plan.hosts]
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
@@ -86,43 +80,53 @@ class Deployment:
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
         self.archive = LogArchive(self.run_id)
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
-        self._follow(plan, frozenset())
-
-    def _follow(self, plan: Plan, gpu_hosts: frozenset[str]) -> None:
-        """The plan the run carries out, and the board and poller that watch its tasks."""
-        self.plan = plan
-        self.board = TaskBoard(plan.tasks)
-        self.gpu_monitor = GpuMonitor(set(gpu_hosts), clock=self.clock)
+        self.gpu_monitor = GpuMonitor(set(), clock=clock)
         self.poller = Poller(
-            self.fleet,
-            plan,
-            self.board,
-            self.run_id,
-            clock=self.clock,
+            fleet,
+            self.run_state,
             gpu_monitor=self.gpu_monitor,
-            wait_s=self.options.poll_wait,
+            wait_s=options.poll_wait,
             archive=self.archive,
         )
+        self.recovery: Recovery
         self.watching = Watch(
-            plan,
             self.poller,
-            self.view,
-            restart=self._restart,
-            clock=self.clock,
-            sleep=self.sleep,
-            interval=self.options.poll_interval,
+            view,
+            restart=lambda name: self.recovery.restart_task(name),
+            sleep=sleep,
+            interval=options.poll_interval,
             lease=self._lease(),
         )
+        self.recovery = Recovery(
+            self,
+            fleet,
+            self.run_state,
+            self.watching,
+            view,
+            forwarded=self.forwarded,
+            sleep=sleep,
+            interval=options.poll_interval,
+        )
+
+    @property
+    def plan(self) -> Plan:
+        return self.run_state.plan
+
+    @property
+    def board(self) -> TaskBoard:
+        return self.run_state.board
+
+    def clock(self) -> float:
+        return self.run_state.clock()
 
     # ---- phases -------------------------------------------------------------------------
 
     def run(self) -> int:
         try:
             settled = self.preflight()
-            self._follow(settled.plan, settled.gpu_hosts)
             self.push(settled.manifest, settled.workdir_groups)
             self.setup(settled.manifest)
-            self.arm_idle_stop()
+            self.recovery.arm_idle_stop()
             self.firewall_up()
             self.start_and_watch()
             if self.options.detach:
@@ -144,7 +148,7 @@ class Deployment:
             self.fleet.interrupt()  # abandon calls in flight (a push) so the stop is not queued
             self.poller.abandon()
             self.teardown()
-            self._arm_idle_stop_anyway()
+            self.recovery.arm_idle_stop_anyway()
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C skips the pull
                 self.pull_artifacts()
             raise Interrupted(
@@ -152,7 +156,7 @@ class Deployment:
             ) from None
         except BaseException:
             self.teardown()
-            self._arm_idle_stop_anyway()
+            self.recovery.arm_idle_stop_anyway()
             self.pull_artifacts()  # a failed job's checkpoints are what debugging needs
             raise
         finally:
@@ -184,6 +188,8 @@ class Deployment:
             forwarded=list(self.forwarded),
             network=self.options.netcheck,
         )
+        self.run_state.adopt(settled.plan)  # GPU counts learnt from the hosts (gpus = "auto")
+        self.gpu_monitor.hosts = set(settled.gpu_hosts)
         for warning in settled.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {settled.summary}")
@@ -233,35 +239,6 @@ class Deployment:
         if skipped:
             self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
 
-    def arm_idle_stop(self) -> None:
-        """Machines tfdeploy launched shut down after idle_minutes without a running task."""
-        armed = [m for m in self.members if m.host.idle_minutes > 0]
-        if not armed:
-            return
-        self.fleet.each(
-            lambda m: m.agent.arm_idle_stop(m.host.idle_minutes, m.host.idle_command),
-            armed,
-            what="arming idle stop failed",
-        )
-        minutes = sorted({m.host.idle_minutes for m in armed})
-        after = " or ".join(f"{n:g}" for n in minutes)
-        self.view.step(
-            f"idle stop: {plural(len(armed), 'launched host')} shut down after {after} min "
-            "without a running task"
-        )
-
-    def _arm_idle_stop_anyway(self) -> None:
-        """An `up` that failed before its idle stop was armed (preflight found no TensorFlow on
-        a new AMI, say) must not leave launched GPU machines running forever: arm it on every
-        launched host that answers, and say nothing of those that do not."""
-        armed = [m for m in self.members if m.host.idle_minutes > 0 and m.agent.home]
-        with contextlib.suppress(KeyboardInterrupt):
-            self.fleet.each_settled(
-                lambda m: m.agent.arm_idle_stop(m.host.idle_minutes, m.host.idle_command),
-                armed,
-                urgent=True,
-            )
-
     def firewall_up(self) -> None:
         """With job.firewall: TF ports accept only the cluster's addresses, before any start."""
         if not self.plan.job.firewall:
@@ -282,7 +259,7 @@ class Deployment:
         deadline = self.clock() + self.plan.job.start_timeout
         for group in start_groups(self.plan):
             self._start_group(group)
-            servers = [t for t in group if server_like(t) and t.port is not None]
+            servers = [t for t in group if t.serves and t.port is not None]
             if servers:
                 self.watching.wait_listening(servers, deadline)
         # Started tasks hold their ports now. A reservation left to its lease could outlive
@@ -321,52 +298,7 @@ class Deployment:
                     self.watching.until_done()
                 return
             except RestartJob as decision:
-                self._restart_job(decision)
-
-    def _restart_job(self, decision: RestartJob) -> None:
-        """Stops every task of this attempt (and what escaped them), replaces a host that is
-        gone when one can, waits the backoff, and leaves the board at the next attempt. Ctrl-C
-        or a signal meanwhile ends `up` as usual."""
-        cause, job = decision.cause, self.plan.job
-        attempt = self.board.attempt + 1
-        delay = backoff_s(job, attempt)
-        self.view.step(
-            f"{cause}: restarting the whole job (restart {attempt} of {job.max_restarts}, "
-            f"TFDEPLOY_ATTEMPT={attempt}) in {delay:g} s, after stopping every task"
-        )
-        lines = stop_attempt(self.fleet, self.board, self.poller.contact.lost, self.run_id, job)
-        for line in lines:
-            self.view.step(line)
-        self.watching.tick(tolerate=True)  # the attempt's last words, under its own labels
-        self.watching.drain()
-        if decision.gone and self.replace_host is not None:
-            self._replace(decision.host)
-        self.board.next_attempt()
-        deadline = self.clock() + delay
-        while self.clock() < deadline:
-            self.sleep(min(self.options.poll_interval, deadline - self.clock()))
-
-    def _replace(self, name: str) -> None:
-        """A new machine takes the gone host's place in the host order, so every task keeps
-        its role and index; the cluster is checked again, and only the new host gets the code."""
-        old = self.fleet.member(name).host
-        new = self.replace_host(old, self.view.step) if self.replace_host else None
-        if new is None:
-            return
-        self.fleet.add(new)
-        hosts = tuple(new if h.name == name else h for h in self.plan.inventory.hosts)
-        previous = self.board
-        self.plan = make_plan(dataclasses.replace(self.plan.inventory, hosts=hosts))
-        self.members = [self.fleet.member(h.name) for h in self.plan.hosts]
-        self.contacted_hosts.discard(name)  # terminated: nothing left there to stop
-        settled = self.preflight()
-        self._follow(settled.plan, settled.gpu_hosts)
-        self.board.carry_over(previous, moved={t.name for t in self.plan.tasks_on(new.name)})
-        joined = self.fleet.member(new.name)
-        self.push(settled.manifest, (), only=[joined])
-        self.setup(settled.manifest, only=[joined])
-        self.arm_idle_stop()
-        self.view.step(f"{new.name} replaces {name}: same tasks, same indices")
+                self.recovery.restart_job(decision)
 
     def _forward_tensorboard(self) -> None:
         """[job.tensorboard]: a local port forwarded to it for as long as `up` watches."""
@@ -413,13 +345,6 @@ class Deployment:
 
     def _lease(self) -> float:
         return self.options.lease_seconds or self.plan.job.lease_seconds
-
-    # ---- acting on what the rules decided ------------------------------------------------
-
-    def _restart(self, name: str) -> None:
-        restart_task(
-            self.fleet, self.board, self.view, self.plan, self.run_id, self.forwarded, name
-        )
 
 
 def stop_everywhere(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Mapping
 
-from deployer.config.plan import SIDECAR_ROLE, Plan, Task
+from deployer.config.plan import Plan, Task
+from deployer.config.roles import role
 from deployer.core.errors import JobFailed
 from deployer.core.text import plural
 from deployer.hosts.agent import Agent, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
-from deployer.watch.board import server_like
 from remote import protocol
 
 # What the agent answers a start in a run that `down` stopped (remote/taskops.py).
@@ -23,14 +23,11 @@ def start_groups(plan: Plan) -> list[list[Task]]:
     TF clients block on servers that are not up yet, and a PSS chief blocks until every server
     answers; starting in this order makes each group's wait short and a late server visible.
     """
-    servers = [t for t in plan.tasks if server_like(t)]
-    workers = [t for t in plan.tasks if t.role == "worker" and not server_like(t)]
-    last = [
-        t
-        for t in plan.tasks
-        if t.role in ("chief", "evaluator", SIDECAR_ROLE) and not server_like(t)
-    ]
-    return [group for group in (servers, workers, last) if group]
+    waves: dict[int, list[Task]] = {}
+    for task in plan.tasks:
+        wave = 0 if task.serves else role(task.role).start_wave
+        waves.setdefault(wave, []).append(task)
+    return [waves[w] for w in sorted(waves)]
 
 
 def by_host(tasks: list[Task]) -> dict[str, list[Task]]:

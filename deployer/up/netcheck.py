@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from deployer.config.plan import Plan, Task
+from deployer.config.roles import PS, role
 from deployer.core.errors import NetworkBlocked
 from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet
@@ -49,15 +50,23 @@ def links(plan: Plan) -> list[Link]:
     workers connect to every ps, and the chief to every worker. Without (MultiWorkerMirrored),
     every chief and worker connects to every other. Evaluators connect to nothing.
     """
-    peers = [t for t in plan.tasks if t.role in ("chief", "worker")]
-    ps = [t for t in plan.tasks if t.role == "ps"]
-    if ps:
-        chiefs = [t for t in peers if t.role == "chief"]
-        workers = [t for t in peers if t.role == "worker"]
-        pairs = [(a, b) for a in peers for b in ps] + [(c, w) for c in chiefs for w in workers]
-    else:
-        pairs = [(a, b) for a in peers for b in peers if a is not b]
+    with_ps = any(t.role == PS.name for t in plan.tasks)
+    by_role: dict[str, list[Task]] = {}
+    for task in plan.tasks:
+        by_role.setdefault(task.role, []).append(task)
+    pairs = [
+        (a, b)
+        for a in plan.tasks
+        for dialled in _dials(a.role, with_ps)
+        for b in by_role.get(dialled, [])
+        if a is not b
+    ]
     return sorted({_link(a, b) for a, b in pairs if b.port is not None})
+
+
+def _dials(name: str, with_ps: bool) -> tuple[str, ...]:
+    r = role(name)
+    return r.dials_with_ps if with_ps else r.dials_without_ps
 
 
 def _link(source: Task, dest: Task) -> Link:

@@ -10,8 +10,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deployer.config.inventory import Job
-from deployer.config.plan import SIDECAR_ROLE, Plan
+from deployer.config.model import Job
+from deployer.config.plan import Plan
+from deployer.config.roles import SIDECAR
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
@@ -189,7 +190,7 @@ def _settle(
 
 def _tensorboard_missing(plan: Plan, fleet: Fleet) -> list[HostError]:
     """[job.tensorboard] needs the package where it runs, unless job.setup may install it."""
-    sidecar = next((t for t in plan.tasks if t.role == SIDECAR_ROLE), None)
+    sidecar = next((t for t in plan.tasks if t.role == SIDECAR.name), None)
     if sidecar is None or plan.job.setup:
         return []
     agent = fleet.member(sidecar.host).agent

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
-from deployer.config.inventory import Job
+from deployer.config.model import Job
 from deployer.config.plan import Plan
 from deployer.core.errors import HostError, JobFailed
 from deployer.core.secrets import mask_text

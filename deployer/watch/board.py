@@ -11,19 +11,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from deployer.config.inventory import Job
+from deployer.config.model import FailurePolicy, Job
 from deployer.config.plan import Task
+from deployer.config.roles import role
 from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
 from deployer.core.secrets import mask_text
 from deployer.hosts.agent import TaskStatus
 
 TAIL_LINES = 20
-
-
-def server_like(task: Task) -> bool:
-    """Tasks that must be serving before anyone else starts (TF clients block on them)."""
-    return task.is_server or task.role == "ps"
 
 
 @dataclass(frozen=True)
@@ -146,7 +142,7 @@ class TaskBoard:
             if w.status is not None
             and w.status.finished
             and not w.status.succeeded
-            and (w.task.name in awaited or server_like(w.task))
+            and (w.task.name in awaited or w.task.serves)
         ]
         failed.sort(key=lambda w: (w.status.ended or 0.0) if w.status else 0.0)
         return failed[0].task.name if failed else None
@@ -254,8 +250,8 @@ def may_restart(watch: TaskWatch, job: Job) -> bool:
     """
     status = watch.status
     return (
-        job.on_failure == "restart"
-        and watch.task.role in ("worker", "ps")
+        job.on_failure == FailurePolicy.RESTART
+        and role(watch.task.role).restartable_alone
         and watch.restarts < job.max_restarts
         and status is not None
         and status.reason not in ("stopped", "lease expired", "preempted")  # preempted: its

@@ -66,6 +66,11 @@ class HostContact:
             return True
         return False
 
+    def forget(self, host: str) -> None:
+        self.last.pop(host, None)
+        self.lost.pop(host, None)
+        self.outages.discard(host)
+
     def judge(self, failures: Sequence[HostError], silent: Sequence[str], now: float) -> Verdict:
         """Failed polls and polls still unanswered at `now`: new outages, and the first loss."""
         waiting = [HostError(h, "its poll is still unanswered") for h in silent]

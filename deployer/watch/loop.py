@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
+from deployer.config.model import FailurePolicy
 from deployer.config.plan import Plan, Task
+from deployer.config.roles import role
 from deployer.core.errors import JobFailed
 from deployer.core.text import join_names, plural
 from deployer.hosts.gpus import GpuMonitor
@@ -35,26 +37,36 @@ class Watch:
 
     def __init__(
         self,
-        plan: Plan,
         poller: Poller,
         view: View,
         *,
         restart: Callable[[str], None],
-        clock: Callable[[], float],
         sleep: Callable[[float], None],
         interval: float,
         lease: float,
     ) -> None:
-        self.plan = plan
         self.poller = poller
-        self.board: TaskBoard = poller.board
+        self.run = poller.run  # plan, board, run id and clock: shared, never copied
         self.view = view
         self.restart = restart
-        self.clock = clock
         self.sleep = sleep
         self.interval = interval
         self.lease = lease
-        self.run_id = poller.run_id
+
+    @property
+    def plan(self) -> Plan:
+        return self.run.plan
+
+    @property
+    def board(self) -> TaskBoard:
+        return self.run.board
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def clock(self) -> float:
+        return self.run.clock()
 
     @property
     def gpu_monitor(self) -> GpuMonitor | None:
@@ -92,7 +104,7 @@ class Watch:
             if failed and may_restart(self.board[failed], self.plan.job):
                 self.restart(failed)
                 continue
-            if failed and self.plan.job.on_failure == "restart-job":
+            if failed and self.plan.job.on_failure == FailurePolicy.RESTART_JOB:
                 self._restart_job_or_fail(failed)
             if failed:
                 restarts = self.board[failed].restarts
@@ -143,7 +155,7 @@ class Watch:
                 return  # no progress (a log shrank or vanished): nothing more to show
 
     def _grace_for_evaluators(self) -> None:
-        evaluators = [t.name for t in self.plan.tasks if t.role == "evaluator"]
+        evaluators = [t.name for t in self.plan.tasks if role(t.role).finishes_after]
         if not evaluators:
             return
         grace = self.plan.job.evaluator_grace
@@ -173,7 +185,7 @@ class Watch:
     def _host_lost(self, loss: Loss) -> NoReturn:
         self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
         job = self.plan.job
-        if job.on_failure == "restart-job" and self.board.attempt < job.max_restarts:
+        if job.on_failure == FailurePolicy.RESTART_JOB and self.board.attempt < job.max_restarts:
             raise RestartJob(f"host {loss.host} was lost ({loss.cause})", loss.host, gone=True)
         tasks = [t.name for t in self.plan.tasks_on(loss.host)]
         raise loss.error(tasks, lease=self.lease, status_command=self._status_command())

@@ -8,7 +8,7 @@ showing it stay with the caller, as rich keeps its Live loop apart from what it 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deployer.config.plan import Plan
@@ -19,6 +19,7 @@ from deployer.hosts.gpus import GpuMonitor, GpuReport
 from deployer.results.archive import LogArchive
 from deployer.watch.board import TaskBoard
 from deployer.watch.contact import HostContact, Loss
+from deployer.watch.run import Run
 
 # A poll is one short agent call; one that takes longer is a failed contact (and is retried).
 POLL_TIMEOUT_S = 8.0
@@ -43,26 +44,41 @@ class Poller:
     def __init__(
         self,
         fleet: Fleet,
-        plan: Plan,
-        board: TaskBoard,
-        run_id: str,
+        run: Run,
         *,
-        clock: Callable[[], float] = time.monotonic,
         gpu_monitor: GpuMonitor | None = None,
         wait_s: float = POLL_WAIT_S,
         archive: LogArchive | None = None,
     ) -> None:
         self.fleet = fleet
-        self.plan = plan
-        self.board = board
-        self.run_id = run_id
-        self.clock = clock
+        self.run = run
         self.gpu_monitor = gpu_monitor
         self.wait_s = wait_s
         self.archive = archive  # every byte read is also kept on this machine
         self.hosts: set[str] = set()  # hosts where a start was attempted: the ones polled
         self.contact = HostContact()
         self._inflight: dict[str, Pending[Poll]] = {}
+
+    @property
+    def plan(self) -> Plan:
+        return self.run.plan
+
+    @property
+    def board(self) -> TaskBoard:
+        return self.run.board
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def clock(self) -> float:
+        return self.run.clock()
+
+    def forget(self, host: str) -> None:
+        """`host` is gone for good (replaced): no more polls, no judgement of its silence."""
+        self.hosts.discard(host)
+        self._inflight.pop(host, None)
+        self.contact.forget(host)
 
     def watch_host(self, host: str) -> None:
         """From now on, `host` is polled (a start was attempted there)."""

@@ -1,6 +1,6 @@
 """Bringing an `[aws]` fleet up and taking it away: launch what is missing, terminate what we made.
 
-aws.py finds instances; this module changes them. Everything it launches is tagged with the
+discovery.py finds instances; this module changes them. Everything it launches is tagged with the
 group's filter tags (so the next `plan` finds it) and with `tfdeploy:launched = <job>` (so
 `down --terminate` ends only instances tfdeploy made, never ones it merely discovered). A new
 instance's SSH host key is checked against the fingerprints cloud-init prints to its console,
@@ -12,28 +12,32 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deployer.config.inventory import Discovered, Host, Inventory, PendingHosts
+from deployer.config.model import Host
+from deployer.config.sources import Discovered, Say
 from deployer.core.errors import ExitStatus, HostError, InventoryError, TfdeployError
 from deployer.core.text import plural
-from deployer.sources.aws import (
+from deployer.hosts.fleet import open_transport
+from deployer.sources.aws.discovery import (
+    Instance,
+    client_for,
+    discover,
+    discover_all,
+    host_of,
+    instance_of,
+)
+from deployer.sources.aws.settings import (
     GROUP_TAG,
     LAUNCHED_TAG,
     AwsSettings,
     DiscoveryError,
     HostGroup,
-    Instance,
     Launch,
-    client_for,
-    discover,
-    host_of,
-    instance_of,
 )
 
-Say = Callable[[str], None]
 POLL_S = 2.0  # between describe_instances / get_console_output calls while waiting
 _FINGERPRINTS = re.compile(
     r"-----BEGIN SSH HOST KEY FINGERPRINTS-----(.*?)-----END SSH HOST KEY FINGERPRINTS-----",
@@ -87,7 +91,7 @@ def provision(
     client = client_for(settings)
     orders = _orders(client, settings, file)
     if not orders:
-        return settings.discover(file)
+        return discover_all(settings, file)
     for order in orders:
         _dry_run(client, order)
     deadline = clock() + settings.launch_timeout
@@ -101,7 +105,7 @@ def provision(
             batches.append(ids)
         lenient = [i for o, ids in zip(orders, batches, strict=True) if _lenient(o) for i in ids]
         keys = wait_ready(client, launched, deadline, say, clock=clock, trust_first=lenient)
-        found = settings.discover(file)
+        found = discover_all(settings, file)
         hosts = tuple(_expecting(h, keys.get(h.name, ())) for h in found.hosts)
         wait_for_ssh([h for h in hosts if h.name in launched], deadline, say, clock=clock)
     except BaseException:
@@ -114,13 +118,6 @@ def provision(
 
 def _lenient(order: Order) -> bool:
     return order.group.settings.ssh.host_keys == "accept-new"
-
-
-def provision_any(source: PendingHosts, file: str, *, say: Say) -> Discovered:
-    """`up`'s discovery of one host source: an `[aws]` that launches provisions first."""
-    if isinstance(source, AwsSettings) and source.launches:
-        return provision(source, file, say)
-    return source.discover(file)
 
 
 def _orders(client: Any, settings: AwsSettings, file: str) -> list[Order]:
@@ -310,14 +307,11 @@ def _expecting(host: Host, fingerprints: tuple[str, ...]) -> Host:
 def wait_for_ssh(hosts: Sequence[Host], deadline: float, say: Say, *, clock: Any) -> None:
     """Waits until each host's sshd answers with the expected key (sshd starts after the
     console shows the keys). A refused key ends the wait at once: waiting will not fix it."""
-    from deployer.hosts.ssh import Endpoint
-    from deployer.hosts.ssh_transport import SSHTransport
-
     if hosts:
         say(f"waiting for SSH on {', '.join(h.name for h in hosts)}")
     for host in hosts:
         while True:
-            transport = SSHTransport(Endpoint(host.name, host.address, host.ssh))
+            transport = open_transport(host)
             try:
                 transport.connect()
                 break
@@ -384,34 +378,22 @@ def _raw_instances(reply: dict[str, Any]) -> list[dict[str, Any]]:
     return [i for r in reply.get("Reservations", []) for i in r.get("Instances", [])]
 
 
-def fleet_down(inventory: Inventory, when: tuple[str, ...]) -> list[str]:
-    """Terminates what tfdeploy launched for the inventory's groups whose terminate_after is in
-    `when`; returns what to tell the user. Costs nothing for inventories that launch nothing."""
-    lines = []
-    for source in inventory.pending:
-        if not isinstance(source, AwsSettings):
-            continue
-        groups = tuple(g for g in source.groups if g.launch and g.launch.terminate_after in when)
-        if not groups:
-            continue
-        found = launched_instances(dataclasses.replace(source, groups=groups))
-        terminate(source, [i.id for i in found])
-        if found:
-            ids = ", ".join(i.id for i in found)
-            lines.append(f"terminated {plural(len(found), 'instance')} tfdeploy launched: {ids}")
-        else:
-            lines.append("no instance that tfdeploy launched for this job is left to terminate")
-    return lines
+def terminate_launched(settings: AwsSettings, when: tuple[str, ...], say: Say) -> None:
+    """Terminates what tfdeploy launched for the groups whose terminate_after is in `when`.
+    Costs nothing for inventories that launch nothing."""
+    groups = tuple(g for g in settings.groups if g.launch and g.launch.terminate_after in when)
+    if not groups:
+        return
+    found = launched_instances(dataclasses.replace(settings, groups=groups))
+    terminate(settings, [i.id for i in found])
+    if found:
+        ids = ", ".join(i.id for i in found)
+        say(f"terminated {plural(len(found), 'instance')} tfdeploy launched: {ids}")
+    else:
+        say("no instance that tfdeploy launched for this job is left to terminate")
 
 
 # ---- restart-job: a new machine for a gone one -------------------------------------------------
-
-
-def replace_any(source: PendingHosts, file: str, gone: Host, say: Say) -> Host | None:
-    """A new machine for `gone` from the source that found it, when that source can make one."""
-    if isinstance(source, AwsSettings):
-        return replace_host(source, file, gone, say)
-    return None
 
 
 def replace_host(settings: AwsSettings, file: str, gone: Host, say: Say) -> Host | None:

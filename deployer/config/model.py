@@ -1,0 +1,127 @@
+"""The inventory as data: hosts, how to reach them, their tasks and the job; frozen, no I/O.
+
+inventory.py reads a file into these; every other layer only reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+
+class FailurePolicy(StrEnum):
+    """job.on_failure: what a failed task does to the job."""
+
+    TEARDOWN = "teardown"  # stop everything, exit 1
+    RESTART = "restart"  # start the failed task again (PSS: a worker or ps rejoins)
+    RESTART_JOB = "restart-job"  # stop every task, start them all again from the checkpoint
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How to reach a host; [ssh] gives the defaults and a host's own `ssh` table overrides them."""
+
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+    jump: str | None = None
+    host_keys: str = "strict"
+    known_hosts: str | None = None
+    connect_timeout: float = 10.0
+    ssh_config: str | None = None
+    # SHA256 fingerprints the host's key must have, learnt out of band (a new EC2 instance's
+    # console output): a key matching one is recorded in known_hosts, any other refused.
+    expected_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One `tasks` entry of a host; `count` copies of it become tasks of the plan."""
+
+    role: str
+    count: int = 1
+    gpus: tuple[int, ...] | None = None
+    command: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    threads: int | None = None  # TF intra/inter-op and OpenMP threads for this task
+    cpus: str | None = None  # CPU list to pin the task to, e.g. "0-3" or "0,2"
+    key: str = ""  # key path in the inventory, for messages about this entry
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    tf_address: str
+    port: int
+    gpus: int
+    share_gpus: bool
+    transport: str
+    python: str
+    workdir: str
+    ssh: SSHSettings
+    tasks: tuple[TaskSpec, ...]
+    key: str = ""
+    gpus_auto: bool = False  # gpus = "auto": `gpus` is 0 until preflight asks nvidia-smi
+    # Where the machine announces its own coming interruption (a spot instance's metadata
+    # service); its tasks' supervisors watch it and stop them in time. None: not watched.
+    interruption_url: str | None = None
+    # Shut the machine down after this many minutes without a running task (0: never); set for
+    # machines tfdeploy launched itself, so a forgotten fleet stops costing money.
+    idle_minutes: float = 0.0
+    idle_command: str | None = None  # how it stops itself; None: the agent's shutdown default
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What a host entry says besides where the host is; `[[hosts]]` and sources read it alike."""
+
+    port: int
+    gpus: int
+    gpus_auto: bool
+    share_gpus: bool
+    python: str
+    workdir: str
+    ssh: SSHSettings
+    tasks: tuple[TaskSpec, ...]
+
+
+@dataclass(frozen=True)
+class TensorBoard:
+    """[job.tensorboard]: TensorBoard beside a task (not in TF_CONFIG), forwarded by `up`."""
+
+    logdir: str  # relative to the task's directory, or absolute, on that host
+    port: int = 6006  # on that host's loopback
+    task: str | None = None  # whose host runs it; default chief:0, else worker:0
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    code: Path
+    command: str | None
+    python: str
+    workdir: str
+    port: int
+    env: dict[str, str]
+    setup: tuple[str, ...]
+    role_commands: dict[str, str]
+    secret_env: tuple[str, ...]
+    start_timeout: float
+    stop_grace: float
+    evaluator_grace: float
+    on_failure: FailurePolicy = FailurePolicy.TEARDOWN
+    max_restarts: int = 3  # per task with "restart", of the whole job with "restart-job"
+    restart_backoff: float = 10.0  # seconds before the first whole-job restart; doubles, <= 5 min
+    retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry
+    stall_timeout: float | None = None  # fail when awaited tasks are silent this long
+    lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
+    firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
+    netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
+    fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
+    require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)
+    artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (pull.py)
+    artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
+    tensorboard: TensorBoard | None = None
+    forward_env: tuple[str, ...] = ()  # names copied from the controller's environment

@@ -1,0 +1,101 @@
+"""Host sources: what a plug-in such as `[aws]` must do across a job's whole life.
+
+The parser reads `[[hosts]]` itself; any other top-level table that lists hosts is a source,
+handed to `load_inventory` by whoever wires the program together (deployer/sources/__init__.py
+for the CLI; a test may pass its own). The rest of tfdeploy sees only `HostSource`: `plan` asks
+it to describe what it found, `up` to provision and to replace a lost host, `down` and `up`'s end
+to terminate. No module outside deployer/sources names a source (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from deployer.config.schema import Table
+
+if TYPE_CHECKING:
+    from deployer.config.model import Host, Job, SSHSettings
+
+Say = Callable[[str], None]  # how a source tells the user what it does (launches, waits)
+
+# When a source may end the machines it created (`terminate(when)`): as `up` ends, at `down`,
+# and with `down --terminate`, at any of them, "never" included.
+AT_JOB_END = ("job-end",)
+AT_DOWN = ("down",)
+ANY_TIME = ("down", "job-end", "never")
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a host source may use besides its own table."""
+
+    file: str  # the inventory, for messages
+    directory: Path  # absolute: relative files in the inventory are relative to it, never the cwd
+    job: Job
+    ssh: SSHSettings  # [ssh]: the defaults that each host's own ssh table overrides
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """How a source shows what it found, in `plan`'s table and `plan --json`; plain data, so
+    the renderers need no knowledge of the source."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    json_key: str  # the key of `documents` in `plan --json`, e.g. "instances"
+    documents: tuple[dict[str, Any], ...] = ()
+    to_launch: int = 0  # machines `up` would create first: `check` cannot check them yet
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What a source found: hosts in order, the machines behind them, and how to show them."""
+
+    hosts: tuple[Host, ...]
+    instances: tuple[Any, ...] = ()  # e.g. EC2 instances; only the source knows their type
+    table: SourceTable | None = None
+
+
+class HostSource(Protocol):
+    """A source whose hosts only I/O can find, and that may create and end machines."""
+
+    @property
+    def key(self) -> str:
+        """The top-level table this source was read from, e.g. "aws"."""
+        ...
+
+    def discover(self, file: str, *, preview: bool = False) -> Discovered:
+        """The hosts, or a TfdeployError naming `file` and the key at fault. `preview` (for
+        `plan`) adds stand-ins for machines `provision` would create; nothing contacts them."""
+        ...
+
+    def provision(self, file: str, say: Say) -> Discovered:
+        """`up`'s discovery: creates what is missing first, waits until it answers SSH."""
+        ...
+
+    def replace(self, file: str, gone: Host, say: Say) -> Host | None:
+        """A new machine in the place of `gone` (lost or preempted); None: not possible."""
+        ...
+
+    def terminate(self, when: tuple[str, ...], say: Say) -> None:
+        """Ends the machines tfdeploy created whose end is due at `when` ("job-end", "down"...);
+        never one it only discovered."""
+        ...
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """What a source reads from its table: hosts known now, and/or a source to discover later."""
+
+    hosts: tuple[Host, ...] = ()
+    pending: HostSource | None = None
+
+
+SourceReader = Callable[[Table, SourceContext], Sourced]
+# Table name -> a function that returns its reader: a source's module is imported only by an
+# inventory that has its table (so `[aws]` costs nothing, and needs no boto3, elsewhere).
+SourceReaders = Mapping[str, Callable[[], SourceReader]]

@@ -1,0 +1,61 @@
+"""The `[aws]` host source: EC2 instances found by tags, launched when missing, ended when due.
+
+This module is the plug-in (what deployer/sources/__init__.py names): `read` turns the table
+into an `AwsSource`, which does what `HostSource` asks across a job's life. settings.py holds
+the table as data, discovery.py finds instances, launch.py creates and ends them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from deployer.config.inventory import Inventory, discover_hosts
+from deployer.config.model import Host
+from deployer.config.schema import Table
+from deployer.config.sources import Discovered, Say, SourceContext, Sourced
+from deployer.sources.aws import launch
+from deployer.sources.aws.discovery import discover_all
+from deployer.sources.aws.settings import PAGE_SIZE, AwsSettings, parse_settings
+
+
+@dataclass(frozen=True)
+class AwsSource:
+    """One inventory's `[aws]`, as a `HostSource`."""
+
+    settings: AwsSettings
+
+    @property
+    def key(self) -> str:
+        return self.settings.key
+
+    def discover(self, file: str, *, preview: bool = False) -> Discovered:
+        return discover_all(self.settings, file, preview)
+
+    def provision(self, file: str, say: Say) -> Discovered:
+        if not self.settings.launches:
+            return self.discover(file)
+        return launch.provision(self.settings, file, say)
+
+    def replace(self, file: str, gone: Host, say: Say) -> Host | None:
+        return launch.replace_host(self.settings, file, gone, say)
+
+    def terminate(self, when: tuple[str, ...], say: Say) -> None:
+        launch.terminate_launched(self.settings, when, say)
+
+
+def read(t: Table, context: SourceContext) -> Sourced:
+    """`[aws]`: pure; its hosts are found later, when `discover_hosts` calls `discover`."""
+    return Sourced(pending=AwsSource(parse_settings(t, context)))
+
+
+def resolve_hosts(inventory: Inventory, *, page_size: int = PAGE_SIZE) -> Inventory:
+    """The inventory with its EC2 instances appended as hosts, after the static [[hosts]], asking
+    EC2 for `page_size` instances a page (tests use small pages to exercise pagination)."""
+    pending = tuple(
+        dataclasses.replace(s, settings=dataclasses.replace(s.settings, page_size=page_size))
+        if isinstance(s, AwsSource)
+        else s
+        for s in inventory.pending
+    )
+    return discover_hosts(dataclasses.replace(inventory, pending=pending))

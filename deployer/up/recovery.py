@@ -1,0 +1,156 @@
+"""Recovery: what `up` does when something fails, kept apart from the happy path's sequence.
+
+A failed task under on_failure = "restart" (start it again), a failure worth a whole-job restart
+under "restart-job" (stop the attempt, replace a gone host when its source can, wait the
+backoff), and machines tfdeploy launched that must not outlive a failed `up` (the idle stop).
+The deployment hands itself in as `Phases`: recovery re-runs its phases for a new host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from deployer.config.inventory import Inventory
+from deployer.config.model import Host
+from deployer.config.sources import Say
+from deployer.core.text import plural
+from deployer.hosts.fleet import Fleet, Member
+from deployer.push.sync import Manifest
+from deployer.up.preflight import Settled
+from deployer.up.restarts import backoff_s, restart_task, stop_attempt
+from deployer.watch.loop import RestartJob, Watch
+from deployer.watch.run import Run
+from deployer.watch.view import View
+
+
+class Phases(Protocol):
+    """What recovery needs of the deployment it serves."""
+
+    members: list[Member]
+    contacted_hosts: set[str]
+
+    def preflight(self) -> Settled: ...
+
+    def push(
+        self, manifest: Manifest, groups: Sequence[Sequence[str]] = (), *, only: Sequence[Member]
+    ) -> None: ...
+
+    def setup(self, manifest: Manifest, *, only: Sequence[Member]) -> None: ...
+
+
+class Recovery:
+    def __init__(
+        self,
+        phases: Phases,
+        fleet: Fleet,
+        run: Run,
+        watching: Watch,
+        view: View,
+        *,
+        forwarded: Mapping[str, str],
+        sleep: Callable[[float], None],
+        interval: float,
+    ) -> None:
+        self.phases = phases
+        self.fleet = fleet
+        self.run = run
+        self.watching = watching
+        self.view = view
+        self.forwarded = forwarded
+        self.sleep = sleep
+        self.interval = interval
+
+    # ---- on_failure = "restart": one task again --------------------------------------------
+
+    def restart_task(self, name: str) -> None:
+        run = self.run
+        restart_task(self.fleet, run.board, self.view, run.plan, run.run_id, self.forwarded, name)
+
+    # ---- on_failure = "restart-job": every task again ------------------------------------------
+
+    def restart_job(self, decision: RestartJob) -> None:
+        """Stops every task of this attempt (and what escaped them), replaces a host that is
+        gone when one can, waits the backoff, and leaves the board at the next attempt. Ctrl-C
+        or a signal meanwhile ends `up` as usual."""
+        run, job = self.run, self.run.plan.job
+        attempt = run.board.attempt + 1
+        delay = backoff_s(job, attempt)
+        self.view.step(
+            f"{decision.cause}: restarting the whole job (restart {attempt} of "
+            f"{job.max_restarts}, TFDEPLOY_ATTEMPT={attempt}) in {delay:g} s, after stopping "
+            "every task"
+        )
+        lost = self.watching.poller.contact.lost
+        for line in stop_attempt(self.fleet, run.board, lost, run.run_id, job):
+            self.view.step(line)
+        self.watching.tick(tolerate=True)  # the attempt's last words, under its own labels
+        self.watching.drain()
+        if decision.gone:
+            self.replace(decision.host)
+        run.board.next_attempt()
+        deadline = run.clock() + delay
+        while run.clock() < deadline:
+            self.sleep(min(self.interval, deadline - run.clock()))
+
+    def replace(self, name: str) -> None:
+        """A new machine takes the gone host's place in the host order, so every task keeps
+        its role and index; the cluster is checked again, and only the new host gets the code."""
+        old = self.fleet.member(name).host
+        new = new_machine(self.run.plan.inventory, old, self.view.step)
+        if new is None:
+            return
+        self.fleet.add(new)
+        hosts = [new if h.name == name else h for h in self.run.plan.inventory.hosts]
+        self.run.replan(hosts, moved=[new.name])
+        self.watching.poller.forget(name)
+        self.phases.members = [self.fleet.member(h.name) for h in self.run.plan.hosts]
+        self.phases.contacted_hosts.discard(name)  # terminated: nothing left there to stop
+        settled = self.phases.preflight()
+        joined = self.fleet.member(new.name)
+        self.phases.push(settled.manifest, (), only=[joined])
+        self.phases.setup(settled.manifest, only=[joined])
+        self.arm_idle_stop()
+        self.view.step(f"{new.name} replaces {name}: same tasks, same indices")
+
+    # ---- machines tfdeploy launched ---------------------------------------------------------
+
+    def arm_idle_stop(self) -> None:
+        """Machines tfdeploy launched shut down after idle_minutes without a running task."""
+        armed = [m for m in self.phases.members if m.host.idle_minutes > 0]
+        if not armed:
+            return
+        self.fleet.each(
+            lambda m: m.agent.arm_idle_stop(m.host.idle_minutes, m.host.idle_command),
+            armed,
+            what="arming idle stop failed",
+        )
+        minutes = sorted({m.host.idle_minutes for m in armed})
+        after = " or ".join(f"{n:g}" for n in minutes)
+        self.view.step(
+            f"idle stop: {plural(len(armed), 'launched host')} shut down after {after} min "
+            "without a running task"
+        )
+
+    def arm_idle_stop_anyway(self) -> None:
+        """An `up` that failed before its idle stop was armed (preflight found no TensorFlow on
+        a new AMI, say) must not leave launched GPU machines running forever: arm it on every
+        launched host that answers, and say nothing of those that do not."""
+        armed = [m for m in self.phases.members if m.host.idle_minutes > 0 and m.agent.home]
+        with contextlib.suppress(KeyboardInterrupt):
+            self.fleet.each_settled(
+                lambda m: m.agent.arm_idle_stop(m.host.idle_minutes, m.host.idle_command),
+                armed,
+                urgent=True,
+            )
+
+
+def new_machine(inventory: Inventory, gone: Host, say: Say) -> Host | None:
+    """A new machine in place of `gone` (lost, or preempted) from the source that can make one;
+    None: no source can, and the job restarts on the hosts it has."""
+    for source in inventory.sources:
+        new = source.replace(str(inventory.path), gone, say)
+        if new is not None:
+            return new
+    return None

@@ -1,0 +1,43 @@
+"""The run being carried out, shared by the board, the poller and the watch loop.
+
+One object instead of copies: when the plan changes (GPU counts learnt at preflight, a host
+replaced under restart-job), `replan` swaps the plan and the task board here, and every reader
+sees the new ones at its next look.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from deployer.config.model import Host
+from deployer.config.plan import Plan
+from deployer.watch.board import TaskBoard
+
+
+@dataclass
+class Run:
+    run_id: str
+    plan: Plan
+    clock: Callable[[], float] = time.monotonic
+    board: TaskBoard = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.board = TaskBoard(self.plan.tasks)
+
+    def replan(self, hosts: Iterable[Host], *, moved: Iterable[str] = ()) -> Plan:
+        """The plan again, over `hosts` (the re-plan the rare callers use); see `adopt`."""
+        return self.adopt(self.plan.with_hosts(hosts), moved=moved)
+
+    def adopt(self, plan: Plan, *, moved: Iterable[str] = ()) -> Plan:
+        """Carries out `plan` from now on; tasks keep their board state (log offsets, attempts,
+        restarts), except those on `moved` hosts, whose logs start afresh."""
+        if plan is self.plan:
+            return plan
+        previous = self.board
+        self.plan = plan
+        self.board = TaskBoard(plan.tasks)
+        moved_tasks = {t.name for h in moved for t in plan.tasks_on(h)}
+        self.board.carry_over(previous, moved=moved_tasks)
+        return plan
