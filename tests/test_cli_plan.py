@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import deployer.cli.main
+import deployer.cli.verbs
 from tests.helpers import one_line, run_cli
 
 INVENTORIES = Path(__file__).parent / "inventories"
@@ -171,7 +171,7 @@ def test_internal_bug_is_one_line_without_traceback(monkeypatch: pytest.MonkeyPa
     def broken(_inventory: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(deployer.cli.main, "make_plan", broken)
+    monkeypatch.setattr(deployer.cli.verbs, "make_plan", broken)
     code, out, err = run_cli("plan", str(GOOD))
     assert (code, out) == (1, "")
     assert err.splitlines() == [

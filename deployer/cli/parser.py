@@ -1,0 +1,173 @@
+"""The argument parser: verbs, their options, and the argument types that make mistakes exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.metadata
+import re
+from collections.abc import Callable
+
+from deployer.cli import verbs
+
+
+def _target_args(parser: argparse.ArgumentParser, name: str = "target", what: str = "") -> None:
+    parser.add_argument(name, help=what or "an inventory file, or a run id")
+    parser.add_argument(
+        "-i",
+        "--inventory",
+        help="inventory whose hosts hold the run (when the run id is not known here)",
+    )
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (a usage error otherwise, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in its messages
+    return parse
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number (a usage error otherwise, exit 2)."""
+    port = _count(1)(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1-65535)")
+    return port
+
+
+def _netcheck_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-netcheck",
+        action="store_true",
+        help="skip trying the TF connections between hosts (or job.netcheck = false)",
+    )
+
+
+def _concurrency_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=_count(1), default=32, help="hosts at once (32)")
+
+
+TASK_NAME = re.compile(r"[a-z_]+:\d+")
+
+
+def _task_name(text: str) -> str:
+    if not TASK_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected ROLE:INDEX such as worker:1, got {text!r}")
+    return text
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tfdeploy")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
+
+
+@functools.cache  # building it costs ~14 ms (argparse's gettext lookups); parsing reuses it
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfdeploy",
+        description="Deploy, watch and tear down distributed TensorFlow jobs on many hosts.",
+    )
+    parser.add_argument(
+        "--traceback", action="store_true", help="show Python tracebacks (for debugging tfdeploy)"
+    )
+    parser.add_argument("--version", action="version", version=f"tfdeploy {_version()}")
+    subparsers = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    plan = subparsers.add_parser("plan", help="show every task, its address, GPUs and TF_CONFIG")
+    plan.add_argument("inventory", help="inventory TOML file")
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
+    plan.set_defaults(handler=verbs.plan_verb)
+
+    up = subparsers.add_parser(
+        "up", help="preflight, push, start and watch the job; tear down at the end"
+    )
+    up.add_argument("inventory", help="inventory TOML file")
+    up.add_argument("--detach", action="store_true", help="return once every task runs")
+    _netcheck_arg(up)
+    _concurrency_arg(up)
+    up.set_defaults(handler=verbs.up_verb)
+
+    check = subparsers.add_parser(
+        "check", help="preflight only: every host, every check of up, every TF connection"
+    )
+    check.add_argument("inventory", help="inventory TOML file")
+    _netcheck_arg(check)
+    _concurrency_arg(check)
+    check.set_defaults(handler=verbs.check_verb)
+
+    down = subparsers.add_parser("down", help="stop a run (or every run of the inventory's job)")
+    _target_args(down)
+    down.add_argument(
+        "--terminate",
+        action="store_true",
+        help="then terminate the EC2 instances tfdeploy launched for the job ([aws] launch)",
+    )
+    down.set_defaults(handler=verbs.down_verb)
+
+    status = subparsers.add_parser("status", help="tasks and states of runs, read from the hosts")
+    _target_args(status)
+    status.add_argument("--json", action="store_true", help="print one JSON document")
+    status.set_defaults(handler=verbs.status_verb)
+
+    logs = subparsers.add_parser("logs", help="print (or follow) the logs of a run")
+    _target_args(logs, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    logs.add_argument("--task", type=_task_name, help="only this task, e.g. worker:1")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep following until the run ends"
+    )
+    logs.add_argument(
+        "--tail", type=_count(0), help="only the last N lines of each task (0: only new ones)"
+    )
+    logs.add_argument(
+        "--sync",
+        action="store_true",
+        help="copy what the hosts wrote since into the local archive, then print it",
+    )
+    logs.set_defaults(handler=verbs.logs_verb)
+
+    pull_ = subparsers.add_parser(
+        "pull", help="copy files of a run's tasks home (only what is not here already)"
+    )
+    _target_args(pull_, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    pull_.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="globs relative to each task's directory, or absolute",
+    )
+    pull_.add_argument(
+        "--task", action="append", type=_task_name, help="only this task (repeatable), e.g. chief:0"
+    )
+    pull_.add_argument(
+        "--to",
+        default="tfdeploy-runs",
+        help="into DIR/RUN_ID/ROLE-INDEX/ (default: ./tfdeploy-runs)",
+    )
+    _concurrency_arg(pull_)
+    pull_.set_defaults(handler=verbs.pull_verb)
+
+    tunnel = subparsers.add_parser(
+        "tunnel", help="forward a local port to a port on a task's host, over SSH"
+    )
+    _target_args(tunnel, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    tunnel.add_argument("remote_port", type=_port, metavar="REMOTE_PORT")
+    tunnel.add_argument("local_port", type=_port, nargs="?", metavar="LOCAL_PORT")
+    tunnel.add_argument("--task", type=_task_name, help="the task whose host (default: chief:0)")
+    tunnel.set_defaults(handler=verbs.tunnel_verb)
+
+    exec_ = subparsers.add_parser("exec", help="run a shell command on every host, output prefixed")
+    exec_.add_argument("inventory", help="inventory TOML file")
+    exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+    _concurrency_arg(exec_)
+    exec_.set_defaults(handler=verbs.exec_verb)
+    return parser
