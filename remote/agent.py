@@ -264,22 +264,22 @@ def op_idle(req: dict[str, Any]) -> dict[str, Any]:
 
 
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "hello": op_hello,
-    "have": store.op_have,
-    "materialize": store.op_materialize,
-    "setup": jobsetup.op_setup,
-    "start": taskops.op_start,
-    "poll": op_poll,
-    "stop": taskops.op_stop,
-    "runs": op_runs,
-    "release": op_release,
-    "gpus": op_gpus,
-    "firewall": op_firewall,
-    "netcheck": op_netcheck,
-    "collect": op_collect,
-    "fetch": op_fetch,
-    "idle": op_idle,
-    "peers": op_peers,
+    protocol.OP_HELLO: op_hello,
+    protocol.OP_HAVE: store.op_have,
+    protocol.OP_MATERIALIZE: store.op_materialize,
+    protocol.OP_SETUP: jobsetup.op_setup,
+    protocol.OP_START: taskops.op_start,
+    protocol.OP_POLL: op_poll,
+    protocol.OP_STOP: taskops.op_stop,
+    protocol.OP_RUNS: op_runs,
+    protocol.OP_RELEASE: op_release,
+    protocol.OP_GPUS: op_gpus,
+    protocol.OP_FIREWALL: op_firewall,
+    protocol.OP_NETCHECK: op_netcheck,
+    protocol.OP_COLLECT: op_collect,
+    protocol.OP_FETCH: op_fetch,
+    protocol.OP_IDLE: op_idle,
+    protocol.OP_PEERS: op_peers,
 }
 
 
@@ -352,7 +352,7 @@ class _IdleExit:
         import time
 
         self._time = time.monotonic
-        limit = os.environ.get("TFDEPLOY_SERVE_IDLE_S")  # tests
+        limit = os.environ.get(protocol.SERVE_IDLE_ENV)  # tests
         self._limit = float(limit or protocol.SERVE_IDLE_S)
         self._lock = threading.Lock()
         self._last = self._time()

@@ -17,6 +17,7 @@ import subprocess
 from typing import Any
 
 import params
+import protocol
 
 BACKENDS = ("nft", "iptables")
 TOOL_TIMEOUT = 20.0
@@ -197,15 +198,15 @@ def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
     backend = params.param(req, "backend", str, None)
     if backend is not None and backend not in BACKENDS:
         raise params.AgentError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if action == "check":
+    if action == protocol.FIREWALL_CHECK:
         tool, problem = probe(backend)
         return {"backend": tool.backend if tool else None, "problem": problem}
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
-    if action == "add":
+    if action == protocol.FIREWALL_ADD:
         return _add(req, run_id, backend)
-    if action == "remove":
+    if action == protocol.FIREWALL_REMOVE:
         return _remove(run_id, backend)
-    if action == "list":
+    if action == protocol.FIREWALL_LIST:
         tool, problem = probe(backend)
         if tool is None:
             raise params.AgentError(problem or "no firewall tool")

@@ -32,6 +32,7 @@ import daemon
 import layout
 import params
 import procs
+import protocol
 
 SETTINGS, PID, LOG, LOCK = "idle.json", "idle.pid", "idle.log", "idle.lock"
 FIRED = "idle-fired.json"
@@ -212,7 +213,7 @@ def _run_active(run_dir: Path) -> bool:
     setup = layout.read_json(run_dir / "setup.json")
     if isinstance(setup, dict) and procs.group_alive(setup.get("pgid"), setup.get("start_ticks")):
         return True
-    return any(procs.task_state(t)[0] == procs.RUNNING for t in layout.task_dirs(run_dir))
+    return any(procs.task_state(t)[0] == protocol.STATE_RUNNING for t in layout.task_dirs(run_dir))
 
 
 def default_command() -> str:

@@ -25,11 +25,9 @@ from typing import Any
 import daemon
 import layout
 import params
+import protocol
 
 MAX_LISTEN_S = 120.0
-# The verdicts of a probe; the control side words its advice by them (deployer/up/netcheck.py).
-OK, REFUSED, TIMED_OUT, NO_ROUTE = "ok", "refused", "timed out", "no route"
-UNRESOLVED = "unresolved"
 _NO_ROUTE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
 
 
@@ -37,15 +35,15 @@ def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
     action = params.param(req, "action", str)
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
     record = layout.host_dir(layout.workdir_path(req)) / "netcheck" / f"{run_id}.json"
-    if action == "listen":
+    if action == protocol.NETCHECK_LISTEN:
         ports = params.param(req, "ports", list)
         seconds = min(float(params.param(req, "seconds", (int, float), 30.0)), MAX_LISTEN_S)
         return {"pid": listen(record, [_port(p) for p in ports], seconds)}
-    if action == "probe":
+    if action == protocol.NETCHECK_PROBE:
         targets = params.param(req, "targets", list)
         timeout = float(params.param(req, "wait", (int, float), 3.0))
         return {"results": probe([_target(t) for t in targets], timeout)}
-    if action == "close":
+    if action == protocol.NETCHECK_CLOSE:
         return {"closed": close(record)}
     raise params.AgentError(f"netcheck action must be listen, probe or close, not {action!r}")
 
@@ -139,14 +137,14 @@ def probe(targets: list[tuple[str, int]], timeout: float) -> list[str]:
     contacts (ARP, a busy softirq) is not a firewall. A real drop costs two timeouts.
     """
     results = _all_at_once(targets, timeout)
-    again = [i for i, said in enumerate(results) if said == TIMED_OUT]
+    again = [i for i, said in enumerate(results) if said == protocol.PROBE_TIMED_OUT]
     for i, said in zip(again, _all_at_once([targets[i] for i in again], timeout)):
         results[i] = said
     return results
 
 
 def _all_at_once(targets: list[tuple[str, int]], timeout: float) -> list[str]:
-    results = [TIMED_OUT] * len(targets)
+    results = [protocol.PROBE_TIMED_OUT] * len(targets)
 
     def one(i: int) -> None:
         results[i] = connect(targets[i], timeout)
@@ -165,14 +163,14 @@ def connect(target: tuple[str, int], timeout: float) -> str:
     try:
         sock = socket.create_connection((address, port), timeout=timeout)
     except socket.gaierror as exc:
-        return f"{UNRESOLVED}: {exc.strerror}"
+        return f"{protocol.PROBE_UNRESOLVED}: {exc.strerror}"
     except socket.timeout:
-        return TIMED_OUT
+        return protocol.PROBE_TIMED_OUT
     except ConnectionRefusedError:
-        return REFUSED
+        return protocol.PROBE_REFUSED
     except OSError as exc:
         if exc.errno in _NO_ROUTE:
-            return NO_ROUTE
+            return protocol.PROBE_NO_ROUTE
         return exc.strerror or str(exc)
     sock.close()
-    return OK
+    return protocol.PROBE_OK

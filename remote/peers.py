@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import daemon
 import layout
 import params
+import protocol
 import store
 
 MAX_SERVE_S = 600.0
@@ -42,17 +43,17 @@ def op_peers(req: dict[str, Any]) -> dict[str, Any]:
     workdir = layout.workdir_path(req)
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
     record = layout.host_dir(workdir) / "peers" / f"{run_id}.json"
-    if action == "serve":
+    if action == protocol.PEERS_SERVE:
         address = params.param(req, "address", str)
         port = params.param(req, "port", int)
         seconds = min(float(params.param(req, "seconds", (int, float), 120.0)), MAX_SERVE_S)
         return {"pid": serve(record, workdir / "store", address, port, _secret(req), seconds)}
-    if action == "fetch":
+    if action == protocol.PEERS_FETCH:
         blobs = [_blob(item) for item in params.param(req, "blobs", list)]
         peers = [_peer(item) for item in params.param(req, "peers", list)]
         wait = float(params.param(req, "wait", (int, float), 3.0))
         return fetch(layout.make_private_dir(workdir / "store"), blobs, peers, _secret(req), wait)
-    if action == "close":
+    if action == protocol.PEERS_CLOSE:
         return {"closed": daemon.stop(record)}
     raise params.AgentError(f"peers action must be serve, fetch or close, not {action!r}")
 

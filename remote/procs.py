@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import layout
-
-STARTING, RUNNING, EXITED, LOST = "starting", "running", "exited", "lost"
+import protocol
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -106,16 +105,17 @@ def task_state(task_dir: Path) -> tuple[str, Any, Any]:
     """(state, pid.json, exit.json) of one task, following the state table of PROTOCOL.md."""
     ended = layout.read_json(task_dir / "exit.json")
     if ended is not None:
-        return EXITED, layout.read_json(task_dir / "pid.json"), ended
+        return protocol.STATE_EXITED, layout.read_json(task_dir / "pid.json"), ended
     pids = layout.read_json(task_dir / "pid.json")
     if not isinstance(pids, dict):
-        return STARTING, None, None
+        return protocol.STATE_STARTING, None, None
     supervisor = process_alive(pids.get("supervisor"), pids.get("supervisor_ticks"))
     if supervisor or group_alive(pids.get("pgid"), pids.get("start_ticks")):
-        return RUNNING, pids, None
+        return protocol.STATE_RUNNING, pids, None
     # The supervisor may have written exit.json and quit between our two reads.
     ended = layout.read_json(task_dir / "exit.json")
-    return (EXITED if ended is not None else LOST), pids, ended
+    state = protocol.STATE_EXITED if ended is not None else protocol.STATE_LOST
+    return state, pids, ended
 
 
 def task_status(task_dir: Path) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def task_status(task_dir: Path) -> dict[str, Any]:
     except OSError:
         log_bytes = None
     restarts = spec.get("restarts") if isinstance(spec, dict) else 0
-    frozen = state == RUNNING and bool(frozen_members(pids.get("pgid")))
+    frozen = state == protocol.STATE_RUNNING and bool(frozen_members(pids.get("pgid")))
     return {
         "name": name if isinstance(name, str) else task_dir.name,
         "state": state,
@@ -156,10 +156,10 @@ def exit_record(returncode: int | None, reason: str | None, ended: float) -> dic
     code = returncode if returncode is not None and returncode >= 0 else None
     sig = -returncode if returncode is not None and returncode < 0 else None
     if reason is None:
-        reason = "signal" if sig is not None else "exited"
+        reason = protocol.REASON_SIGNAL if sig is not None else protocol.REASON_EXITED
     return {"code": code, "signal": sig, "ended": ended, "reason": reason}
 
 
 def stopped_record(sig: int) -> dict[str, Any]:
     """exit.json written by a stop when no supervisor is left to record the real status."""
-    return {"code": None, "signal": sig, "ended": time.time(), "reason": "stopped"}
+    return {"code": None, "signal": sig, "ended": time.time(), "reason": protocol.REASON_STOPPED}

@@ -8,28 +8,109 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Final
 
-PROTOCOL_VERSION = 1
+# Every request and reply carries it as "v"; the agent answers another version with ok: false.
+PROTOCOL_VERSION: Final = 1
+
+# The ops: a request's "op" (PROTOCOL.md "Operations").
+OP_HELLO: Final = "hello"
+OP_HAVE: Final = "have"
+OP_MATERIALIZE: Final = "materialize"
+OP_SETUP: Final = "setup"
+OP_START: Final = "start"
+OP_POLL: Final = "poll"
+OP_STOP: Final = "stop"
+OP_RUNS: Final = "runs"
+OP_RELEASE: Final = "release"
+OP_GPUS: Final = "gpus"
+OP_FIREWALL: Final = "firewall"
+OP_NETCHECK: Final = "netcheck"
+OP_COLLECT: Final = "collect"
+OP_FETCH: Final = "fetch"
+OP_IDLE: Final = "idle"
+OP_PEERS: Final = "peers"
+OPS: Final = (
+    OP_HELLO,
+    OP_HAVE,
+    OP_MATERIALIZE,
+    OP_SETUP,
+    OP_START,
+    OP_POLL,
+    OP_STOP,
+    OP_RUNS,
+    OP_RELEASE,
+    OP_GPUS,
+    OP_FIREWALL,
+    OP_NETCHECK,
+    OP_COLLECT,
+    OP_FETCH,
+    OP_IDLE,
+    OP_PEERS,
+)
+
+# The "action" of the ops that have several: firewall, netcheck, peers.
+FIREWALL_CHECK: Final = "check"
+FIREWALL_ADD: Final = "add"
+FIREWALL_REMOVE: Final = "remove"
+FIREWALL_LIST: Final = "list"
+NETCHECK_LISTEN: Final = "listen"
+NETCHECK_PROBE: Final = "probe"
+NETCHECK_CLOSE: Final = "close"
+PEERS_SERVE: Final = "serve"
+PEERS_FETCH: Final = "fetch"
+PEERS_CLOSE: Final = "close"
+
+# The verdict of one netcheck probe, one per target; an unresolved name is "unresolved: <why>".
+PROBE_OK: Final = "ok"
+PROBE_REFUSED: Final = "refused"
+PROBE_TIMED_OUT: Final = "timed out"
+PROBE_NO_ROUTE: Final = "no route"
+PROBE_UNRESOLVED: Final = "unresolved"
+
+# Task states: a task status's "state" (PROTOCOL.md "Task states"). Finished: exited or lost.
+STATE_STARTING: Final = "starting"  # spec written, no pid.json yet
+STATE_RUNNING: Final = "running"
+STATE_EXITED: Final = "exited"  # exit.json written: its reason says how it ended
+STATE_LOST: Final = "lost"  # supervisor and task gone without an exit.json: nobody recorded it
+TASK_STATES: Final = (STATE_STARTING, STATE_RUNNING, STATE_EXITED, STATE_LOST)
+
+# Why a task ended: exit.json's "reason", a task status's "reason" (null until it exited).
+REASON_EXITED: Final = "exited"  # by itself: "code" set
+REASON_SIGNAL: Final = "signal"  # killed by "signal", not by tfdeploy
+REASON_STOPPED: Final = "stopped"  # a stop op, or SIGTERM to its supervisor
+REASON_LEASE_EXPIRED: Final = "lease expired"  # no heartbeat from the controller in time
+REASON_PREEMPTED: Final = "preempted"  # a spot interruption notice
+EXIT_REASONS: Final = (
+    REASON_EXITED,
+    REASON_SIGNAL,
+    REASON_STOPPED,
+    REASON_LEASE_EXPIRED,
+    REASON_PREEMPTED,
+)
 
 # `agent.py serve` ends a session after this long without a request, with this exit status
 # (EX_TEMPFAIL): "left while idle; the request sent as it left was never read, send it again".
-SERVE_IDLE_S = 15.0
-SERVE_IDLE_EXIT = 75
+SERVE_IDLE_S: Final = 15.0
+SERVE_IDLE_EXIT: Final = 75
+# Set in the agent's environment, replaces SERVE_IDLE_S (tests).
+SERVE_IDLE_ENV: Final = "TFDEPLOY_SERVE_IDLE_S"
 
 # Set in every task's environment by the control side; a whole-run stop also ends the processes
 # that left their task's process group by finding this exact value in their environment.
-RUN_ID_ENV = "TFDEPLOY_RUN_ID"
-TASK_ENV = "TFDEPLOY_TASK"
+RUN_ID_ENV: Final = "TFDEPLOY_RUN_ID"
+# The task's name (role:index), set by the control side in the task's environment.
+TASK_ENV: Final = "TFDEPLOY_TASK"
 # The whole job's attempt (0 first; on_failure = "restart-job" starts every task again with n+1).
-ATTEMPT_ENV = "TFDEPLOY_ATTEMPT"
+ATTEMPT_ENV: Final = "TFDEPLOY_ATTEMPT"
 
 # The host identity (hostid.py). Set by the supervisor in every task's environment, so a stop on
 # one host never takes another host's processes for its own; set in the agent's environment, it
 # replaces the computed identity (tests simulate several hosts sharing one workdir with it).
-HOST_ID_ENV = "TFDEPLOY_HOST_ID"
+HOST_ID_ENV: Final = "TFDEPLOY_HOST_ID"
 
 # How long a port reservation taken at hello lives without a heartbeat of its run.
-DEFAULT_RESERVATION_S = 60.0
+DEFAULT_RESERVATION_S: Final = 60.0
 
 
 def is_pushed(name: str) -> bool:

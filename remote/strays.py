@@ -137,6 +137,6 @@ def run_groups(run_dir: Path) -> tuple[set[int], set[int]]:
         if isinstance(pids, dict):
             if isinstance(pids.get("supervisor"), int):
                 supervisors.add(pids["supervisor"])
-            if state == procs.RUNNING and isinstance(pids.get("pgid"), int):
+            if state == protocol.STATE_RUNNING and isinstance(pids.get("pgid"), int):
                 groups.add(pids["pgid"])
     return supervisors, groups

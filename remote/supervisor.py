@@ -57,10 +57,10 @@ class _Supervisor:
         if self.watcher is not None:
             self.watcher.stop()
         if self.reason is None and (self.terminated or (self.task_dir / "stop").exists()):
-            self.reason = "stopped"
+            self.reason = protocol.REASON_STOPPED
         self._reap_stragglers()
         record = procs.exit_record(returncode, self.reason, ended)
-        if self.reason == "lease expired":  # no controller will send a whole-run stop
+        if self.reason == protocol.REASON_LEASE_EXPIRED:  # no controller will send a whole-run stop
             record["escaped"] = self._stop_strays()
         if self.notice is not None:
             record["notice"] = {"action": self.notice.action, "time": self.notice.time}
@@ -153,7 +153,7 @@ class _Supervisor:
             f"tfdeploy: spot interruption notice ({notice.action} at {notice.time or '?'}): "
             f"SIGTERM now, SIGKILL in {grace:.0f} s"
         )
-        self._begin_stop("preempted", grace)
+        self._begin_stop(protocol.REASON_PREEMPTED, grace)
 
     def _say(self, line: str) -> None:
         """One line in the task's own log, where the user reads what happened to it."""
@@ -177,14 +177,14 @@ class _Supervisor:
         marker = layout.read_json(self.task_dir / "stop")
         if isinstance(marker, dict):
             # The stop op already sent SIGTERM; we only guarantee the SIGKILL deadline.
-            self.reason = "stopped"
+            self.reason = protocol.REASON_STOPPED
             self.kill_at = float(marker.get("requested", now)) + float(marker.get("grace", 0))
         elif self.terminated:
-            self._begin_stop("stopped")
+            self._begin_stop(protocol.REASON_STOPPED)
         elif time.monotonic() >= self.next_lease_check:
             self.next_lease_check = time.monotonic() + LEASE_CHECK
             if self._lease_expired(now):
-                self._begin_stop("lease expired")
+                self._begin_stop(protocol.REASON_LEASE_EXPIRED)
 
     def _begin_stop(self, reason: str, grace: float | None = None) -> None:
         self.reason = reason

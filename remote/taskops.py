@@ -15,6 +15,7 @@ import daemon
 import layout
 import params
 import procs
+import protocol
 import reservations
 import strays
 
@@ -46,7 +47,7 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         if layout.run_stopped(run_dir):
             raise params.AgentError(f"run {run_dir.name} was stopped; nothing of it starts again")
         for spec, dirname in zip(specs, dirnames):
-            if procs.task_state(run_dir / "tasks" / dirname)[0] == procs.RUNNING:
+            if procs.task_state(run_dir / "tasks" / dirname)[0] == protocol.STATE_RUNNING:
                 raise params.AgentError(
                     f"task {spec['name']} of run {run_dir.name} is still running"
                 )
@@ -193,18 +194,18 @@ class _Stop:
 
     def step(self, now: float) -> None:
         state, pids, _ = procs.task_state(self.task_dir)
-        if state == procs.STARTING and self._may_still_start(now):
+        if state == protocol.STATE_STARTING and self._may_still_start(now):
             return  # a start op is about to write pid.json
-        if state == procs.RUNNING and self.pids is None:
+        if state == protocol.STATE_RUNNING and self.pids is None:
             self._begin(pids, now)
-        elif state == procs.RUNNING and self.kill_at is not None and now >= self.kill_at:
+        elif state == protocol.STATE_RUNNING and self.kill_at is not None and now >= self.kill_at:
             self._signal(signal.SIGKILL)
             self.kill_at = None
-        elif state == procs.LOST and self.last_signal is not None:
+        elif state == protocol.STATE_LOST and self.last_signal is not None:
             # We signalled it and no supervisor is left to write the record: write it ourselves.
             layout.write_json(self.task_dir / "exit.json", procs.stopped_record(self.last_signal))
             self.done = True
-        elif state != procs.RUNNING:
+        elif state != protocol.STATE_RUNNING:
             self.done = True
 
     def _may_still_start(self, now: float) -> bool:

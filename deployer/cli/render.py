@@ -19,6 +19,7 @@ from deployer.config.sources import SourceTable
 from deployer.core.secrets import masked
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
+from remote import protocol
 
 if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
     from deployer.results.runs import HostRun
@@ -241,13 +242,13 @@ def _state_text(task: TaskStatus) -> str:
     """Short words for the table: running, exited 0, killed (signal 9), stopped, lost."""
     if not task.finished:
         return f"{task.state}, frozen (SIGSTOP)" if task.frozen else task.state
-    if task.state == "lost":
+    if task.state == protocol.STATE_LOST:
         return "lost (supervisor gone)"
-    if task.reason == "stopped":
+    if task.reason == protocol.REASON_STOPPED:
         return "stopped by tfdeploy"
     if task.preempted:
         return "preempted (spot interruption)"
-    if task.reason == "lease expired":
+    if task.reason == protocol.REASON_LEASE_EXPIRED:
         return task.reason
     if task.signal is not None:
         return f"killed (signal {task.signal})"

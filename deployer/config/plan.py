@@ -28,14 +28,15 @@ from deployer.config.roles import (
     role,
 )
 from deployer.core.errors import InventoryError
+from remote import protocol
 
 PLACEHOLDERS = ("task_type", "task_index", "chief_hosts", "worker_hosts", "ps_hosts")
 # Set by tfdeploy for each task; the hint says what to write instead.
 RESERVED_ENV = {
     "TF_CONFIG": "remove it: tfdeploy builds it from the hosts and tasks of the inventory",
     "CUDA_VISIBLE_DEVICES": "remove it; use gpus = [...] to choose GPUs",
-    "TFDEPLOY_RUN_ID": "remove it: each run gets its own id",
-    "TFDEPLOY_TASK": "remove it: it names the task (role:index) the process runs",
+    protocol.RUN_ID_ENV: "remove it: each run gets its own id",
+    protocol.TASK_ENV: "remove it: it names the task (role:index) the process runs",
 }
 
 
@@ -73,7 +74,7 @@ class Task:
             **self.own_env,
             "TF_CONFIG": f'{{"cluster": {self.cluster_json}, "task": {task}}}',
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus),
-            "TFDEPLOY_TASK": self.name,
+            protocol.TASK_ENV: self.name,
         }
 
     @property

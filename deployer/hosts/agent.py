@@ -34,7 +34,8 @@ REMOTE_DIR = Path(__file__).resolve().parents[2] / "remote"
 # Hosts sharing a home (NFS) may install at once: each writes its own temporary names, and a
 # rename puts identical content in place.
 # The version gate comes first and uses nothing newer than Python 2 syntax, so an interpreter
-# too old for the agent says so instead of failing on some later line.
+# too old for the agent says so instead of failing on some later line. The look-only reply
+# speaks protocol.PROTOCOL_VERSION, as the agent does.
 MIN_HOST_PYTHON = (3, 8)
 TOO_OLD_EXIT = 79  # the bootstrap's exit status when the host's Python is older than that
 _VERSION_GATE = f"""
@@ -45,6 +46,7 @@ if sys.version_info < {MIN_HOST_PYTHON!r}:
 """
 _BOOTSTRAP = (
     _VERSION_GATE
+    + f"V = {protocol.PROTOCOL_VERSION!r}\n"
     + """
 import json, os
 if not os.environ.get("HOME", "x"):
@@ -52,7 +54,7 @@ if not os.environ.get("HOME", "x"):
 d = json.loads(sys.stdin.buffer.readline())
 w = os.path.expanduser(d["workdir"])
 if d.get("look_only") and not os.path.isdir(w):
-    sys.stdout.write(json.dumps({"v": 1, "ok": True, "absent": True, "workdir": w}) + "\\n")
+    sys.stdout.write(json.dumps({"v": V, "ok": True, "absent": True, "workdir": w}) + "\\n")
     sys.exit(0)
 home = os.path.join(w, "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):
@@ -75,11 +77,11 @@ class TaskStatus:
     """One task as the host's agent reports it."""
 
     name: str
-    state: str  # starting | running | exited | lost
+    state: str  # one of protocol.TASK_STATES
     pid: int | None = None
     exit_code: int | None = None
     signal: int | None = None
-    reason: str | None = None
+    reason: str | None = None  # one of protocol.EXIT_REASONS, once exited
     started: float | None = None
     ended: float | None = None
     log_bytes: int = 0
@@ -104,27 +106,29 @@ class TaskStatus:
 
     @property
     def finished(self) -> bool:
-        return self.state in ("exited", "lost")
+        return self.state in (protocol.STATE_EXITED, protocol.STATE_LOST)
 
     @property
     def succeeded(self) -> bool:
         """Exited 0 by itself: a task that saved a checkpoint on a spot notice and exited 0 has
         not finished its work."""
-        return self.state == "exited" and self.exit_code == 0 and not self.preempted
+        return self.state == protocol.STATE_EXITED and self.exit_code == 0 and not self.preempted
 
     @property
     def preempted(self) -> bool:
         """Stopped because its machine is being taken away (a spot interruption notice)."""
-        return self.reason == "preempted"
+        return self.reason == protocol.REASON_PREEMPTED
 
     def outcome(self) -> str:
         """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports."""
-        if self.state == "lost":
+        if self.state == protocol.STATE_LOST:
             return "lost (its supervisor vanished: host crash or kill -9)"
-        if self.reason == "preempted":
+        if self.reason == protocol.REASON_PREEMPTED:
             return "preempted: its spot instance got an interruption notice"
-        if self.reason in ("stopped", "lease expired"):
-            return f"{self.reason} by tfdeploy" if self.reason == "stopped" else self.reason
+        if self.reason == protocol.REASON_STOPPED:
+            return f"{self.reason} by tfdeploy"
+        if self.reason == protocol.REASON_LEASE_EXPIRED:
+            return self.reason
         if self.signal is not None:
             return f"killed by signal {self.signal}"
         if self.exit_code is not None and 128 < self.exit_code <= 128 + 64:
@@ -271,7 +275,7 @@ class Agent:
         """
         request: dict[str, Any] = {
             "v": protocol.PROTOCOL_VERSION,
-            "op": "hello",
+            "op": protocol.OP_HELLO,
             "workdir": self.workdir,
             "ports": list(ports),
         }
@@ -383,10 +387,10 @@ class Agent:
     # The operations of docs/PROTOCOL.md, typed for the rest of the control side.
 
     def missing(self, hashes: Sequence[str]) -> list[str]:
-        return list(self.call("have", hashes=list(hashes))["missing"])
+        return list(self.call(protocol.OP_HAVE, hashes=list(hashes))["missing"])
 
     def start(self, run_id: str, tasks: list[dict[str, Any]], grace: float) -> list[TaskStatus]:
-        reply = self.call("start", run_id=run_id, tasks=tasks, grace=grace)
+        reply = self.call(protocol.OP_START, run_id=run_id, tasks=tasks, grace=grace)
         return [TaskStatus.from_json(t) for t in reply["tasks"]]
 
     def poll(
@@ -400,7 +404,7 @@ class Agent:
         timeout: float = 30,
     ) -> Poll:
         reply = self.call(
-            "poll",
+            protocol.OP_POLL,
             timeout=timeout,
             run_id=run_id,
             offsets=offsets,
@@ -429,7 +433,7 @@ class Agent:
         """Stops tasks (all: also the run's escaped processes and its port reservations; named
         ones with `escaped`: also the escaped processes, and the run may start again)."""
         reply = self.call(
-            "stop",
+            protocol.OP_STOP,
             # A whole-run stop may take grace twice: the task groups, then escaped processes.
             timeout=2 * grace + 60,
             run_id=run_id,
@@ -451,13 +455,13 @@ class Agent:
         # looked at every 30 s, or more often for short limits (tests), never under 1 s
         interval = max(1.0, min(30.0, minutes * 6))
         if command:
-            self.call("idle", minutes=minutes, command=command, interval=interval)
+            self.call(protocol.OP_IDLE, minutes=minutes, command=command, interval=interval)
         else:
-            self.call("idle", minutes=minutes, interval=interval)
+            self.call(protocol.OP_IDLE, minutes=minutes, interval=interval)
 
     def release(self, run_id: str) -> None:
         """Drops the run's port reservations (preflight failed: nothing of it will start)."""
-        self.call("release", run_id=run_id)
+        self.call(protocol.OP_RELEASE, run_id=run_id)
 
     def setup(
         self,
@@ -468,7 +472,7 @@ class Agent:
         timeout: float = 3600,
     ) -> SetupResult:
         reply = self.call(
-            "setup",
+            protocol.OP_SETUP,
             timeout=timeout,
             run_id=run_id,
             commands=list(commands),
@@ -483,18 +487,24 @@ class Agent:
 
     def gpus(self) -> dict[str, Any]:
         """The raw `gpus` reply; deployer.hosts.gpus.GpuReport.from_json reads it."""
-        return self.call("gpus")
+        return self.call(protocol.OP_GPUS)
 
     def listen(self, run_id: str, ports: Sequence[int], seconds: float) -> None:
         """Stand-in listeners on the planned TF ports, for peers' probes (remote/netcheck.py)."""
-        self.call("netcheck", action="listen", run_id=run_id, ports=list(ports), seconds=seconds)
+        self.call(
+            protocol.OP_NETCHECK,
+            action=protocol.NETCHECK_LISTEN,
+            run_id=run_id,
+            ports=list(ports),
+            seconds=seconds,
+        )
 
     def probe(self, run_id: str, targets: Sequence[tuple[str, int]], timeout: float) -> list[str]:
         """One verdict per (address, port): "ok", "refused", "timed out", "no route", ..."""
         reply = self.call(
-            "netcheck",
+            protocol.OP_NETCHECK,
             timeout + 30,
-            action="probe",
+            action=protocol.NETCHECK_PROBE,
             run_id=run_id,
             targets=[list(t) for t in targets],
             wait=timeout,
@@ -502,15 +512,15 @@ class Agent:
         return [str(r) for r in reply["results"]]
 
     def unlisten(self, run_id: str) -> None:
-        self.call("netcheck", action="close", run_id=run_id)
+        self.call(protocol.OP_NETCHECK, action=protocol.NETCHECK_CLOSE, run_id=run_id)
 
     def serve_store(
         self, run_id: str, address: str, port: int, secret: str, seconds: float
     ) -> None:
         """Serves this host's store to the run's peers on address:port (remote/peers.py)."""
         self.call(
-            "peers",
-            action="serve",
+            protocol.OP_PEERS,
+            action=protocol.PEERS_SERVE,
             run_id=run_id,
             address=address,
             port=port,
@@ -528,9 +538,9 @@ class Agent:
     ) -> PeerFetch:
         """Copies `blobs` from the first peers that have them into this host's store."""
         reply = self.call(
-            "peers",
+            protocol.OP_PEERS,
             timeout,
-            action="fetch",
+            action=protocol.PEERS_FETCH,
             run_id=run_id,
             blobs=[list(b) for b in blobs],
             peers=[list(p) for p in peers],
@@ -544,7 +554,7 @@ class Agent:
         )
 
     def stop_serving(self, run_id: str) -> None:
-        self.call("peers", action="close", run_id=run_id)
+        self.call(protocol.OP_PEERS, action=protocol.PEERS_CLOSE, run_id=run_id)
 
     def look(self) -> None:
         """Says hello once without creating anything on the host (read-only verbs)."""
@@ -559,7 +569,7 @@ class Agent:
         if self.absent:
             return {}
         reply = self.call(
-            "collect",
+            protocol.OP_COLLECT,
             timeout=600,  # hashing gigabytes of checkpoints takes a while
             run_id=run_id,
             patterns=list(patterns),
@@ -579,7 +589,7 @@ class Agent:
         self, run_id: str, task: str, path: str, patterns: Sequence[str], offset: int, length: int
     ) -> bytes:
         reply = self.call(
-            "fetch",
+            protocol.OP_FETCH,
             run_id=run_id,
             task=task,
             path=path,
@@ -591,15 +601,22 @@ class Agent:
 
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
-        problem = self.call("firewall", action="check").get("problem")
+        problem = self.call(protocol.OP_FIREWALL, action=protocol.FIREWALL_CHECK).get("problem")
         return str(problem) if problem else None
 
     def firewall_add(self, run_id: str, ports: Sequence[int], allowed: Sequence[str]) -> None:
-        self.call("firewall", action="add", run_id=run_id, ports=list(ports), allowed=list(allowed))
+        self.call(
+            protocol.OP_FIREWALL,
+            action=protocol.FIREWALL_ADD,
+            run_id=run_id,
+            ports=list(ports),
+            allowed=list(allowed),
+        )
 
     def firewall_remove(self, run_id: str) -> int:
         """Removes the run's rules (idempotent); how many rule sets were removed."""
-        return int(self.call("firewall", action="remove", run_id=run_id).get("removed") or 0)
+        reply = self.call(protocol.OP_FIREWALL, action=protocol.FIREWALL_REMOVE, run_id=run_id)
+        return int(reply.get("removed") or 0)
 
     def runs(self) -> list[dict[str, Any]]:
-        return [] if self.absent else list(self.call("runs")["runs"])
+        return [] if self.absent else list(self.call(protocol.OP_RUNS)["runs"])

@@ -23,6 +23,7 @@ from deployer.core.errors import HostError, InventoryError
 from deployer.core.secrets import mask_text
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
+from remote import protocol
 
 IGNORE_FILES = (".gitignore", ".tfdeployignore")
 ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".tfdeployignore")
@@ -107,7 +108,7 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
         _store_batch(agent, manifest, batch, run_fields)
     last = batches[-1] if batches else ()
     agent.call(
-        "materialize",
+        protocol.OP_MATERIALIZE,
         timeout=_timeout(last),
         files=files,
         stream=_pack(manifest.root, last),
@@ -130,7 +131,7 @@ def _store_batch(
     agent: Agent, manifest: Manifest, batch: tuple[CodeFile, ...], run_fields: dict[str, Any]
 ) -> None:
     agent.call(
-        "materialize",
+        protocol.OP_MATERIALIZE,
         timeout=_timeout(batch),
         files=[],
         stream=_pack(manifest.root, batch),

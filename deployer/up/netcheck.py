@@ -18,6 +18,7 @@ from deployer.config.roles import PS, role
 from deployer.core.errors import NetworkBlocked
 from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet
+from remote import protocol
 
 # A connect that gets no answer is tried twice (remote/netcheck.py), so a dropped SYN costs
 # twice this, once, whatever the number of pairs.
@@ -27,9 +28,11 @@ LISTEN_S = 60.0  # stand-in listeners leave by themselves after this, should `cl
 T = TypeVar("T")
 
 WHY = {
-    "timed out": "a firewall or security group dropping the TF port?",
-    "refused": "a firewall rejecting it, or tf_address is not this host's address?",
-    "no route": "no route to the address: a wrong tf_address, or a firewall rejecting it?",
+    protocol.PROBE_TIMED_OUT: "a firewall or security group dropping the TF port?",
+    protocol.PROBE_REFUSED: "a firewall rejecting it, or tf_address is not this host's address?",
+    protocol.PROBE_NO_ROUTE: (
+        "no route to the address: a wrong tf_address, or a firewall rejecting it?"
+    ),
 }
 
 
@@ -109,7 +112,7 @@ def check(fleet: Fleet, plan: Plan, run_id: str, timeout: float = PROBE_TIMEOUT_
         for target, said in zip(targets[host], said_all, strict=True)
     }
     failed = [(x, verdict[x.source, (x.address, x.port)]) for x in wanted]
-    failed = [(x, said) for x, said in failed if said != "ok"]
+    failed = [(x, said) for x, said in failed if said != protocol.PROBE_OK]
     if failed:
         raise blocked(failed, len(wanted))
     return len(wanted)

@@ -18,6 +18,7 @@ from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
 from deployer.core.secrets import mask_text
 from deployer.hosts.agent import TaskStatus
+from remote import protocol
 
 TAIL_LINES = 20
 
@@ -177,7 +178,7 @@ class TaskBoard:
         tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
         noun = "log line" if lines == 1 else "log lines"
         message = f"{watch.label} {what} ({outcome}); its last {lines} {noun}:\n{tail}"
-        if status is not None and status.reason == "stopped":
+        if status is not None and status.reason == protocol.REASON_STOPPED:
             # This controller had not stopped anything yet: `down` (or another controller) did.
             message = (
                 f"run {run_id} was stopped from elsewhere (`tfdeploy down` or another "
@@ -233,7 +234,9 @@ def retryable(status: TaskStatus | None, job: Job) -> bool:
     own verdict (a bug) and restarting will not help. `retry_exit_codes` lists the codes to
     retry instead. A lost host (no status) is retryable: it may come back, or be replaced.
     """
-    if status is None or status.reason in ("lost", "preempted") or status.signal is not None:
+    if status is None or status.state == protocol.STATE_LOST:
+        return True
+    if status.preempted or status.signal is not None:
         return True
     code = status.exit_code
     if code is None:
@@ -241,6 +244,11 @@ def retryable(status: TaskStatus | None, job: Job) -> bool:
     if job.retry_exit_codes is not None:
         return code in job.retry_exit_codes
     return code >= 128
+
+
+# Ends policy "restart" leaves alone: tfdeploy stopped the task or its lease expired (on purpose),
+# or its machine is going away (preempted: it would be started again there in vain).
+NOT_RESTARTED = (protocol.REASON_STOPPED, protocol.REASON_LEASE_EXPIRED, protocol.REASON_PREEMPTED)
 
 
 def may_restart(watch: TaskWatch, job: Job) -> bool:
@@ -254,6 +262,5 @@ def may_restart(watch: TaskWatch, job: Job) -> bool:
         and role(watch.task.role).restartable_alone
         and watch.restarts < job.max_restarts
         and status is not None
-        and status.reason not in ("stopped", "lease expired", "preempted")  # preempted: its
-        # machine is going away, and the task would be started again there in vain
+        and status.reason not in NOT_RESTARTED
     )

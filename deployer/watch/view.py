@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer.watch.board import TaskRow
+from remote import protocol
 
 PALETTE = (
     "cyan",
@@ -33,7 +34,12 @@ PALETTE = (
     "bright_green",
     "bright_blue",
 )
-STATE_STYLES = {"running": "green", "exited": "bold", "lost": "red", "starting": "yellow"}
+STATE_STYLES = {
+    protocol.STATE_RUNNING: "green",
+    protocol.STATE_EXITED: "bold",
+    protocol.STATE_LOST: "red",
+    protocol.STATE_STARTING: "yellow",
+}
 
 
 def task_colour(label: str) -> str:
