@@ -109,6 +109,10 @@ ATTEMPT_ENV: Final = "TFDEPLOY_ATTEMPT"
 # replaces the computed identity (tests simulate several hosts sharing one workdir with it).
 HOST_ID_ENV: Final = "TFDEPLOY_HOST_ID"
 
+# The TF task types listed in the cluster dict: the ones the built-in server may serve
+# (tfserver.py); the control side's roles table (deployer/config/roles.py) must agree.
+CLUSTER_ROLES: Final = ("chief", "worker", "ps")
+
 # How long a port reservation taken at hello lives without a heartbeat of its run.
 DEFAULT_RESERVATION_S: Final = 60.0
 

@@ -6,8 +6,10 @@ import json
 import os
 import sys
 
+import protocol
+
 # The evaluator is never in the cluster dict and must not start a server (TF_NOTES).
-_SERVING_TYPES = ("chief", "worker", "ps")
+_SERVING_TYPES = protocol.CLUSTER_ROLES
 
 
 class ConfigError(Exception):

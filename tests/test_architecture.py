@@ -73,3 +73,11 @@ def test_the_import_contracts_are_kept() -> None:
     kept = re.findall(r"^(.*) KEPT$", result.stdout, re.M)
     assert result.returncode == 0, result.stdout[-3000:]
     assert len(kept) >= 4, result.stdout[-3000:]
+
+
+def test_the_roles_table_and_the_host_side_agree_on_the_cluster_roles() -> None:
+    """remote/tfserver.py serves exactly the roles the plan lists in every cluster dict."""
+    from deployer.config.roles import CLUSTER_ROLES
+    from remote import protocol
+
+    assert CLUSTER_ROLES == protocol.CLUSTER_ROLES == ("chief", "worker", "ps")
