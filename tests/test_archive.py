@@ -9,7 +9,7 @@ import pytest
 
 from deployer.results.archive import LogArchive, archive_ended, read_lines, run_dir
 from deployer.results.runs import archived_lines
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 from tests.test_deployment import TWO_WORKERS, Harness
 
 

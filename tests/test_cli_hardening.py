@@ -22,7 +22,7 @@ from rich.console import Console
 from deployer.cli.render import status_table
 from deployer.hosts.agent import TaskStatus
 from deployer.results.runs import HostRun
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 INVENTORIES = Path(__file__).parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import deployer.cli.main
-from tests.helpers import one_line, run_cli
+from tests.support.helpers import one_line, run_cli
 
 INVENTORIES = Path(__file__).parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"

@@ -1,8 +1,8 @@
 """`up` in-process on scripted hosts and a fake clock: the phases and the rules they apply.
 
-The hosts are tests/fakehost.py's (the agent protocol answered from a script); everything above
-the wire is the real code. Time moves only when the deployment sleeps, so "6 s without contact"
-is exact and the whole file runs in about a second.
+The hosts are tests/support/fakehost.py's (the agent protocol answered from a script); everything
+above the wire is the real code. Time moves only when the deployment sleeps, so "6 s without
+contact" is exact and the whole file runs in about a second.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from deployer.core.errors import HostsFailed, Interrupted, JobFailed
 from deployer.hosts.fleet import Fleet
 from deployer.up.deployment import Deployment, UpOptions
-from tests.fakehost import FakeClock, FakeFleetHosts, RecordingView
-from tests.helpers import JOB, plan
+from tests.support.fakehost import FakeClock, FakeFleetHosts, RecordingView
+from tests.support.helpers import JOB, plan
 
 TWO_WORKERS = (
     JOB

@@ -8,7 +8,7 @@ import pytest
 
 from deployer.config.inventory import BUILTIN_SERVER, SSHSettings, TaskSpec, load_inventory
 from deployer.core.errors import ExitStatus, InventoryError
-from tests.helpers import JOB, load, write_toml
+from tests.support.helpers import JOB, load, write_toml
 
 ONE_HOST = (
     JOB

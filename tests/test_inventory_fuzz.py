@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import one_line, run_cli, to_toml
+from tests.support.helpers import one_line, run_cli, to_toml
 
 Path_ = tuple[str | int, ...]
 

@@ -13,7 +13,7 @@ import pytest
 
 from deployer.config.inventory import MAX_JOB_NAME
 from deployer.results import state
-from tests.helpers import JOB, one_line, plan, run_cli, tf_config, write_toml
+from tests.support.helpers import JOB, one_line, plan, run_cli, tf_config, write_toml
 
 HOST = '[[hosts]]\naddress = "10.0.0.1"\n'
 CHIEF = HOST + 'tasks = [{ role = "chief" }]\n'

@@ -20,7 +20,7 @@ from deployer.config.inventory import (
 )
 from deployer.config.schema import Table
 from deployer.core.errors import InventoryError
-from tests.helpers import JOB, write_toml
+from tests.support.helpers import JOB, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from deployer.core.errors import NetworkBlocked
 from deployer.hosts.agent import Agent
 from deployer.hosts.local_transport import LocalTransport
 from deployer.up.netcheck import Link, blocked, links
-from tests.helpers import JOB, plan
+from tests.support.helpers import JOB, plan
 from tests.test_deployment import Harness
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deployer.cli.render import plan_document, plan_table
-from tests.helpers import JOB, plan, plan_error, tf_config
+from tests.support.helpers import JOB, plan, plan_error, tf_config
 
 PSS = (
     JOB

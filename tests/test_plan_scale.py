@@ -8,7 +8,7 @@ from pathlib import Path
 
 from deployer.config.inventory import Inventory
 from deployer.config.plan import make_plan
-from tests.helpers import JOB, load
+from tests.support.helpers import JOB, load
 
 
 def fleet(tmp_path: Path, hosts: int) -> Inventory:

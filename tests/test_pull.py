@@ -13,8 +13,8 @@ import pytest
 from deployer.core.errors import HostError, Interrupted, JobFailed
 from deployer.hosts.fleet import Fleet
 from deployer.results.pull import pull
-from tests.fakehost import FakeClock, FakeFleetHosts
-from tests.helpers import plan
+from tests.support.fakehost import FakeClock, FakeFleetHosts
+from tests.support.helpers import plan
 from tests.test_deployment import TWO_WORKERS, Harness
 
 CKPT = b"\x01" * 5_000_000  # the same checkpoint on both workers (replicas agree)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deployer.core.errors import Interrupted, InventoryError, JobFailed
-from tests.helpers import plan
+from tests.support.helpers import plan
 from tests.test_deployment import TWO_WORKERS, Harness
 
 

@@ -23,7 +23,7 @@ from deployer.results.state import RUN_ID, new_run_id
 from deployer.up.launch import start_groups
 from deployer.watch.board import TaskBoard, may_restart
 from deployer.watch.contact import HOST_LOSS_S, HostContact
-from tests.helpers import JOB, plan
+from tests.support.helpers import JOB, plan
 
 # ---- hosts: outage or loss -----------------------------------------------------------------
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import HOSTILE_STRINGS
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
+from tests.support.helpers import HOSTILE_STRINGS
 from tests.test_lifecycle import EXAMPLES, TF_ENV, accuracies, tfdeploy
 
 pytestmark = pytest.mark.lab

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import JOB, plan
+from tests.support.helpers import JOB, plan
 
 pytestmark = pytest.mark.tf
 

@@ -25,7 +25,7 @@ from deployer.hosts.local_transport import LocalTransport
 from deployer.hosts.ssh import Endpoint
 from deployer.hosts.ssh_transport import SSHTransport
 from deployer.hosts.transport import render
-from tests.helpers import HOSTILE_STRINGS
+from tests.support.helpers import HOSTILE_STRINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 
