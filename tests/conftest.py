@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
+import json
 import os
 import random
+import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ import pytest
 
 import tests.lab
 from tests.lab import Lab, LabHost, LabUnsupported, cleanup, pythons, start_lab
+from tests.support.agent import call, ticks
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
@@ -266,3 +270,30 @@ def ec2(_moto: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     ]
     if alive:
         client.terminate_instances(InstanceIds=alive)
+
+
+# ---- the host agent on this machine (test_agent*.py, test_shared_workdir, test_spot_idle) -----
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """A host workdir; every process any run started, on any simulated host, is gone after it."""
+    wd = tmp_path / "wd"
+    yield wd
+    for run_dir in wd.glob("hosts/*/runs/*"):
+        if (run_dir / "run.json").exists():
+            host = run_dir.parent.parent.name
+            call(wd, "stop", host=host, run_id=run_dir.name, tasks=None, grace=0)
+        for pid_file in run_dir.glob("tasks/*/pid.json"):
+            pids = json.loads(pid_file.read_text())
+            if ticks(pids["supervisor"]) == pids["supervisor_ticks"]:
+                os.kill(pids["supervisor"], signal.SIGKILL)
+            if ticks(pids["pgid"]) in (None, pids["start_ticks"]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pids["pgid"], signal.SIGKILL)
+
+
+@pytest.fixture
+def run_id() -> str:
+    """Unique per test: the stray scan matches it on every process of this machine's user."""
+    return f"bounds-{os.getpid()}-{secrets.token_hex(4)}"

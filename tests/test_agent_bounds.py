@@ -23,13 +23,20 @@ import pytest
 
 from deployer.hosts.agent import Agent
 from deployer.hosts.local_transport import LocalTransport
-from tests.test_agent import AGENT, PYTHON, alive, new_run, ok, runs_dir, start, wait_for
-from tests.test_agent import workdir as workdir  # the fixture: stops every run it left
+from tests.support.agent import (
+    AGENT,
+    ESCAPE,
+    PYTHON,
+    alive,
+    escaped_pid,
+    new_run,
+    ok,
+    runs_dir,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(60)
-
-# The shell forks a child, which setsid(1) takes out of the task's process group and session.
-ESCAPE = "setsid sleep 600 & echo $! > escaped.pid; sleep 600"
 
 
 def call(workdir: Path, op: str, env: dict[str, str] | None = None, **params: Any) -> Any:
@@ -43,12 +50,6 @@ def call(workdir: Path, op: str, env: dict[str, str] | None = None, **params: An
     )
     assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
     return json.loads(proc.stdout)
-
-
-@pytest.fixture
-def run_id() -> str:
-    """Unique per test: the stray scan matches it on every process of this machine's user."""
-    return f"bounds-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 @pytest.fixture
@@ -66,14 +67,6 @@ def decoys(run_id: str) -> Iterator[list[subprocess.Popen[bytes]]]:
     for proc in procs:
         proc.kill()
         proc.wait()
-
-
-def escaped_pid(run_dir: Path, pgid: int) -> int:
-    pid_file = run_dir / "code/escaped.pid"
-    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip()))
-    wait_for(lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "sleep")
-    assert os.getpgid(pid) != pgid and os.getsid(pid) == pid  # it really left the group
-    return pid
 
 
 def test_a_whole_run_stop_ends_what_left_the_group_and_nothing_else(
@@ -184,7 +177,7 @@ def test_a_reservation_lapses_with_its_lease_and_lives_with_its_heartbeats(workd
 
 
 def test_two_controllers_racing_on_one_lab_host_get_the_ports_once(lab: Any) -> None:
-    from tests.test_firewall import lab_agent  # an Agent over SSH to a lab host
+    from tests.support.on_lab import lab_agent  # an Agent over SSH to a lab host
 
     port = 23000 + secrets.randbelow(2000)
     agents = [lab_agent(lab, lab.hosts[2]) for _ in range(2)]
@@ -234,7 +227,7 @@ def test_agent_stop_reports_escaped_processes(tmp_path: Path, run_id: str) -> No
 
 
 def test_a_stop_over_ssh_ends_a_setsid_sidecar_on_a_lab_host(lab: Any, run_id: str) -> None:
-    from tests.test_firewall import lab_agent
+    from tests.support.on_lab import lab_agent
 
     host = lab.hosts[2]
     agent = lab_agent(lab, host)

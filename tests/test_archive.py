@@ -9,8 +9,8 @@ import pytest
 
 from deployer.results.archive import LogArchive, archive_ended, read_lines, run_dir
 from deployer.results.runs import archived_lines
+from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import run_cli
-from tests.test_deployment import TWO_WORKERS, Harness
 
 
 @pytest.fixture(autouse=True)

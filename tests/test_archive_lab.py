@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab
-from tests.test_lifecycle import tfdeploy
+from tests.support.lab_cli import tfdeploy
 
 pytestmark = [pytest.mark.lab]
 

@@ -22,7 +22,7 @@ from deployer.sources.ec2 import (
     parse_fingerprints,
     provision,
 )
-from tests.test_aws import REGION, cli, launch, write_inventory
+from tests.support.aws import REGION, cli, launch, write_inventory
 
 GROUP = """
 [[aws.hosts]]

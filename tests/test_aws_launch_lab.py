@@ -24,7 +24,7 @@ from deployer.sources.aws import LAUNCHED_TAG
 from tests.fakes.imds import Imds
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
-from tests.test_aws import REGION, cli, described, launch
+from tests.support.aws import REGION, cli, described, launch
 
 pytestmark = [pytest.mark.lab, pytest.mark.isolated]
 HELLO = 'import os\nprint(os.environ["TFDEPLOY_TASK"], "on", os.uname().nodename)\n'

@@ -21,9 +21,8 @@ import pytest
 
 from deployer.hosts.agent import Agent
 from tests.lab import Lab, LabHost
-from tests.test_firewall import lab_agent
-from tests.test_lifecycle import tfdeploy
-from tests.test_netcheck_lab import blocked
+from tests.support.lab_cli import tfdeploy
+from tests.support.on_lab import blocked, lab_agent
 
 pytestmark = [pytest.mark.lab, pytest.mark.isolated]  # peers talk over the hosts' own addresses
 

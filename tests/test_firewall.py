@@ -17,13 +17,11 @@ from typing import Any
 
 import pytest
 
-from deployer.config.inventory import SSHSettings
 from deployer.core.errors import HostError
 from deployer.hosts.agent import Agent
-from deployer.hosts.ssh import Endpoint
-from deployer.hosts.ssh_transport import SSHTransport
 from tests.lab import Lab, LabHost
-from tests.test_lifecycle import tfdeploy
+from tests.support.lab_cli import tfdeploy
+from tests.support.on_lab import lab_agent
 
 pytestmark = [pytest.mark.lab, pytest.mark.isolated]  # rules need each host's own netns
 
@@ -182,27 +180,6 @@ def agent(lab: Lab) -> Iterator[Agent]:
     agent = lab_agent(lab, lab.hosts[3])
     yield agent
     agent.transport.close()
-
-
-def lab_agent(lab: Lab, host: LabHost) -> Agent:
-    """The agent on a lab host, installed, over an SSH connection of its own."""
-    transport = SSHTransport(
-        Endpoint(
-            host.name,
-            host.address,
-            SSHSettings(
-                port=host.port,
-                user=lab.user,
-                identity=str(lab.key_path),
-                known_hosts=str(lab.known_hosts),
-                ssh_config=os.devnull,
-                connect_timeout=5,
-            ),
-        )
-    )
-    agent = Agent(transport, python=lab.python, workdir="~/.tfdeploy")
-    agent.install()
-    return agent
 
 
 @pytest.mark.parametrize("backend", ["nft", "iptables"])

@@ -19,8 +19,8 @@ from deployer.core.errors import NetworkBlocked
 from deployer.hosts.agent import Agent
 from deployer.hosts.local_transport import LocalTransport
 from deployer.up.netcheck import Link, blocked, links
+from tests.support.harness import Harness
 from tests.support.helpers import JOB, plan
-from tests.test_deployment import Harness
 
 
 def hosts(*specs: tuple[str, str]) -> str:

@@ -5,36 +5,16 @@ reject one peer's packets to a TF port, and `check`/`up` name that pair before a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.lab import Lab, LabHost
-from tests.test_lifecycle import tfdeploy
+from tests.lab import Lab
+from tests.support.lab_cli import tfdeploy
+from tests.support.on_lab import blocked
 
 pytestmark = [pytest.mark.lab, pytest.mark.isolated]  # rules need each host's own netns
-
-TABLE = "tfdeploy_test_netcheck"
-
-
-@contextmanager
-def blocked(lab: Lab, host: LabHost, source: LabHost, port: int, verdict: str) -> Iterator[None]:
-    """On `host`, TCP from `source` to `port` is dropped ("drop") or refused ("reject")."""
-    action = "drop" if verdict == "drop" else "reject with tcp reset"
-    script = (
-        f"nft add table inet {TABLE} && "
-        f"nft add chain inet {TABLE} input '{{ type filter hook input priority -10 ; }}' && "
-        f"nft add rule inet {TABLE} input ip saddr {source.address} tcp dport {port} {action}"
-    )
-    done = lab.run(host, script)
-    assert done.returncode == 0, done.stderr
-    try:
-        yield
-    finally:
-        lab.run(host, f"nft delete table inet {TABLE}")
 
 
 @pytest.fixture

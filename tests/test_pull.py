@@ -14,8 +14,8 @@ from deployer.core.errors import HostError, Interrupted, JobFailed
 from deployer.hosts.fleet import Fleet
 from deployer.results.pull import pull
 from tests.support.fakehost import FakeClock, FakeFleetHosts
+from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import plan
-from tests.test_deployment import TWO_WORKERS, Harness
 
 CKPT = b"\x01" * 5_000_000  # the same checkpoint on both workers (replicas agree)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import glob
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from remote import protocol
+from tests.support.local_pythons import old_pythons
 
 REMOTE = Path(__file__).resolve().parent.parent / "remote"
 # tfserver.py imports TensorFlow on purpose (inside its main), and only it may.
@@ -43,21 +43,6 @@ def test_modules_import_as_top_level_scripts_do_on_hosts() -> None:
     names = ", ".join(p.stem for p in MODULES if p.stem != "__init__")
     code = f"import sys; sys.path.insert(0, {str(REMOTE)!r}); import {names}"
     subprocess.run([sys.executable, "-I", "-c", code], check=True, timeout=30)
-
-
-def old_pythons() -> list[str]:
-    """Python 3.8 and 3.9 builds on this machine (pyenv shims excluded).
-
-    3.8 is the oldest the agent supports; 3.9 is the system Python of Amazon Linux 2023,
-    Debian 11 and RHEL 9.
-    """
-    found = []
-    for version in ("3.8", "3.9"):
-        for pattern in ("/usr/bin/python{}", "/usr/local/bin/python{}"):
-            found += glob.glob(pattern.format(version))
-        pyenv = f"~/.pyenv/versions/{version}.*/bin/python{version}"
-        found += glob.glob(os.path.expanduser(pyenv))
-    return sorted(found)
 
 
 def agent_call(python: str, workdir: Path, op: str, **params: Any) -> dict[str, Any]:

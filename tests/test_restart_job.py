@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from deployer.core.errors import Interrupted, InventoryError, JobFailed
+from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import plan
-from tests.test_deployment import TWO_WORKERS, Harness
 
 
 def restart_job(**keys: object) -> str:

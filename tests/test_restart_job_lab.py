@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab
-from tests.test_faults import EXAMPLES, TF_ENV, Up, final_states, pids_of
+from tests.support.faults import EXAMPLES, TF_ENV, Up, final_states, pids_of
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab
-from tests.test_faults import Up, _env
-from tests.test_lifecycle import tfdeploy
+from tests.support.faults import Up, _env
+from tests.support.lab_cli import tfdeploy
 
 pytestmark = [pytest.mark.lab]
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.lab import Lab
 from tests.lab.inventory import toml_value
 from tests.support.helpers import HOSTILE_STRINGS
-from tests.test_lifecycle import EXAMPLES, TF_ENV, accuracies, tfdeploy
+from tests.support.lab_cli import EXAMPLES, TF_ENV, accuracies, tfdeploy
 
 pytestmark = pytest.mark.lab
 

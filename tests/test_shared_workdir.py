@@ -21,11 +21,8 @@ from typing import Any
 import pytest
 
 from remote.protocol import HOST_ID_ENV
-from tests.test_agent import AGENT, PYTHON, alive, raw_call, wait_for
-from tests.test_agent import workdir as workdir  # the fixture: stops every run of every host
-from tests.test_agent_bounds import ESCAPE, escaped_pid
-from tests.test_agent_bounds import run_id as run_id  # the fixture: a run id unique to the test
-from tests.test_remote_imports import old_pythons
+from tests.support.agent import AGENT, ESCAPE, PYTHON, alive, escaped_pid, raw_call, wait_for
+from tests.support.local_pythons import old_pythons
 
 pytestmark = pytest.mark.timeout(90)
 

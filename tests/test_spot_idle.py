@@ -26,7 +26,7 @@ import pytest
 
 from remote import spot
 from tests.fakes.imds import ACTION_PATH, TOKEN_PATH, Imds
-from tests.test_agent import (
+from tests.support.agent import (
     AGENT,
     PYTHON,
     alive,
@@ -39,7 +39,6 @@ from tests.test_agent import (
     wait_for,
     wait_state,
 )
-from tests.test_agent import workdir as workdir  # the fixture: stops every run it left
 
 pytestmark = pytest.mark.timeout(60)
 
