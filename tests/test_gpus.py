@@ -28,13 +28,9 @@ from deployer.hosts.gpus import GpuReport, check_gpus, usage_text
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import TaskRow, task_table
 from tests.lab import Lab, LabHost
+from tests.support.gpus import FAKE, uuid
 
-FAKE = Path(__file__).resolve().parent / "fakes" / "nvidia-smi"
 REMOTE = Path(__file__).resolve().parent.parent / "remote"
-
-
-def uuid(i: int) -> str:
-    return f"GPU-fa4e0000-0000-4000-8000-00000000000{i}"
 
 
 def gpus_csv(n: int, util: Sequence[int] = (), used: int = 0) -> str:

@@ -18,23 +18,15 @@ from typing import Any
 import paramiko
 import pytest
 
-from deployer.config.inventory import SSHSettings
 from deployer.core.errors import HostError
 from deployer.hosts import hostkeys
 from deployer.hosts.local_transport import LocalTransport
 from deployer.hosts.ssh import Endpoint
 from deployer.hosts.ssh_transport import SSHTransport
 from deployer.hosts.transport import render
-from tests.support.helpers import HOSTILE_STRINGS
+from tests.support.transport import HOSTILE, endpoint, expect_host_error, make_key
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Each would run `touch MARK` if it reached a shell unquoted or quoted twice; "" must survive too.
-HOSTILE = [*HOSTILE_STRINGS, ""]
-
-
-def endpoint(name: str, address: str, **settings: Any) -> Endpoint:
-    return Endpoint(name, address, SSHSettings(**settings))
 
 
 def target_for(lab: Any, host: Any, **overrides: Any) -> Endpoint:
@@ -56,13 +48,6 @@ def transport(lab: Any) -> Iterator[SSHTransport]:
     t = SSHTransport(target_for(lab, lab.hosts[0]))
     yield t
     t.close()
-
-
-def expect_host_error(fn: Any, pattern: str) -> HostError:
-    with pytest.raises(HostError) as info:
-        fn()
-    assert re.search(pattern, info.value.message), info.value.message
-    return info.value
 
 
 # -- exec --------------------------------------------------------------------------------------
@@ -246,14 +231,6 @@ def test_accept_new_writes_bracketed_names_for_other_ports(tmp_path: Path) -> No
 
 
 # -- auth --------------------------------------------------------------------------------------
-
-
-def make_key(tmp_path: Path, name: str, passphrase: str = "") -> Path:
-    path = tmp_path / name
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True
-    )
-    return path
 
 
 @pytest.mark.lab
