@@ -1,8 +1,8 @@
 """The host agent driven exactly as the control side drives it: JSON on stdin, real processes.
 
-Its calls and waits (test_agent.py's, shared with the bounds, shared-workdir and spot/idle tests),
-and a task that leaves its process group (ESCAPE). The `workdir` and `run_id` fixtures are in
-tests/conftest.py.
+Its calls and waits (tests/unit/test_agent.py's, shared with the bounds, shared-workdir and
+spot/idle tests), and a task that leaves its process group (ESCAPE). The `workdir` and `run_id`
+fixtures are in tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 background with its output read as it comes (`Up`), every task's end as its host recorded it
 (`final_states`), and a lab host's processes by command line (`pids_of`).
 
-`Up` records itself in `_STARTED`; test_faults.py interrupts what is still running after each test.
+`Up` records itself in `_STARTED`; tests/integration/test_faults.py interrupts what is still
+running after each of its tests.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from deployer.hosts.agent import TaskStatus
 from deployer.results.runs import HostRun
 from tests.support.helpers import run_cli
 
-INVENTORIES = Path(__file__).parent / "inventories"
+INVENTORIES = Path(__file__).parent.parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"
 LINES = 20_000  # more than a pipe buffer holds, so a closed reader is noticed
 LONG = "L" * 2000  # longer than the 512 bytes per line the old --tail guessed

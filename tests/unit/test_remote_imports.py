@@ -15,7 +15,7 @@ import pytest
 from remote import protocol
 from tests.support.local_pythons import old_pythons
 
-REMOTE = Path(__file__).resolve().parent.parent / "remote"
+REMOTE = Path(__file__).resolve().parents[2] / "remote"
 # tfserver.py imports TensorFlow on purpose (inside its main), and only it may.
 MODULES = sorted(p for p in REMOTE.glob("*.py") if p.name != "tfserver.py")
 SIBLINGS = {p.stem for p in REMOTE.glob("*.py")}

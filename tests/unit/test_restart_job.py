@@ -3,7 +3,7 @@
 Decided by the first failure (a signal or 128+ is retried, 1-127 is a bug), bounded by
 max_restarts, spaced by a doubling backoff, and interruptible like any other phase. The lab's
 real-TensorFlow version (a SIGKILLed MWMS worker, resumed from a checkpoint) is in
-tests/test_restart_job_lab.py.
+tests/integration/test_restart_job.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Preflight's network check: which connections TF makes, how a blocked one is told, and the
 host side's stand-in listeners and probes on this machine (no sshd, no TensorFlow).
 
-The lab's own tests (tests/test_netcheck_lab.py) drop and reject real packets between hosts.
+The lab's own tests (tests/integration/test_netcheck.py) drop and reject real packets between hosts.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The local log archive: what `up` streams is kept here, by byte offset, bounded, and `logs`
-reads it back when the hosts are gone (the lab's version: tests/test_lifecycle.py)."""
+reads it back when the hosts are gone (the lab's version: tests/integration/test_archive.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from deployer.config.inventory import load_inventory
 from deployer.config.plan import make_plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _vagrant_constants() -> dict[str, str]:

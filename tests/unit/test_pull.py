@@ -1,7 +1,7 @@
 """`tfdeploy pull` and job.artifacts on scripted hosts: only missing contents travel, once per
 content, interrupted pulls resume, nothing lands outside the destination, and artifacts come
 home however `up` ends. The host side (globs, symlinks, `..`) runs for real in
-tests/test_pull_lab.py."""
+tests/integration/test_results.py."""
 
 from __future__ import annotations
 

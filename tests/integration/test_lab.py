@@ -21,7 +21,7 @@ from tests.lab import Lab, LabError, LabHost, cleanup, start_lab
 from tests.lab.inventory import toml_value
 
 pytestmark = pytest.mark.lab
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def ssh(

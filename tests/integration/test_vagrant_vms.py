@@ -23,7 +23,7 @@ import pytest
 
 from deployer.config.inventory import load_inventory
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VAGRANT_DIR = REPO / "vagrant"
 INVENTORY = REPO / "inventories" / "vagrant.toml"
 TFDEPLOY = str(Path(sys.executable).with_name("tfdeploy"))

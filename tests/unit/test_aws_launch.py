@@ -1,5 +1,6 @@
 """`[aws]` launch tables against moto's EC2: what `plan` shows, what `up` may launch, and what
-`down --terminate` ends. No SSH here: the lab tests (test_aws_launch_lab.py) deploy onto them.
+`down --terminate` ends. No SSH here: the lab tests (tests/integration/test_aws_launch.py)
+deploy onto them.
 """
 
 from __future__ import annotations

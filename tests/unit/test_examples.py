@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "examples" / "digits"
 TFSERVER = REPO / "remote" / "tfserver.py"
 # TF has no startup timeout: a missing peer hangs forever, so every wait is bounded.

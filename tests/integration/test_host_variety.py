@@ -365,7 +365,7 @@ def test_mwms_as_non_root_with_a_shared_home_trains(
     """Real TensorFlow, 3 MWMS workers, an unprivileged user whose home is one directory on
     every host (the default workdir is shared): trains, exits 0, leaves nothing behind."""
     hosts = lab.hosts[:3]
-    examples = Path(__file__).resolve().parent.parent / "examples" / "digits"
+    examples = Path(__file__).resolve().parents[2] / "examples" / "digits"
     inventory = lab_user_inventory(
         [[{"role": "worker"}]] * 3,
         code=examples,

@@ -12,7 +12,7 @@ import pytest
 import deployer.cli.main
 from tests.support.helpers import one_line, run_cli
 
-INVENTORIES = Path(__file__).parent / "inventories"
+INVENTORIES = Path(__file__).parent.parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"
 # The console script pip installed next to the Python running the tests (the user's venv).
 TFDEPLOY = str(Path(sys.executable).with_name("tfdeploy"))

@@ -22,7 +22,7 @@ from deployer.config.schema import Table
 from deployer.core.errors import InventoryError
 from tests.support.helpers import JOB, write_toml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
