@@ -1,27 +1,30 @@
-"""Shared fixtures: the SSH lab (real sshd hosts) and helpers to write inventories for it."""
+"""What both tiers share: the markers (`lab` by fixture or by folder, `tf`, `isolated`, `vagrant`),
+the in-process tier's default workers, the lab-leftover check after a session, moto's EC2 and the
+host agent's workdir. The lab's own fixtures are in tests/integration/conftest.py.
+
+tests/unit/ runs in-process (no sshd, no root); every test in tests/integration/ is marked `lab`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
+import json
 import os
 import random
+import secrets
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
 
 import tests.lab
-from tests.lab import Lab, LabHost, LabUnsupported, cleanup, pythons, start_lab
-
-
-def _sigterm(signum: int, frame: FrameType | None) -> None:
-    # A CI timeout or `kill` sends SIGTERM: turn it into an interrupt so fixtures tear down.
-    raise KeyboardInterrupt(f"signal {signum}")
+from tests.lab import cleanup
+from tests.support.agent import call, ticks
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -44,116 +47,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.tx = ["popen"] * (cores + 1)  # what xdist derives from -n, before configure
 
 
-@pytest.fixture(scope="session")
-def lab() -> Iterator[Lab]:
-    """8 flat hosts for the whole session; always stopped, also on failures and Ctrl-C."""
-    yield from _lab_session(8, "flat")
-
-
-@pytest.fixture(scope="session")
-def bastion_lab() -> Iterator[Lab]:
-    """2 private hosts behind a dual-homed bastion; built only when a test asks for it."""
-    yield from _lab_session(2, "bastion")
-
-
-def _lab_session(n: int, topology: str) -> Iterator[Lab]:
-    if tests.lab.lab_mode() == "netns":
-        cleanup.clean_stale()  # namespaces and links of an earlier run that was SIGKILLed
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _sigterm)
-    the_lab = start_lab(n, topology)
-    try:
-        yield the_lab
-    finally:
-        the_lab.stop()
-
-
-def _inventory_writer(lab: Lab, tmp_path: Path, default_user: str) -> Callable[..., Path]:
-    def write(
-        tasks: list[list[dict[str, Any]]],
-        *,
-        code: str | Path | None = None,
-        job: dict[str, Any] | None = None,
-        ssh: dict[str, Any] | None = None,
-        hosts: list[LabHost] | None = None,
-        name: str = "inventory.toml",
-        user: str | None = None,
-        per_host: dict[str, dict[str, Any]] | None = None,
-    ) -> Path:
-        job_table = {"code": str(code or tmp_path)} | (job or {})
-        return lab.write_inventory(
-            tmp_path / name,
-            tasks=tasks,
-            job=job_table,
-            ssh=ssh,
-            hosts=hosts,
-            user=user or default_user,
-            per_host=per_host,
-        )
-
-    return write
-
-
-@pytest.fixture
-def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
-    """`lab_inventory(tasks, code=, job=, ssh=, hosts=, user=, per_host=)`: one in tmp_path.
-
-    Logs in as `lab.user` (root in the namespace lab) unless `user` says otherwise; `per_host`
-    adds keys to hosts' entries by name, e.g. {"h1": {"python": lab_python("3.9")}}.
-    """
-    return _inventory_writer(lab, tmp_path, lab.user)
-
-
-@pytest.fixture
-def lab_user_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
-    """Like `lab_inventory`, logging in as the lab's non-root user (`lab.login_user`).
-
-    In the namespace lab each host gives that user a private home (a tmpfs) unless
-    `lab_shared_home` is in use; on loopback it is the runner's own user and home.
-    """
-    return _inventory_writer(lab, tmp_path, lab.login_user)
-
-
-@pytest.fixture
-def lab_shared_home(lab: Lab) -> Iterator[Path]:
-    """For this test, one directory is `lab.login_user`'s home on every host (NFS/EFS-like).
-
-    Yields the directory as this machine sees it; afterwards hosts get private homes again.
-    """
-    try:
-        shared = lab.shared_home()
-    except LabUnsupported as e:
-        pytest.skip(str(e))
-    with shared as path:
-        yield path
-
-
-@pytest.fixture(scope="session")
-def lab_python() -> Callable[[str], str]:
-    """`lab_python("3.9")`: path of a CPython 3.9 lab hosts can run; skips if there is none.
-
-    The first use of a version copies the machine's pyenv build to /opt/tfdeploy/pythons
-    (~2 s, kept for later runs); see tests/lab/pythons.py.
-    """
-
-    def get(minor: str) -> str:
-        try:
-            return pythons.host_python(minor).path
-        except LabUnsupported as e:
-            pytest.skip(str(e))
-
-    return get
-
-
-@pytest.fixture
-def clean_lab(lab: Lab) -> Iterator[Lab]:
-    """The lab, checked after the test: nothing of the test may still run or listen on any host."""
-    yield lab
-    left = {h.name: lab.leftovers(h) for h in lab.hosts}
-    left = {name: items for name, items in left.items() if items}
-    assert not left, f"the test left processes or ports behind on lab hosts: {left}"
-
-
 LAB_FIXTURES = {
     "lab",
     "bastion_lab",
@@ -162,11 +55,14 @@ LAB_FIXTURES = {
     "lab_user_inventory",
     "lab_shared_home",
 }
+# Every test of this folder needs real hosts: the lab's sshd hosts (or, marked `vagrant`, VMs).
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # A test that asks for a lab fixture needs the lab, marked or not: `-m "not lab"` must
-    # never start sshd hosts. A `tf` test skips with a reason where TensorFlow is missing.
+    # A test that asks for a lab fixture needs the lab, marked or not, and so does every test in
+    # tests/integration/: `-m "not lab"` must never start sshd hosts, and selects tests/unit/.
+    # A `tf` test skips with a reason where TensorFlow is missing.
     no_tf = pytest.mark.skip(reason="needs TensorFlow (pip install tensorflow-cpu)")
     has_tf = importlib.util.find_spec("tensorflow") is not None
     # Booting VMs takes ~9 minutes without KVM: only a run that asks for it (`-m vagrant`).
@@ -175,7 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "vagrant" in item.keywords and not vagrant_asked:
             item.add_marker(no_vagrant)
-        if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
+        needs_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if needs_lab or item.path.resolve().is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.lab)
         if "tf" in item.keywords and not has_tf:
             item.add_marker(no_tf)
@@ -266,3 +163,30 @@ def ec2(_moto: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterato
     ]
     if alive:
         client.terminate_instances(InstanceIds=alive)
+
+
+# ---- the host agent on this machine (test_agent*.py, test_shared_workdir, test_spot_idle) -----
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """A host workdir; every process any run started, on any simulated host, is gone after it."""
+    wd = tmp_path / "wd"
+    yield wd
+    for run_dir in wd.glob("hosts/*/runs/*"):
+        if (run_dir / "run.json").exists():
+            host = run_dir.parent.parent.name
+            call(wd, "stop", host=host, run_id=run_dir.name, tasks=None, grace=0)
+        for pid_file in run_dir.glob("tasks/*/pid.json"):
+            pids = json.loads(pid_file.read_text())
+            if ticks(pids["supervisor"]) == pids["supervisor_ticks"]:
+                os.kill(pids["supervisor"], signal.SIGKILL)
+            if ticks(pids["pgid"]) in (None, pids["start_ticks"]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pids["pgid"], signal.SIGKILL)
+
+
+@pytest.fixture
+def run_id() -> str:
+    """Unique per test: the stray scan matches it on every process of this machine's user."""
+    return f"bounds-{os.getpid()}-{secrets.token_hex(4)}"

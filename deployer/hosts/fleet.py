@@ -56,7 +56,7 @@ class Fleet:
         concurrency: int = DEFAULT_CONCURRENCY,
         connect: Callable[[Host], Transport] | None = None,
     ) -> None:
-        # connect: how to reach a host; tests pass scripted hosts (tests/fakehost.py) here.
+        # connect: how to reach a host; tests pass scripted hosts (tests/support/fakehost.py) here.
         self._connect = connect or open_transport
         self.members = [self._member(h) for h in hosts]
         self._slots = threading.BoundedSemaphore(max(1, concurrency))

@@ -1,8 +1,8 @@
 """What tfdeploy needs from a way of reaching a host: the interface, and nothing behind it.
 
 A transport runs an argv, writes a file and opens a request/reply session; `ssh_transport.py`
-and `local_transport.py` implement it, `tests/fakehost.py` scripts it. Nothing here imports
-paramiko, so code that only plans or renders never loads an SSH stack.
+and `local_transport.py` implement it, `tests/support/fakehost.py` scripts it. Nothing here
+imports paramiko, so code that only plans or renders never loads an SSH stack.
 """
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""The lab tier's fixtures: the SSH lab (real sshd hosts) and helpers to write inventories for it.
+
+Every test in this folder is marked `lab` (tests/conftest.py), whatever fixtures it asks for.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import tests.lab
+from tests.lab import Lab, LabHost, LabUnsupported, cleanup, pythons, start_lab
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    # A CI timeout or `kill` sends SIGTERM: turn it into an interrupt so fixtures tear down.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    """8 flat hosts for the whole session; always stopped, also on failures and Ctrl-C."""
+    yield from _lab_session(8, "flat")
+
+
+@pytest.fixture(scope="session")
+def bastion_lab() -> Iterator[Lab]:
+    """2 private hosts behind a dual-homed bastion; built only when a test asks for it."""
+    yield from _lab_session(2, "bastion")
+
+
+def _lab_session(n: int, topology: str) -> Iterator[Lab]:
+    if tests.lab.lab_mode() == "netns":
+        cleanup.clean_stale()  # namespaces and links of an earlier run that was SIGKILLed
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm)
+    the_lab = start_lab(n, topology)
+    try:
+        yield the_lab
+    finally:
+        the_lab.stop()
+
+
+def _inventory_writer(lab: Lab, tmp_path: Path, default_user: str) -> Callable[..., Path]:
+    def write(
+        tasks: list[list[dict[str, Any]]],
+        *,
+        code: str | Path | None = None,
+        job: dict[str, Any] | None = None,
+        ssh: dict[str, Any] | None = None,
+        hosts: list[LabHost] | None = None,
+        name: str = "inventory.toml",
+        user: str | None = None,
+        per_host: dict[str, dict[str, Any]] | None = None,
+    ) -> Path:
+        job_table = {"code": str(code or tmp_path)} | (job or {})
+        return lab.write_inventory(
+            tmp_path / name,
+            tasks=tasks,
+            job=job_table,
+            ssh=ssh,
+            hosts=hosts,
+            user=user or default_user,
+            per_host=per_host,
+        )
+
+    return write
+
+
+@pytest.fixture
+def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
+    """`lab_inventory(tasks, code=, job=, ssh=, hosts=, user=, per_host=)`: one in tmp_path.
+
+    Logs in as `lab.user` (root in the namespace lab) unless `user` says otherwise; `per_host`
+    adds keys to hosts' entries by name, e.g. {"h1": {"python": lab_python("3.9")}}.
+    """
+    return _inventory_writer(lab, tmp_path, lab.user)
+
+
+@pytest.fixture
+def lab_user_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
+    """Like `lab_inventory`, logging in as the lab's non-root user (`lab.login_user`).
+
+    In the namespace lab each host gives that user a private home (a tmpfs) unless
+    `lab_shared_home` is in use; on loopback it is the runner's own user and home.
+    """
+    return _inventory_writer(lab, tmp_path, lab.login_user)
+
+
+@pytest.fixture
+def lab_shared_home(lab: Lab) -> Iterator[Path]:
+    """For this test, one directory is `lab.login_user`'s home on every host (NFS/EFS-like).
+
+    Yields the directory as this machine sees it; afterwards hosts get private homes again.
+    """
+    try:
+        shared = lab.shared_home()
+    except LabUnsupported as e:
+        pytest.skip(str(e))
+    with shared as path:
+        yield path
+
+
+@pytest.fixture(scope="session")
+def lab_python() -> Callable[[str], str]:
+    """`lab_python("3.9")`: path of a CPython 3.9 lab hosts can run; skips if there is none.
+
+    The first use of a version copies the machine's pyenv build to /opt/tfdeploy/pythons
+    (~2 s, kept for later runs); see tests/lab/pythons.py.
+    """
+
+    def get(minor: str) -> str:
+        try:
+            return pythons.host_python(minor).path
+        except LabUnsupported as e:
+            pytest.skip(str(e))
+
+    return get
+
+
+@pytest.fixture
+def clean_lab(lab: Lab) -> Iterator[Lab]:
+    """The lab, checked after the test: nothing of the test may still run or listen on any host."""
+    yield lab
+    left = {h.name: lab.leftovers(h) for h in lab.hosts}
+    left = {name: items for name, items in left.items() if items}
+    assert not left, f"the test left processes or ports behind on lab hosts: {left}"

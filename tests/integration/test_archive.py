@@ -1,0 +1,89 @@
+"""The local log archive on the lab: a finished run's logs with every one of its hosts down, and
+a detached run's logs copied home with `logs --sync`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab import Lab
+from tests.support.lab_cli import tfdeploy
+
+pytestmark = [pytest.mark.lab]
+
+PRINT = """\
+import sys, time
+for i in range(300):
+    print(sys.argv[1], i)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "say.py").write_text(PRINT)
+    return code
+
+
+def expected(name: str) -> list[str]:
+    return [f"{name} {i}" for i in range(300)]
+
+
+@pytest.mark.isolated  # crashes hosts
+def test_logs_of_a_finished_run_with_every_host_down(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    h4, h5 = lab.hosts[3], lab.hosts[4]
+    inventory = lab_inventory(
+        [[{"role": "worker"}], [{"role": "worker"}]],
+        code=code,
+        hosts=[h4, h5],
+        job={"name": "arch", "command": "python3 say.py $TFDEPLOY_TASK 0"},
+    )
+    up = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0)
+    run_id = up.stdout.split("(run ")[1].split(")")[0]
+    for host in (h4, h5):
+        lab.crash_host(host)
+    try:
+        began = time.monotonic()
+        logs = tfdeploy("logs", run_id, state=tmp_path / "state", check_rc=0, timeout=30)
+        assert time.monotonic() - began < 10  # no host was waited for
+        for name, host in (("worker:0", h4), ("worker:1", h5)):
+            mine = [
+                x.split(" | ", 1)[1]
+                for x in logs.stdout.splitlines()
+                if x.startswith(f"{name}@{host.name} | ")
+            ]
+            assert mine == expected(name)
+    finally:
+        for host in (h4, h5):
+            lab.revive_host(host)
+
+
+def test_logs_sync_copies_a_detached_run_home(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    inventory = lab_inventory(
+        [[{"role": "worker"}]],
+        code=code,
+        job={"name": "archsync", "command": "python3 say.py $TFDEPLOY_TASK 1"},
+    )
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    run_id = up.stdout.split("(run ")[1].split(")")[0]
+    deadline = time.monotonic() + 30
+    while "exited" not in tfdeploy("status", run_id, state=tmp_path / "state").stdout:
+        assert time.monotonic() < deadline, "the detached run did not finish"
+        time.sleep(0.5)
+    synced = tfdeploy("logs", run_id, "--sync", state=tmp_path / "state", check_rc=0)
+    assert [x.split(" | ", 1)[1] for x in synced.stdout.splitlines()] == expected("worker:0")
+    archive = tmp_path / "state" / "runs" / run_id / "worker-0.log"
+    assert archive.read_text().splitlines() == expected("worker:0")
+    again = tfdeploy("logs", run_id, "--sync", state=tmp_path / "state", check_rc=0)
+    assert again.stdout == synced.stdout  # nothing twice
+    tfdeploy("down", run_id, state=tmp_path / "state", check_rc=0)

@@ -1,0 +1,618 @@
+"""The fault matrix of issue 5: every way a run can go wrong, on the lab's real sshd hosts.
+
+Each case runs the real CLI as a subprocess and asserts the exit code, what is printed (the failing
+task or host named), and, through `clean_lab`, that no process of the run and no TF port is left on
+ANY lab host; `final_states` reads the run directories back from the hosts (from a fresh shell with
+no local state) and checks every task recorded how it ended.
+
+Tasks are a tiny Python script (below) that serves its TF port and behaves as its flags say;
+TensorFlow runs only where its behaviour is the point (a ps crash, a frozen PSS worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab import Lab, LabHost
+from tests.support.faults import (
+    _STARTED,
+    EXAMPLES,
+    TF_ENV,
+    Up,
+    final_states,
+    pids_of,
+    tfdeploy,
+)
+
+pytestmark = pytest.mark.lab
+
+# The task every non-TF case runs: binds its TF port like a TF server (so "no TF port left"
+# means something), prints, sleeps, and exits as told.
+TASK = r"""
+import argparse, json, os, signal, socket, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--lines", type=int, default=0)
+p.add_argument("--interval", type=float, default=0.2)
+p.add_argument("--sleep", type=float, default=3600)
+p.add_argument("--code", type=int, default=0)
+p.add_argument("--ignore-term", action="store_true")
+p.add_argument("--no-serve", action="store_true")
+p.add_argument("--fail-first", type=int, default=0)
+a = p.parse_args()
+name, run = os.environ["TFDEPLOY_TASK"], os.environ["TFDEPLOY_RUN_ID"]
+if a.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+cfg = json.loads(os.environ.get("TF_CONFIG") or "{}")
+kind, index = cfg["task"]["type"], cfg["task"]["index"]
+if not a.no_serve and kind in cfg["cluster"]:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", int(cfg["cluster"][kind][index].rsplit(":", 1)[1])))
+    server.listen()
+if a.fail_first:
+    marker = "/tmp/starts-" + run + "-" + name.replace(":", "-")
+    with open(marker, "a") as f:
+        f.write("x")
+    if os.path.getsize(marker) <= a.fail_first:
+        print(name, "failing on purpose, start", os.path.getsize(marker), flush=True)
+        sys.exit(3)
+print(name, "up in", run, flush=True)
+for i in range(a.lines):
+    print("n", i, flush=True)
+    time.sleep(a.interval)
+time.sleep(a.sleep)
+sys.exit(a.code)
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_up_left_running(clean_lab: Lab) -> Iterator[None]:
+    """A test that fails half-way still interrupts its `up`, before clean_lab looks at the hosts."""
+    yield
+    while _STARTED:
+        up = _STARTED.pop()
+        if up.proc.poll() is None:
+            up.proc.send_signal(signal.SIGINT)
+            try:
+                up.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                up.proc.kill()
+                up.proc.wait()
+
+
+def write_code(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "task.py").write_text(TASK)
+    return code
+
+
+def task_inventory(
+    lab: Lab,
+    lab_inventory: Any,
+    tmp_path: Path,
+    tasks: list[list[dict[str, Any]]],
+    *,
+    args: str = "",
+    file: str = "inventory.toml",
+    **job: Any,
+) -> Path:
+    """An inventory whose tasks run TASK with `args` (a task's own `args` key overrides)."""
+    code = write_code(tmp_path)
+    command = f"{lab.python} task.py {args}".strip()
+    hosts_tasks = [
+        [
+            {k: v for k, v in t.items() if k != "args"}
+            | ({"command": f"{lab.python} task.py {t['args']}"} if "args" in t else {})
+            for t in host
+        ]
+        for host in tasks
+    ]
+    table = {"name": "faults", "command": command, "stop_grace": 2, "lease_seconds": 5} | job
+    table.setdefault("role_commands", {"ps": command})
+    return lab_inventory(hosts_tasks, code=code, job=table, name=file)  # type: ignore[no-any-return]
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float) -> float:
+    """Seconds it took for check() to become true; fails after timeout."""
+    began = time.monotonic()
+    while not check():
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def no_task_left(lab: Lab, hosts: list[LabHost]) -> Callable[[], bool]:
+    return lambda: not any(pids_of(lab, h, "task.py") for h in hosts)
+
+
+def first_error(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if line.startswith("error:"))
+
+
+# ---- task failures ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layout", "culprit", "outcome"),
+    [
+        (
+            [[{"role": "worker"}], [{"role": "worker", "args": "--sleep 1 --code 1"}]],
+            "worker:1",
+            "exit code 1",
+        ),
+        (
+            [[{"role": "chief", "args": "--sleep 1 --code 3"}], [{"role": "worker"}]],
+            "chief:0",
+            "exit code 3",
+        ),
+    ],
+    ids=["worker-crash", "chief-crash"],
+)
+def test_a_crashing_task_fails_the_job_naming_it(
+    clean_lab: Lab,
+    lab_inventory: Any,
+    tmp_path: Path,
+    layout: list[list[dict[str, Any]]],
+    culprit: str,
+    outcome: str,
+) -> None:
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, layout)
+    up = Up(inventory, state=tmp_path / "state")
+    assert up.finish() == 1, up.report()
+    host = lab.hosts[0 if culprit.startswith("chief") else 1]
+    label = f"{culprit}@{host.name}"
+    assert first_error(up.stderr).startswith(f"error: {label} failed ({outcome}); its last")
+    states = final_states(inventory, up.run_id(), tmp_path, hosts=2)
+    assert states[label]["reason"] in ("exited",)
+    others = [t for k, t in states.items() if k != label]
+    assert [t["reason"] for t in others] == ["stopped"]
+
+
+def test_a_task_killed_by_sigkill_is_reported_as_a_signal(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"worker:1 up in", count=1)
+    [pid] = pids_of(lab, lab.hosts[1], "task.py")
+    lab.run(lab.hosts[1], ["kill", "-KILL", str(pid)])
+    assert up.finish() == 1, up.report()
+    label = f"worker:1@{lab.hosts[1].name}"
+    assert first_error(up.stderr).startswith(f"error: {label} failed (killed by signal 9)")
+    states = final_states(inventory, up.run_id(), tmp_path)
+    assert (states[label]["signal"], states[label]["reason"]) == (9, "signal")
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_ps_crash_fails_the_pss_job_naming_the_ps(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    inventory = _pss_inventory(lab, lab_inventory)
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| epoch 1 loss", timeout=180)
+    [ps] = pids_of(lab, lab.hosts[0], "tfserver.py")
+    lab.run(lab.hosts[0], ["kill", "-KILL", str(ps)])
+    assert up.finish(timeout=60) == 1, up.report()
+    label = f"ps:0@{lab.hosts[0].name}"
+    assert first_error(up.stderr).startswith(f"error: {label} failed (killed by signal 9)")
+    final_states(inventory, up.run_id(), tmp_path, hosts=3)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+@pytest.mark.isolated
+def test_frozen_pss_worker_is_caught_by_the_stall_watchdog(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    inventory = _pss_inventory(lab, lab_inventory, stall_timeout=8)
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| epoch 1 loss", timeout=180)
+    [worker] = pids_of(lab, lab.hosts[2], "tfserver.py")
+    lab.freeze(lab.hosts[2], worker)
+    frozen_at = time.monotonic()
+    assert up.finish(timeout=90) == 1, up.report()
+    took = time.monotonic() - frozen_at
+    assert took < 8 + 15, f"the stall was reported {took:.1f} s after the freeze"
+    error = " ".join(up.stderr.split())
+    assert "job stalled: no awaited task (chief:0) wrote output or exited" in error
+    assert f"frozen (stopped by a signal, e.g. SIGSTOP): worker:1@{lab.hosts[2].name}" in error
+    assert f"chief:0@{lab.hosts[0].name}" in error.split("silent for")[1]
+    states = final_states(inventory, up.run_id(), tmp_path, hosts=3)
+    assert states[f"worker:1@{lab.hosts[2].name}"]["signal"] == 9  # SIGTERM waits while frozen
+
+
+def _pss_inventory(lab: Lab, lab_inventory: Any, **job: Any) -> Path:
+    return lab_inventory(  # type: ignore[no-any-return]
+        [[{"role": "chief"}, {"role": "ps"}], [{"role": "worker"}], [{"role": "worker"}]],
+        code=EXAMPLES,
+        job={
+            "name": "pssfault",
+            "command": f"{lab.python} pss.py --epochs 1000 --steps-per-epoch 5",
+            "role_commands": {"worker": "tfdeploy:server"},
+            "env": TF_ENV,
+            "stop_grace": 2,
+            "lease_seconds": 10,
+            **job,
+        },
+    )
+
+
+# ---- failure policy -----------------------------------------------------------------------
+
+
+def test_restart_policy_restarts_a_failed_worker_then_gives_up(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    flaky = "--sleep 2 --fail-first 2"
+    # A ps makes it a PSS-shaped job: restarting one task is refused for MWMS (restart-job).
+    chief = {"role": "chief", "args": "--sleep 4"}
+    layout = [[chief, {"role": "ps"}], [{"role": "worker", "args": flaky}]]
+    inventory = task_inventory(
+        lab, lab_inventory, tmp_path, layout, on_failure="restart", max_restarts=3
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    assert up.finish() == 0, up.report()
+    label = f"worker:0@{lab.hosts[1].name}"
+    for n in (1, 2):
+        assert f"restarting {label} (exit code 3): restart {n} of 3" in up.stdout
+    assert "restart 3 of 3" not in up.stdout
+    states = final_states(inventory, up.run_id(), tmp_path)
+    assert (states[label]["restarts"], states[label]["exit_code"]) == (2, 0)
+    table = tfdeploy("status", up.run_id(), "-i", str(inventory), state=tmp_path / "s", check_rc=0)
+    assert re.search(r"worker:0 .* 2 ", table.stdout), table.stdout  # the restarts column
+
+    give_up = task_inventory(
+        lab,
+        lab_inventory,
+        tmp_path,
+        [[{"role": "worker", "args": "--sleep 0.5 --code 3 --no-serve"}, {"role": "ps"}]],
+        on_failure="restart",
+        max_restarts=1,
+        file="give_up.toml",
+    )
+    up = Up(give_up, state=tmp_path / "state")
+    assert up.finish() == 1, up.report()
+    label = f"worker:0@{lab.hosts[0].name}"
+    assert "restart 1 of 1" in up.stdout
+    assert first_error(up.stderr).startswith(f"error: {label} failed after 1 restart (exit code 3)")
+
+
+# ---- Ctrl-C in every phase -----------------------------------------------------------------
+
+
+def _interrupt(up: Up, timeout: float = 30) -> float:
+    """SIGINT like a terminal's Ctrl-C; returns how long `up` took to exit with 130."""
+    began = time.monotonic()
+    up.proc.send_signal(signal.SIGINT)
+    assert up.finish(timeout=timeout) == 130, up.report()
+    assert "interrupted" in up.stderr and "was stopped" in up.stderr, up.stderr
+    return time.monotonic() - began
+
+
+@pytest.mark.isolated
+def test_ctrl_c_during_preflight(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) -> None:
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    lab.cut_link(lab.hosts[1])  # its connect hangs: preflight stays open long enough
+    try:
+        up = Up(inventory, state=tmp_path / "state")
+        up.wait_for(r"^tfdeploy: preflight of 2 host")
+        time.sleep(0.5)
+        took = _interrupt(up)
+    finally:
+        lab.restore_link(lab.hosts[1])
+    assert took < 10, f"exit took {took:.1f} s"
+    assert "preflight ok" not in up.stdout
+
+
+@pytest.mark.isolated
+def test_ctrl_c_during_push(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) -> None:
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    (tmp_path / "code" / "weights.bin").write_bytes(os.urandom(2_000_000))
+    lab.cap_bandwidth(lab.hosts[1], "1mbit")  # 2 MB take ~16 s to send
+    try:
+        up = Up(inventory, state=tmp_path / "state")
+        up.wait_for(r"^tfdeploy: preflight ok")
+        time.sleep(1.0)
+        took = _interrupt(up)
+    finally:
+        lab.uncap_bandwidth(lab.hosts[1])
+    assert took < 10, f"exit took {took:.1f} s"
+    assert "pushed" not in up.stdout
+
+
+def test_ctrl_c_during_setup_stops_the_setup_commands(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    inventory = task_inventory(
+        lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2, setup=["sleep 61"]
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"^tfdeploy: setup \(1 command")
+    wait_until(
+        "setup running on both hosts",
+        lambda: all(pids_of(lab, h, "sleep 61") for h in lab.hosts[:2]),
+        20,
+    )
+    took = _interrupt(up)
+    assert took < 10, f"exit took {took:.1f} s"
+    assert "starting" not in up.stdout
+    # clean_lab: no `sleep 61` left on either host
+
+
+def test_ctrl_c_during_start_stops_the_started_servers(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    layout = [[{"role": "ps", "args": "--no-serve"}], [{"role": "worker"}]]
+    inventory = task_inventory(lab, lab_inventory, tmp_path, layout, start_timeout=60)
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"^tfdeploy: starting ps:0")
+    wait_until("ps:0 running", lambda: pids_of(lab, lab.hosts[0], "task.py"), 20)
+    took = _interrupt(up)
+    assert took < 10, f"exit took {took:.1f} s"
+    states = final_states(inventory, up.run_id(), tmp_path)
+    assert states[f"ps:0@{lab.hosts[0].name}"]["reason"] == "stopped"
+    assert f"worker:0@{lab.hosts[1].name}" not in states  # never started
+
+
+def test_second_ctrl_c_kills_at_once(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) -> None:
+    lab = clean_lab
+    inventory = task_inventory(
+        lab,
+        lab_inventory,
+        tmp_path,
+        [[{"role": "worker"}]] * 2,
+        args="--ignore-term",
+        stop_grace=60,
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| worker:\d up in", count=2)
+    began = time.monotonic()
+    up.proc.send_signal(signal.SIGINT)
+    up.wait_for(r"^tfdeploy: interrupted: stopping")
+    time.sleep(1.0)  # the graceful stop is now waiting for tasks that ignore SIGTERM
+    up.proc.send_signal(signal.SIGINT)
+    assert up.finish(timeout=30) == 130, up.report()
+    took = time.monotonic() - began
+    assert took < 15, f"the second Ctrl-C took {took:.1f} s to end the run (grace is 60 s)"
+    assert "second Ctrl-C: killing every task now" in up.stdout
+    print(f"double Ctrl-C: exit {took:.1f} s after the first")
+    states = final_states(inventory, up.run_id(), tmp_path)
+    assert {t["signal"] for t in states.values()} == {9}
+
+
+# ---- controller loss -------------------------------------------------------------------------
+
+
+def test_up_killed_then_the_lease_stops_every_task(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    hosts = lab.hosts[:3]
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 3)
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| worker:\d up in", count=3)
+    run_id = up.run_id()
+    up.proc.kill()
+    up.finish()
+    time.sleep(2)
+    assert all(pids_of(lab, h, "task.py") for h in hosts), "tasks died with the controller"
+    took = wait_until("the lease to stop every task", no_task_left(lab, hosts), 20)
+    assert took < 5 + 1 + 2 + 6  # lease, its check interval, stop_grace, margin
+    print(f"lease: every task stopped {took + 2:.1f} s after `up` was killed")
+    states = final_states(inventory, run_id, tmp_path, hosts=3)
+    assert {t["reason"] for t in states.values()} == {"lease expired"}
+
+
+def test_detached_run_outlives_the_lease_and_down_works_without_local_state(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    run_id = re.search(r"run (\S+) is running detached", up.stdout)
+    assert run_id, up.stdout
+    time.sleep(5 + 3)  # past lease_seconds: a detached run holds no lease
+    assert all(pids_of(lab, h, "task.py") for h in lab.hosts[:2])
+    down = tfdeploy("down", str(inventory), state=tmp_path / "fresh-shell", check_rc=0)
+    assert down.stdout.count(f"stopped run {run_id.group(1)}") == 2
+    states = final_states(inventory, run_id.group(1), tmp_path)
+    assert {t["reason"] for t in states.values()} == {"stopped"}
+
+
+@pytest.mark.isolated
+def test_sshd_killed_tasks_keep_running_and_down_works_once_it_is_back(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    run_id = re.search(r"run (\S+) is running detached", up.stdout)
+    assert run_id, up.stdout
+    lab.kill_sshd(lab.hosts[1])
+    try:
+        down = tfdeploy("down", run_id.group(1), state=tmp_path / "state", check_rc=3)
+        assert f"{lab.hosts[1].name}: connection refused" in down.stderr
+        time.sleep(1)
+        assert pids_of(lab, lab.hosts[1], "task.py"), "tasks died with sshd"
+    finally:
+        lab.start_sshd(lab.hosts[1])
+    tfdeploy("down", run_id.group(1), "-i", str(inventory), state=tmp_path / "new", check_rc=0)
+    states = final_states(inventory, run_id.group(1), tmp_path, hosts=2)
+    assert {t["reason"] for t in states.values()} == {"stopped"}
+
+
+# ---- host loss ---------------------------------------------------------------------------------
+
+
+@pytest.mark.isolated
+@pytest.mark.parametrize("fault", ["cut-link", "crash"])
+def test_host_loss_is_detected_within_10_s_and_the_rest_torn_down(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, fault: str
+) -> None:
+    lab = clean_lab
+    hosts, victim = lab.hosts[:3], lab.hosts[1]
+    inventory = task_inventory(
+        lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 3, args="--lines 1000 --interval 0.5"
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| worker:\d up in", count=3)
+    run_id = up.run_id()
+    try:
+        if fault == "cut-link":
+            lab.cut_link(victim)
+        else:
+            lab.crash_host(victim)
+        faulted = time.monotonic()
+        detected = up.wait_for(rf"^tfdeploy: host {victim.name} lost after", timeout=30)
+        assert up.finish() == 1, up.report()
+        assert detected - faulted < 10, f"loss seen after {detected - faulted:.1f} s"
+        assert first_error(up.stderr).startswith(f"error: host {victim.name} was lost")
+        survivors = [h for h in hosts if h != victim]
+        for h in survivors:  # torn down before `up` returned
+            assert not pids_of(lab, h, "task.py"), f"{h.name} still runs tasks"
+        if fault == "cut-link":
+            # Unreachable, the host's supervisors stop its tasks when the lease lapses.
+            wait_until("the cut host's lease to lapse", no_task_left(lab, [victim]), 20)
+    finally:
+        if fault == "cut-link":
+            lab.restore_link(victim)
+        else:
+            lab.revive_host(victim)
+    # The victim's end of the dead connection stays open (sshd has no keepalive of its own); the
+    # agent session on it leaves by itself once idle (remote/agent.py SERVE_IDLE_S = 15 s).
+    wait_until("the victim's agent session to leave", lambda: not lab.leftovers(victim, 0), 30)
+    states = final_states(inventory, run_id, tmp_path)
+    for label, task in states.items():
+        expected = "lease expired" if label.endswith(f"@{victim.name}") else "stopped"
+        assert task["reason"] == expected, (label, task)
+    # A crashed host comes back empty (its disk was a tmpfs); a cut one kept its run directory.
+    assert (f"worker:1@{victim.name}" in states) == (fault == "cut-link")
+    print(f"{fault}: loss detected {detected - faulted:.1f} s after the fault")
+
+
+# ---- logs across reconnects ----------------------------------------------------------------------
+
+
+def _ssh_sessions(lab: Lab, host: LabHost) -> set[int]:
+    """sshd's per-connection processes on the host (not the listener)."""
+    return {
+        p.pid
+        for p in lab.processes(host)
+        if p.cmdline.startswith("sshd: ") and "[listener]" not in p.cmdline
+    }
+
+
+@pytest.mark.isolated
+def test_logs_survive_reconnects_with_no_line_lost_or_doubled(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    count = 1500
+    inventory = task_inventory(
+        lab,
+        lab_inventory,
+        tmp_path,
+        [[{"role": "worker"}]],
+        args=f"--lines {count} --interval 0.005 --sleep 0",
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| n 100$")
+    host = lab.hosts[0]
+    for _ in range(3):  # drop the controller's connection three times mid-stream
+        old = _ssh_sessions(lab, host)
+        assert old, "the controller has no SSH connection to the host"
+        for pid in old:
+            lab.run(host, ["kill", "-KILL", str(pid)])
+        wait_until(
+            "the controller to reconnect", lambda old=old: _ssh_sessions(lab, host) - old, 20
+        )
+        time.sleep(0.5)
+    assert up.finish() == 0, up.report()
+    numbers = [int(n) for n in re.findall(r"^worker:0@\S+ \| n (\d+)$", up.stdout, re.M)]
+    lost, doubled = set(range(count)) - set(numbers), len(numbers) - len(set(numbers))
+    assert (len(lost), doubled) == (0, 0), f"{len(lost)} lines lost, {doubled} printed twice"
+    assert numbers == list(range(count))  # and in order
+
+
+# ---- runs sharing hosts, busy ports, partial starts ---------------------------------------------
+
+
+def test_concurrent_runs_stay_apart_and_a_busy_port_is_a_preflight_error(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    layout = [[{"role": "worker"}]] * 2
+    args = "--lines 100000 --interval 0.2"
+    first = task_inventory(lab, lab_inventory, tmp_path, layout, args=args, port=2500)
+    second = task_inventory(
+        lab, lab_inventory, tmp_path, layout, args=args, port=2600, file="second.toml"
+    )
+    state = tmp_path / "state"
+    ids = []
+    for inventory in (first, second):
+        up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+        found = re.search(r"run (\S+) is running detached", up.stdout)
+        assert found, up.stdout
+        ids.append(found.group(1))
+    a, b = ids
+    clash = tfdeploy("up", str(first), state=state, check_rc=3)
+    for h in lab.hosts[:2]:
+        assert f"{h.name}: TF port(s) 2500 already in use" in clash.stderr
+    time.sleep(1)
+    logs_b = tfdeploy("logs", b, state=state, check_rc=0).stdout
+    assert f"up in {b}" in logs_b and a not in logs_b
+    tfdeploy("down", a, state=state, check_rc=0)
+    states_a = final_states(first, a, tmp_path)
+    assert {t["reason"] for t in states_a.values()} == {"stopped"}
+    status_b = json.loads(tfdeploy("status", b, "--json", state=state, check_rc=0).stdout)
+    assert {t["state"] for r in status_b["runs"] for t in r["tasks"]} == {"running"}
+    assert len(pids_of(lab, lab.hosts[0], "task.py")) == 1  # run b's alone
+    tfdeploy("down", b, state=state, check_rc=0)
+    final_states(second, b, tmp_path)
+
+
+def test_a_start_failing_on_one_host_stops_what_started_elsewhere(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    bad = lab.hosts[2]
+    # Setup plants a file where worker:1's task directory must go: its start fails on that host
+    # only, after ps:0 and worker:0 were started on the others.
+    sabotage = (
+        f'if [ "$(hostname)" = {bad.hostname} ]; then '
+        "mkdir -p ../tasks; touch ../tasks/worker-1; fi"
+    )
+    layout = [[{"role": "ps"}], [{"role": "worker"}], [{"role": "worker"}]]
+    inventory = task_inventory(lab, lab_inventory, tmp_path, layout, setup=[sabotage])
+    up = Up(inventory, state=tmp_path / "state")
+    assert up.finish() == 1, up.report()
+    error = first_error(up.stderr)
+    assert error == "error: starting worker:0, worker:1 failed on 1 host:", up.stderr
+    assert f"  {bad.name}: " in up.stderr and "every task started so far was stopped" in up.stderr
+    states = final_states(inventory, up.run_id(), tmp_path)
+    assert {k: t["reason"] for k, t in states.items()} == {
+        f"ps:0@{lab.hosts[0].name}": "stopped",
+        f"worker:0@{lab.hosts[1].name}": "stopped",
+    }

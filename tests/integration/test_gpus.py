@@ -1,0 +1,188 @@
+"""GPUs on the lab: `up` with gpus = "auto" and preflight's GPU errors (the pure checks, the
+agent's op and the view: tests/unit/test_gpus.py).
+
+The lab has no GPUs. tests/fakes/nvidia-smi is a HARDWARE STAND-IN: a shell script printing
+canned CSV in nvidia-smi's format, put in /root/bin of one lab host (each host has a private
+/root; the agent looks in ~/bin after PATH, see remote/gpuinfo.py). Everything else is real: sshd,
+the agent, the tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployer.config.inventory import parse_inventory
+from deployer.config.plan import make_plan
+from deployer.hosts.fleet import Fleet
+from deployer.up.deployment import Deployment, UpOptions
+from deployer.watch.view import TaskRow
+from tests.lab import Lab, LabHost
+from tests.support.gpus import FAKE, uuid
+
+
+def gpus_csv(n: int, util: Sequence[int] = (), used: int = 0) -> str:
+    return "".join(
+        f"{i}, {uuid(i)}, NVIDIA A10G, 23028, {used}, {util[i] if i < len(util) else 0}\n"
+        for i in range(n)
+    )
+
+
+# -- on the lab, with the stand-in on one host ---------------------------------------------------
+
+
+@pytest.fixture
+def fake_nvidia_smi(lab: Lab) -> Iterator[Callable[..., None]]:
+    """install(host, gpus=CSV, apps=CSV, fail=False): the stand-in in that host's /root/bin."""
+    used: list[LabHost] = []
+
+    def install(
+        host: LabHost, *, gpus: str | None = None, apps: str = "", fail: bool = False
+    ) -> None:
+        used.append(host)
+        script = [
+            "mkdir -p /root/bin",
+            f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
+            "chmod +x /root/bin/nvidia-smi",
+            f"printf %s {shlex.quote(apps)} > /root/bin/nvidia-smi.apps.csv",
+        ]
+        if gpus is not None:
+            script.append(f"printf %s {shlex.quote(gpus)} > /root/bin/nvidia-smi.gpus.csv")
+        if fail:
+            script.append("touch /root/bin/nvidia-smi.fail")
+        done = lab.run(host, " && ".join(script))
+        assert done.returncode == 0, done.stderr
+
+    yield install
+    for host in used:
+        lab.run(host, "rm -rf /root/bin")
+
+
+class RecordingView:
+    """A View that keeps what it was shown (a real renderer's input, not a mock of one)."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.output: list[str] = []
+        self.rows: list[list[TaskRow]] = []
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self.output += [f"{label} | {line}" for line in lines]
+
+    def tasks(self, rows: Sequence[TaskRow]) -> None:
+        self.rows.append(list(rows))
+
+    def close(self) -> None:
+        pass
+
+
+SHOW_ENV = (
+    "import os, time\n"
+    "names = ('CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH', 'CUDA_CACHE_PATH', 'NOT_FORWARDED')\n"
+    "print('env', *(f'{n}={os.environ.get(n, \"-\")}' for n in names), flush=True)\n"
+    "time.sleep(float(os.environ.get('SLEEP', '0')))\n"
+)
+
+
+@pytest.mark.lab
+def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
+    clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    gpu_host, cpu_host = lab.hosts[0], lab.hosts[1]
+    fake_nvidia_smi(
+        gpu_host, gpus=gpus_csv(4, util=[30, 50, 70, 90], used=1024), apps=f"{uuid(3)}, 999, 10\n"
+    )
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "show.py").write_text(SHOW_ENV)
+    path = lab_inventory(
+        [[{"role": "worker", "count": 2}], [{"role": "worker"}]],
+        code=code,
+        job={
+            "name": "gpus",
+            "command": f"{lab.python} show.py",
+            "env": {"SLEEP": "4"},
+            "forward_env": ["LD_LIBRARY_PATH", "CUDA_CACHE_PATH", "UNSET_HERE"],
+        },
+    )
+    text = path.read_text().replace(
+        f'name = "{gpu_host.name}"', f'name = "{gpu_host.name}"\ngpus = "auto"', 1
+    )
+    path.write_text(text)
+    plan = make_plan(parse_inventory(__import__("tomllib").loads(text), path))
+    view = RecordingView()
+    environ = {
+        "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+        "CUDA_CACHE_PATH": "/c",
+        "NOT_FORWARDED": "x",
+    }
+    with Fleet(plan.hosts) as fleet:
+        deployment = Deployment(plan, fleet, view, UpOptions(poll_interval=0.5), environ=environ)
+        assert deployment.run() == 0, view.steps
+    envs = {line.split(" | ")[0]: line.split(" | ")[1] for line in view.output if " | env " in line}
+    rest = "LD_LIBRARY_PATH=/usr/local/cuda/lib64 CUDA_CACHE_PATH=/c NOT_FORWARDED=-"
+    assert envs == {
+        f"worker:0@{gpu_host.name}": f"env CUDA_VISIBLE_DEVICES=0,1 {rest}",
+        f"worker:1@{gpu_host.name}": f"env CUDA_VISIBLE_DEVICES=2,3 {rest}",
+        f"worker:2@{cpu_host.name}": f"env CUDA_VISIBLE_DEVICES= {rest}",
+    }
+    assert any(
+        s == f"warning: {gpu_host.name}: GPU 3 (NVIDIA A10G), given to worker:1, already runs "
+        "compute process(es) 999: another job may be using it"
+        for s in view.steps
+    ), view.steps
+    assert "warning: forward_env: UNSET_HERE are not set here" in view.steps
+    uses = {(r.name, r.gpu_use) for rows in view.rows for r in rows if r.gpu_use}
+    assert uses == {("worker:0", "40% 2.0/45.0 GiB"), ("worker:1", "80% 2.0/45.0 GiB")}
+
+
+@pytest.mark.lab
+def test_gpu_preflight_errors_on_the_lab(
+    clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "x.py").write_text("print('never')\n")
+    fake_nvidia_smi(lab.hosts[0], gpus=gpus_csv(2))
+    fake_nvidia_smi(lab.hosts[2], fail=True)
+    path = lab_inventory(
+        [[{"role": "worker", "gpus": [3]}], [{"role": "worker"}], [{"role": "worker"}]],
+        code=code,
+        job={"name": "gpuerr", "command": f"{lab.python} x.py"},
+    )
+    text = path.read_text()
+    for host in lab.hosts[1:3]:  # host 1 has no nvidia-smi at all; host 2's fails
+        text = text.replace(f'name = "{host.name}"', f'name = "{host.name}"\ngpus = 2', 1)
+    path.write_text(text)
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "deployer", "up", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    h = [host.name for host in lab.hosts[:3]]
+    assert (
+        f"{h[0]}: hosts[0].tasks[0].gpus: GPU 3 does not exist: nvidia-smi lists 2 GPU(s): "
+        "indices 0, 1" in done.stderr
+    )
+    assert f"{h[1]}: GPUs were requested (gpus = 2) but nvidia-smi was not found" in done.stderr
+    assert re.search(
+        rf"{h[2]}: nvidia-smi failed: .* exited with code 9: NVIDIA-SMI has failed", done.stderr
+    )
+    assert "nothing was started" in done.stderr

@@ -1,0 +1,97 @@
+"""The network check on the lab: real nftables rules in a host's own network namespace drop or
+reject one peer's packets to a TF port, and `check`/`up` name that pair before anything starts.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab import Lab
+from tests.support.lab_cli import tfdeploy
+from tests.support.on_lab import blocked
+
+pytestmark = [pytest.mark.lab, pytest.mark.isolated]  # rules need each host's own netns
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('trained')\n")
+    return code
+
+
+def inventory(lab_inventory: Any, code: Path, tasks: list[list[dict[str, Any]]]) -> Path:
+    return lab_inventory(
+        tasks,
+        code=code,
+        job={"name": "net", "command": "python3 train.py", "stop_grace": 1},
+    )
+
+
+MWMS = [[{"role": "worker"}], [{"role": "worker"}], [{"role": "worker"}]]
+PSS = [[{"role": "chief"}], [{"role": "worker"}], [{"role": "ps"}]]
+
+
+def test_a_dropped_tf_port_fails_check_and_up_naming_the_pair(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    h1, h2 = lab.hosts[0], lab.hosts[1]
+    inv = inventory(lab_inventory, code, MWMS)
+    with blocked(lab, h2, h1, 2222, "drop"):
+        for verb in ("check", "up"):
+            began = time.monotonic()
+            result = tfdeploy(verb, str(inv), state=tmp_path / "state", check_rc=3)
+            took = time.monotonic() - began
+            assert f"{h1.name} -> {h2.name} ({h2.address}:2222): timed out" in result.stderr
+            assert "security group" in result.stderr and "allow TCP port 2222" in result.stderr
+            assert took < 15, f"{verb} took {took:.1f} s"
+            assert "starting" not in result.stdout and "pushed" not in result.stdout
+            for host in lab.hosts[:3]:
+                assert not lab.leftovers(host), lab.leftovers(host)
+
+
+def test_a_rejected_tf_port_is_reported_as_refused(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    h1, h3 = lab.hosts[0], lab.hosts[2]
+    inv = inventory(lab_inventory, code, MWMS)
+    with blocked(lab, h1, h3, 2222, "reject"):
+        result = tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=3)
+    assert f"{h3.name} -> {h1.name} ({h1.address}:2222): refused" in result.stderr
+    assert "timed out" not in result.stderr
+
+
+def test_a_healthy_cluster_passes_and_check_starts_nothing(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    inv = inventory(lab_inventory, code, MWMS)
+    result = tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=0)
+    assert "6 TF connections between hosts tried" in result.stdout
+    assert "check ok: nothing was started (up would start 3 tasks on 3 hosts)" in result.stdout
+    up = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=0)
+    assert "trained" in up.stdout
+
+
+def test_pss_pairs_only_what_tf_connects(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    """A ps never dials a worker, so blocking that direction is harmless; the reverse is not."""
+    lab = clean_lab
+    chief, worker, ps = lab.hosts[0], lab.hosts[1], lab.hosts[2]
+    inv = inventory(lab_inventory, code, PSS)
+    with blocked(lab, worker, ps, 2222, "drop"):
+        tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=0)
+    with blocked(lab, ps, worker, 2222, "drop"):
+        result = tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=3)
+    assert f"{worker.name} -> {ps.name} ({ps.address}:2222): timed out" in result.stderr
+    assert chief.name + " ->" not in result.stderr
+    assert "--no-netcheck" in result.stderr
+    skipped = tfdeploy("check", str(inv), "--no-netcheck", state=tmp_path / "state")
+    assert skipped.returncode == 0 and "TF connections" not in skipped.stdout

@@ -1,0 +1,189 @@
+"""A run's reach on a host: a stop ends what left its task groups, preflight reserves its ports.
+
+Real processes and the agent driven over stdin as the control side drives it (test_agent.py);
+the two-controller reservation race runs against a real lab host over SSH, in
+tests/integration/test_agent_bounds.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployer.hosts.agent import Agent
+from deployer.hosts.local_transport import LocalTransport
+from tests.support.agent import (
+    AGENT,
+    ESCAPE,
+    PYTHON,
+    alive,
+    escaped_pid,
+    new_run,
+    ok,
+    runs_dir,
+    start,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def call(workdir: Path, op: str, env: dict[str, str] | None = None, **params: Any) -> Any:
+    request = {"v": 1, "op": op, "workdir": str(workdir), **params}
+    proc = subprocess.run(
+        [PYTHON, str(AGENT)],
+        input=json.dumps(request).encode(),
+        capture_output=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def decoys(run_id: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes of this user that are not of the run, though their environments come close."""
+    envs = [
+        {"TFDEPLOY_RUN_ID": run_id[:-1]},  # a run whose id is a prefix of ours
+        {"TFDEPLOY_RUN_ID": run_id + "0"},  # ours is a prefix of its id
+        {"OTHER": f"TFDEPLOY_RUN_ID={run_id}"},  # our entry, but inside another variable
+    ]
+    procs = [
+        subprocess.Popen(["sleep", "600"], env={"PATH": os.environ["PATH"], **e}) for e in envs
+    ]
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_whole_run_stop_ends_what_left_the_group_and_nothing_else(
+    workdir: Path, run_id: str, decoys: list[subprocess.Popen[bytes]]
+) -> None:
+    run_dir = new_run(workdir, run_id)
+    env = {"TFDEPLOY_RUN_ID": run_id}
+    [task] = start(workdir, {"name": "worker:0", "command": ESCAPE, "env": env}, run_id=run_id)
+    stray = escaped_pid(run_dir, task["pgid"])
+    # An agent session whose own environment carries the run id is the agent, not the run.
+    session = subprocess.Popen(
+        [PYTHON, "-S", str(AGENT), "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, **env},
+    )
+    try:
+        # The agent answering the stop carries it too, and must not stop itself.
+        reply = call(workdir, "stop", env=env, run_id=run_id, tasks=None, grace=1)
+        assert reply["ok"], reply
+        assert session.poll() is None
+    finally:
+        session.communicate(b"", timeout=10)
+    assert [(e["pid"], e["signal"]) for e in reply["escaped"]] == [(stray, signal.SIGTERM)]
+    assert reply["escaped"][0]["cmd"] == "sleep 600"
+    assert not alive(stray) and not alive(task["pid"])
+    assert all(d.poll() is None for d in decoys)
+
+
+def test_a_stray_that_ignores_sigterm_is_killed_after_the_grace(workdir: Path, run_id: str) -> None:
+    run_dir = new_run(workdir, run_id)
+    stubborn = "(trap '' TERM; exec setsid sleep 600) & echo $! > escaped.pid; sleep 600"
+    env = {"TFDEPLOY_RUN_ID": run_id}
+    [task] = start(workdir, {"name": "w", "command": stubborn, "env": env}, run_id=run_id)
+    stray = escaped_pid(run_dir, task["pgid"])
+    began = time.monotonic()
+    reply = call(workdir, "stop", run_id=run_id, tasks=None, grace=0.5)
+    assert 0.5 <= time.monotonic() - began < 3
+    assert [(e["pid"], e["signal"]) for e in reply["escaped"]] == [(stray, signal.SIGKILL)]
+    assert not alive(stray)
+
+
+def test_stopping_some_tasks_leaves_the_runs_other_processes_alone(
+    workdir: Path, run_id: str
+) -> None:
+    run_dir = new_run(workdir, run_id)
+    env = {"TFDEPLOY_RUN_ID": run_id}
+    [task, _] = start(
+        workdir,
+        {"name": "a", "command": ESCAPE, "env": env},
+        {"name": "b", "command": "sleep 600", "env": env},
+        run_id=run_id,
+    )
+    stray = escaped_pid(run_dir, task["pgid"])
+    reply = call(workdir, "stop", run_id=run_id, tasks=["b"], grace=1)
+    assert "escaped" not in reply and alive(stray)  # it may belong to a, which goes on
+
+
+def test_lease_expiry_also_ends_what_left_the_group(workdir: Path, run_id: str) -> None:
+    run_dir = new_run(workdir, run_id, lease_seconds=1)
+    env = {"TFDEPLOY_RUN_ID": run_id}
+    [task] = start(workdir, {"name": "w", "command": ESCAPE, "env": env}, run_id=run_id, grace=0.5)
+    stray = escaped_pid(run_dir, task["pgid"])
+    exit_file = run_dir / "tasks/w/exit.json"
+    record = json.loads(wait_for(lambda: exit_file.exists() and exit_file.read_text(), 10))
+    assert record["reason"] == "lease expired"
+    assert [e["pid"] for e in record["escaped"]] == [stray] and not alive(stray)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_hello_reserves_the_ports_until_the_run_stops(workdir: Path) -> None:
+    port = free_port()
+    first = ok(call(workdir, "hello", ports=[port], run_id="first", lease_seconds=30))
+    assert first["busy_ports"] == [] and first["reserved_by"] == {}
+    again = ok(call(workdir, "hello", ports=[port], run_id="first", lease_seconds=30))
+    assert again["busy_ports"] == []  # its own reservation does not block a run
+    second = ok(call(workdir, "hello", ports=[port], run_id="second", lease_seconds=30))
+    assert second["busy_ports"] == [port] and second["reserved_by"] == {str(port): "first"}
+    plain = ok(call(workdir, "hello", ports=[port]))  # no run id: only the bind is checked
+    assert plain["busy_ports"] == []
+    # Preflight failed elsewhere (nothing of "first" reached this host): its stop releases.
+    ok(call(workdir, "stop", run_id="first", tasks=None, grace=0))
+    third = ok(call(workdir, "hello", ports=[port], run_id="second", lease_seconds=30))
+    assert third["busy_ports"] == []
+    assert ok(call(workdir, "release", run_id="second"))["released"] == 1
+    assert list(workdir.glob("hosts/*/ports/*.json")) == []
+
+
+def test_a_reservation_lapses_with_its_lease_and_lives_with_its_heartbeats(workdir: Path) -> None:
+    port = free_port()
+    ok(call(workdir, "hello", ports=[port], run_id="r1", lease_seconds=2))
+    new_run(workdir, "r1", lease_seconds=2)
+    began = time.monotonic()
+    # Heartbeats well past the 2 s lease; a loaded machine may take a second per agent call.
+    while time.monotonic() - began < 2.5:
+        time.sleep(0.3)
+        ok(call(workdir, "poll", run_id="r1", offsets={}, max_bytes=0, heartbeat=True))
+        other = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=2))
+        assert other["reserved_by"] == {str(port): "r1"}
+    time.sleep(2.3)  # the controller of r1 is gone
+    other = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=2))
+    assert other["busy_ports"] == []
+
+
+def test_agent_stop_reports_escaped_processes(tmp_path: Path, run_id: str) -> None:
+    agent = Agent(LocalTransport("here"), python=sys.executable, workdir=str(tmp_path / "wd"))
+    agent.install()
+    ok(call(tmp_path / "wd", "materialize", run_id=run_id, job="j", files=[], lease_seconds=None))
+    env = {"TFDEPLOY_RUN_ID": run_id}
+    [task] = agent.start(run_id, [{"name": "w", "command": ESCAPE, "env": env}], grace=1)
+    assert task.pid is not None
+    stray = escaped_pid(runs_dir(tmp_path / "wd") / run_id, task.pid)
+    report = agent.stop(run_id, grace=1)
+    assert [(e.pid, e.cmd, e.signal) for e in report.escaped] == [(stray, "sleep 600", 15)]
+    assert [t.reason for t in report.tasks] == ["stopped"]
+    agent.close_session()
