@@ -298,12 +298,17 @@ def handle(raw: bytes) -> dict[str, Any]:
         return _error(f"unknown op {req.get('op')!r}; known ops: {', '.join(OPS)}")
     try:
         result = op(req)
+    except params.StreamError as exc:
+        return {**_error(str(exc)), END_SESSION: True}
     except params.AgentError as exc:
         return _error(str(exc))
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         return _error(f"op {req['op']} failed on this host: {exc.strerror or exc}{where}")
     return {"v": protocol.PROTOCOL_VERSION, "ok": True, **result}
+
+
+END_SESSION = "_end_session"  # never sent: a reply after which `serve` stops reading stdin
 
 
 def _error(message: str) -> dict[str, Any]:
@@ -330,9 +335,11 @@ def serve(first: bytes | None = None) -> int:
                 reply = handle(raw)
             except Exception as exc:  # a one-shot call would crash; a session must go on
                 reply = _error(f"the agent failed: {type(exc).__name__}: {exc}")
-            sys.stdout.write(json.dumps(reply) + "\n")
-            sys.stdout.flush()
+            ends = reply.pop(END_SESSION, False)
+            _answer(reply)
             _reap()
+        if ends:
+            return 1
         raw = None
 
 
@@ -410,9 +417,20 @@ def main(argv: list[str]) -> int:
     if not raw.endswith(b"\n"):
         raw += sys.stdin.buffer.read()
     reply = handle(raw)
+    reply.pop(END_SESSION, None)
+    _answer(reply)
+    return 0
+
+
+def _answer(reply: dict[str, Any]) -> None:
+    """The reply line, then the raw bytes an op sends after it (`fetch`): the reply's "raw"
+    says how many, so the controller reads exactly those and the next reply line after them."""
+    body = reply.pop(protocol.RAW_BODY, None)
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
-    return 0
+    if body is not None:
+        body(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,11 @@ class AgentError(Exception):
     """A request the agent cannot honour; the message becomes the reply's error sentence."""
 
 
+class StreamError(AgentError):
+    """The raw bytes after the request line could not be read to their end: what is left on
+    stdin is not a request, so the session answers this one and ends."""
+
+
 def param(
     req: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = _MISSING
 ) -> Any:

@@ -109,6 +109,10 @@ ATTEMPT_ENV: Final = "TFDEPLOY_ATTEMPT"
 # replaces the computed identity (tests simulate several hosts sharing one workdir with it).
 HOST_ID_ENV: Final = "TFDEPLOY_HOST_ID"
 
+# An op's result may carry, under this key, a function that writes raw bytes to the agent's
+# stdout after the reply line; the reply's "raw" field says how many (never sent as JSON).
+RAW_BODY: Final = "_raw_body"
+
 # The TF task types listed in the cluster dict: the ones the built-in server may serve
 # (tfserver.py); the control side's roles table (deployer/config/roles.py) must agree.
 CLUSTER_ROLES: Final = ("chief", "worker", "ps")

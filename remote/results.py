@@ -9,17 +9,17 @@ The control side compares hashes with what it already has, so only missing conte
 
 from __future__ import annotations
 
-import base64
+import functools
 import glob
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import layout
 import params
+import protocol
 
-MAX_FETCH = 4 * 1024 * 1024
 MAX_FILES = 100000  # per task and pull: a pattern like "/**" must not list a whole disk
 
 
@@ -125,13 +125,26 @@ def _sha256(path: Path) -> str:
 
 
 def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
-    """Bytes [offset, offset+length) of a file `collect` lists for the task and `patterns`."""
+    """Bytes [offset, offset+length) of a file `collect` lists for the task and `patterns`.
+
+    The bytes follow the reply line as they are (the reply's "raw" counts them), read and
+    written in CHUNK pieces: no base64, and no whole range in memory on either side.
+    """
+    path = _fetchable(req)
+    offset = params.param(req, "offset", int, 0)
+    if offset < 0:
+        raise params.AgentError(f"offset must be 0 or more, got {offset}")
+    size = path.stat().st_size
+    length = max(0, min(params.param(req, "length", int, size), size - offset))
+    send = functools.partial(_send_range, path=path, offset=offset, length=length)
+    return {"size": size, "raw": length, protocol.RAW_BODY: send}
+
+
+def _fetchable(req: dict[str, Any]) -> Path:
     run_dir = layout.run_path(req)
     name = params.param(req, "task", str)
     shown = params.param(req, "path", str)
     patterns = [p for p in params.param(req, "patterns", list) if isinstance(p, str)]
-    offset = params.param(req, "offset", int, 0)
-    length = min(params.param(req, "length", int, MAX_FETCH), MAX_FETCH)
     spec = layout.read_json(run_dir / "tasks" / params.task_dirname(name) / "spec.json")
     if not isinstance(spec, dict):
         raise params.AgentError(f"run {run_dir.name} has no task {name}")
@@ -144,7 +157,21 @@ def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
         roots = [_fixed_prefix(p) for p in patterns if p.startswith("/")]
         if not (path.is_file() and any(_inside(path, root) for root in roots)):
             raise params.AgentError(f"{shown}: not a file of task {name} that the paths name")
+    return path
+
+
+CHUNK = 1 << 20
+
+
+def _send_range(out: BinaryIO, path: Path, offset: int, length: int) -> None:
+    """Exactly `length` bytes: a file that shrank meanwhile is padded with zeros, which the
+    controller's hash check then reports as a file that changed while being pulled."""
     with path.open("rb") as f:
         f.seek(offset)
-        data = f.read(length)
-    return {"data": base64.b64encode(data).decode(), "size": path.stat().st_size}
+        left = length
+        while left:
+            chunk = f.read(min(CHUNK, left))
+            if not chunk:
+                chunk = bytes(min(CHUNK, left))
+            out.write(chunk)
+            left -= len(chunk)

@@ -57,7 +57,10 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     store = layout.make_private_dir(workdir / "store")
     blobs = params.param(req, "blobs", list, [])
     if blobs:
-        _receive(store, blobs, sys.stdin.buffer)
+        try:
+            _receive(store, blobs, sys.stdin.buffer)
+        except (params.AgentError, OSError) as exc:
+            raise params.StreamError(str(exc)) from exc
     lacking = set(_absent(store, sorted({digest for _, digest, _ in entries})))
     missing = [str(rel) for rel, digest, _ in entries if digest in lacking]
     if missing:
@@ -74,11 +77,15 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     return {"files": len(entries)}
 
 
+CHUNK = 1 << 20  # bytes read from the stream at a time: memory stays bounded whatever the size
+
+
 def _receive(store: Path, blobs: list[Any], stream: BinaryIO) -> None:
     """Stores contents sent raw after the request line, each checked against its hash.
 
     One stream per host instead of one SFTP open/write/close/rename per file: with hundreds of
-    small files the round trips, not the bytes, were the cost.
+    small files the round trips, not the bytes, were the cost. Each content is copied through
+    in CHUNK pieces and hashed as it arrives, so a 1 GB file needs 1 MB of memory here.
     """
     for item in blobs:
         if not (
@@ -91,18 +98,35 @@ def _receive(store: Path, blobs: list[Any], stream: BinaryIO) -> None:
             )
         digest, size = params.check_hash(item[0]), item[1]
         mode = _mode(item[2]) if len(item) == 3 else DEFAULT_MODE
-        data = stream.read(size)
-        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-            raise params.AgentError(f"the content of {digest[:12]} arrived damaged or short")
-        if not (store / digest).is_file():  # stored meanwhile (another host): read, not written
-            _store(store, digest, store / digest, functools.partial(_write, data=data, mode=mode))
+        if (store / digest).is_file():  # stored meanwhile (another host): read, not written
+            _copy_through(stream, size, digest, None)
+        else:
+            fill = functools.partial(_fill, stream=stream, size=size, digest=digest, mode=mode)
+            _store(store, digest, store / digest, fill)
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
+def _fill(path: Path, stream: BinaryIO, size: int, digest: str, mode: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        _copy_through(stream, size, digest, f)
         os.fchmod(f.fileno(), mode)
+
+
+def _copy_through(stream: BinaryIO, size: int, digest: str, out: BinaryIO | None) -> None:
+    """Reads exactly `size` bytes of `stream` into `out` (or nowhere); their hash must be
+    `digest`. A short or damaged content is an error, and nothing of it is published."""
+    hasher = hashlib.sha256()
+    left = size
+    while left:
+        chunk = stream.read(min(CHUNK, left))
+        if not chunk:
+            break
+        hasher.update(chunk)
+        if out is not None:
+            out.write(chunk)
+        left -= len(chunk)
+    if left or hasher.hexdigest() != digest:
+        raise params.AgentError(f"the content of {digest[:12]} arrived damaged or short")
 
 
 def _store(store: Path, digest: str, final: Path, fill: Callable[[Path], None]) -> None:

@@ -7,9 +7,10 @@ never appear on a command line and a call costs one round trip.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -307,32 +308,76 @@ class Agent:
         return reply
 
     def call(
-        self, op: str, timeout: float | None = 60, *, stream: bytes = b"", **params: Any
+        self,
+        op: str,
+        timeout: float | None = 60,
+        *,
+        body: Iterable[bytes] = (),
+        sink: Callable[[bytes], None] | None = None,
+        **params: Any,
     ) -> dict[str, Any]:
-        """One op; `stream` is raw bytes sent after the request line (materialize's contents)."""
+        """One op. `body`: raw bytes sent after the request line, piece by piece (materialize's
+        contents); `sink`: where the raw bytes after the reply line go (fetch's)."""
         request = {"v": protocol.PROTOCOL_VERSION, "op": op, "workdir": self.workdir, **params}
+        line = json.dumps(request).encode() + b"\n"
         session = self._session
         if session is not None and session.lock.acquire(blocking=False):
             try:
-                return self._over(session, json.dumps(request).encode() + b"\n" + stream, timeout)
+                return self._over(session, line, timeout, body, sink)
             except _SessionLeft:
                 pass  # it left while idle, before reading this request: send it one-shot
             finally:
                 session.lock.release()
-        # Busy session (another thread's call) or none: a one-shot agent process.
+        # Busy session (another thread's call) or none: a one-shot agent process. Bulk work
+        # uses a session of its own (`dedicated`), so a body here is small.
         # -S: the agent is stdlib-only; skipping site-packages (a TF venv's .pth files) halves
         # the interpreter's start, which every one-shot call pays on the host.
         argv = [self.python, "-S", f"{self.agent_dir}/agent.py"]
-        return self._exchange(argv, request, timeout, stream)
+        result = self.transport.run(argv, stdin=line + b"".join(body), timeout=timeout)
+        reply = self._reply(result.exit_code, result.stdout, result.stderr)
+        if "raw" in reply:
+            start = result.stdout.index(b"\n") + 1
+            (sink or _discard)(result.stdout[start : start + int(reply["raw"])])
+        return reply
+
+    @contextlib.contextmanager
+    def dedicated(self) -> Iterator[Agent]:
+        """This agent over a session of its own, for bulk bytes: a push or pull holds it as long
+        as it needs while polls and stops go on over the usual one."""
+        if self.home is None:
+            self.install()
+        argv = [self.python, "-S", f"{self.agent_dir}/agent.py", "serve"]
+        own = Agent(self.transport, python=self.python, workdir=self.workdir)
+        own.home, own.absent = self.home, self.absent
+        try:
+            own._session = self.transport.open_session(argv)
+        except SessionEnded as exc:
+            self._reply(exc.exit_code, b"", exc.stderr)
+            raise
+        try:
+            yield own
+        finally:
+            own.close_session()
 
     def close_session(self) -> None:
         session, self._session = self._session, None
         if session is not None:
             session.close()
 
-    def _over(self, session: Session, data: bytes, timeout: float | None) -> dict[str, Any]:
+    def _over(
+        self,
+        session: Session,
+        data: bytes,
+        timeout: float | None,
+        body: Iterable[bytes] = (),
+        sink: Callable[[bytes], None] | None = None,
+    ) -> dict[str, Any]:
         try:
-            line = session.request(data, timeout)
+            line = session.request(data, timeout, body)
+            reply = self._reply(0, line, b"")
+            if "raw" in reply:
+                session.read_raw(int(reply["raw"]), sink or _discard, timeout)
+            return reply
         except SessionEnded as exc:
             self._session = None
             if exc.exit_code == protocol.SERVE_IDLE_EXIT:
@@ -342,14 +387,6 @@ class Agent:
             self._session = None  # lost or timed out: later calls start afresh, one-shot
             session.close()
             raise
-        return self._reply(0, line, b"")
-
-    def _exchange(
-        self, argv: list[str], request: dict[str, Any], timeout: float | None, stream: bytes = b""
-    ) -> dict[str, Any]:
-        stdin = json.dumps(request).encode() + b"\n" + stream
-        result = self.transport.run(argv, stdin=stdin, timeout=timeout)
-        return self._reply(result.exit_code, result.stdout, result.stderr)
 
     def _reply(self, exit_code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
         if exit_code == 127 or exit_code == TOO_OLD_EXIT:
@@ -586,18 +623,26 @@ class Agent:
         }
 
     def fetch(
-        self, run_id: str, task: str, path: str, patterns: Sequence[str], offset: int, length: int
-    ) -> bytes:
+        self,
+        run_id: str,
+        task: str,
+        path: str,
+        patterns: Sequence[str],
+        offset: int,
+        sink: Callable[[bytes], None],
+    ) -> int:
+        """The file's bytes from `offset` to its end, to `sink` as they arrive (raw, after the
+        reply line); returns how many. Each wait for more bytes may last 60 s."""
         reply = self.call(
             protocol.OP_FETCH,
+            sink=sink,
             run_id=run_id,
             task=task,
             path=path,
             patterns=list(patterns),
             offset=offset,
-            length=length,
         )
-        return base64.b64decode(reply["data"])
+        return int(reply["raw"])
 
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
@@ -620,3 +665,7 @@ class Agent:
 
     def runs(self) -> list[dict[str, Any]]:
         return [] if self.absent else list(self.call(protocol.OP_RUNS)["runs"])
+
+
+def _discard(data: bytes) -> None:
+    """Raw bytes nobody asked for are read (the next reply follows them) and dropped."""

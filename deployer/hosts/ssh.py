@@ -38,6 +38,14 @@ TCP_USER_TIMEOUT_MS = 8000
 SSH_KEEPALIVE_S = 15
 # OpenSSH's default MaxSessions is 10 per connection; we keep 8 for exec, 1 for SFTP, 1 spare.
 MAX_EXEC_SESSIONS = 8
+# Bulk bytes (push, pull): paramiko's 2 MiB window and 32 KiB packets keep a fast link waiting
+# on window updates and cost a Python round per 32 KiB; an 8 MiB window and 256 KiB packets
+# (sshd sends up to the size we name) moved 300 MB down in 0.7 s instead of 1.5 s (lab).
+CHANNEL_WINDOW = 8 * 1024 * 1024
+CHANNEL_PACKET = 256 * 1024
+# AES-GCM first: one AEAD pass instead of AES-CTR plus a separate HMAC per packet (about half
+# the controller's CPU per MB here); both are in OpenSSH's defaults, the rest follow as before.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 
 @dataclass(frozen=True)
@@ -245,6 +253,7 @@ def _handshake(target: Endpoint, hop: Hop, sock: socket.socket | paramiko.Channe
             auth_timeout=timeout,  # each authentication attempt
             channel_timeout=timeout,  # opening sessions and jump tunnels
             auth_strategy=strategy,
+            transport_factory=_new_transport,
         )
     except BaseException as exc:
         sock.close()
@@ -253,6 +262,25 @@ def _handshake(target: Endpoint, hop: Hop, sock: socket.socket | paramiko.Channe
     assert transport is not None
     transport.set_keepalive(SSH_KEEPALIVE_S)
     hop.conn.transport = transport  # fabric's view of the connection stays truthful
+
+
+def _new_transport(
+    sock: socket.socket | paramiko.Channel,
+    disabled_algorithms: dict[str, list[str]] | None = None,
+) -> paramiko.Transport:
+    """paramiko's Transport with the window, packet size and cipher order above."""
+    transport = paramiko.Transport(
+        sock,
+        default_window_size=CHANNEL_WINDOW,
+        default_max_packet_size=CHANNEL_PACKET,
+        disabled_algorithms=disabled_algorithms,
+    )
+    options = transport.get_security_options()
+    offered = tuple(options.ciphers)
+    options.ciphers = tuple(c for c in PREFERRED_CIPHERS if c in offered) + tuple(
+        c for c in offered if c not in PREFERRED_CIPHERS
+    )
+    return transport
 
 
 def _socket_error(target: Endpoint, hop: Hop, exc: OSError) -> HostError:

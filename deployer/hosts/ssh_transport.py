@@ -259,7 +259,9 @@ class SSHSession(StreamSession):
 
     def _send(self, data: bytes) -> None:
         try:
-            self._chan.sendall(data)
+            # A memoryview: paramiko's sendall slices off what each packet took, which on a
+            # bytes object copies the rest every time (quadratic in the size of `data`).
+            self._chan.sendall(memoryview(data))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             if self._chan.exit_status_ready():
                 raise self._ended() from exc

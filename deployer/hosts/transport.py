@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,8 +40,13 @@ class Session(Protocol):
     name: str
     lock: threading.Lock
 
-    def request(self, data: bytes, timeout: float | None) -> bytes:
-        """Send `data`, return the reply line; SessionEnded if the command exited."""
+    def request(self, data: bytes, timeout: float | None, body: Iterable[bytes] = ()) -> bytes:
+        """Send `data` and then `body` piece by piece, return the reply line; SessionEnded if
+        the command exited."""
+        ...
+
+    def read_raw(self, size: int, sink: Callable[[bytes], None], timeout: float | None) -> None:
+        """The `size` raw bytes after the last reply line, to `sink` as they arrive."""
         ...
 
     def close(self) -> None: ...

@@ -6,12 +6,10 @@ from it. Unchanged files therefore cost one hash lookup, not a transfer.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shlex
-import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,46 +95,87 @@ def scan(root: Path) -> Manifest:
 def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushResult:
     """Sends the contents the host lacks, then has the agent build the run directory.
 
-    Two agent calls per host: `have`, then `materialize` with the missing contents streamed
-    after its request line (batches of at most BATCH_BYTES, so memory stays bounded).
+    Two agent calls per host: `have`, then `materialize`, with the missing contents streamed
+    raw after its request line on a session of their own, read from disk piece by piece: memory
+    stays bounded whatever the files' sizes, and polls of other runs are not held up.
     """
     by_hash = manifest.by_hash()
-    missing = agent.missing(sorted(by_hash))
-    batches = _batches([by_hash[sha] for sha in missing])
+    missing = [by_hash[sha] for sha in agent.missing(sorted(by_hash))]
     files = [[f.path, f.sha256, f.mode] for f in manifest.files]
-    for batch in batches[:-1]:  # only above BATCH_BYTES: store these, build the run dir last
-        _store_batch(agent, manifest, batch, run_fields)
-    last = batches[-1] if batches else ()
-    agent.call(
-        protocol.OP_MATERIALIZE,
-        timeout=_timeout(last),
-        files=files,
-        stream=_pack(manifest.root, last),
-        **_blob_list(last),
-        **run_fields,
-    )
-    sent = sum(by_hash[sha].size for sha in missing)
+    if missing:
+        with agent.dedicated() as own:
+            _materialize(own, manifest, missing, files, run_fields)
+    else:
+        agent.call(protocol.OP_MATERIALIZE, files=files, **run_fields)
+    sent = sum(f.size for f in missing)
     return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
 
 
 def store_contents(
     agent: Agent, manifest: Manifest, contents: Sequence[CodeFile], run_fields: dict[str, Any]
 ) -> None:
-    """Streams `contents` into the host's store, in batches; the run's code dir comes later."""
-    for batch in _batches(list(contents)):
-        _store_batch(agent, manifest, batch, run_fields)
+    """Streams `contents` into the host's store; the run's code dir comes later."""
+    if contents:
+        with agent.dedicated() as own:
+            _materialize(own, manifest, contents, [], run_fields)
 
 
-def _store_batch(
-    agent: Agent, manifest: Manifest, batch: tuple[CodeFile, ...], run_fields: dict[str, Any]
+def _materialize(
+    agent: Agent,
+    manifest: Manifest,
+    contents: Sequence[CodeFile],
+    files: list[list[Any]],
+    run_fields: dict[str, Any],
 ) -> None:
-    agent.call(
-        protocol.OP_MATERIALIZE,
-        timeout=_timeout(batch),
-        files=[],
-        stream=_pack(manifest.root, batch),
-        **_blob_list(batch),
-        **run_fields,
+    try:
+        agent.call(
+            protocol.OP_MATERIALIZE,
+            timeout=_timeout(contents),
+            files=files,
+            blobs=[[f.sha256, f.size] for f in contents],
+            body=_contents(manifest.root, contents),
+            **run_fields,
+        )
+    except HostError as exc:
+        changed = _changed(manifest.root, contents, exc.cause)
+        if changed is None:
+            raise
+        raise changed from None
+
+
+def _contents(root: Path, contents: Sequence[CodeFile]) -> Iterator[bytes]:
+    """Each file's bytes in READ_BYTES pieces. The host hashes what arrives and refuses a
+    content whose hash is not the manifest's, so this side reads each byte once, hashes nothing
+    and only checks the sizes."""
+    for code_file in contents:
+        left = code_file.size
+        with (root / code_file.path).open("rb") as f:
+            while left:
+                piece = f.read(min(READ_BYTES, left))
+                if not piece:
+                    break
+                left -= len(piece)
+                yield piece
+            if left or f.read(1):
+                raise _changed_error(root, code_file)
+
+
+def _changed(root: Path, contents: Sequence[CodeFile], cause: str) -> InventoryError | None:
+    """The host's "content of <hash> arrived damaged" about a file of ours: it changed on disk
+    between hashing and sending, and saying which file is the useful error."""
+    for code_file in contents:
+        if f"content of {code_file.sha256[:12]} arrived damaged" in cause:
+            return _changed_error(root, code_file)
+    return None
+
+
+def _changed_error(root: Path, code_file: CodeFile) -> InventoryError:
+    return InventoryError(
+        str(root),
+        "job.code",
+        f"{code_file.path} changed while tfdeploy was pushing it",
+        hint="something writes into the code directory: move that output elsewhere or "
+        "list it in .tfdeployignore, then run up again",
     )
 
 
@@ -175,65 +214,14 @@ def run_setup(member: Member, run_id: str, job: Job, manifest: Manifest) -> bool
     return result.ran
 
 
-BATCH_BYTES = 32 * 1024 * 1024
+READ_BYTES = 1 << 20  # a pushed file is read and sent in pieces of this size
 MIN_RATE = 256 * 1024  # bytes/s per host below which a push counts as stuck
 
 
-def _timeout(batch: tuple[CodeFile, ...]) -> float:
-    """The hosts share the controller's bandwidth (~50-100 MB/s of SSH on 2 cores): 32 hosts
-    taking 32 MiB each need far longer than the 60 s a small call gets."""
-    return 60 + sum(f.size for f in batch) / MIN_RATE
-
-
-def _batches(files: list[CodeFile]) -> list[tuple[CodeFile, ...]]:
-    batches: list[tuple[CodeFile, ...]] = []
-    current: list[CodeFile] = []
-    size = 0
-    for f in files:
-        if current and size + f.size > BATCH_BYTES:
-            batches.append(tuple(current))
-            current, size = [], 0
-        current.append(f)
-        size += f.size
-    if current:
-        batches.append(tuple(current))
-    return batches
-
-
-def _blob_list(batch: tuple[CodeFile, ...]) -> dict[str, Any]:
-    return {"blobs": [[f.sha256, f.size] for f in batch]} if batch else {}
-
-
-_pack_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=2)
-def _pack_cached(root: Path, batch: tuple[CodeFile, ...]) -> bytes:
-    return b"".join(_read_unchanged(root, f) for f in batch)
-
-
-def _read_unchanged(root: Path, code_file: CodeFile) -> bytes:
-    """The file's bytes, provided they are still those the manifest hashed.
-
-    Otherwise hosts would store (or refuse) content under a hash it does not have; saying which
-    file changed is the useful error.
-    """
-    data = (root / code_file.path).read_bytes()
-    if len(data) != code_file.size or hashlib.sha256(data).hexdigest() != code_file.sha256:
-        raise InventoryError(
-            str(root),
-            "job.code",
-            f"{code_file.path} changed while tfdeploy was pushing it",
-            hint="something writes into the code directory: move that output elsewhere or "
-            "list it in .tfdeployignore, then run up again",
-        )
-    return data
-
-
-def _pack(root: Path, batch: tuple[CodeFile, ...]) -> bytes:
-    """The contents of a batch, concatenated; hosts missing the same files share one copy."""
-    with _pack_lock:  # one read of the files even when 32 hosts ask at once
-        return _pack_cached(root, batch)
+def _timeout(contents: Sequence[CodeFile]) -> float:
+    """The hosts share the controller's bandwidth: 32 hosts taking 32 MiB each need far longer
+    than the 60 s a small call gets."""
+    return 60 + sum(f.size for f in contents) / MIN_RATE
 
 
 def setup_fingerprint(commands: tuple[str, ...], env: dict[str, str], manifest: Manifest) -> str:

@@ -16,14 +16,14 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from deployer.config.model import Job
 from deployer.core.errors import HostError, HostsFailed, TfdeployError, UsageError
 from deployer.core.text import plural
-from deployer.hosts.agent import Collected, RemoteFile
+from deployer.hosts.agent import Agent, Collected, RemoteFile
 from deployer.hosts.fleet import Fleet, Member
 
-FETCH_BYTES = 4 * 1024 * 1024  # per agent call (remote/results.py MAX_FETCH)
 NO_RUN = "there is no run"  # remote/layout.py's words for a host that does not hold the run
 
 
@@ -156,47 +156,56 @@ def _fetch_all(
     sent = [0]
 
     def fetch_host(member: Member) -> None:
-        for name, remote, dest in by_host[member.name]:
-            path, fetched = _fetch(member, run_id, name, remote, patterns, dest)
-            with lock:
-                done[remote.sha256] = path
-                sent[0] += fetched
+        with member.agent.dedicated() as agent:  # bulk bytes: a session of their own
+            for name, remote, dest in by_host[member.name]:
+                path, fetched = _fetch(agent, member.name, run_id, name, remote, patterns, dest)
+                with lock:
+                    done[remote.sha256] = path
+                    sent[0] += fetched
 
     fleet.each(fetch_host, [fleet.member(h) for h in by_host], what="pulling files failed")
     return done, sent[0]
 
 
 def _fetch(
-    member: Member,
+    agent: Agent,
+    host: str,
     run_id: str,
     name: str,
     remote: RemoteFile,
     patterns: Sequence[str],
     dest: Path,
 ) -> tuple[Path, int]:
-    """One content into `<dest>.<hash>.part` (resumed where an earlier pull stopped), checked;
-    returns it and the bytes this call fetched."""
+    """One content into `<dest>.<hash>.part` (resumed where an earlier pull stopped), hashed as
+    it arrives, checked; returns it and the bytes this call fetched."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(f"{dest.name}.{remote.sha256[:12]}.part")
     offset = part.stat().st_size if part.exists() else 0
     if offset > remote.size:
         part.unlink()
         offset = 0
-    resumed = offset
+    hasher = _hasher(part, offset)
     with part.open("ab") as out:
-        while offset < remote.size:
-            length = min(FETCH_BYTES, remote.size - offset)
-            data = member.agent.fetch(run_id, name, remote.path, patterns, offset, length)
-            if not data:
-                raise HostError(member.name, f"{name}: {remote.path} shrank while being pulled")
+
+        def sink(data: bytes) -> None:
             out.write(data)
-            offset += len(data)
-    if _sha256(part) != remote.sha256:
+            hasher.update(data)
+
+        fetched = agent.fetch(run_id, name, remote.path, patterns, offset, sink)
+    if offset + fetched != remote.size or hasher.hexdigest() != remote.sha256:
         part.unlink()
-        raise HostError(
-            member.name, f"{name}: {remote.path} changed while being pulled; pull again"
-        )
-    return part, remote.size - resumed
+        raise HostError(host, f"{name}: {remote.path} changed while being pulled; pull again")
+    return part, fetched
+
+
+def _hasher(part: Path, size: int) -> Any:
+    """sha256 over the first `size` bytes of `part`: what an earlier pull already fetched."""
+    hasher = hashlib.sha256()
+    if size:
+        with part.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                hasher.update(chunk)
+    return hasher
 
 
 def _sha256(path: Path) -> str:

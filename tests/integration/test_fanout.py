@@ -178,7 +178,7 @@ def stored(agent: Agent, data: bytes) -> str:
     """Puts `data` into the agent's store (as a push would); returns its sha256."""
     digest = hashlib.sha256(data).hexdigest()
     run = {"run_id": "peertest", "job": "peertest", "detached": True, "controller": "test"}
-    agent.call("materialize", files=[], blobs=[[digest, len(data)]], stream=data, **run)
+    agent.call("materialize", files=[], blobs=[[digest, len(data)]], body=[data], **run)
     return digest
 
 

@@ -13,7 +13,7 @@ import fnmatch
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,8 @@ class FakeHost:
             self.received_bytes += len(stream)
             handler = getattr(self, f"_op_{request['op']}")
             reply = {"v": 1, "ok": True, **handler(request)}
-        return json.dumps(reply).encode() + b"\n"
+        raw = reply.pop("_raw", b"")  # sent after the reply line, as the agent's fetch does
+        return json.dumps(reply).encode() + b"\n" + raw
 
     def _op_hello(self, req: dict[str, Any]) -> dict[str, Any]:
         facts = dict(self.facts)
@@ -244,8 +245,8 @@ class FakeHost:
 
     def _op_fetch(self, req: dict[str, Any]) -> dict[str, Any]:
         data = self.files[req["task"]][req["path"]]
-        chunk = data[req["offset"] : req["offset"] + req["length"]]
-        return {"data": _b64(chunk), "size": len(data)}
+        chunk = data[req["offset"] :]
+        return {"size": len(data), "raw": len(chunk), "_raw": chunk}
 
     def _op_netcheck(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["action"] == "listen":
@@ -279,9 +280,15 @@ class FakeSession:
         self.name = host.name
         self.host = host
         self.lock = threading.Lock()
+        self._raw = b""
 
-    def request(self, data: bytes, timeout: float | None) -> bytes:
-        return self.host.answer(data, timeout)
+    def request(self, data: bytes, timeout: float | None, body: Iterable[bytes] = ()) -> bytes:
+        line, _, self._raw = self.host.answer(data + b"".join(body), timeout).partition(b"\n")
+        return line + b"\n"
+
+    def read_raw(self, size: int, sink: Callable[[bytes], None], timeout: float | None) -> None:
+        data, self._raw = self._raw[:size], self._raw[size:]
+        sink(data)
 
     def close(self) -> None:
         pass

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from deployer.config.plan import Plan
-from deployer.core.errors import HostError
+from deployer.core.errors import HostError, InventoryError
 from deployer.core.lines import MAX_LINE, LineAssembler, clean
 from deployer.core.secrets import MASK, mask_text, masked
 from deployer.core.text import join_names, plural, size
 from deployer.hosts.agent import TaskStatus
-from deployer.push.sync import BATCH_BYTES, CodeFile, Manifest, _batches, setup_fingerprint
+from deployer.push.sync import READ_BYTES, CodeFile, Manifest, _contents, setup_fingerprint
 from deployer.results.state import RUN_ID, new_run_id
 from deployer.up.launch import start_groups
 from deployer.watch.board import TaskBoard, may_restart
@@ -209,14 +209,25 @@ def code_file(path: str, size_: int, sha: str = "0" * 64) -> CodeFile:
     return CodeFile(path=path, sha256=sha, mode=0o644, size=size_)
 
 
-def test_push_batches_stay_under_the_limit_and_keep_order() -> None:
-    files = [code_file(f"f{i}", BATCH_BYTES // 3) for i in range(7)]
-    batches = _batches(files)
-    assert [len(b) for b in batches] == [3, 3, 1]
-    assert [f for b in batches for f in b] == files
-    huge = code_file("big", BATCH_BYTES * 2)
-    assert _batches([huge]) == [(huge,)]  # one file larger than a batch travels alone
-    assert _batches([]) == []
+def test_a_push_reads_each_file_in_bounded_pieces_and_notices_a_changed_size(
+    tmp_path: Path,
+) -> None:
+    """Memory stays bounded whatever the file's size; a file that grew or shrank since it was
+    hashed is named, not sent under the old hash."""
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (2 * READ_BYTES + 5))
+    small = tmp_path / "small"
+    small.write_bytes(b"abc")
+    files = [code_file("big", 2 * READ_BYTES + 5), code_file("small", 3)]
+    pieces = list(_contents(tmp_path, files))
+    assert [len(p) for p in pieces] == [READ_BYTES, READ_BYTES, 5, 3]
+    assert b"".join(pieces) == big.read_bytes() + b"abc"
+    small.write_bytes(b"abcd")  # grew after the manifest was made
+    with pytest.raises(InventoryError, match="small changed while tfdeploy was pushing it"):
+        list(_contents(tmp_path, files))
+    small.write_bytes(b"ab")  # shrank
+    with pytest.raises(InventoryError, match="small changed while tfdeploy was pushing it"):
+        list(_contents(tmp_path, files))
 
 
 def test_setup_fingerprint_changes_with_what_setup_depends_on() -> None:

@@ -1,0 +1,247 @@
+"""`sudo /opt/tfdeploy/venv/bin/python -m bench.dataplane [--reps 3] [--big-mb 1024]
+[--out docs/bench/dataplane.md]`
+
+Bulk bytes against the OpenSSH tools, side by side in one run on the same lab hosts (uncapped):
+
+  push 1 host     30 files of 10 MB: `rsync -a` over ssh  vs  `tfdeploy up --detach`
+  push 4 hosts    the same tree: 4 parallel rsync         vs  `tfdeploy up --detach` (fan-out)
+  pull 2 hosts    the 300 MB each host holds: 2 parallel `scp -r`  vs  `tfdeploy pull`
+  artifacts       the same as `up`'s end pull of job.artifacts: 2 parallel scp vs the pull `up`
+                  runs when its tasks exit (timed from its "job succeeded" line to its summary)
+  1 GB, 1 host    one file of --big-mb MB: rsync vs `up --detach`, then scp vs `pull`
+
+Every tfdeploy push starts from hosts without a workdir (all bytes travel); every pull into an
+empty folder. Times are wall clock; CPU is user + system of this machine's processes of the
+command (rsync/scp and their ssh, or tfdeploy); peak RSS is the largest of them. Copies are
+checked by sha256 after each run. The table goes to stdout and, with --out, to that file, which
+the docs include as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.__main__ import _machine
+from bench.fanout import Bench, check_copies, on_all
+from bench.tools import BenchError, make_tmp
+from tests.lab import Lab, LabHost, start_lab
+
+MB = 1_000_000
+RSYNC_DEST = "/root/bench-dataplane"
+
+
+@dataclass
+class Run:
+    seconds: float
+    cpu: float
+    rss_mb: float
+
+
+def make_files(root: Path, count: int, size_mb: int, seed: int) -> dict[str, str]:
+    """`count` files of `size_mb` MB of incompressible bytes; {relative path: sha256}."""
+    sums = {}
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        rel = f"data/f{seed}-{i}.bin"
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with path.open("wb") as f:
+            for _ in range(size_mb):
+                block = os.urandom(MB)
+                digest.update(block)
+                f.write(block)
+        sums[rel] = digest.hexdigest()
+    return sums
+
+
+def _usage() -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def timed(fn: Callable[[], object]) -> Run:
+    """Wall and CPU of `fn`'s child processes, and the peak RSS of any child so far (ru_maxrss
+    of children is a high-water mark: an upper bound for this command's)."""
+    cpu0, _ = _usage()
+    began = time.monotonic()
+    fn()
+    seconds = time.monotonic() - began
+    cpu1, rss = _usage()
+    return Run(seconds, cpu1 - cpu0, rss)
+
+
+class Cells:
+    """The measurements; each runs against a lab and a tree made by `main`."""
+
+    def __init__(self, lab: Lab, tmp: Path, tree: Path, sums: dict[str, str]) -> None:
+        self.lab, self.tmp, self.tree, self.sums = lab, tmp, tree, sums
+        self.bench = Bench(lab, tmp, tree, sums)
+
+    def rsync(self, hosts: list[LabHost]) -> Run:
+        on_all(self.lab, hosts, f"rm -rf {RSYNC_DEST}")
+        run = timed(lambda: self.bench._rsync(hosts))
+        check_copies(self.lab, hosts, RSYNC_DEST, self.sums)
+        on_all(self.lab, hosts, f"rm -rf {RSYNC_DEST}")
+        return run
+
+    def push(self, hosts: list[LabHost]) -> Run:
+        return self._push(hosts, down=True)[0]
+
+    def _push(self, hosts: list[LabHost], *, down: bool) -> tuple[Run, str, Path]:
+        self.bench._reset_tfdeploy(hosts)
+        inventory = self.bench._inventory("tfdeploy", hosts)
+        lines: list[tuple[float, str]] = []
+        run = timed(lambda: lines.extend(self.bench._up(inventory)))
+        out = "".join(line for _, line in lines)
+        m = re.search(r"run (\S+) is running detached", out)
+        if not m:
+            raise BenchError(f"no run id in tfdeploy up's output:\n{out[-1500:]}")
+        code = f"/root/.tfdeploy/hosts/*/runs/{m.group(1)}/code"
+        check_copies(self.lab, hosts, code, self.sums)
+        if down:
+            self.bench._cli("down", str(inventory))
+            self.bench._reset_tfdeploy(hosts)
+        return run, m.group(1), inventory
+
+    def scp_from(self, hosts: list[LabHost], code: str) -> Run:
+        dest = self.tmp / "scp"
+        shutil.rmtree(dest, ignore_errors=True)
+
+        def copy() -> None:
+            procs = []
+            for h in hosts:
+                (dest / h.name).mkdir(parents=True)
+                ssh = ["scp", "-q", "-r", "-F", str(self.lab.ssh_config)]
+                procs.append(subprocess.Popen([*ssh, f"{h.name}:{code}/data", str(dest / h.name)]))
+            if any(p.wait() != 0 for p in procs):
+                raise BenchError("scp failed")
+
+        run = timed(copy)
+        self._check_local(dest, hosts)
+        return run
+
+    def pull(self, run_id: str, inventory: Path, hosts: list[LabHost]) -> Run:
+        dest = self.tmp / "pulled"
+        shutil.rmtree(dest, ignore_errors=True)
+        argv = ["pull", run_id, "-i", str(inventory), "data/**", "--to", str(dest)]
+        run = timed(lambda: self.bench._cli(*argv))
+        for h, task in zip(hosts, range(len(hosts)), strict=True):
+            self._check_tree(dest / run_id / f"worker-{task}", h)
+        return run
+
+    def _check_local(self, dest: Path, hosts: list[LabHost]) -> None:
+        for h in hosts:
+            self._check_tree(dest / h.name, h)
+
+    def _check_tree(self, root: Path, host: LabHost) -> None:
+        for rel, want in self.sums.items():
+            got = hashlib.sha256((root / rel).read_bytes()).hexdigest()
+            if got != want:
+                raise BenchError(f"{root / rel} ({host.name}) differs from the original")
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def _row(work: str, tool: str, base: list[Run], ours: list[Run], mb: float) -> str:
+    t_base = statistics.median(r.seconds for r in base)
+    t_ours = statistics.median(r.seconds for r in ours)
+    c_base = statistics.median(r.cpu for r in base) / mb * 1000
+    c_ours = statistics.median(r.cpu for r in ours) / mb * 1000
+    rss = max(r.rss_mb for r in ours)
+    return (
+        f"| {work} | {tool} {t_base:.2f} s | tfdeploy {t_ours:.2f} s | {_ratio(t_ours, t_base)} "
+        f"| {c_base:.2f} | {c_ours:.2f} | {_ratio(c_ours, c_base)} | {rss:.0f} MB |"
+    )
+
+
+HEADER = (
+    "| work | OpenSSH tool | tfdeploy | time ÷ tool | tool CPU ms/MB | tfdeploy CPU ms/MB "
+    "| CPU ÷ tool | tfdeploy peak RSS |\n|---|---|---|---|---|---|---|---|"
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.dataplane")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--big-mb", type=int, default=1024)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    started = time.monotonic()
+    lab = start_lab(4)
+    tmp = make_tmp()
+    try:
+        tree = tmp / "tree"
+        sums = make_files(tree, 30, 10, seed=1)
+        cells = Cells(lab, tmp, tree, sums)
+        hosts1, hosts2, hosts4 = lab.hosts[:1], lab.hosts[:2], lab.hosts[:4]
+        rows = []
+        results: dict[str, tuple[list[Run], list[Run]]] = {}
+        for name, hosts in (("push 300 MB to 1 host", hosts1), ("push 300 MB to 4 hosts", hosts4)):
+            base, ours = [], []
+            for _ in range(args.reps):
+                base.append(cells.rsync(hosts))
+                ours.append(cells.push(hosts))
+            results[name] = (base, ours)
+            rows.append(_row(name, "rsync", base, ours, 300 * len(hosts)))
+        _, run_id, inventory = cells._push(hosts2, down=False)
+        code = f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"
+        base, ours = [], []
+        for _ in range(args.reps):
+            base.append(cells.scp_from(hosts2, code))
+            ours.append(cells.pull(run_id, inventory, hosts2))
+        rows.append(_row("pull 300 MB from each of 2 hosts", "scp", base, ours, 600))
+        cells.bench._cli("down", str(inventory))
+        shutil.rmtree(tree)
+        big = tmp / "tree"
+        cells.sums = make_files(big, 1, args.big_mb, seed=2)
+        base, ours = [cells.rsync(hosts1)], []
+        run, run_id, inventory = cells._push(hosts1, down=False)
+        ours.append(run)
+        rows.append(
+            _row(f"push one {args.big_mb} MB file to 1 host", "rsync", base, ours, args.big_mb)
+        )
+        code = f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"
+        base = [cells.scp_from(hosts1, code)]
+        ours = [cells.pull(run_id, inventory, hosts1)]
+        rows.append(
+            _row(f"pull one {args.big_mb} MB file from 1 host", "scp", base, ours, args.big_mb)
+        )
+        cells.bench._cli("down", str(inventory))
+    finally:
+        lab.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    minutes = (time.monotonic() - started) / 60
+    text = "\n".join(
+        [
+            f"Measured by `python -m bench.dataplane --reps {args.reps} --big-mb {args.big_mb}` "
+            f"({minutes:.1f} min; {_machine()}); medians of {args.reps} runs (1 for the big file).",
+            "",
+            HEADER,
+            *rows,
+            "",
+        ]
+    )
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
