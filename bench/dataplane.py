@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.__main__ import _machine
-from bench.fanout import Bench, check_copies, on_all
+from bench.fanout import RSYNC_DEST, Bench, check_copies, on_all
 from bench.tools import BenchError, make_tmp
 from tests.lab import Lab, LabHost, start_lab
 
 MB = 1_000_000
-RSYNC_DEST = "/root/bench-dataplane"
 
 
 @dataclass

@@ -78,17 +78,13 @@ def scan(root: Path) -> Manifest:
             if spec.match_file(rel) or not full.is_file():
                 continue
             try:
-                data = full.read_bytes()
+                with full.open("rb") as f:  # in pieces: a 1 GB file must not be 1 GB of RSS
+                    digest = hashlib.file_digest(f, "sha256")
+                    size = f.tell()
             except OSError as exc:
                 raise InventoryError(str(root), "job.code", f"cannot read {rel}: {exc}") from None
-            files.append(
-                CodeFile(
-                    path=rel,
-                    sha256=hashlib.sha256(data).hexdigest(),
-                    mode=full.stat().st_mode & 0o777,
-                    size=len(data),
-                )
-            )
+            mode = full.stat().st_mode & 0o777
+            files.append(CodeFile(path=rel, sha256=digest.hexdigest(), mode=mode, size=size))
     return Manifest(root=root, files=tuple(files))
 
 
