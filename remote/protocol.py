@@ -57,8 +57,7 @@ FIREWALL_LIST: Final = "list"
 NETCHECK_LISTEN: Final = "listen"
 NETCHECK_PROBE: Final = "probe"
 NETCHECK_CLOSE: Final = "close"
-PEERS_SERVE: Final = "serve"
-PEERS_FETCH: Final = "fetch"
+PEERS_RELAY: Final = "relay"
 PEERS_CLOSE: Final = "close"
 
 # The verdict of one netcheck probe, one per target; an unresolved name is "unresolved: <why>".

@@ -56,11 +56,20 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     entries = [_file_entry(item) for item in params.param(req, "files", list)]
     store = layout.make_private_dir(workdir / "store")
     blobs = params.param(req, "blobs", list, [])
-    if blobs:
-        try:
-            _receive(store, blobs, sys.stdin.buffer)
-        except (params.AgentError, OSError) as exc:
-            raise params.StreamError(str(exc)) from exc
+    relay = req.get("relay")  # the fan-out: forward every piece to the chain's next host
+    chain: dict[str, Any] = {}
+    try:
+        if relay is not None:
+            import peers  # only the fan-out's first host pays for it
+
+            secret, hop = peers.secret_of(relay), peers.hop_of(relay.get("next"))
+            chain = peers.receive(store, blobs, sys.stdin.buffer, secret, hop)
+            if chain["chain"][0]["error"]:
+                raise params.AgentError(chain["chain"][0]["error"])
+        elif blobs:
+            receive(store, blobs, sys.stdin.buffer)
+    except (params.AgentError, OSError) as exc:
+        raise params.StreamError(str(exc)) from exc
     lacking = set(_absent(store, sorted({digest for _, digest, _ in entries})))
     missing = [str(rel) for rel, digest, _ in entries if digest in lacking]
     if missing:
@@ -74,18 +83,21 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     checked: set[Path] = set()  # directories already known to lie inside code/
     for rel, digest, mode in entries:
         _place(store, digest, code, rel, mode, checked)
-    return {"files": len(entries)}
+    return {"files": len(entries), **chain}
 
 
 CHUNK = 1 << 20  # bytes read from the stream at a time: memory stays bounded whatever the size
 
 
-def _receive(store: Path, blobs: list[Any], stream: BinaryIO) -> None:
+def receive(
+    store: Path, blobs: list[Any], stream: BinaryIO, tee: Callable[[bytes], None] | None = None
+) -> None:
     """Stores contents sent raw after the request line, each checked against its hash.
 
     One stream per host instead of one SFTP open/write/close/rename per file: with hundreds of
     small files the round trips, not the bytes, were the cost. Each content is copied through
-    in CHUNK pieces and hashed as it arrives, so a 1 GB file needs 1 MB of memory here.
+    in CHUNK pieces and hashed as it arrives, so a 1 GB file needs 1 MB of memory here; `tee`
+    gets every piece too (the fan-out's next host), contents already here included.
     """
     for item in blobs:
         if not (
@@ -99,20 +111,35 @@ def _receive(store: Path, blobs: list[Any], stream: BinaryIO) -> None:
         digest, size = params.check_hash(item[0]), item[1]
         mode = _mode(item[2]) if len(item) == 3 else DEFAULT_MODE
         if (store / digest).is_file():  # stored meanwhile (another host): read, not written
-            _copy_through(stream, size, digest, None)
+            _copy_through(stream, size, digest, None, tee)
         else:
-            fill = functools.partial(_fill, stream=stream, size=size, digest=digest, mode=mode)
+            fill = functools.partial(
+                _fill, stream=stream, size=size, digest=digest, mode=mode, tee=tee
+            )
             _store(store, digest, store / digest, fill)
 
 
-def _fill(path: Path, stream: BinaryIO, size: int, digest: str, mode: int) -> None:
+def _fill(
+    path: Path,
+    stream: BinaryIO,
+    size: int,
+    digest: str,
+    mode: int,
+    tee: Callable[[bytes], None] | None,
+) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
-        _copy_through(stream, size, digest, f)
+        _copy_through(stream, size, digest, f, tee)
         os.fchmod(f.fileno(), mode)
 
 
-def _copy_through(stream: BinaryIO, size: int, digest: str, out: BinaryIO | None) -> None:
+def _copy_through(
+    stream: BinaryIO,
+    size: int,
+    digest: str,
+    out: BinaryIO | None,
+    tee: Callable[[bytes], None] | None,
+) -> None:
     """Reads exactly `size` bytes of `stream` into `out` (or nowhere); their hash must be
     `digest`. A short or damaged content is an error, and nothing of it is published."""
     hasher = hashlib.sha256()
@@ -124,6 +151,8 @@ def _copy_through(stream: BinaryIO, size: int, digest: str, out: BinaryIO | None
         hasher.update(chunk)
         if out is not None:
             out.write(chunk)
+        if tee is not None:
+            tee(chunk)
         left -= len(chunk)
     if left or hasher.hexdigest() != digest:
         raise params.AgentError(f"the content of {digest[:12]} arrived damaged or short")

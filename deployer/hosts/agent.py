@@ -146,16 +146,6 @@ class Poll:
 
 
 @dataclass(frozen=True)
-class PeerFetch:
-    """What one host copied from its peers: what arrived, what none had, what went wrong."""
-
-    fetched: int
-    bytes: int
-    missing: tuple[str, ...]
-    errors: tuple[str, ...]  # "10.0.0.2:2222: connection refused", one per peer that failed
-
-
-@dataclass(frozen=True)
 class SetupResult:
     """The setup op on one host: `ran` is False when the fingerprint's marker was there."""
 
@@ -551,43 +541,26 @@ class Agent:
     def unlisten(self, run_id: str) -> None:
         self.call(protocol.OP_NETCHECK, action=protocol.NETCHECK_CLOSE, run_id=run_id)
 
-    def serve_store(
-        self, run_id: str, address: str, port: int, secret: str, seconds: float
+    def relay(
+        self,
+        run_id: str,
+        address: str,
+        port: int,
+        secret: str,
+        then: tuple[str, int] | None,
+        seconds: float,
     ) -> None:
-        """Serves this host's store to the run's peers on address:port (remote/peers.py)."""
+        """Listens on address:port for the fan-out's one stream, storing it and forwarding every
+        piece to `then` as it arrives (remote/peers.py)."""
         self.call(
             protocol.OP_PEERS,
-            action=protocol.PEERS_SERVE,
+            action=protocol.PEERS_RELAY,
             run_id=run_id,
             address=address,
             port=port,
             secret=secret,
+            next=list(then) if then is not None else None,
             seconds=seconds,
-        )
-
-    def fetch_from_peers(
-        self,
-        run_id: str,
-        blobs: Sequence[tuple[str, int]],
-        peers: Sequence[tuple[str, int]],
-        secret: str,
-        timeout: float,
-    ) -> PeerFetch:
-        """Copies `blobs` from the first peers that have them into this host's store."""
-        reply = self.call(
-            protocol.OP_PEERS,
-            timeout,
-            action=protocol.PEERS_FETCH,
-            run_id=run_id,
-            blobs=[list(b) for b in blobs],
-            peers=[list(p) for p in peers],
-            secret=secret,
-        )
-        return PeerFetch(
-            fetched=int(reply["fetched"]),
-            bytes=int(reply["bytes"]),
-            missing=tuple(reply["missing"]),
-            errors=tuple(reply["errors"]),
         )
 
     def stop_serving(self, run_id: str) -> None:

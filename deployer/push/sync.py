@@ -108,12 +108,18 @@ def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushRe
 
 
 def store_contents(
-    agent: Agent, manifest: Manifest, contents: Sequence[CodeFile], run_fields: dict[str, Any]
-) -> None:
-    """Streams `contents` into the host's store; the run's code dir comes later."""
-    if contents:
-        with agent.dedicated() as own:
-            _materialize(own, manifest, contents, [], run_fields)
+    agent: Agent,
+    manifest: Manifest,
+    contents: Sequence[CodeFile],
+    run_fields: dict[str, Any],
+    *,
+    relay: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Streams `contents` into the host's store (and, with `relay`, along the fan-out's chain:
+    fanout.py); the run's code dir comes later. Returns the agent's reply."""
+    extra = {"relay": relay} if relay is not None else {}
+    with agent.dedicated() as own:
+        return _materialize(own, manifest, contents, [], {**run_fields, **extra})
 
 
 def _materialize(
@@ -122,9 +128,9 @@ def _materialize(
     contents: Sequence[CodeFile],
     files: list[list[Any]],
     run_fields: dict[str, Any],
-) -> None:
+) -> dict[str, Any]:
     try:
-        agent.call(
+        return agent.call(
             protocol.OP_MATERIALIZE,
             timeout=_timeout(contents),
             files=files,

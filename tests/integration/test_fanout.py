@@ -5,7 +5,10 @@ pair and a relay killed mid-push, on real hosts; the timing is bench/fanout.py's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
+import json
 import os
 import re
 import secrets
@@ -90,8 +93,7 @@ def test_the_code_goes_out_once_and_every_host_has_the_same_tree(
     done = tfdeploy("up", str(path), state=tmp_path / "state", check_rc=0)
     tree = sum(f.stat().st_size for f in code.iterdir())
     fanned = re.search(
-        r"fan-out: (\d+) bytes sent to (h\d), copied host to host to 5 hosts in 3 rounds",
-        done.stdout,
+        r"fan-out: (\d+) bytes sent to (h\d), relayed host to host to 5 hosts", done.stdout
     )
     assert fanned, done.stdout
     uplink = int(re.search(r"(\d+) bytes sent from here", done.stdout).group(1))
@@ -104,20 +106,21 @@ def test_the_code_goes_out_once_and_every_host_has_the_same_tree(
     assert "fan-out" not in again.stdout and "0 bytes sent" in again.stdout
 
 
-def test_a_host_that_cannot_reach_its_peers_gets_the_code_from_the_controller(
+def test_a_host_its_peers_cannot_reach_gets_the_code_from_the_controller(
     lab: Lab, tmp_path: Path, code: Path
 ) -> None:
     hosts = lab.hosts[:3]
     path = inventory(lab, tmp_path, code, hosts)
-    with (
-        blocked(lab, hosts[0], hosts[2], 2222, "drop"),
-        blocked(lab, hosts[1], hosts[2], 2222, "drop"),
+    with (  # h3 drops what h1 and h2 send to its TF port: the chain cannot reach it
+        blocked(lab, hosts[2], hosts[0], 2222, "drop"),
+        blocked(lab, hosts[2], hosts[1], 2222, "drop"),
     ):
         # a security group between hosts: the network check would stop `up`; skipped, so the
         # push's own fallback is what is seen
         done = tfdeploy("up", str(path), "--no-netcheck", state=tmp_path / "state", check_rc=0)
     assert re.search(
-        r"h3: could not copy from its peers \(.*timed out.*\); it gets the code from here",
+        r"h3: could not get the code along the chain \(.*timed out.*\); it gets the code from "
+        r"here",
         done.stdout,
     ), done.stdout
     assert set(digests(done.stdout).values()) == {local_digest(code)}
@@ -133,7 +136,7 @@ def test_a_relay_killed_mid_push_does_not_fail_the_deploy(
     killed: list[str] = []
 
     def kill_the_first_server() -> None:
-        """Kills -9 whichever host's store server appears first, mid-transfer."""
+        """Kills -9 whichever host's relay listener appears first, mid-transfer."""
         for _ in range(600):
             for h in hosts:
                 found = lab.run(h, f"cat {workdir}/hosts/*/peers/*.json 2>/dev/null")
@@ -154,7 +157,7 @@ def test_a_relay_killed_mid_push_does_not_fail_the_deploy(
         for h in hosts[1:]:
             lab.uncap_bandwidth(h)
     killer.join(5)
-    assert killed, "no store server was seen"
+    assert killed, "no relay listener was seen"
     assert "it gets the code from here" in done.stdout, done.stdout
     assert set(digests(done.stdout).values()) == {local_digest(code)}
     assert len(digests(done.stdout)) == 3
@@ -174,68 +177,60 @@ def agents(lab: Lab) -> Iterator[tuple[Agent, Agent]]:
         lab.run(host, "rm -rf ~/.tfdeploy/hosts/*/runs/peertest")
 
 
-def stored(agent: Agent, data: bytes) -> str:
-    """Puts `data` into the agent's store (as a push would); returns its sha256."""
-    digest = hashlib.sha256(data).hexdigest()
-    run = {"run_id": "peertest", "job": "peertest", "detached": True, "controller": "test"}
-    agent.call("materialize", files=[], blobs=[[digest, len(data)]], body=[data], **run)
-    return digest
+class Sender:
+    """The fan-out's sending end, driven by hand: proof (right or wrong), header, bytes."""
+
+    def __init__(self, address: str, port: int) -> None:
+        self.sock = socket.create_connection((address, port), timeout=10)
+        self.reader = self.sock.makefile("rb")
+        greeting = self.reader.readline().split()
+        assert greeting[0] == b"TFDP2", greeting
+        self.nonce = bytes.fromhex(greeting[1].decode())
+
+    def send(self, secret: str, blobs: list[list[object]], data: bytes) -> bytes:
+        proof = hmac.new(bytes.fromhex(secret), b"tfdeploy-relay:" + self.nonce, "sha256")
+        header = json.dumps({"blobs": blobs}).encode()
+        with contextlib.suppress(OSError):  # a listener that hung up on a stranger
+            self.sock.sendall(proof.hexdigest().encode() + b" " + header + b"\n" + data)
+        try:
+            return self.reader.readline()
+        except OSError:  # reset: the same as closed, for a stranger
+            return b""
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-class Rogue:
-    """A peer of the run (it knows the secret) that sends the wrong bytes for every content."""
-
-    def __init__(self, address: str) -> None:
-        self.sock = socket.create_server((address, 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        conn, _ = self.sock.accept()
-        with conn:
-            conn.sendall(b"TFDP1 " + os.urandom(16).hex().encode() + b"\n")
-            line = conn.makefile("rb").readline()
-            want = __import__("json").loads(line.partition(b" ")[2])["want"]
-            for digest in want:
-                conn.sendall(f'{{"sha": "{digest}", "size": 1048576, "mode": 420}}\n'.encode())
-                conn.sendall(os.urandom(1 << 20))
-
-
-def test_peers_need_the_secret_and_a_tampered_content_never_enters_the_store(
+def test_relays_need_the_secret_and_a_tampered_content_never_enters_a_store(
     lab: Lab, agents: tuple[Agent, Agent]
 ) -> None:
+    """A relay listener reads nothing from a sender without the run's secret; a stream whose
+    bytes do not hash to the named content is refused by every host along the chain."""
     a, b = agents
-    host_a = lab.hosts[6]
+    host_a, host_b = lab.hosts[6], lab.hosts[7]
     data = os.urandom(1 << 20)
-    digest = stored(a, data)
+    digest = hashlib.sha256(data).hexdigest()
     secret = secrets.token_hex(32)
-    a.serve_store("peertest", host_a.address, 2299, secret, 60)
+    b.relay("peertest", host_b.address, 2298, secret, None, 60)
+    a.relay("peertest", host_a.address, 2299, secret, (host_b.address, 2298), 60)
     try:
         assert 2299 in lab.listening_ports(host_a)
-        # Without the secret: the server says hello, then nothing; the connection just ends.
-        with socket.create_connection((host_a.address, 2299), timeout=5) as s:
-            reader = s.makefile("rb")
-            assert reader.readline().startswith(b"TFDP1 ")
-            s.sendall(b"0" * 64 + b' {"want": ["' + digest.encode() + b'"]}\n')
-            assert reader.read() == b""
-        # A peer sending damaged bytes is refused; the good peer's copy is the one stored.
-        bridge = lab.hosts[0].address.rsplit(".", 1)[0] + ".1"
-        rogue = Rogue(bridge)
-        got = b.fetch_from_peers(
-            "peertest",
-            [(digest, len(data))],
-            [(bridge, rogue.port), (host_a.address, 2299)],
-            secret,
-            60,
-        )
-        assert got.fetched == 1 and got.missing == ()
-        assert any("arrived damaged (sha256 mismatch)" in e for e in got.errors), got.errors
-        assert b.missing([digest]) == []
-        copy = lab.run(lab.hosts[7], f"sha256sum ~/.tfdeploy/store/{digest}")
-        assert copy.stdout.split()[0] == digest
+        stranger = Sender(host_a.address, 2299)
+        assert stranger.send("0" * 64, [[digest, len(data)]], data) == b""  # just closed
+        stranger.close()
+        tampered = bytearray(data)
+        tampered[12345] ^= 0xFF
+        sender = Sender(host_a.address, 2299)
+        reply = json.loads(sender.send(secret, [[digest, len(data)]], bytes(tampered)))
+        sender.close()
+        chain = reply["chain"]
+        assert len(chain) == 2 and all("arrived damaged" in e["error"] for e in chain), chain
+        assert a.missing([digest]) == [digest] and b.missing([digest]) == [digest]
     finally:
         a.stop_serving("peertest")
+        b.stop_serving("peertest")
     assert 2299 not in lab.listening_ports(host_a)
+    assert 2298 not in lab.listening_ports(host_b)
 
 
 def test_ctrl_c_during_a_fan_out_leaves_no_server_and_no_partial_file(
@@ -263,7 +258,7 @@ def test_ctrl_c_during_a_fan_out_leaves_no_server_and_no_partial_file(
             )
             if serving or up.poll() is not None:
                 break
-        assert serving, "no store server was seen"
+        assert serving, "no relay listener was seen"
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=60)
     finally:
