@@ -12,7 +12,7 @@ Bulk bytes against the OpenSSH tools, side by side in one run on the same lab ho
 
 Every tfdeploy push starts from hosts without a workdir (all bytes travel); every pull into an
 empty folder. Times are wall clock; CPU is user + system of this machine's processes of the
-command (rsync/scp and their ssh, or tfdeploy); peak RSS is the largest of them. Copies are
+command (rsync/scp and their ssh, or tfdeploy); peak RSS is tfdeploy's own. Copies are
 checked by sha256 after each run. The table goes to stdout and, with --out, to that file, which
 the docs include as it is.
 """
@@ -66,20 +66,41 @@ def make_files(root: Path, count: int, size_mb: int, seed: int) -> dict[str, str
     return sums
 
 
+# Runs a command and reports the peak RSS of the processes it waited for (tfdeploy and, with
+# the local transport, its agents): ru_maxrss of children is a high-water mark, so each command
+# gets a parent of its own and the checks between commands cannot raise it.
+_PEAK = (
+    "import resource, subprocess, sys\n"
+    "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "sys.stdout.write(r.stdout + r.stderr)\n"
+    "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "sys.exit(r.returncode)\n"
+)
+
+
+def tfdeploy(env: dict[str, str], *args: str) -> tuple[str, float]:
+    """`tfdeploy ARGS` (this checkout's); its output and its peak RSS in MB."""
+    argv = [sys.executable, "-c", _PEAK, sys.executable, "-m", "deployer", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, env=os.environ | env, timeout=3600)
+    out, _, peak = done.stdout.rpartition("PEAK ")
+    if done.returncode != 0:
+        raise BenchError(f"tfdeploy {args[0]} failed (exit {done.returncode}):\n{out[-1500:]}")
+    return out, int(peak.split()[0]) / 1024
+
+
 def _usage() -> tuple[float, float]:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def timed(fn: Callable[[], object]) -> Run:
-    """Wall and CPU of `fn`'s child processes, and the peak RSS of any child so far (ru_maxrss
-    of children is a high-water mark: an upper bound for this command's)."""
+    """Wall and CPU of `fn`'s child processes; the peak RSS `fn` returns (tfdeploy's), if any."""
     cpu0, _ = _usage()
     began = time.monotonic()
-    fn()
+    peak = fn()
     seconds = time.monotonic() - began
-    cpu1, rss = _usage()
-    return Run(seconds, cpu1 - cpu0, rss)
+    cpu1, _ = _usage()
+    return Run(seconds, cpu1 - cpu0, peak if isinstance(peak, float) else 0.0)
 
 
 class Cells:
@@ -102,9 +123,15 @@ class Cells:
     def _push(self, hosts: list[LabHost], *, down: bool) -> tuple[Run, str, Path]:
         self.bench._reset_tfdeploy(hosts)
         inventory = self.bench._inventory("tfdeploy", hosts)
-        lines: list[tuple[float, str]] = []
-        run = timed(lambda: lines.extend(self.bench._up(inventory)))
-        out = "".join(line for _, line in lines)
+        said: list[str] = []
+
+        def up() -> float:
+            out, peak = tfdeploy(self.bench.env, "up", "--detach", str(inventory))
+            said.append(out)
+            return peak
+
+        run = timed(up)
+        out = "".join(said)
         m = re.search(r"run (\S+) is running detached", out)
         if not m:
             raise BenchError(f"no run id in tfdeploy up's output:\n{out[-1500:]}")
@@ -136,7 +163,7 @@ class Cells:
         dest = self.tmp / "pulled"
         shutil.rmtree(dest, ignore_errors=True)
         argv = ["pull", run_id, "-i", str(inventory), "data/**", "--to", str(dest)]
-        run = timed(lambda: self.bench._cli(*argv))
+        run = timed(lambda: tfdeploy(self.bench.env, *argv)[1])
         for h, task in zip(hosts, range(len(hosts)), strict=True):
             self._check_tree(dest / run_id / f"worker-{task}", h)
         return run
