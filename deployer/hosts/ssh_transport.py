@@ -141,7 +141,7 @@ class SSHTransport:
         while True:
             done = chan.eof_received or chan.closed  # read before draining: no data is lost
             while chan.recv_ready():
-                out += chan.recv(CHUNK)
+                out += chan.recv(ssh.CHANNEL_WINDOW)
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(CHUNK)
             if done:
@@ -269,15 +269,19 @@ class SSHSession(StreamSession):
 
     def _recv(self, wait: float) -> bytes | None:
         chan = self._chan
-        if not chan.recv_ready() and not (chan.eof_received or chan.closed):
-            select.select([chan.fileno()], [], [], wait)
-        if chan.recv_ready():
-            return bytes(chan.recv(CHUNK))
-        if chan.eof_received or chan.closed:
-            return b""
-        if chan.transport is None or not chan.transport.is_active():
-            raise self._lost(None)
-        return None
+        # A timed recv waits on paramiko's own condition: no fileno(), whose pipe paramiko
+        # would then write and read once per packet for as long as the channel lives.
+        # All that is buffered comes in one piece: paramiko's buffer drops what a read took by
+        # moving the rest to its front, so small reads of a full 8 MiB window copy it over and
+        # over (a 1 GB pull spent more CPU on that than on decrypting).
+        chan.settimeout(max(wait, 0.001))
+        try:
+            data = chan.recv(ssh.CHANNEL_WINDOW)
+        except TimeoutError:
+            if chan.transport is None or not chan.transport.is_active():
+                raise self._lost(None) from None
+            return None
+        return bytes(data)  # b"": the command's end, or the connection's (_ended tells which)
 
     def _ended(self) -> SessionEnded:
         chan = self._chan
