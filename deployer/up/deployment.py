@@ -22,9 +22,8 @@ from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
-from deployer.push import fanout
-from deployer.push.summary import push_summary
-from deployer.push.sync import Manifest, push_all, run_setup
+from deployer.push.deliver import deliver
+from deployer.push.sync import Manifest, run_setup
 from deployer.results.archive import LogArchive
 from deployer.results.pull import artifacts_home
 from deployer.results.state import RunRecord, controller_name, new_run_id, save
@@ -215,14 +214,7 @@ class Deployment:
             "lease_seconds": None if self.options.detach else self._lease(),
             "controller": controller_name(),
         }
-        shared = [g for g in groups if len(g) > 1]
-        later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
-        spread = None
-        if self.plan.job.fanout:
-            firsts = [m for m in members if m.name not in later]
-            spread = fanout.spread(self.fleet, firsts, self.plan, manifest, self.run_id, fields)
-        results = push_all(self.fleet, members, manifest, fields, shared)
-        for line in push_summary(results, manifest, self.run_id, shared, spread):
+        for line in deliver(self.fleet, members, self.plan, manifest, fields, groups):
             self.view.step(line)
 
     def setup(self, manifest: Manifest, *, only: Sequence[Member] | None = None) -> None:

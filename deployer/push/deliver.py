@@ -1,0 +1,64 @@
+"""The push phase of `up`: the fan-out first, then the star push for what is left, and the lines
+that tell what travelled (shared workdirs, the fan-out, the bytes this machine sent).
+
+Its own module because it drives both the star push (sync.py) and the fan-out (fanout.py),
+which must not know each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from deployer.config.plan import Plan
+from deployer.core.text import join_names, plural
+from deployer.hosts.fleet import Fleet, Member
+from deployer.push import fanout
+from deployer.push.fanout import Spread
+from deployer.push.sync import Manifest, PushResult, push_all
+
+
+def deliver(
+    fleet: Fleet,
+    members: Sequence[Member],
+    plan: Plan,
+    manifest: Manifest,
+    run_fields: dict[str, Any],
+    groups: Sequence[Sequence[str]] = (),
+) -> list[str]:
+    """Code to `members`; hosts sharing a workdir (`groups`) get each content once, via the
+    first of each group, which alone takes part in the fan-out. Returns what to print."""
+    shared = [g for g in groups if len(g) > 1]
+    later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
+    spread = None
+    run_id = str(run_fields["run_id"])
+    if plan.job.fanout:
+        firsts = [m for m in members if m.name not in later]
+        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, run_fields)
+    results = push_all(fleet, members, manifest, run_fields, shared)
+    return push_summary(results, manifest, run_id, shared, spread)
+
+
+def push_summary(
+    results: dict[str, PushResult],
+    manifest: Manifest,
+    run_id: str,
+    groups: Sequence[Sequence[str]] = (),
+    spread: Spread | None = None,
+) -> list[str]:
+    """What a push did, in the words `up` prints: shared workdirs first, the fan-out, then what
+    the controller sent (to the fan-out's seed and directly)."""
+    lines = [f"{join_names(list(g))} share one workdir: each file is sent once" for g in groups]
+    lines += spread.lines() if spread is not None else []
+    direct = sum(r.sent_bytes for r in results.values())
+    sent = direct + (spread.uplink_bytes if spread else 0)
+    sent_files = sum(r.sent_files for r in results.values())
+    if not sent:
+        news = "0 bytes sent, every file was already there"
+    elif spread is not None:
+        news = f"{sent} bytes sent from here ({spread.uplink_bytes} to the fan-out's seed)"
+    else:
+        news = f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
+    files = plural(len(manifest.files), "file")
+    lines.append(f"pushed {files} to {plural(len(results), 'host')}: {news} (run {run_id})")
+    return lines
