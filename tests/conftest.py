@@ -29,14 +29,14 @@ from tests.support.agent import call, ticks
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """`pytest -m "not lab"`, the in-process tier, runs on one worker more than there are cores
-    when pytest-xdist is installed and `-n` was not given: its tests share nothing, and a third
-    of its time is real agent processes, leases and watchdogs waiting, which a spare worker
-    overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on 3). Anything else (the
+    """The in-process tier (`pytest -m "not lab"`, or `pytest tests/unit`) runs on one worker more
+    than there are cores when pytest-xdist is installed and `-n` was not given: its tests share
+    nothing, and a third of its time is real agent processes, leases and watchdogs waiting,
+    which a spare worker overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on 3). Anything else (the
     lab tier: one lab per run) stays serial; `-n 0` or `-p no:xdist` turns it off."""
     cores = os.cpu_count() or 1
     if (
-        (config.option.markexpr or "").strip() == "not lab"
+        _in_process_only(config)
         and not hasattr(config, "workerinput")  # a worker itself
         and config.pluginmanager.hasplugin("xdist")
         and getattr(config.option, "numprocesses", None) is None
@@ -45,6 +45,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.numprocesses = cores + 1
         config.option.dist = "load"
         config.option.tx = ["popen"] * (cores + 1)  # what xdist derives from -n, before configure
+
+
+def _in_process_only(config: pytest.Config) -> bool:
+    """The run selects the in-process tier only: by marker, or by naming tests/unit/ paths."""
+    if (config.option.markexpr or "").strip() == "not lab":
+        return True
+    unit = Path(__file__).resolve().parent / "unit"
+    paths = [Path(a.split("::")[0]).resolve() for a in config.args]
+    return bool(paths) and all(p == unit or unit in p.parents for p in paths)
 
 
 LAB_FIXTURES = {
