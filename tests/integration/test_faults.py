@@ -340,6 +340,44 @@ def test_ctrl_c_during_push(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) 
     assert "pushed" not in up.stdout
 
 
+@pytest.mark.isolated
+@pytest.mark.parametrize("phase", ["seed", "peers"])
+def test_ctrl_c_during_a_fanout_push_stops_within_seconds(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, phase: str
+) -> None:
+    """Issue 28 item 11: the seed's push ran on the main thread, outside the fleet, so Ctrl-C
+    left its session half-way through a stream and the stop waited 64 s behind it."""
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 3)
+    (tmp_path / "code" / "weights.bin").write_bytes(os.urandom(4_000_000))
+    try:
+        if phase == "seed":
+            lab.cap_uplink("2mbit")  # the seed's 4 MB take ~16 s to arrive
+        else:
+            for host in lab.hosts[1:3]:  # the copies between hosts take ~32 s
+                lab.cap_bandwidth(host, "1mbit")
+        up = Up(inventory, state=tmp_path / "state")
+        up.wait_for(r"^tfdeploy: preflight ok")
+        time.sleep(2.0 if phase == "seed" else 5.0)
+        took = _interrupt(up)
+    finally:
+        lab.uncap_uplink()
+        for host in lab.hosts[1:3]:
+            lab.uncap_bandwidth(host)
+    assert took < 10, f"exit took {took:.1f} s\n{up.report()}"
+    assert "could not stop" not in up.stdout + up.stderr, up.report()
+    assert "pushed" not in up.stdout
+    # A host still copying from a stopped peer sees its connection end (or time out: 10 s) and
+    # its agent leaves with the dropped connection.
+    gone = wait_until(
+        "the hosts' agents to leave", lambda: not any(lab.leftovers(h, 0) for h in lab.hosts), 15
+    )
+    print(
+        f"Ctrl-C during the fan-out's {phase} phase: exit {took:.1f} s after it, hosts idle "
+        f"{gone:.1f} s later"
+    )
+
+
 def test_ctrl_c_during_setup_stops_the_setup_commands(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
