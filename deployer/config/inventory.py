@@ -241,8 +241,9 @@ def _tensorboard(job: Table) -> TensorBoard | None:
 
 
 def _retry_exit_codes(t: Table) -> tuple[int, ...] | None:
-    """None when unset (signals and 128+ are retried): an empty list means "retry no code"."""
-    codes = t.index_list("retry_exit_codes", what="an exit code")
+    """None when unset; either way signals and 128+ are retried (see watch.board.retryable).
+    Exit statuses are 0-255: a larger number could never match."""
+    codes = t.index_list("retry_exit_codes", what="an exit code", maximum=255)
     return codes if t.has("retry_exit_codes") else None
 
 

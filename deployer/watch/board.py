@@ -231,19 +231,18 @@ class TaskBoard:
 def retryable(status: TaskStatus | None, job: Job) -> bool:
     """Policy "restart-job", judged on the first failure (the root cause): a signal or an exit
     code of 128+ (preemption, OOM kill, a lost host) is worth a restart; 1-127 is the program's
-    own verdict (a bug) and restarting will not help. `retry_exit_codes` lists the codes to
-    retry instead. A lost host (no status) is retryable: it may come back, or be replaced.
+    own verdict (a bug) and restarting will not help. `retry_exit_codes` lists codes to retry
+    besides (a program's own "try again", e.g. 75): never fewer than signals and 128+. A lost
+    host (no status) is retryable: it may come back, or be replaced.
     """
     if status is None or status.state == protocol.STATE_LOST:
         return True
     if status.preempted or status.signal is not None:
         return True
     code = status.exit_code
-    if code is None:
+    if code is None or code >= 128:
         return True
-    if job.retry_exit_codes is not None:
-        return code in job.retry_exit_codes
-    return code >= 128
+    return code in (job.retry_exit_codes or ())
 
 
 # Ends policy "restart" leaves alone: tfdeploy stopped the task or its lease expired (on purpose),

@@ -134,8 +134,9 @@ class Watch:
         outcome = watch.status.outcome() if watch.status else "lost"
         if not retryable(watch.status, job):
             codes = (
-                f"retry_exit_codes = {list(job.retry_exit_codes)}"
-                if job.retry_exit_codes is not None
+                f"signals, exit codes 128+ and retry_exit_codes = {list(job.retry_exit_codes)} "
+                "are retried"
+                if job.retry_exit_codes
                 else "only signals and exit codes 128+ are retried"
             )
             raise self.failure(failed, f"failed with a permanent error, not restarted ({codes})")
