@@ -271,7 +271,7 @@ def status_json(runs: Sequence[HostRun]) -> str:
                     "tasks": [t.__dict__ for t in r.tasks],
                 }
                 for r in runs
-            ]
+            ],
         },
         indent=2,
     )

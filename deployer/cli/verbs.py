@@ -34,13 +34,14 @@ from deployer.hosts.fleet import Fleet
 from deployer.results.archive import LogArchive, archive_ended, has_archive
 from deployer.results.pull import pull
 from deployer.results.runs import (
+    Survey,
     Target,
     archived_lines,
     find_runs,
-    find_runs_settled,
     follow_logs,
     resolve,
     stop_runs,
+    survey_runs,
     sync_archive,
     task_host,
 )
@@ -117,8 +118,9 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
     resolved = resolve(args.target, args.inventory)
     target = _with_discovered_hosts(resolved)
     job = target.inventory.job
-    with Fleet(target.inventory.hosts) as fleet:
-        found, unreachable = find_runs_settled(fleet, target)
+    with Fleet(target.hosts) as fleet:
+        survey = survey_runs(fleet, target)
+        found, unreachable = survey.runs, survey.failures
         # A named run is stopped even with every task finished: its escaped processes may not be.
         stopped, failed = stop_runs(
             fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
@@ -139,10 +141,18 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
         done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
         raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)
     if target.run_id is not None and not found:
-        raise _unknown_run(target.run_id)
+        raise _unknown_run(target, survey)
     if not shown:
-        env.out.print(Text("nothing to stop: no running task of that run or job on its hosts"))
+        env.out.print(Text(f"nothing to stop: {_nothing_running(target, survey)}"))
     return ExitStatus.OK
+
+
+def _nothing_running(target: Target, survey: Survey) -> str:
+    if not survey.runs:
+        return survey.nothing_found(target)
+    ids = sorted({r.run_id for r in survey.runs})
+    what = f"run {ids[0]} has" if len(ids) == 1 else f"the {len(ids)} runs of the job have"
+    return f"{what} no running task on {', '.join(sorted({r.host for r in survey.runs}))}"
 
 
 def _maskable_env(inventory: Inventory) -> dict[str, str]:
@@ -155,7 +165,14 @@ def _maskable_env(inventory: Inventory) -> dict[str, str]:
     return values
 
 
-def _unknown_run(run_id: str, task: str | None = None) -> UsageError:
+def _unknown_run(target: Target, survey: Survey) -> UsageError:
+    return UsageError(
+        survey.nothing_found(target),
+        hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+    )
+
+
+def _unknown_task(run_id: str, task: str | None = None) -> UsageError:
     what = f"task {task} of run" if task else "run"
     return UsageError(
         f"no host has {what} {run_id}",
@@ -165,16 +182,19 @@ def _unknown_run(run_id: str, task: str | None = None) -> UsageError:
 
 def status_verb(args: argparse.Namespace, env: Env) -> int:
     target = _with_discovered_hosts(resolve(args.target, args.inventory))
-    with Fleet(target.inventory.hosts) as fleet:
-        runs = find_runs(fleet, target)
-    if target.run_id is not None and not runs:
-        raise _unknown_run(target.run_id)
+    with Fleet(target.hosts) as fleet:
+        survey = survey_runs(fleet, target)
+    if survey.failures:
+        raise HostsFailed(survey.failures, what="listing runs failed", outcome=None)
+    runs = survey.runs
     if args.json:
         env.raw_out.write(status_json(runs) + "\n")
-    elif not runs:
-        env.out.print(Text("no runs found on the hosts"))
-    else:
+    elif runs:
         env.out.print(status_table(runs))
+    if target.run_id is not None and not runs:
+        raise _unknown_run(target, survey)
+    if not runs and not args.json:
+        env.out.print(Text(survey.nothing_found(target)))
     return ExitStatus.OK
 
 
@@ -186,7 +206,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
     def archived(note: str | None = None) -> int:
         lines = archived_lines(args.run_id, args.task, args.tail)
         if not lines and args.task:
-            raise _unknown_run(args.run_id, args.task)
+            raise _unknown_task(args.run_id, args.task)
         if note:
             env.err.print(Text(note), style="yellow")
         for label, line in lines:
@@ -198,10 +218,10 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.inventory.hosts) as fleet:
+    with Fleet(target.hosts) as fleet:
         if args.sync:
             if not sync_archive(fleet, target.run_id, LogArchive(target.run_id)):
-                raise _unknown_run(target.run_id, args.task)
+                raise _unknown_task(target.run_id, args.task)
             return archived()
         try:
             found = follow_logs(
@@ -217,7 +237,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
                 raise
             return archived(f"{exc.message.splitlines()[0]}; from the local archive instead:")
     if not found:
-        raise _unknown_run(target.run_id, args.task)
+        raise _unknown_task(target.run_id, args.task)
     return ExitStatus.OK
 
 
@@ -225,7 +245,7 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.inventory.hosts, concurrency=args.concurrency) as fleet:
+    with Fleet(target.hosts, concurrency=args.concurrency) as fleet:
         result = pull(fleet, target.run_id, args.paths, Path(args.to), tasks=args.task)
     view = PlainView(env.raw_out)
     for refusal in result.refused:
@@ -238,7 +258,7 @@ def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("tunnel needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.inventory.hosts) as fleet:
+    with Fleet(target.hosts) as fleet:
         host, task = task_host(find_runs(fleet, target), args.task)
         transport = fleet.member(host).agent.transport
         with Tunnel(transport, args.remote_port, args.local_port or 0) as tunnel:

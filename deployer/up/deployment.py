@@ -214,6 +214,10 @@ class Deployment:
             "detached": self.options.detach,
             "lease_seconds": None if self.options.detach else self._lease(),
             "controller": controller_name(),
+            # The run's own list of its hosts: `down`/`status` from a shell whose inventory
+            # dropped one can name it (results/runs.py).
+            "hosts": [[h.name, h.address] for h in self.plan.hosts],
+            "hosts_at": time.time(),
         }
         shared = [g for g in groups if len(g) > 1]
         later = {h for g in shared for h in g[1:]}  # they find what their group's first stored

@@ -501,6 +501,90 @@ def test_sshd_killed_tasks_keep_running_and_down_works_once_it_is_back(
     assert {t["reason"] for t in states.values()} == {"stopped"}
 
 
+# ---- runs after the inventory changed ----------------------------------------------------------
+
+
+def _detach(inventory: Path, state: Path) -> str:
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    found = re.search(r"run (\S+) is running detached", up.stdout)
+    assert found, up.stdout
+    return found.group(1)
+
+
+def test_down_and_status_reach_every_host_of_a_run_whatever_the_inventory_says_now(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 28 item 2: with h3 dropped from the inventory, `down RUN` stopped h1 and h2, said
+    nothing of h3, exited 0, and worker:2 ran on there (a detached run holds no lease)."""
+    lab = clean_lab
+    three = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 3)
+    full = tmp_path / "full.toml"
+    full.write_text(three.read_text())  # for final_states: the run's hosts as they were
+    state = tmp_path / "state"
+    run_id = _detach(three, state)
+    task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)  # h3 dropped
+    try:
+        _reach_the_dropped_host(lab, tmp_path, three, state, run_id)
+    finally:  # whatever failed, the lab's hosts are left clean for the next test
+        tfdeploy("down", str(full), state=tmp_path / "cleanup")
+    states = final_states(full, run_id, tmp_path, hosts=3)
+    assert {t["reason"] for t in states.values()} == {"stopped"}
+
+
+def _reach_the_dropped_host(
+    lab: Lab, tmp_path: Path, three: Path, state: Path, run_id: str
+) -> None:
+    h1, h2, h3 = lab.hosts[:3]
+    # This machine's record of the run lists its hosts: all three are asked.
+    status = tfdeploy("status", run_id, "--json", state=state, check_rc=0)
+    hosts = sorted(r["host"] for r in json.loads(status.stdout)["runs"])
+    assert hosts == [h1.name, h2.name, h3.name]
+
+    # A fresh shell knows only the inventory; the run's own record on h1 and h2 names h3.
+    fresh = tfdeploy("status", run_id, "-i", str(three), state=tmp_path / "fresh", check_rc=3)
+    assert f"{h3.name}: run {run_id} also has this host ({h3.address})" in fresh.stderr
+    down = tfdeploy("down", run_id, "-i", str(three), state=tmp_path / "fresh", check_rc=3)
+    assert f"stopped run {run_id} on {h1.name}" in down.stdout
+    assert "stopping failed on 1 host; the run was stopped on the other hosts:" in down.stderr
+    assert f"{h3.name}: run {run_id} also has this host" in down.stderr
+    assert pids_of(lab, h3, "task.py"), "h3's task was stopped without being reached?"
+
+    # From the machine that started it, `down RUN` reaches h3 too.
+    down = tfdeploy("down", run_id, state=state, check_rc=0)
+    assert f"stopped run {run_id} on {h3.name}" in down.stdout, down.stdout
+    assert not pids_of(lab, h3, "task.py")
+
+
+def test_status_and_down_of_a_renamed_job_say_what_they_looked_for_and_where(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 28 item 2: after renaming the job, `status` said "no runs found" and `down`
+    "nothing to stop" while the run under the old name was live."""
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    run_id = _detach(inventory, tmp_path / "state")
+    try:
+        _say_where_nothing_was_found(lab, lab_inventory, tmp_path, run_id)
+    finally:
+        tfdeploy("down", str(inventory), state=tmp_path / "cleanup", check_rc=0)
+    final_states(inventory, run_id, tmp_path)
+
+
+def _say_where_nothing_was_found(lab: Lab, lab_inventory: Any, tmp_path: Path, run_id: str) -> None:
+    h1, h2 = lab.hosts[:2]
+    renamed = task_inventory(
+        lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2, name="renamed", file="new.toml"
+    )
+    # (earlier tests' runs of job 'faults' may still be on the lab's hosts: they are counted)
+    said = f"no runs of job 'renamed' on {h1.name} and {h2.name}; runs of other jobs there: "
+    said += r"'faults': \d+ runs? \(newest " + run_id + r"\)"
+    status = tfdeploy("status", str(renamed), state=tmp_path / "s", check_rc=0)
+    assert re.search(said, " ".join(status.stdout.split())), status.stdout
+    down = tfdeploy("down", str(renamed), state=tmp_path / "s", check_rc=0)
+    assert re.search(f"nothing to stop: {said}", " ".join(down.stdout.split())), down.stdout
+    assert all(pids_of(lab, h, "task.py") for h in (h1, h2))
+
+
 # ---- host loss ---------------------------------------------------------------------------------
 
 

@@ -155,7 +155,7 @@ def test_status_of_an_unknown_run_is_a_usage_error(finished_run: FinishedRun) ->
     inventory = str(finished_run.inventory)
     code, out, err = run_cli("status", "hard-20990101T000000Z-abcd", "-i", inventory)
     assert (code, out) == (2, "")
-    assert "error: no host has run hard-20990101T000000Z-abcd" in err
+    assert "error: no run hard-20990101T000000Z-abcd on " in err
     code, out, err = run_cli("status", finished_run.run_id, "-i", inventory)
     assert (code, err) == (0, "")
     assert f"run {finished_run.run_id}" in out and "exited 0" in out
