@@ -181,16 +181,19 @@ def _unknown_task(run_id: str, task: str | None = None) -> UsageError:
 
 
 def status_verb(args: argparse.Namespace, env: Env) -> int:
+    """Tasks and states from the hosts. A host that cannot be asked still leaves the others'
+    answers printed (a JSON document marks it `unreachable`), then exits 3 naming it."""
     target = _with_discovered_hosts(resolve(args.target, args.inventory))
     with Fleet(target.hosts) as fleet:
         survey = survey_runs(fleet, target)
-    if survey.failures:
-        raise HostsFailed(survey.failures, what="listing runs failed", outcome=None)
     runs = survey.runs
     if args.json:
-        env.raw_out.write(status_json(runs) + "\n")
+        env.raw_out.write(status_json(runs, survey.failures) + "\n")
     elif runs:
         env.out.print(status_table(runs))
+    if survey.failures:
+        shown = "the other hosts' answers are shown" if runs or args.json else None
+        raise HostsFailed(survey.failures, what="listing runs failed", outcome=shown)
     if target.run_id is not None and not runs:
         raise _unknown_run(target, survey)
     if not runs and not args.json:

@@ -361,6 +361,32 @@ def test_exec_and_down_word_a_failing_host_for_their_verb(tmp_path: Path) -> Non
     assert "nothing was started" not in err
 
 
+def test_status_json_keeps_the_answering_hosts_and_marks_the_unreachable_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 item 6: one unreachable host made `status --json` print no JSON at all."""
+    inventory = local_inventory(tmp_path, "sleep 600")
+    state = tmp_path / "state"
+    up = tfdeploy("up", "--detach", str(inventory), state=state)
+    assert up.returncode == 0, up.stdout + up.stderr
+    run_id = next(w for w in up.stdout.split() if w.startswith("hard-")).rstrip(")")
+    try:
+        inventory.write_text(inventory.read_text() + unreachable_host())
+        status = tfdeploy("status", str(inventory), "--json", state=state)
+        assert status.returncode == 3, status.stdout + status.stderr
+        document = json.loads(status.stdout)
+        assert [(r["run_id"], r["host"]) for r in document["runs"]] == [(run_id, "local")]
+        assert [t["state"] for t in document["runs"][0]["tasks"]] == ["running"]
+        [gone] = document["unreachable"]
+        assert gone["host"] == "gone" and "refused" in gone["error"], gone
+        error = " ".join(status.stderr.split())
+        assert "listing runs failed on 1 host; the other hosts' answers are shown: gone: " in error
+        table = tfdeploy("status", str(inventory), state=state)
+        assert table.returncode == 3 and f"run {run_id}" in table.stdout, table
+    finally:
+        tfdeploy("down", run_id, "-i", str(inventory), state=state)
+
+
 def test_an_error_into_a_closed_stderr_pipe_exits_141(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "deployer", "plan", str(INVENTORIES / "bad_gpu_index.toml")],
