@@ -27,7 +27,7 @@ from deployer.core.errors import (
     TfdeployError,
     UsageError,
 )
-from deployer.core.secrets import mask_text
+from deployer.core.secrets import Masker
 from deployer.core.text import plural
 from deployer.hosts.agent import escaped_text
 from deployer.hosts.fleet import Fleet
@@ -46,11 +46,12 @@ from deployer.results.runs import (
     task_host,
 )
 from deployer.results.state import RUN_ID as STATE_RUN_ID
+from deployer.results.state import load as load_record
 from deployer.results.tunnel import Tunnel
 from deployer.sources import load_inventory
 from deployer.up import firewall
 from deployer.up.deployment import Deployment, UpOptions
-from deployer.watch.view import PlainView, make_view
+from deployer.watch.view import PlainView, make_view, masked_view
 
 
 def _inventory(path: str) -> Inventory:
@@ -130,7 +131,7 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
                 for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):
                     env.err.print(Text(f"could not remove the firewall rules on {failure.message}"))
     shown = [s for s in stopped if s.anything]
-    hide = functools.partial(mask_text, env=_maskable_env(target.inventory), extra=job.secret_env)
+    hide = _run_masker(target.inventory)
     for s in shown:
         env.out.print(Text(f"stopped run {s.run.run_id} on {s.run.host}"))
         if s.escaped:
@@ -155,14 +156,30 @@ def _nothing_running(target: Target, survey: Survey) -> str:
     return f"{what} no running task on {', '.join(sorted({r.host for r in survey.runs}))}"
 
 
-def _maskable_env(inventory: Inventory) -> dict[str, str]:
-    """Every value a task of this inventory may carry in its command line, to mask secrets."""
-    values = dict(inventory.job.env)
-    for host in inventory.hosts:
-        for spec in host.tasks:
-            values.update(spec.env)
-    values.update({n: os.environ[n] for n in inventory.job.forward_env if n in os.environ})
-    return values
+def _logs_masker(run_id: str, inventory: str | None) -> Masker:
+    """The secrets a run's tasks were given, as far as this shell can know them: the env tables
+    of its inventory and forward_env from this environment. Without a readable inventory (a
+    run id of another machine, a deleted file), every secret-looking value of this environment:
+    the logs are shown either way, and a forwarded token is most likely set here too."""
+    path = inventory
+    if path is None and STATE_RUN_ID.match(run_id):
+        record = load_record(run_id)
+        path = record.inventory if record is not None else None
+    try:
+        loaded = load_inventory(path) if path is not None else None
+    except TfdeployError:
+        loaded = None
+    if loaded is None:
+        return Masker.of([os.environ])
+    return _run_masker(loaded)
+
+
+def _run_masker(inventory: Inventory) -> Masker:
+    """Every secret a task of this inventory may carry (in its output, its command line): the
+    env tables, and forward_env as this shell has it."""
+    forwarded = {n: os.environ[n] for n in inventory.job.forward_env if n in os.environ}
+    envs = [inventory.job.env, forwarded, *(s.env for h in inventory.hosts for s in h.tasks)]
+    return Masker.of(envs, inventory.job.secret_env)
 
 
 def _unknown_run(target: Target, survey: Survey) -> UsageError:
@@ -204,7 +221,7 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
 def logs_verb(args: argparse.Namespace, env: Env) -> int:
     if args.sync and args.follow:
         raise UsageError("--sync copies what the hosts have and prints it; it does not follow")
-    view = PlainView(env.raw_out)
+    view = masked_view(PlainView(env.raw_out), _logs_masker(args.run_id, args.inventory))
 
     def archived(note: str | None = None) -> int:
         lines = archived_lines(args.run_id, args.task, args.tail)

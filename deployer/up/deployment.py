@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
-from deployer.core.secrets import mask_text
+from deployer.core.secrets import Masker
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
@@ -38,7 +38,7 @@ from deployer.watch.board import TaskBoard
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.run import Run
-from deployer.watch.view import View
+from deployer.watch.view import View, masked_view
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,6 @@ class Deployment:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.fleet = fleet
-        self.view = view
         self.options = options
         self.run_state = Run(new_run_id(plan.job.name), plan, clock)
         self.run_id = self.run_state.run_id
@@ -78,6 +77,8 @@ class Deployment:
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
+        self.hide = run_masker(plan, self.forwarded)
+        view = self.view = masked_view(view, self.hide)
         self.archive = LogArchive(self.run_id)
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
@@ -96,6 +97,7 @@ class Deployment:
             sleep=sleep,
             interval=options.poll_interval,
             lease=self._lease(),
+            hide=self.hide,
         )
         self.recovery = Recovery(
             self,
@@ -318,10 +320,6 @@ class Deployment:
         for line in artifacts_home(self.fleet, self.plan.job, self.run_id, self.contacted_hosts):
             self.view.step(line)
 
-    def _hide(self, text: str) -> str:
-        """Log text with the job's secret values masked."""
-        return mask_text(text, self.plan.job.env, self.plan.job.secret_env)
-
     def teardown(self) -> None:
         """Stops the run on every host that may hold it; reports what it could not.
 
@@ -341,7 +339,7 @@ class Deployment:
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
             )
         job = self.plan.job
-        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self._hide):
+        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self.hide):
             self.view.step(line)
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
             self.watching.tick(heartbeat=False, tolerate=True)
@@ -349,6 +347,13 @@ class Deployment:
 
     def _lease(self) -> float:
         return self.options.lease_seconds or self.plan.job.lease_seconds
+
+
+def run_masker(plan: Plan, forwarded: Mapping[str, str]) -> Masker:
+    """Every secret value the run's tasks are given: the job's and tasks' env tables, and what
+    forward_env copies from this machine (names under the secret patterns or secret_env)."""
+    envs = [plan.job.env, forwarded, *(t.env for t in plan.tasks)]
+    return Masker.of(envs, plan.job.secret_env)
 
 
 def stop_everywhere(

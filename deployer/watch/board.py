@@ -16,7 +16,6 @@ from deployer.config.plan import Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
-from deployer.core.secrets import mask_text
 from deployer.hosts.agent import TaskStatus
 from remote import protocol
 
@@ -169,8 +168,11 @@ class TaskBoard:
             )
         return rows
 
-    def failure(self, name: str, what: str, *, run_id: str, secret_env: Sequence[str]) -> JobFailed:
-        """The report of a failed task: who, how it ended, and its last log lines."""
+    def failure(
+        self, name: str, what: str, *, run_id: str, hide: Callable[[str], str]
+    ) -> JobFailed:
+        """The report of a failed task: who, how it ended, and its last log lines (`hide`
+        masks the run's secret values in them)."""
         watch = self.watches[name]
         status = watch.status
         outcome = status.outcome() if status else "unknown"
@@ -186,7 +188,7 @@ class TaskBoard:
             )
         others = "the other tasks were stopped; " if len(self.watches) > 1 else ""
         return JobFailed(
-            mask_text(message, watch.task.env, secret_env),
+            hide(message),
             hint=f"{others}full log: tfdeploy logs {run_id} --task {name}",
         )
 

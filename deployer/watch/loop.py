@@ -14,6 +14,7 @@ from deployer.config.model import FailurePolicy
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
+from deployer.core.secrets import Masker
 from deployer.core.text import join_names, plural
 from deployer.hosts.gpus import GpuMonitor
 from deployer.watch.board import TaskBoard, may_restart, retryable
@@ -44,8 +45,10 @@ class Watch:
         sleep: Callable[[float], None],
         interval: float,
         lease: float,
+        hide: Callable[[str], str] | None = None,
     ) -> None:
         self.poller = poller
+        self.hide = hide or Masker()  # masks the run's secret values in a failure's log lines
         self.run = poller.run  # plan, board, run id and clock: shared, never copied
         self.view = view
         self.restart = restart
@@ -196,9 +199,7 @@ class Watch:
 
     def failure(self, name: str, what: str) -> JobFailed:
         self.tick(heartbeat=True, tolerate=True)  # drain the last log lines of the task
-        return self.board.failure(
-            name, what, run_id=self.run_id, secret_env=self.plan.job.secret_env
-        )
+        return self.board.failure(name, what, run_id=self.run_id, hide=self.hide)
 
     def _gpu_use(self, task: Task) -> str:
         return self.gpu_monitor.usage(task) if self.gpu_monitor else ""

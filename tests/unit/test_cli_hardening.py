@@ -337,6 +337,41 @@ def test_down_reports_the_escaped_processes_it_stopped_with_secrets_masked(
     assert not pgrep(marker)
 
 
+FORWARDED = "hf_abcdefgh12345"  # an HF_TOKEN this shell forwards to the task
+
+
+def test_forwarded_and_secret_env_values_are_masked_in_everything_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28 item 7: a task printing its forward_env token (or a secret_env value) and
+    failing showed it in clear in the failure summary; the log lines and `logs` too."""
+    monkeypatch.setenv("HF_TOKEN", FORWARDED)
+    inventory = local_inventory(
+        tmp_path,
+        'echo "token=$HF_TOKEN run=$RUN_NAME"; sleep 1; exit 3',
+        env='forward_env = ["HF_TOKEN"]\nsecret_env = ["RUN_NAME"]\n'
+        'env = { RUN_NAME = "private-run-name" }\n',
+    )
+    state = tmp_path / "state"
+    up = tfdeploy("up", str(inventory), state=state)
+    assert up.returncode == 1, up.stdout + up.stderr
+    run_id = next(w for w in up.stdout.split() if w.startswith("hard-")).rstrip(")")
+    said = "token=******** run=********"
+    assert f"worker:0@local | {said}" in up.stdout  # the streamed line (plain view)
+    assert said in up.stderr  # the failure summary's last lines
+    shown = [up.stdout, up.stderr]
+    for extra in ((), ("--sync",)):  # `logs` from the archive, and after reading the host
+        logs = tfdeploy("logs", run_id, *extra, state=state)
+        assert logs.returncode == 0 and said in logs.stdout, logs
+        shown.append(logs.stdout)
+    for text in shown:
+        assert FORWARDED not in text and "private-run-name" not in text
+    # The archive keeps the task's bytes as the host has them, readable by this user alone.
+    archive = state / "runs" / run_id / "worker-0.log"
+    assert FORWARDED.encode() in archive.read_bytes()
+    assert archive.stat().st_mode & 0o077 == 0 and archive.parent.stat().st_mode & 0o077 == 0
+
+
 def pgrep(pattern: str) -> str:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.strip()
 
