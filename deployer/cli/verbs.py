@@ -31,7 +31,7 @@ from deployer.core.secrets import Masker
 from deployer.core.text import plural
 from deployer.hosts.agent import escaped_text
 from deployer.hosts.fleet import Fleet
-from deployer.results.archive import LogArchive, archive_ended, has_archive
+from deployer.results.archive import LogArchive, archive_ended, damaged, has_archive
 from deployer.results.pull import pull
 from deployer.results.runs import (
     Survey,
@@ -223,18 +223,35 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
         raise UsageError("--sync copies what the hosts have and prints it; it does not follow")
     view = masked_view(PlainView(env.raw_out), _logs_masker(args.run_id, args.inventory))
 
+    said: list[str] = []
+
+    def say(note: str) -> None:
+        if note not in said:
+            said.append(note)
+            env.err.print(Text(note), style="yellow")
+
     def archived(note: str | None = None) -> int:
         lines = archived_lines(args.run_id, args.task, args.tail)
         if not lines and args.task:
-            raise _unknown_task(args.run_id, args.task)
+            raise UsageError(
+                f"the local archive has no line of task {args.task} of run {args.run_id} (it "
+                "printed nothing, or the run has no such task)",
+                hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+            )
         if note:
-            env.err.print(Text(note), style="yellow")
+            say(note)
+        for what in _damage_notes(args.run_id, args.task):
+            say(what)
         for label, line in lines:
             view.lines(label, [line])
         return ExitStatus.OK
 
     if STATE_RUN_ID.match(args.run_id) and not args.sync and archive_ended(args.run_id):
-        return archived()  # `up` saw it end: all of it is here, the hosts may be gone
+        if not damaged(args.run_id, args.task):
+            return archived()  # `up` saw it end: all of it is here, the hosts may be gone
+        for what in _damage_notes(args.run_id, args.task):
+            say(what)
+        say("reading the run's hosts instead")
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
@@ -259,6 +276,13 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
     if not found:
         raise _unknown_task(target.run_id, args.task)
     return ExitStatus.OK
+
+
+def _damage_notes(run_id: str, task: str | None) -> list[str]:
+    return [
+        f"local archive of run {run_id}, {name}: {what}"
+        for name, what in damaged(run_id, task).items()
+    ]
 
 
 def pull_verb(args: argparse.Namespace, env: Env) -> int:

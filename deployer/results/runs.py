@@ -311,11 +311,14 @@ def follow_logs(
 
 def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
     """Fills the local archive with what the hosts wrote since it was last filled (a detached
-    run, or one `up` lost sight of); False when no host knows the run."""
+    run, or one `up` lost sight of); a task whose archive is damaged is fetched again whole.
+    False when no host knows the run."""
     seen = False
     for member in fleet.members:
         for status in _statuses(member, run_id) or []:
             seen = True
+            if archive.damage(status.name):
+                archive.reset(status.name)
             offset = archive.size(status.name)
             while offset < status.log_bytes:
                 end = min(status.log_bytes, offset + READ_CHUNK)
@@ -324,6 +327,8 @@ def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
                     break
                 archive.write(status.name, member.name, offset, data)
                 offset += len(data)
+            if status.finished and offset >= status.log_bytes:
+                archive.settle(status.name)
     return seen
 
 
