@@ -30,7 +30,7 @@ from deployer.core.errors import (
 from deployer.core.secrets import Masker
 from deployer.core.text import plural
 from deployer.hosts.agent import escaped_text
-from deployer.hosts.fleet import Fleet
+from deployer.hosts.fleet import Fleet, Member
 from deployer.results.archive import LogArchive, archive_ended, damaged, has_archive
 from deployer.results.pull import pull
 from deployer.results.runs import (
@@ -43,11 +43,12 @@ from deployer.results.runs import (
     stop_runs,
     survey_runs,
     sync_archive,
+    task_ended,
     task_host,
 )
 from deployer.results.state import RUN_ID as STATE_RUN_ID
 from deployer.results.state import load as load_record
-from deployer.results.tunnel import Tunnel
+from deployer.results.tunnel import Tunnel, allow_many_files
 from deployer.sources import load_inventory
 from deployer.up import firewall
 from deployer.up.deployment import Deployment, UpOptions
@@ -303,23 +304,55 @@ def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
     if target.run_id is None:
         raise UsageError("tunnel needs a run id (see `tfdeploy status INVENTORY`)")
     with Fleet(target.hosts) as fleet:
-        host, task = task_host(find_runs(fleet, target), args.task)
-        transport = fleet.member(host).agent.transport
-        with Tunnel(transport, args.remote_port, args.local_port or 0) as tunnel:
+        runs = find_runs(fleet, target)
+        host, task = task_host(runs, args.task)
+        ended = task_ended(runs, task)
+        if ended is not None:
+            raise UsageError(
+                f"{task} of run {target.run_id} has ended ({ended}): nothing of it serves "
+                "any more, so no tunnel was opened",
+                hint=f"`tfdeploy status {target.run_id}` shows the run's tasks",
+            )
+        member = fleet.member(host)
+        allow_many_files()
+        with Tunnel(member.agent.transport, args.remote_port, args.local_port or 0) as tunnel:
             view = PlainView(env.raw_out)
             view.step(
                 f"{tunnel.url} -> {task}@{host} port {args.remote_port} (its loopback, over SSH); "
-                "Ctrl-C ends the tunnel"
+                "Ctrl-C ends the tunnel, and so does the end of the task"
             )
-            reported = 0
             try:
-                while True:
-                    time.sleep(0.5)
-                    for error in tunnel.errors[reported:]:
-                        view.step(f"a connection failed: {error}")
-                    reported = len(tunnel.errors)
+                ended = _forward_while_running(tunnel, view, member, target.run_id, task)
             except KeyboardInterrupt:
                 return ExitStatus.OK
+            view.step(f"{task} of run {target.run_id} has ended ({ended}): the tunnel is closed")
+            return ExitStatus.OK
+
+
+TASK_CHECK_S = 2.0  # how often a tunnel asks whether its task still runs
+
+
+def _forward_while_running(
+    tunnel: Tunnel, view: PlainView, member: Member, run_id: str, task: str
+) -> str:
+    """Reports failed connections until the task ends; returns how it ended."""
+    reported, checked = 0, time.monotonic()
+    while True:
+        time.sleep(0.5)
+        for error in tunnel.errors[reported:]:
+            view.step(f"a connection failed: {error}")
+        reported = len(tunnel.errors)
+        if time.monotonic() - checked < TASK_CHECK_S:
+            continue
+        checked = time.monotonic()
+        try:
+            poll = member.agent.poll(run_id, {}, max_bytes=0, heartbeat=False)
+        except HostError as exc:  # its connections fail too, and say so; it may come back
+            view.step(f"could not ask {member.name} whether {task} runs: {exc.cause}")
+            continue
+        status = next((t for t in poll.tasks if t.name == task), None)
+        if status is None or status.finished:
+            return status.outcome() if status is not None else "gone from its host"
 
 
 def exec_verb(args: argparse.Namespace, env: Env) -> int:

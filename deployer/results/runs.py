@@ -169,6 +169,15 @@ def survey_runs(fleet: Fleet, target: Target) -> Survey:
     return Survey(runs, others, failures, tuple(m.name for m in fleet.members))
 
 
+def task_ended(runs: list[HostRun], task: str) -> str | None:
+    """How `task` of the run ended ("stopped by tfdeploy", "exit code 0"), None while it runs."""
+    for r in runs:
+        for t in r.tasks:
+            if t.name == task and t.finished:
+                return t.outcome()
+    return None
+
+
 def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list[HostError]]:
     """Like find_runs, but the hosts that could not be asked come back instead of raising."""
     survey = survey_runs(fleet, target)
