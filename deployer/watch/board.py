@@ -169,17 +169,24 @@ class TaskBoard:
         return rows
 
     def failure(
-        self, name: str, what: str, *, run_id: str, hide: Callable[[str], str]
+        self,
+        name: str,
+        what: str,
+        *,
+        run_id: str,
+        hide: Callable[[str], str],
+        why: str | None = None,
     ) -> JobFailed:
-        """The report of a failed task: who, how it ended, and its last log lines (`hide`
-        masks the run's secret values in them)."""
+        """The report of a failed task: who, how it ended (and `why`, when the controller knows
+        better than the outcome), and its last log lines (`hide` masks the run's secrets)."""
         watch = self.watches[name]
         status = watch.status
         outcome = status.outcome() if status else "unknown"
         lines = len(watch.tail)
         tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
         noun = "log line" if lines == 1 else "log lines"
-        message = f"{watch.label} {what} ({outcome}); its last {lines} {noun}:\n{tail}"
+        because = f": {why}" if why else ""
+        message = f"{watch.label} {what} ({outcome}){because}; its last {lines} {noun}:\n{tail}"
         if status is not None and status.reason == protocol.REASON_STOPPED:
             # This controller had not stopped anything yet: `down` (or another controller) did.
             message = (

@@ -21,6 +21,7 @@ from deployer.watch.board import TaskBoard, may_restart, retryable
 from deployer.watch.contact import Loss
 from deployer.watch.poller import Poller, Tick
 from deployer.watch.view import View
+from remote import protocol
 
 
 class RestartJob(Exception):
@@ -49,6 +50,7 @@ class Watch:
     ) -> None:
         self.poller = poller
         self.hide = hide or Masker()  # masks the run's secret values in a failure's log lines
+        self.longest_pause = 0.0  # the longest this controller went between two looks
         self.run = poller.run  # plan, board, run id and clock: shared, never copied
         self.view = view
         self.restart = restart
@@ -101,7 +103,12 @@ class Watch:
         verb = "exits" if len(awaited) == 1 else "exit"
         self.view.step(f"watching; the job ends when {join_names(awaited)} {verb}")
         self.board.start_stall_clock(self.clock())
+        looked = self.clock()
         while True:
+            # A controller stopped (SIGSTOP, Ctrl-Z) or asleep longer than the lease finds its
+            # tasks stopped by their hosts: the failure must say why, not only "lease expired".
+            now = self.clock()
+            self.longest_pause, looked = max(self.longest_pause, now - looked), now
             self.tick()
             failed = self.board.first_failure(awaited)
             if failed and may_restart(self.board[failed], self.plan.job):
@@ -199,7 +206,22 @@ class Watch:
 
     def failure(self, name: str, what: str) -> JobFailed:
         self.tick(heartbeat=True, tolerate=True)  # drain the last log lines of the task
-        return self.board.failure(name, what, run_id=self.run_id, hide=self.hide)
+        return self.board.failure(
+            name, what, run_id=self.run_id, hide=self.hide, why=self._why(name)
+        )
+
+    def _why(self, name: str) -> str | None:
+        """Why a task's lease expired, when this controller itself was the silent one."""
+        status = self.board[name].status
+        if status is None or status.reason != protocol.REASON_LEASE_EXPIRED:
+            return None
+        if self.longest_pause < self.lease:
+            return None
+        return (
+            f"this controller was paused for {self.longest_pause:.0f} s (SIGSTOP, Ctrl-Z, a "
+            f"suspended machine?), longer than the lease ({self.lease:g} s without a heartbeat), "
+            "so the hosts stopped the run themselves"
+        )
 
     def _gpu_use(self, task: Task) -> str:
         return self.gpu_monitor.usage(task) if self.gpu_monitor else ""

@@ -463,6 +463,33 @@ def test_up_killed_then_the_lease_stops_every_task(
     assert {t["reason"] for t in states.values()} == {"lease expired"}
 
 
+def test_up_paused_longer_than_the_lease_says_the_controller_was_paused(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 28 item 13: SIGSTOP of `up` past the lease ended in `worker:1@h2 failed (lease
+    expired)`, as if the task or its host had failed."""
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| worker:\d up in", count=2)
+    run_id = up.run_id()
+    up.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until("the lease to stop every task", no_task_left(lab, lab.hosts[:2]), 20)
+    finally:
+        up.proc.send_signal(signal.SIGCONT)
+    assert up.finish() == 1, up.report()
+    error = " ".join(up.stderr.split())
+    assert re.search(
+        r"error: worker:\d@h\d failed \(lease expired\): this controller was paused for \d+ s "
+        r"\(SIGSTOP, Ctrl-Z, a suspended machine\?\), longer than the lease \(5 s without a "
+        r"heartbeat\), so the hosts stopped the run themselves",
+        error,
+    ), error
+    states = final_states(inventory, run_id, tmp_path)
+    assert {t["reason"] for t in states.values()} == {"lease expired"}
+
+
 def test_detached_run_outlives_the_lease_and_down_works_without_local_state(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
