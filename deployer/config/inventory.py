@@ -216,7 +216,10 @@ def _parse_job(t: Table, directory: Path) -> Job:
         fanout=t.boolean("fanout", True),
         require_tensorflow=t.boolean("require_tensorflow", True),
         artifacts=t.string_list("artifacts"),
-        artifacts_to=t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs",
+        # `~` as a shell would have it (this machine's home); relative: the working directory
+        artifacts_to=os.path.expanduser(
+            t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs"
+        ),
         tensorboard=_tensorboard(t),
         forward_env=t.env_names("forward_env"),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -74,6 +75,7 @@ class Deployment:
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self._torn_down = False
+        self.started = False  # a start was sent: from here on tasks may have left artifacts
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
@@ -159,7 +161,7 @@ class Deployment:
         except BaseException:
             self.teardown()
             self.recovery.arm_idle_stop_anyway()
-            self.pull_artifacts()  # a failed job's checkpoints are what debugging needs
+            self._pull_after_failure()
             raise
         finally:
             if self.dashboard is not None:
@@ -275,6 +277,7 @@ class Deployment:
         self.view.step("the task started" if count == 1 else f"all {count} tasks started")
 
     def _start_group(self, tasks: list[Task]) -> None:
+        self.started = True
         for host in by_host(tasks):
             self.poller.watch_host(host)
         self.view.step(f"starting {', '.join(t.name for t in tasks)}")
@@ -316,9 +319,25 @@ class Deployment:
                 self.view.step(said)
 
     def pull_artifacts(self) -> None:
-        """job.artifacts home, once the tasks are stopped (never raises: see artifacts_home)."""
+        """job.artifacts home, once the tasks are stopped (never raises: see artifacts_home).
+        Nothing to say when no task was started (Ctrl-C during the push or setup)."""
+        if not self.started:
+            return
         for line in artifacts_home(self.fleet, self.plan.job, self.run_id, self.contacted_hosts):
             self.view.step(line)
+
+    def _pull_after_failure(self) -> None:
+        """A failed job's checkpoints are what debugging needs; Ctrl-C (or a signal) during
+        their pull skips it, and the failure being raised still says which task failed."""
+        try:
+            self.pull_artifacts()
+        except KeyboardInterrupt:
+            patterns = " ".join(shlex.quote(p) for p in self.plan.job.artifacts)
+            to = shlex.quote(self.plan.job.artifacts_to)
+            self.view.step(
+                f"artifacts: the pull was interrupted; `tfdeploy pull {self.run_id} {patterns} "
+                f"--to {to}` fetches them later"
+            )
 
     def teardown(self) -> None:
         """Stops the run on every host that may hold it; reports what it could not.

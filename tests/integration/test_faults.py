@@ -326,7 +326,9 @@ def test_ctrl_c_during_preflight(clean_lab: Lab, lab_inventory: Any, tmp_path: P
 @pytest.mark.isolated
 def test_ctrl_c_during_push(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) -> None:
     lab = clean_lab
-    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    inventory = task_inventory(
+        lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2, artifacts=["*.bin"]
+    )
     (tmp_path / "code" / "weights.bin").write_bytes(os.urandom(2_000_000))
     lab.cap_bandwidth(lab.hosts[1], "1mbit")  # 2 MB take ~16 s to send
     try:
@@ -338,6 +340,7 @@ def test_ctrl_c_during_push(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) 
         lab.uncap_bandwidth(lab.hosts[1])
     assert took < 10, f"exit took {took:.1f} s"
     assert "pushed" not in up.stdout
+    assert "artifact" not in up.stdout  # no task ran: nothing to pull, nothing to say (#28)
 
 
 @pytest.mark.isolated
