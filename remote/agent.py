@@ -210,6 +210,8 @@ def op_runs(req: dict[str, Any]) -> dict[str, Any]:
                 "job": meta.get("job"),
                 "created": created,
                 "detached": meta.get("detached"),
+                "hosts": meta.get("hosts"),
+                "hosts_at": meta.get("hosts_at"),
                 "tasks": procs.run_statuses(run_dir),
             }
         )

@@ -201,8 +201,22 @@ def _write_run_json(req: dict[str, Any], run_dir: Path) -> None:
         "detached": params.param(req, "detached", bool, False),
         "lease_seconds": lease,
         "controller": req.get("controller"),
+        "hosts": _run_hosts(req),
+        "hosts_at": params.param(req, "hosts_at", (int, float), None),
     }
     layout.write_json(run_dir / "run.json", meta)
+
+
+def _run_hosts(req: dict[str, Any]) -> list[list[str]] | None:
+    """Every host of the run, [name, address]: `down` and `status` from a shell whose inventory
+    lacks one of them can say so instead of leaving its tasks running unseen."""
+    hosts = params.param(req, "hosts", list, None)
+    for item in hosts or []:
+        if not (
+            isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+        ):
+            raise params.AgentError(f"each of 'hosts' must be [name, address], got {item!r:.80}")
+    return hosts
 
 
 def _mode(value: int) -> int:

@@ -36,6 +36,15 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+MAX_TAIL = 10**9  # lines: more than any log holds (the archive keeps at most 128 MiB a task)
+
+
+def _tail(text: str) -> int:
+    """An argparse type for --tail: 0 or more lines; a number beyond any log means all of it
+    (capped, so no deque or window size ever overflows)."""
+    return min(_count(0)(text), MAX_TAIL)
+
+
 def _port(text: str) -> int:
     """An argparse type: a TCP port number (a usage error otherwise, exit 2)."""
     port = _count(1)(text)
@@ -126,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-f", "--follow", action="store_true", help="keep following until the run ends"
     )
     logs.add_argument(
-        "--tail", type=_count(0), help="only the last N lines of each task (0: only new ones)"
+        "--tail", type=_tail, help="only the last N lines of each task (0: only new ones)"
     )
     logs.add_argument(
         "--sync",

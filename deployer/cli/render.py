@@ -16,6 +16,7 @@ from rich.text import Text
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.config.sources import SourceTable
+from deployer.core.errors import HostError
 from deployer.core.secrets import masked
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
@@ -258,7 +259,9 @@ def _state_text(task: TaskStatus) -> str:
     return f"exited {code}"
 
 
-def status_json(runs: Sequence[HostRun]) -> str:
+def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) -> str:
+    """One document for scripts: the runs the hosts reported, and the hosts that could not be
+    asked (`unreachable`: host and why), so one dead host does not hide the others' answers."""
     return json.dumps(
         {
             "runs": [
@@ -271,7 +274,8 @@ def status_json(runs: Sequence[HostRun]) -> str:
                     "tasks": [t.__dict__ for t in r.tasks],
                 }
                 for r in runs
-            ]
+            ],
+            "unreachable": [{"host": f.host, "error": f.cause} for f in unreachable],
         },
         indent=2,
     )

@@ -27,29 +27,32 @@ from deployer.core.errors import (
     TfdeployError,
     UsageError,
 )
-from deployer.core.secrets import mask_text
+from deployer.core.secrets import Masker
 from deployer.core.text import plural
 from deployer.hosts.agent import escaped_text
-from deployer.hosts.fleet import Fleet
-from deployer.results.archive import LogArchive, archive_ended, has_archive
+from deployer.hosts.fleet import Fleet, Member
+from deployer.results.archive import LogArchive, archive_ended, damaged, has_archive
 from deployer.results.pull import pull
 from deployer.results.runs import (
+    Survey,
     Target,
     archived_lines,
     find_runs,
-    find_runs_settled,
     follow_logs,
     resolve,
     stop_runs,
+    survey_runs,
     sync_archive,
+    task_ended,
     task_host,
 )
 from deployer.results.state import RUN_ID as STATE_RUN_ID
-from deployer.results.tunnel import Tunnel
+from deployer.results.state import load as load_record
+from deployer.results.tunnel import Tunnel, allow_many_files
 from deployer.sources import load_inventory
 from deployer.up import firewall
 from deployer.up.deployment import Deployment, UpOptions
-from deployer.watch.view import PlainView, make_view
+from deployer.watch.view import PlainView, make_view, masked_view
 
 
 def _inventory(path: str) -> Inventory:
@@ -117,8 +120,9 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
     resolved = resolve(args.target, args.inventory)
     target = _with_discovered_hosts(resolved)
     job = target.inventory.job
-    with Fleet(target.inventory.hosts) as fleet:
-        found, unreachable = find_runs_settled(fleet, target)
+    with Fleet(target.hosts) as fleet:
+        survey = survey_runs(fleet, target)
+        found, unreachable = survey.runs, survey.failures
         # A named run is stopped even with every task finished: its escaped processes may not be.
         stopped, failed = stop_runs(
             fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
@@ -128,7 +132,7 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
                 for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):
                     env.err.print(Text(f"could not remove the firewall rules on {failure.message}"))
     shown = [s for s in stopped if s.anything]
-    hide = functools.partial(mask_text, env=_maskable_env(target.inventory), extra=job.secret_env)
+    hide = _run_masker(target.inventory)
     for s in shown:
         env.out.print(Text(f"stopped run {s.run.run_id} on {s.run.host}"))
         if s.escaped:
@@ -139,23 +143,54 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
         done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
         raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)
     if target.run_id is not None and not found:
-        raise _unknown_run(target.run_id)
+        raise _unknown_run(target, survey)
     if not shown:
-        env.out.print(Text("nothing to stop: no running task of that run or job on its hosts"))
+        env.out.print(Text(f"nothing to stop: {_nothing_running(target, survey)}"))
     return ExitStatus.OK
 
 
-def _maskable_env(inventory: Inventory) -> dict[str, str]:
-    """Every value a task of this inventory may carry in its command line, to mask secrets."""
-    values = dict(inventory.job.env)
-    for host in inventory.hosts:
-        for spec in host.tasks:
-            values.update(spec.env)
-    values.update({n: os.environ[n] for n in inventory.job.forward_env if n in os.environ})
-    return values
+def _nothing_running(target: Target, survey: Survey) -> str:
+    if not survey.runs:
+        return survey.nothing_found(target)
+    ids = sorted({r.run_id for r in survey.runs})
+    what = f"run {ids[0]} has" if len(ids) == 1 else f"the {len(ids)} runs of the job have"
+    return f"{what} no running task on {', '.join(sorted({r.host for r in survey.runs}))}"
 
 
-def _unknown_run(run_id: str, task: str | None = None) -> UsageError:
+def _logs_masker(run_id: str, inventory: str | None) -> Masker:
+    """The secrets a run's tasks were given, as far as this shell can know them: the env tables
+    of its inventory and forward_env from this environment. Without a readable inventory (a
+    run id of another machine, a deleted file), every secret-looking value of this environment:
+    the logs are shown either way, and a forwarded token is most likely set here too."""
+    path = inventory
+    if path is None and STATE_RUN_ID.match(run_id):
+        record = load_record(run_id)
+        path = record.inventory if record is not None else None
+    try:
+        loaded = load_inventory(path) if path is not None else None
+    except TfdeployError:
+        loaded = None
+    if loaded is None:
+        return Masker.of([os.environ])
+    return _run_masker(loaded)
+
+
+def _run_masker(inventory: Inventory) -> Masker:
+    """Every secret a task of this inventory may carry (in its output, its command line): the
+    env tables, and forward_env as this shell has it."""
+    forwarded = {n: os.environ[n] for n in inventory.job.forward_env if n in os.environ}
+    envs = [inventory.job.env, forwarded, *(s.env for h in inventory.hosts for s in h.tasks)]
+    return Masker.of(envs, inventory.job.secret_env)
+
+
+def _unknown_run(target: Target, survey: Survey) -> UsageError:
+    return UsageError(
+        survey.nothing_found(target),
+        hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+    )
+
+
+def _unknown_task(run_id: str, task: str | None = None) -> UsageError:
     what = f"task {task} of run" if task else "run"
     return UsageError(
         f"no host has {what} {run_id}",
@@ -164,44 +199,67 @@ def _unknown_run(run_id: str, task: str | None = None) -> UsageError:
 
 
 def status_verb(args: argparse.Namespace, env: Env) -> int:
+    """Tasks and states from the hosts. A host that cannot be asked still leaves the others'
+    answers printed (a JSON document marks it `unreachable`), then exits 3 naming it."""
     target = _with_discovered_hosts(resolve(args.target, args.inventory))
-    with Fleet(target.inventory.hosts) as fleet:
-        runs = find_runs(fleet, target)
-    if target.run_id is not None and not runs:
-        raise _unknown_run(target.run_id)
+    with Fleet(target.hosts) as fleet:
+        survey = survey_runs(fleet, target)
+    runs = survey.runs
     if args.json:
-        env.raw_out.write(status_json(runs) + "\n")
-    elif not runs:
-        env.out.print(Text("no runs found on the hosts"))
-    else:
+        env.raw_out.write(status_json(runs, survey.failures) + "\n")
+    elif runs:
         env.out.print(status_table(runs))
+    if survey.failures:
+        shown = "the other hosts' answers are shown" if runs or args.json else None
+        raise HostsFailed(survey.failures, what="listing runs failed", outcome=shown)
+    if target.run_id is not None and not runs:
+        raise _unknown_run(target, survey)
+    if not runs and not args.json:
+        env.out.print(Text(survey.nothing_found(target)))
     return ExitStatus.OK
 
 
 def logs_verb(args: argparse.Namespace, env: Env) -> int:
     if args.sync and args.follow:
         raise UsageError("--sync copies what the hosts have and prints it; it does not follow")
-    view = PlainView(env.raw_out)
+    view = masked_view(PlainView(env.raw_out), _logs_masker(args.run_id, args.inventory))
+
+    said: list[str] = []
+
+    def say(note: str) -> None:
+        if note not in said:
+            said.append(note)
+            env.err.print(Text(note), style="yellow")
 
     def archived(note: str | None = None) -> int:
         lines = archived_lines(args.run_id, args.task, args.tail)
         if not lines and args.task:
-            raise _unknown_run(args.run_id, args.task)
+            raise UsageError(
+                f"the local archive has no line of task {args.task} of run {args.run_id} (it "
+                "printed nothing, or the run has no such task)",
+                hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+            )
         if note:
-            env.err.print(Text(note), style="yellow")
+            say(note)
+        for what in _damage_notes(args.run_id, args.task):
+            say(what)
         for label, line in lines:
             view.lines(label, [line])
         return ExitStatus.OK
 
     if STATE_RUN_ID.match(args.run_id) and not args.sync and archive_ended(args.run_id):
-        return archived()  # `up` saw it end: all of it is here, the hosts may be gone
+        if not damaged(args.run_id, args.task):
+            return archived()  # `up` saw it end: all of it is here, the hosts may be gone
+        for what in _damage_notes(args.run_id, args.task):
+            say(what)
+        say("reading the run's hosts instead")
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.inventory.hosts) as fleet:
+    with Fleet(target.hosts) as fleet:
         if args.sync:
             if not sync_archive(fleet, target.run_id, LogArchive(target.run_id)):
-                raise _unknown_run(target.run_id, args.task)
+                raise _unknown_task(target.run_id, args.task)
             return archived()
         try:
             found = follow_logs(
@@ -217,15 +275,22 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
                 raise
             return archived(f"{exc.message.splitlines()[0]}; from the local archive instead:")
     if not found:
-        raise _unknown_run(target.run_id, args.task)
+        raise _unknown_task(target.run_id, args.task)
     return ExitStatus.OK
+
+
+def _damage_notes(run_id: str, task: str | None) -> list[str]:
+    return [
+        f"local archive of run {run_id}, {name}: {what}"
+        for name, what in damaged(run_id, task).items()
+    ]
 
 
 def pull_verb(args: argparse.Namespace, env: Env) -> int:
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.inventory.hosts, concurrency=args.concurrency) as fleet:
+    with Fleet(target.hosts, concurrency=args.concurrency) as fleet:
         result = pull(fleet, target.run_id, args.paths, Path(args.to), tasks=args.task)
     view = PlainView(env.raw_out)
     for refusal in result.refused:
@@ -238,24 +303,56 @@ def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
     target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
     if target.run_id is None:
         raise UsageError("tunnel needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.inventory.hosts) as fleet:
-        host, task = task_host(find_runs(fleet, target), args.task)
-        transport = fleet.member(host).agent.transport
-        with Tunnel(transport, args.remote_port, args.local_port or 0) as tunnel:
+    with Fleet(target.hosts) as fleet:
+        runs = find_runs(fleet, target)
+        host, task = task_host(runs, args.task)
+        ended = task_ended(runs, task)
+        if ended is not None:
+            raise UsageError(
+                f"{task} of run {target.run_id} has ended ({ended}): nothing of it serves "
+                "any more, so no tunnel was opened",
+                hint=f"`tfdeploy status {target.run_id}` shows the run's tasks",
+            )
+        member = fleet.member(host)
+        allow_many_files()
+        with Tunnel(member.agent.transport, args.remote_port, args.local_port or 0) as tunnel:
             view = PlainView(env.raw_out)
             view.step(
                 f"{tunnel.url} -> {task}@{host} port {args.remote_port} (its loopback, over SSH); "
-                "Ctrl-C ends the tunnel"
+                "Ctrl-C ends the tunnel, and so does the end of the task"
             )
-            reported = 0
             try:
-                while True:
-                    time.sleep(0.5)
-                    for error in tunnel.errors[reported:]:
-                        view.step(f"a connection failed: {error}")
-                    reported = len(tunnel.errors)
+                ended = _forward_while_running(tunnel, view, member, target.run_id, task)
             except KeyboardInterrupt:
                 return ExitStatus.OK
+            view.step(f"{task} of run {target.run_id} has ended ({ended}): the tunnel is closed")
+            return ExitStatus.OK
+
+
+TASK_CHECK_S = 2.0  # how often a tunnel asks whether its task still runs
+
+
+def _forward_while_running(
+    tunnel: Tunnel, view: PlainView, member: Member, run_id: str, task: str
+) -> str:
+    """Reports failed connections until the task ends; returns how it ended."""
+    reported, checked = 0, time.monotonic()
+    while True:
+        time.sleep(0.5)
+        for error in tunnel.errors[reported:]:
+            view.step(f"a connection failed: {error}")
+        reported = len(tunnel.errors)
+        if time.monotonic() - checked < TASK_CHECK_S:
+            continue
+        checked = time.monotonic()
+        try:
+            poll = member.agent.poll(run_id, {}, max_bytes=0, heartbeat=False)
+        except HostError as exc:  # its connections fail too, and say so; it may come back
+            view.step(f"could not ask {member.name} whether {task} runs: {exc.cause}")
+            continue
+        status = next((t for t in poll.tasks if t.name == task), None)
+        if status is None or status.finished:
+            return status.outcome() if status is not None else "gone from its host"
 
 
 def exec_verb(args: argparse.Namespace, env: Env) -> int:

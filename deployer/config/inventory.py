@@ -216,7 +216,10 @@ def _parse_job(t: Table, directory: Path) -> Job:
         fanout=t.boolean("fanout", True),
         require_tensorflow=t.boolean("require_tensorflow", True),
         artifacts=t.string_list("artifacts"),
-        artifacts_to=t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs",
+        # `~` as a shell would have it (this machine's home); relative: the working directory
+        artifacts_to=os.path.expanduser(
+            t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs"
+        ),
         tensorboard=_tensorboard(t),
         forward_env=t.env_names("forward_env"),
     )
@@ -241,8 +244,9 @@ def _tensorboard(job: Table) -> TensorBoard | None:
 
 
 def _retry_exit_codes(t: Table) -> tuple[int, ...] | None:
-    """None when unset (signals and 128+ are retried): an empty list means "retry no code"."""
-    codes = t.index_list("retry_exit_codes", what="an exit code")
+    """None when unset; either way signals and 128+ are retried (see watch.board.retryable).
+    Exit statuses are 0-255: a larger number could never match."""
+    codes = t.index_list("retry_exit_codes", what="an exit code", maximum=255)
     return codes if t.has("retry_exit_codes") else None
 
 

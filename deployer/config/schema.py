@@ -176,12 +176,18 @@ class Table:
                 )
         return names
 
-    def index_list(self, key: str, *, what: str) -> tuple[int, ...]:
-        """A list of distinct integers >= 0, such as GPU indices."""
+    def index_list(self, key: str, *, what: str, maximum: int | None = None) -> tuple[int, ...]:
+        """A list of distinct integers >= 0 (and <= maximum), such as GPU indices."""
         items = self._get(key, list, [], False) or []
+        bounds = "an integer >= 0" if maximum is None else f"0-{maximum}"
         for i, item in enumerate(items):
-            if not isinstance(item, int) or isinstance(item, bool) or item < 0:
-                self.fail(f"{key}[{i}]", f"expected {what} (an integer >= 0), got {describe(item)}")
+            if (
+                not isinstance(item, int)
+                or isinstance(item, bool)
+                or item < 0
+                or (maximum is not None and item > maximum)
+            ):
+                self.fail(f"{key}[{i}]", f"expected {what} ({bounds}), got {describe(item)}")
         if len(set(items)) != len(items):
             self.fail(key, f"lists an entry twice: {items}")
         return tuple(items)

@@ -10,6 +10,7 @@ import base64
 import contextlib
 import json
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -236,6 +237,29 @@ class Agent:
         self.home: str | None = None  # absolute workdir, known after install()
         self.absent = False  # install(look_only=True) found no workdir: the host has no runs
         self._session: Session | None = None  # the bootstrap, still serving after install()
+        self._in_flight = 0  # requests waiting for their reply, from any thread
+        self._in_flight_lock = threading.Lock()
+        self._abandoned = False  # a request was cut short by Ctrl-C: its bytes may still queue
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request to this host is waiting for its reply, or was abandoned half-way by
+        Ctrl-C: Fleet.interrupt then drops the connection, so that the stop does not queue behind
+        what is still in its send buffer (a push on a slow link: many seconds)."""
+        return self._in_flight > 0 or self._abandoned
+
+    @contextlib.contextmanager
+    def _request(self) -> Iterator[None]:
+        with self._in_flight_lock:
+            self._in_flight += 1
+        try:
+            yield
+        except KeyboardInterrupt:  # Ctrl-C or a signal on this (the main) thread
+            self._abandoned = True
+            raise
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
 
     @property
     def host(self) -> str:
@@ -289,7 +313,7 @@ class Agent:
             self._reply(exc.exit_code, b"", exc.stderr)
             raise  # _reply always raises for an ended session
         self._session = session
-        with session.lock:
+        with session.lock, self._request():
             reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
         self.home = reply["workdir"]
         self.absent = bool(reply.get("absent"))
@@ -313,7 +337,8 @@ class Agent:
         session = self._session
         if session is not None and session.lock.acquire(blocking=False):
             try:
-                return self._over(session, line, timeout, body, sink)
+                with self._request():
+                    return self._over(session, line, timeout, body, sink)
             except _SessionLeft:
                 pass  # it left while idle, before reading this request: send it one-shot
             finally:
@@ -323,7 +348,8 @@ class Agent:
         # -S: the agent is stdlib-only; skipping site-packages (a TF venv's .pth files) halves
         # the interpreter's start, which every one-shot call pays on the host.
         argv = [self.python, "-S", f"{self.agent_dir}/agent.py"]
-        result = self.transport.run(argv, stdin=line + b"".join(body), timeout=timeout)
+        with self._request():
+            result = self.transport.run(argv, stdin=line + b"".join(body), timeout=timeout)
         reply = self._reply(result.exit_code, result.stdout, result.stderr)
         if "raw" in reply:
             start = result.stdout.index(b"\n") + 1
@@ -350,6 +376,7 @@ class Agent:
             own.close_session()
 
     def close_session(self) -> None:
+        self._abandoned = False  # what it abandoned goes with it (and with the connection)
         session, self._session = self._session, None
         if session is not None:
             session.close()
@@ -373,8 +400,10 @@ class Agent:
             if exc.exit_code == protocol.SERVE_IDLE_EXIT:
                 raise _SessionLeft from None
             return self._reply(exc.exit_code, b"", exc.stderr)
-        except HostError:
-            self._session = None  # lost or timed out: later calls start afresh, one-shot
+        except BaseException:
+            # Lost, timed out, or abandoned half-way (Ctrl-C in the middle of a stream): the
+            # agent may still be reading this request, so the next one must not follow it there.
+            self._session = None
             session.close()
             raise
 

@@ -144,7 +144,8 @@ class Fleet:
         send buffer (on a slow link, many seconds): a fresh connection carries it at once.
         """
         with self._busy_lock:
-            busy = [m for m in self.members if self._busy.get(m.name)]
+            # A call outside the fleet counts too (the fan-out's seed push, on the main thread).
+            busy = [m for m in self.members if self._busy.get(m.name) or m.agent.busy]
         self._close_all(busy)
         return [m.name for m in busy]
 

@@ -61,6 +61,10 @@ class Stream(Protocol):
 
     def fileno(self) -> int: ...
 
+    def shutdown(self, how: int) -> None:
+        """socket.SHUT_WR: no more to send (the peer reads an end), still receiving."""
+        ...
+
     def close(self) -> None: ...
 
 

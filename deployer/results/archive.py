@@ -5,6 +5,10 @@ disk). So `up` also writes each task's raw bytes to `<state>/runs/<run-id>/<role
 by the byte offsets the polls carry (a re-read or a reconnect never duplicates a byte), and
 `tfdeploy logs RUN_ID` reads them back when the hosts cannot be asked. A file is bounded: past
 `limit` bytes it is rotated once (`.log.1`), so a task keeps at most twice that here.
+
+A file deleted or cut short under it (by hand, a cleaner) is never padded with NUL bytes to
+reach the next offset: the bytes that are gone are recorded as missing, and `damage` says so,
+so `logs` never starts mid-stream without a word and `logs --sync` fetches the whole log again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,25 @@ INDEX = "archive.json"
 class _File:
     host: str
     base: int = 0  # host log offset of the first byte of the current .log
+    lost: int = 0  # host log bytes before `base` this archive lost (its file went away)
+    end: int | None = None  # host log offset up to which the archive held it when `up` ended
+
+    @classmethod
+    def from_json(cls, entry: dict[str, object]) -> _File:
+        def number(key: str) -> int:
+            value = entry.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        end = entry.get("end")
+        return cls(
+            str(entry["host"]),
+            number("base"),
+            number("lost"),
+            end if isinstance(end, int) else None,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {"host": self.host, "base": self.base, "lost": self.lost, "end": self.end}
 
 
 class LogArchive:
@@ -35,10 +58,9 @@ class LogArchive:
         self.dir = run_dir(run_id)
         self.limit = limit
         self.files: dict[str, _File] = {}
-        self.ended = False
+        self.ended = bool(_read_index(self.dir).get("ended"))  # a --sync keeps it so
         for name, entry in _tasks(self.dir).items():
-            base = entry.get("base", 0)
-            self.files[name] = _File(str(entry["host"]), base if isinstance(base, int) else 0)
+            self.files[name] = _File.from_json(entry)
 
     def write(self, task: str, host: str, offset: int, data: bytes) -> None:
         """`data` is the host log's bytes from `offset` on."""
@@ -57,6 +79,13 @@ class LogArchive:
         if position < 0:  # already rotated past these bytes
             data, position = data[-position:], 0
         flags = os.O_WRONLY | os.O_CREAT
+        if position > _size_of(path):
+            # The file went away (or was cut short) under us: a write past its end would fill
+            # the gap with NUL bytes. Start it afresh here and remember what is gone.
+            entry.lost, entry.base, position = offset, offset, 0
+            flags |= os.O_TRUNC
+            path.with_suffix(".log.1").unlink(missing_ok=True)  # it no longer joins on
+            self._save()
         fd = os.open(path, flags, 0o600)
         try:
             os.pwrite(fd, data, position)
@@ -68,22 +97,69 @@ class LogArchive:
         entry = self.files.get(task)
         if entry is None:
             return 0
-        try:
-            return entry.base + (self.dir / _file_name(task)).stat().st_size
-        except FileNotFoundError:
-            return entry.base
+        return entry.base + _size_of(self.dir / _file_name(task))
+
+    def damage(self, task: str) -> str | None:
+        """What this archive lacks of a task's log, in words, or None when it is whole."""
+        entry = self.files.get(task)
+        if entry is None:
+            return None
+        path = self.dir / _file_name(task)
+        if entry.lost:
+            return f"its first {entry.lost} bytes were lost here ({path.name} was removed)"
+        if not path.exists():  # an entry exists only once bytes were written
+            return f"its file {path.name} is missing"
+        size = _size_of(path)
+        if entry.end is not None and entry.base + size < entry.end:
+            return f"{path.name} was cut short ({size} of {entry.end - entry.base} bytes)"
+        return None
+
+    def reset(self, task: str) -> None:
+        """Forgets a damaged task's archive, so it is filled again from the log's first byte."""
+        if self.files.pop(task, None) is None:
+            return
+        path = self.dir / _file_name(task)
+        path.unlink(missing_ok=True)
+        path.with_suffix(".log.1").unlink(missing_ok=True)
+        self._save()
 
     def end(self) -> None:
-        """`up` saw the run to its end: the archive holds all there is, hosts need not be asked."""
+        """`up` saw the run to its end: the archive holds all there is, hosts need not be asked
+        (unless a file of it is damaged later: each task's end offset is kept to tell)."""
         self.ended = True
+        for name in self.files:
+            self.settle(name)
         self._save()
+
+    def settle(self, task: str) -> None:
+        """The task has ended and this archive holds all of its log: remember how much."""
+        entry = self.files.get(task)
+        if entry is not None:
+            entry.end = self.size(task)
+            self._save()
 
     def _save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tasks = {n: {"host": f.host, "base": f.base} for n, f in self.files.items()}
+        tasks = {n: f.to_json() for n, f in self.files.items()}
         tmp = self.dir / f".{INDEX}.part"
         tmp.write_text(json.dumps({"tasks": tasks, "ended": self.ended}), encoding="utf-8")
         tmp.replace(self.dir / INDEX)
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def damaged(run_id: str, task: str | None = None) -> dict[str, str]:
+    """What the archive of a run lacks, per task (or of `task`): reading it as it is would
+    start a log mid-stream, or drop a task, without a word."""
+    archive = LogArchive(run_id)
+    names = [task] if task is not None else list(archive.files)
+    found = {name: archive.damage(name) for name in names}
+    return {name: what for name, what in found.items() if what}
 
 
 def run_dir(run_id: str) -> Path:

@@ -1,7 +1,10 @@
 """Acting on runs after `up` has returned: find them on the hosts, show, follow logs, stop.
 
-The hosts' run directories are the truth; the local record only says which inventory (and so which
-hosts) a run id belongs to.
+The hosts' run directories are the truth for what runs. Which hosts a run has is the run's own
+record of them, written when its code was pushed: this machine's run record (with how each
+host was reached, so a host the inventory dropped since is still asked) and, on every host, the
+run's list of host names (so a shell without that record can name the hosts its inventory
+lacks instead of leaving their tasks running unseen). See README "What happens when...".
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deployer.config.inventory import Inventory
+from deployer.config.model import Host
 from deployer.config.roles import LEAD_TASKS
 from deployer.core.errors import HostError, HostsFailed, UsageError
 from deployer.core.lines import LineAssembler
+from deployer.core.text import join_names, plural
 from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.results.archive import LogArchive, read_lines
-from deployer.results.state import load
+from deployer.results.state import RunRecord, load
 from deployer.sources import load_inventory
 
 
@@ -34,6 +39,8 @@ class HostRun:
     created: float
     detached: bool
     tasks: tuple[TaskStatus, ...]
+    hosts: tuple[tuple[str, str], ...] = ()  # the run's own list: (name, address) of each host
+    hosts_at: float = 0.0  # when that list was written (a replaced host gets a newer one)
 
     @property
     def active(self) -> bool:
@@ -42,25 +49,84 @@ class HostRun:
 
 @dataclass(frozen=True)
 class Target:
-    """What a `down/status/logs` argument resolves to: an inventory and maybe one run id."""
+    """What a `down/status/logs` argument resolves to: an inventory, maybe one run id, and
+    the hosts this machine recorded for that run."""
 
     inventory: Inventory
     run_id: str | None
+    recorded: tuple[Host, ...] = ()
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        """Whom to ask: a recorded run's own hosts, whatever the inventory lists now (reached
+        as the inventory says while it still names them), else the inventory's hosts."""
+        if not self.recorded:
+            return self.inventory.hosts
+        current = {h.name: h for h in self.inventory.hosts}
+        return tuple(current.get(h.name, h) for h in self.recorded)
+
+    @property
+    def sought(self) -> str:
+        """What is looked for, in words: `run ID`, or `runs of job 'NAME'`."""
+        if self.run_id is not None:
+            return f"run {self.run_id}"
+        return f"runs of job {self.inventory.job.name!r}"
+
+    def matches(self, run: HostRun) -> bool:
+        if self.run_id is not None:
+            return run.run_id == self.run_id
+        return run.job == self.inventory.job.name
 
 
 def resolve(target: str, inventory: str | None = None) -> Target:
-    """TARGET is an inventory file, or a run id found in the local state (or via --inventory)."""
+    """TARGET is an inventory file, or a run id found in the local state (or via --inventory).
+
+    A run id this machine started also brings the hosts the run was pushed to, even when
+    --inventory names an inventory that no longer lists them all.
+    """
     if Path(target).is_file():
         return Target(load_inventory(target), None)
-    if inventory:
-        return Target(load_inventory(inventory), target)
     record = load(target)
+    if inventory:
+        return Target(load_inventory(inventory), target, _recorded(record))
     if record is None:
         raise UsageError(
             f"{target!r} is neither an inventory file nor a run known on this machine",
             hint="name the inventory too: --inventory FILE (runs are found on the hosts)",
         )
-    return Target(load_inventory(record.inventory), record.run_id)
+    return Target(load_inventory(record.inventory), record.run_id, _recorded(record))
+
+
+def _recorded(record: RunRecord | None) -> tuple[Host, ...]:
+    return tuple(h.host() for h in record.hosts) if record is not None else ()
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What the hosts said: the target's runs, the other runs beside them (to say what was
+    there when nothing matched), and the hosts that could not be asked or were not known."""
+
+    runs: list[HostRun]
+    others: list[HostRun]
+    failures: list[HostError]
+    asked: tuple[str, ...]
+
+    def nothing_found(self, target: Target) -> str:
+        """No run of the target: what was looked for, where, and what is there instead (a
+        renamed job's runs are still on the hosts under the old name)."""
+        where = join_names(list(self.asked)) or "no host"
+        said = f"no {target.sought} on {where}"
+        if target.run_id is None and self.others:
+            jobs: dict[str, list[str]] = {}
+            for r in self.others:
+                ids = jobs.setdefault(r.job or "(unknown job)", [])
+                if r.run_id not in ids:
+                    ids.append(r.run_id)
+            listed = "; ".join(
+                f"{job!r}: {plural(len(ids), 'run')} (newest {ids[0]})" for job, ids in jobs.items()
+            )
+            said += f"; runs of other jobs there: {listed}"
+        return said
 
 
 def find_runs(fleet: Fleet, target: Target, *, outcome: str | None = None) -> list[HostRun]:
@@ -68,10 +134,10 @@ def find_runs(fleet: Fleet, target: Target, *, outcome: str | None = None) -> li
 
     Raises HostsFailed if a host cannot be asked; `outcome` says what that meant for the verb.
     """
-    runs, failures = find_runs_settled(fleet, target)
-    if failures:
-        raise HostsFailed(failures, what="listing runs failed", outcome=outcome)
-    return runs
+    survey = survey_runs(fleet, target)
+    if survey.failures:
+        raise HostsFailed(survey.failures, what="listing runs failed", outcome=outcome)
+    return survey.runs
 
 
 def task_host(runs: list[HostRun], task: str | None) -> tuple[str, str]:
@@ -84,35 +150,89 @@ def task_host(runs: list[HostRun], task: str | None) -> tuple[str, str]:
     return where[wanted], wanted
 
 
-def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list[HostError]]:
-    """Like find_runs, but the hosts that could not be asked come back instead of raising."""
+def survey_runs(fleet: Fleet, target: Target) -> Survey:
+    """Every run on every host of the fleet, split into the target's and the others, newest
+    first; the hosts that could not be asked, and the target's hosts the fleet does not know
+    (see `unknown_hosts`), come back as failures instead of raising."""
 
     def runs_on(member: Member) -> list[HostRun]:
-        found = []
-        for r in member.agent.runs():
-            if target.run_id is not None and r["run_id"] != target.run_id:
-                continue
-            if target.run_id is None and r.get("job") != target.inventory.job.name:
-                continue
-            found.append(
-                HostRun(
-                    host=member.name,
-                    run_id=r["run_id"],
-                    job=r.get("job", ""),
-                    created=float(r.get("created") or 0),
-                    detached=bool(r.get("detached")),
-                    tasks=tuple(TaskStatus.from_json(t) for t in r.get("tasks", [])),
-                )
-            )
-        return found
-
-    def ensure_then_list(member: Member) -> list[HostRun]:
         _ensure_agent(member)
-        return runs_on(member)
+        return [_host_run(member.name, r) for r in member.agent.runs()]
 
-    results, failures = fleet.each_settled(ensure_then_list)
-    runs = [r for host_runs in results.values() for r in host_runs]
-    return sorted(runs, key=lambda r: (-r.created, r.run_id, r.host)), failures
+    results, failures = fleet.each_settled(runs_on)
+    found = [r for host_runs in results.values() for r in host_runs]
+    found.sort(key=lambda r: (-r.created, r.run_id, r.host))
+    runs = [r for r in found if target.matches(r)]
+    others = [r for r in found if not target.matches(r)]
+    known = {m.name for m in fleet.members}
+    failures += unknown_hosts(runs, known, all_runs=target.run_id is not None)
+    return Survey(runs, others, failures, tuple(m.name for m in fleet.members))
+
+
+def task_ended(runs: list[HostRun], task: str) -> str | None:
+    """How `task` of the run ended ("stopped by tfdeploy", "exit code 0"), None while it runs."""
+    for r in runs:
+        for t in r.tasks:
+            if t.name == task and t.finished:
+                return t.outcome()
+    return None
+
+
+def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list[HostError]]:
+    """Like find_runs, but the hosts that could not be asked come back instead of raising."""
+    survey = survey_runs(fleet, target)
+    return survey.runs, survey.failures
+
+
+def _host_run(host: str, r: dict[str, object]) -> HostRun:
+    listed = r.get("hosts")
+    pairs = tuple(
+        (str(item[0]), str(item[1]))
+        for item in (listed if isinstance(listed, list) else [])
+        if isinstance(item, list) and len(item) == 2
+    )
+    tasks = r.get("tasks")
+    created, hosts_at = r.get("created"), r.get("hosts_at")
+    return HostRun(
+        host=host,
+        run_id=str(r["run_id"]),
+        job=str(r.get("job") or ""),
+        created=float(created) if isinstance(created, int | float) else 0.0,
+        detached=bool(r.get("detached")),
+        tasks=tuple(TaskStatus.from_json(t) for t in (tasks if isinstance(tasks, list) else [])),
+        hosts=pairs,
+        hosts_at=float(hosts_at) if isinstance(hosts_at, int | float) else 0.0,
+    )
+
+
+def unknown_hosts(runs: list[HostRun], known: set[str], *, all_runs: bool) -> list[HostError]:
+    """The hosts a run says it has that are not among `known`: their tasks cannot be seen or
+    stopped from here, and saying nothing would report a partial run as the whole.
+
+    Each run's newest list counts (a host replaced under restart-job leaves the run). With
+    `all_runs` False (every run of a job) only runs still active somewhere are checked: an
+    old finished run of a host since retired is no news.
+    """
+    newest: dict[str, HostRun] = {}
+    for r in runs:
+        if r.hosts and (r.run_id not in newest or r.hosts_at > newest[r.run_id].hosts_at):
+            newest[r.run_id] = r
+    active = {r.run_id for r in runs if r.active}
+    missing: dict[str, HostError] = {}
+    for run_id, r in newest.items():
+        if not all_runs and run_id not in active:
+            continue
+        for name, address in r.hosts:
+            if name not in known and name not in missing:
+                missing[name] = HostError(
+                    name,
+                    f"run {run_id} also has this host ({address}), which the inventory does not "
+                    "list: its tasks were not reached",
+                    hint="add the host back to the inventory (or name the inventory the run "
+                    "started from with -i), or run this on the machine that started the run: "
+                    "its record of the run lists every host",
+                )
+    return list(missing.values())
 
 
 def _ensure_agent(member: Member) -> None:
@@ -200,11 +320,14 @@ def follow_logs(
 
 def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
     """Fills the local archive with what the hosts wrote since it was last filled (a detached
-    run, or one `up` lost sight of); False when no host knows the run."""
+    run, or one `up` lost sight of); a task whose archive is damaged is fetched again whole.
+    False when no host knows the run."""
     seen = False
     for member in fleet.members:
         for status in _statuses(member, run_id) or []:
             seen = True
+            if archive.damage(status.name):
+                archive.reset(status.name)
             offset = archive.size(status.name)
             while offset < status.log_bytes:
                 end = min(status.log_bytes, offset + READ_CHUNK)
@@ -213,6 +336,8 @@ def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
                     break
                 archive.write(status.name, member.name, offset, data)
                 offset += len(data)
+            if status.finished and offset >= status.log_bytes:
+                archive.settle(status.name)
     return seen
 
 

@@ -2,14 +2,17 @@
 
 TensorBoard and other dashboards listen on a host's loopback; opening them to the network
 would need firewall and security-group changes. Here each local connection becomes one SSH
-direct-tcpip channel (jump hosts included), and bytes are pumped both ways until either side
-closes. Only this machine's loopback listens.
+direct-tcpip channel (jump hosts included), and bytes are pumped both ways until both sides
+have finished sending: a side's end of data is passed on as a half-close, so a client that
+sends, then shuts its writing half, still gets its answer. Only this machine's loopback
+listens. Waiting uses selectors (epoll), never select(), whose descriptors stop at 1024: each
+connection holds three (its socket, and the channel's pipe).
 """
 
 from __future__ import annotations
 
 import contextlib
-import select
+import selectors
 import socket
 import threading
 
@@ -35,7 +38,7 @@ class Tunnel:
         except OSError as exc:
             self._server.close()
             raise UsageError(f"local port {local_port} cannot be used: {exc.strerror}") from None
-        self._server.listen(16)
+        self._server.listen(socket.SOMAXCONN)  # a page opening 100 connections at once
         self.local_port: int = self._server.getsockname()[1]
         self._closed = threading.Event()
         self.errors: list[str] = []  # what went wrong with connections, for the caller to show
@@ -61,15 +64,16 @@ class Tunnel:
         self.close()
 
     def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                ready, _, _ = select.select([self._server], [], [], 0.2)
-                if not ready:
-                    continue
-                client, _ = self._server.accept()
-            except (OSError, ValueError):
-                return  # closed
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._server, selectors.EVENT_READ)
+            while not self._closed.is_set():
+                try:
+                    if not selector.select(0.2):
+                        continue
+                    client, _ = self._server.accept()
+                except (OSError, ValueError):
+                    return  # closed
+                threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         try:
@@ -90,6 +94,18 @@ class Tunnel:
             client.close()
             with contextlib.suppress(Exception):
                 remote.close()
+
+
+def allow_many_files() -> None:
+    """Raises this process's open-file limit to its hard limit: each tunnelled connection holds
+    three descriptors, and a soft limit of 1024 would refuse the 342nd connection."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def forward_sidecar(
@@ -116,19 +132,24 @@ def forward_sidecar(
 
 
 def _pump(a: Stream, b: Stream, closed: threading.Event) -> None:
-    """Copies bytes both ways until one side closes (or the tunnel does)."""
-    peers = {a.fileno(): (a, b), b.fileno(): (b, a)}
-    while not closed.is_set():
-        ready, _, _ = select.select(list(peers), [], [], 0.5)
-        for fd in ready:
-            source, sink = peers[fd]
-            try:
-                data = source.recv(CHUNK)
-            except OSError:
-                return
-            if not data:
-                return
-            try:
-                sink.sendall(data)
-            except OSError:
-                return
+    """Copies bytes both ways until both sides have ended their sending (or one fails, or the
+    tunnel closes); a side's end is passed on to the other as a half-close."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(a.fileno(), selectors.EVENT_READ, (a, b))
+        selector.register(b.fileno(), selectors.EVENT_READ, (b, a))
+        while selector.get_map() and not closed.is_set():
+            for key, _ in selector.select(0.5):
+                source, sink = key.data
+                try:
+                    data = source.recv(CHUNK)
+                except OSError:
+                    return
+                if not data:  # nothing more from this side; the other may still answer
+                    selector.unregister(key.fd)
+                    with contextlib.suppress(OSError):
+                        sink.shutdown(socket.SHUT_WR)
+                    continue
+                try:
+                    sink.sendall(data)
+                except OSError:
+                    return

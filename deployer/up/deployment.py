@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
-from deployer.core.secrets import mask_text
+from deployer.core.secrets import Masker
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
@@ -37,7 +38,7 @@ from deployer.watch.board import TaskBoard
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.run import Run
-from deployer.watch.view import View
+from deployer.watch.view import View, masked_view
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,6 @@ class Deployment:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.fleet = fleet
-        self.view = view
         self.options = options
         self.run_state = Run(new_run_id(plan.job.name), plan, clock)
         self.run_id = self.run_state.run_id
@@ -74,9 +74,12 @@ class Deployment:
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self._torn_down = False
+        self.started = False  # a start was sent: from here on tasks may have left artifacts
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
+        self.hide = run_masker(plan, self.forwarded)
+        view = self.view = masked_view(view, self.hide)
         self.archive = LogArchive(self.run_id)
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
@@ -95,6 +98,7 @@ class Deployment:
             sleep=sleep,
             interval=options.poll_interval,
             lease=self._lease(),
+            hide=self.hide,
         )
         self.recovery = Recovery(
             self,
@@ -156,7 +160,7 @@ class Deployment:
         except BaseException:
             self.teardown()
             self.recovery.arm_idle_stop_anyway()
-            self.pull_artifacts()  # a failed job's checkpoints are what debugging needs
+            self._pull_after_failure()
             raise
         finally:
             if self.dashboard is not None:
@@ -213,6 +217,10 @@ class Deployment:
             "detached": self.options.detach,
             "lease_seconds": None if self.options.detach else self._lease(),
             "controller": controller_name(),
+            # The run's own list of its hosts: `down`/`status` from a shell whose inventory
+            # dropped one can name it (results/runs.py).
+            "hosts": [[h.name, h.address] for h in self.plan.hosts],
+            "hosts_at": time.time(),
         }
         for line in deliver(self.fleet, members, self.plan, manifest, fields, groups):
             self.view.step(line)
@@ -261,6 +269,7 @@ class Deployment:
         self.view.step("the task started" if count == 1 else f"all {count} tasks started")
 
     def _start_group(self, tasks: list[Task]) -> None:
+        self.started = True
         for host in by_host(tasks):
             self.poller.watch_host(host)
         self.view.step(f"starting {', '.join(t.name for t in tasks)}")
@@ -302,13 +311,25 @@ class Deployment:
                 self.view.step(said)
 
     def pull_artifacts(self) -> None:
-        """job.artifacts home, once the tasks are stopped (never raises: see artifacts_home)."""
+        """job.artifacts home, once the tasks are stopped (never raises: see artifacts_home).
+        Nothing to say when no task was started (Ctrl-C during the push or setup)."""
+        if not self.started:
+            return
         for line in artifacts_home(self.fleet, self.plan.job, self.run_id, self.contacted_hosts):
             self.view.step(line)
 
-    def _hide(self, text: str) -> str:
-        """Log text with the job's secret values masked."""
-        return mask_text(text, self.plan.job.env, self.plan.job.secret_env)
+    def _pull_after_failure(self) -> None:
+        """A failed job's checkpoints are what debugging needs; Ctrl-C (or a signal) during
+        their pull skips it, and the failure being raised still says which task failed."""
+        try:
+            self.pull_artifacts()
+        except KeyboardInterrupt:
+            patterns = " ".join(shlex.quote(p) for p in self.plan.job.artifacts)
+            to = shlex.quote(self.plan.job.artifacts_to)
+            self.view.step(
+                f"artifacts: the pull was interrupted; `tfdeploy pull {self.run_id} {patterns} "
+                f"--to {to}` fetches them later"
+            )
 
     def teardown(self) -> None:
         """Stops the run on every host that may hold it; reports what it could not.
@@ -329,7 +350,7 @@ class Deployment:
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
             )
         job = self.plan.job
-        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self._hide):
+        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self.hide):
             self.view.step(line)
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
             self.watching.tick(heartbeat=False, tolerate=True)
@@ -337,6 +358,13 @@ class Deployment:
 
     def _lease(self) -> float:
         return self.options.lease_seconds or self.plan.job.lease_seconds
+
+
+def run_masker(plan: Plan, forwarded: Mapping[str, str]) -> Masker:
+    """Every secret value the run's tasks are given: the job's and tasks' env tables, and what
+    forward_env copies from this machine (names under the secret patterns or secret_env)."""
+    envs = [plan.job.env, forwarded, *(t.env for t in plan.tasks)]
+    return Masker.of(envs, plan.job.secret_env)
 
 
 def stop_everywhere(

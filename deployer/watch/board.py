@@ -16,7 +16,6 @@ from deployer.config.plan import Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
-from deployer.core.secrets import mask_text
 from deployer.hosts.agent import TaskStatus
 from remote import protocol
 
@@ -169,15 +168,25 @@ class TaskBoard:
             )
         return rows
 
-    def failure(self, name: str, what: str, *, run_id: str, secret_env: Sequence[str]) -> JobFailed:
-        """The report of a failed task: who, how it ended, and its last log lines."""
+    def failure(
+        self,
+        name: str,
+        what: str,
+        *,
+        run_id: str,
+        hide: Callable[[str], str],
+        why: str | None = None,
+    ) -> JobFailed:
+        """The report of a failed task: who, how it ended (and `why`, when the controller knows
+        better than the outcome), and its last log lines (`hide` masks the run's secrets)."""
         watch = self.watches[name]
         status = watch.status
         outcome = status.outcome() if status else "unknown"
         lines = len(watch.tail)
         tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
         noun = "log line" if lines == 1 else "log lines"
-        message = f"{watch.label} {what} ({outcome}); its last {lines} {noun}:\n{tail}"
+        because = f": {why}" if why else ""
+        message = f"{watch.label} {what} ({outcome}){because}; its last {lines} {noun}:\n{tail}"
         if status is not None and status.reason == protocol.REASON_STOPPED:
             # This controller had not stopped anything yet: `down` (or another controller) did.
             message = (
@@ -186,7 +195,7 @@ class TaskBoard:
             )
         others = "the other tasks were stopped; " if len(self.watches) > 1 else ""
         return JobFailed(
-            mask_text(message, watch.task.env, secret_env),
+            hide(message),
             hint=f"{others}full log: tfdeploy logs {run_id} --task {name}",
         )
 
@@ -231,19 +240,18 @@ class TaskBoard:
 def retryable(status: TaskStatus | None, job: Job) -> bool:
     """Policy "restart-job", judged on the first failure (the root cause): a signal or an exit
     code of 128+ (preemption, OOM kill, a lost host) is worth a restart; 1-127 is the program's
-    own verdict (a bug) and restarting will not help. `retry_exit_codes` lists the codes to
-    retry instead. A lost host (no status) is retryable: it may come back, or be replaced.
+    own verdict (a bug) and restarting will not help. `retry_exit_codes` lists codes to retry
+    besides (a program's own "try again", e.g. 75): never fewer than signals and 128+. A lost
+    host (no status) is retryable: it may come back, or be replaced.
     """
     if status is None or status.state == protocol.STATE_LOST:
         return True
     if status.preempted or status.signal is not None:
         return True
     code = status.exit_code
-    if code is None:
+    if code is None or code >= 128:
         return True
-    if job.retry_exit_codes is not None:
-        return code in job.retry_exit_codes
-    return code >= 128
+    return code in (job.retry_exit_codes or ())
 
 
 # Ends policy "restart" leaves alone: tfdeploy stopped the task or its lease expired (on purpose),

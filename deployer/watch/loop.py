@@ -14,12 +14,14 @@ from deployer.config.model import FailurePolicy
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
+from deployer.core.secrets import Masker
 from deployer.core.text import join_names, plural
 from deployer.hosts.gpus import GpuMonitor
 from deployer.watch.board import TaskBoard, may_restart, retryable
 from deployer.watch.contact import Loss
 from deployer.watch.poller import Poller, Tick
 from deployer.watch.view import View
+from remote import protocol
 
 
 class RestartJob(Exception):
@@ -44,8 +46,11 @@ class Watch:
         sleep: Callable[[float], None],
         interval: float,
         lease: float,
+        hide: Callable[[str], str] | None = None,
     ) -> None:
         self.poller = poller
+        self.hide = hide or Masker()  # masks the run's secret values in a failure's log lines
+        self.longest_pause = 0.0  # the longest this controller went between two looks
         self.run = poller.run  # plan, board, run id and clock: shared, never copied
         self.view = view
         self.restart = restart
@@ -98,7 +103,12 @@ class Watch:
         verb = "exits" if len(awaited) == 1 else "exit"
         self.view.step(f"watching; the job ends when {join_names(awaited)} {verb}")
         self.board.start_stall_clock(self.clock())
+        looked = self.clock()
         while True:
+            # A controller stopped (SIGSTOP, Ctrl-Z) or asleep longer than the lease finds its
+            # tasks stopped by their hosts: the failure must say why, not only "lease expired".
+            now = self.clock()
+            self.longest_pause, looked = max(self.longest_pause, now - looked), now
             self.tick()
             failed = self.board.first_failure(awaited)
             if failed and may_restart(self.board[failed], self.plan.job):
@@ -134,8 +144,9 @@ class Watch:
         outcome = watch.status.outcome() if watch.status else "lost"
         if not retryable(watch.status, job):
             codes = (
-                f"retry_exit_codes = {list(job.retry_exit_codes)}"
-                if job.retry_exit_codes is not None
+                f"signals, exit codes 128+ and retry_exit_codes = {list(job.retry_exit_codes)} "
+                "are retried"
+                if job.retry_exit_codes
                 else "only signals and exit codes 128+ are retried"
             )
             raise self.failure(failed, f"failed with a permanent error, not restarted ({codes})")
@@ -196,7 +207,20 @@ class Watch:
     def failure(self, name: str, what: str) -> JobFailed:
         self.tick(heartbeat=True, tolerate=True)  # drain the last log lines of the task
         return self.board.failure(
-            name, what, run_id=self.run_id, secret_env=self.plan.job.secret_env
+            name, what, run_id=self.run_id, hide=self.hide, why=self._why(name)
+        )
+
+    def _why(self, name: str) -> str | None:
+        """Why a task's lease expired, when this controller itself was the silent one."""
+        status = self.board[name].status
+        if status is None or status.reason != protocol.REASON_LEASE_EXPIRED:
+            return None
+        if self.longest_pause < self.lease:
+            return None
+        return (
+            f"this controller was paused for {self.longest_pause:.0f} s (SIGSTOP, Ctrl-Z, a "
+            f"suspended machine?), longer than the lease ({self.lease:g} s without a heartbeat), "
+            "so the hosts stopped the run themselves"
         )
 
     def _gpu_use(self, task: Task) -> str:

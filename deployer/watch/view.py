@@ -6,6 +6,7 @@ a table that stays put) and PlainView for pipes and CI logs (one prefixed line p
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from deployer.core.secrets import Masker
 from deployer.watch.board import TaskRow
 from remote import protocol
 
@@ -248,3 +250,31 @@ class LiveView:
 
 def make_view(console: Console, out: TextIO) -> View:
     return LiveView(console) if console.is_terminal else PlainView(out)
+
+
+class MaskedView:
+    """Any view, with the run's secret values masked in everything it shows: log lines, steps
+    and the table's last lines. Tasks print what they like (a failing script dumps its env),
+    and a token forwarded from this shell must not end up in a terminal's scrollback or a CI
+    log; the hosts' own logs and this machine's archive keep the raw bytes (README, Security)."""
+
+    def __init__(self, view: View, hide: Callable[[str], str]) -> None:
+        self.view = view
+        self.hide = hide
+
+    def step(self, text: str) -> None:
+        self.view.step(self.hide(text))
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self.view.lines(label, [self.hide(line) for line in lines])
+
+    def tasks(self, rows: Sequence[TaskRow]) -> None:
+        self.view.tasks([dataclasses.replace(r, last_line=self.hide(r.last_line)) for r in rows])
+
+    def close(self) -> None:
+        self.view.close()
+
+
+def masked_view(view: View, masker: Masker) -> View:
+    """`view` itself when the run has no secret value to hide, else a MaskedView."""
+    return MaskedView(view, masker) if masker.values else view

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab
+from tests.support.faults import Up
 from tests.support.lab_cli import tfdeploy
 
 pytestmark = [pytest.mark.lab]
@@ -87,3 +88,65 @@ def test_logs_sync_copies_a_detached_run_home(
     again = tfdeploy("logs", run_id, "--sync", state=tmp_path / "state", check_rc=0)
     assert again.stdout == synced.stdout  # nothing twice
     tfdeploy("down", run_id, state=tmp_path / "state", check_rc=0)
+
+
+TWO_BURSTS = """\
+import sys, time
+for i in range(300):
+    print(sys.argv[1], i, flush=True)
+time.sleep(float(sys.argv[2]))
+for i in range(300, 600):
+    print(sys.argv[1], i, flush=True)
+"""
+
+
+def lines_of(stdout: str, name: str) -> list[str]:
+    return [x.split(" | ", 1)[1] for x in stdout.splitlines() if x.startswith(f"{name}@")]
+
+
+def test_a_damaged_archive_is_never_read_mid_stream_and_sync_repairs_it(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    """Issue 28 item 5: worker-1.log deleted while `up` ran came back starting with NUL bytes,
+    `logs --task worker:1` then started mid-stream without a word, and `--sync` kept it so; a
+    finished run's deleted worker-0.log was dropped from `logs` and `--task worker:0` said no
+    host had it."""
+    (code / "bursts.py").write_text(TWO_BURSTS)
+    inventory = lab_inventory(
+        [[{"role": "worker"}], [{"role": "worker"}]],
+        code=code,
+        job={"name": "damage", "command": "python3 bursts.py $TFDEPLOY_TASK 4"},
+    )
+    state = tmp_path / "state"
+    up = Up(inventory, state=state)
+    run_id = up.run_id()
+    up.wait_for(r"^worker:1@\S+ \| worker:1 299$")
+    archived = state / "runs" / run_id / "worker-1.log"
+    time.sleep(0.5)  # the lines shown are archived by now (the archive is written first)
+    archived.unlink()  # by hand, a cleaner, ...
+    assert up.finish() == 0, up.report()
+    assert not archived.read_bytes().startswith(b"\0"), "the gap was filled with NUL bytes"
+
+    logs = tfdeploy("logs", run_id, "--task", "worker:1", state=state, check_rc=0)
+    said = " ".join(logs.stderr.split())
+    assert f"local archive of run {run_id}, worker:1: its first " in said, logs.stderr
+    assert "reading the run's hosts instead" in said
+    assert lines_of(logs.stdout, "worker:1") == expected_n("worker:1", 600)
+
+    synced = tfdeploy("logs", run_id, "--sync", state=state, check_rc=0)
+    assert synced.stderr == ""
+    assert archived.read_text().splitlines() == expected_n("worker:1", 600)
+    for name in ("worker:0", "worker:1"):
+        assert lines_of(synced.stdout, name) == expected_n(name, 600)
+
+    (state / "runs" / run_id / "worker-0.log").unlink()  # the run has ended: a later loss
+    logs = tfdeploy("logs", run_id, state=state, check_rc=0)
+    said = " ".join(logs.stderr.split())
+    assert f"local archive of run {run_id}, worker:0: its file worker-0.log is missing" in said
+    assert lines_of(logs.stdout, "worker:0") == expected_n("worker:0", 600)
+    one = tfdeploy("logs", run_id, "--task", "worker:0", state=state, check_rc=0)
+    assert lines_of(one.stdout, "worker:0") == expected_n("worker:0", 600)
+
+
+def expected_n(name: str, count: int) -> list[str]:
+    return [f"{name} {i}" for i in range(count)]

@@ -326,7 +326,9 @@ def test_ctrl_c_during_preflight(clean_lab: Lab, lab_inventory: Any, tmp_path: P
 @pytest.mark.isolated
 def test_ctrl_c_during_push(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) -> None:
     lab = clean_lab
-    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    inventory = task_inventory(
+        lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2, artifacts=["*.bin"]
+    )
     (tmp_path / "code" / "weights.bin").write_bytes(os.urandom(2_000_000))
     lab.cap_bandwidth(lab.hosts[1], "1mbit")  # 2 MB take ~16 s to send
     try:
@@ -338,6 +340,45 @@ def test_ctrl_c_during_push(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) 
         lab.uncap_bandwidth(lab.hosts[1])
     assert took < 10, f"exit took {took:.1f} s"
     assert "pushed" not in up.stdout
+    assert "artifact" not in up.stdout  # no task ran: nothing to pull, nothing to say (#28)
+
+
+@pytest.mark.isolated
+@pytest.mark.parametrize("phase", ["seed", "peers"])
+def test_ctrl_c_during_a_fanout_push_stops_within_seconds(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, phase: str
+) -> None:
+    """Issue 28 item 11: the seed's push ran on the main thread, outside the fleet, so Ctrl-C
+    left its session half-way through a stream and the stop waited 64 s behind it."""
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 3)
+    (tmp_path / "code" / "weights.bin").write_bytes(os.urandom(4_000_000))
+    try:
+        if phase == "seed":
+            lab.cap_uplink("2mbit")  # the seed's 4 MB take ~16 s to arrive
+        else:
+            for host in lab.hosts[1:3]:  # the copies between hosts take ~32 s
+                lab.cap_bandwidth(host, "1mbit")
+        up = Up(inventory, state=tmp_path / "state")
+        up.wait_for(r"^tfdeploy: preflight ok")
+        time.sleep(2.0 if phase == "seed" else 5.0)
+        took = _interrupt(up)
+    finally:
+        lab.uncap_uplink()
+        for host in lab.hosts[1:3]:
+            lab.uncap_bandwidth(host)
+    assert took < 10, f"exit took {took:.1f} s\n{up.report()}"
+    assert "could not stop" not in up.stdout + up.stderr, up.report()
+    assert "pushed" not in up.stdout
+    # A host still copying from a stopped peer sees its connection end (or time out: 10 s) and
+    # its agent leaves with the dropped connection.
+    gone = wait_until(
+        "the hosts' agents to leave", lambda: not any(lab.leftovers(h, 0) for h in lab.hosts), 15
+    )
+    print(
+        f"Ctrl-C during the fan-out's {phase} phase: exit {took:.1f} s after it, hosts idle "
+        f"{gone:.1f} s later"
+    )
 
 
 def test_ctrl_c_during_setup_stops_the_setup_commands(
@@ -425,6 +466,33 @@ def test_up_killed_then_the_lease_stops_every_task(
     assert {t["reason"] for t in states.values()} == {"lease expired"}
 
 
+def test_up_paused_longer_than_the_lease_says_the_controller_was_paused(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 28 item 13: SIGSTOP of `up` past the lease ended in `worker:1@h2 failed (lease
+    expired)`, as if the task or its host had failed."""
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| worker:\d up in", count=2)
+    run_id = up.run_id()
+    up.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until("the lease to stop every task", no_task_left(lab, lab.hosts[:2]), 20)
+    finally:
+        up.proc.send_signal(signal.SIGCONT)
+    assert up.finish() == 1, up.report()
+    error = " ".join(up.stderr.split())
+    assert re.search(
+        r"error: worker:\d@h\d failed \(lease expired\): this controller was paused for \d+ s "
+        r"\(SIGSTOP, Ctrl-Z, a suspended machine\?\), longer than the lease \(5 s without a "
+        r"heartbeat\), so the hosts stopped the run themselves",
+        error,
+    ), error
+    states = final_states(inventory, run_id, tmp_path)
+    assert {t["reason"] for t in states.values()} == {"lease expired"}
+
+
 def test_detached_run_outlives_the_lease_and_down_works_without_local_state(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
@@ -461,6 +529,90 @@ def test_sshd_killed_tasks_keep_running_and_down_works_once_it_is_back(
     tfdeploy("down", run_id.group(1), "-i", str(inventory), state=tmp_path / "new", check_rc=0)
     states = final_states(inventory, run_id.group(1), tmp_path, hosts=2)
     assert {t["reason"] for t in states.values()} == {"stopped"}
+
+
+# ---- runs after the inventory changed ----------------------------------------------------------
+
+
+def _detach(inventory: Path, state: Path) -> str:
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    found = re.search(r"run (\S+) is running detached", up.stdout)
+    assert found, up.stdout
+    return found.group(1)
+
+
+def test_down_and_status_reach_every_host_of_a_run_whatever_the_inventory_says_now(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 28 item 2: with h3 dropped from the inventory, `down RUN` stopped h1 and h2, said
+    nothing of h3, exited 0, and worker:2 ran on there (a detached run holds no lease)."""
+    lab = clean_lab
+    three = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 3)
+    full = tmp_path / "full.toml"
+    full.write_text(three.read_text())  # for final_states: the run's hosts as they were
+    state = tmp_path / "state"
+    run_id = _detach(three, state)
+    task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)  # h3 dropped
+    try:
+        _reach_the_dropped_host(lab, tmp_path, three, state, run_id)
+    finally:  # whatever failed, the lab's hosts are left clean for the next test
+        tfdeploy("down", str(full), state=tmp_path / "cleanup")
+    states = final_states(full, run_id, tmp_path, hosts=3)
+    assert {t["reason"] for t in states.values()} == {"stopped"}
+
+
+def _reach_the_dropped_host(
+    lab: Lab, tmp_path: Path, three: Path, state: Path, run_id: str
+) -> None:
+    h1, h2, h3 = lab.hosts[:3]
+    # This machine's record of the run lists its hosts: all three are asked.
+    status = tfdeploy("status", run_id, "--json", state=state, check_rc=0)
+    hosts = sorted(r["host"] for r in json.loads(status.stdout)["runs"])
+    assert hosts == [h1.name, h2.name, h3.name]
+
+    # A fresh shell knows only the inventory; the run's own record on h1 and h2 names h3.
+    fresh = tfdeploy("status", run_id, "-i", str(three), state=tmp_path / "fresh", check_rc=3)
+    assert f"{h3.name}: run {run_id} also has this host ({h3.address})" in fresh.stderr
+    down = tfdeploy("down", run_id, "-i", str(three), state=tmp_path / "fresh", check_rc=3)
+    assert f"stopped run {run_id} on {h1.name}" in down.stdout
+    assert "stopping failed on 1 host; the run was stopped on the other hosts:" in down.stderr
+    assert f"{h3.name}: run {run_id} also has this host" in down.stderr
+    assert pids_of(lab, h3, "task.py"), "h3's task was stopped without being reached?"
+
+    # From the machine that started it, `down RUN` reaches h3 too.
+    down = tfdeploy("down", run_id, state=state, check_rc=0)
+    assert f"stopped run {run_id} on {h3.name}" in down.stdout, down.stdout
+    assert not pids_of(lab, h3, "task.py")
+
+
+def test_status_and_down_of_a_renamed_job_say_what_they_looked_for_and_where(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 28 item 2: after renaming the job, `status` said "no runs found" and `down`
+    "nothing to stop" while the run under the old name was live."""
+    lab = clean_lab
+    inventory = task_inventory(lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2)
+    run_id = _detach(inventory, tmp_path / "state")
+    try:
+        _say_where_nothing_was_found(lab, lab_inventory, tmp_path, run_id)
+    finally:
+        tfdeploy("down", str(inventory), state=tmp_path / "cleanup", check_rc=0)
+    final_states(inventory, run_id, tmp_path)
+
+
+def _say_where_nothing_was_found(lab: Lab, lab_inventory: Any, tmp_path: Path, run_id: str) -> None:
+    h1, h2 = lab.hosts[:2]
+    renamed = task_inventory(
+        lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2, name="renamed", file="new.toml"
+    )
+    # (earlier tests' runs of job 'faults' may still be on the lab's hosts: they are counted)
+    said = f"no runs of job 'renamed' on {h1.name} and {h2.name}; runs of other jobs there: "
+    said += r"'faults': \d+ runs? \(newest " + run_id + r"\)"
+    status = tfdeploy("status", str(renamed), state=tmp_path / "s", check_rc=0)
+    assert re.search(said, " ".join(status.stdout.split())), status.stdout
+    down = tfdeploy("down", str(renamed), state=tmp_path / "s", check_rc=0)
+    assert re.search(f"nothing to stop: {said}", " ".join(down.stdout.split())), down.stdout
+    assert all(pids_of(lab, h, "task.py") for h in (h1, h2))
 
 
 # ---- host loss ---------------------------------------------------------------------------------

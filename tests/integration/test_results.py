@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -48,12 +50,41 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_
 """
 
 
+# Answers each connection only once the client has finished sending (half-closed): how many
+# bytes it got. A proxy that drops the connection on the client's EOF loses every answer.
+# Clients saying "client N" are answered only once 400 of them are connected: all at once.
+AFTER_EOF = """\
+import socket, sys, threading
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen(1024)
+together = threading.Barrier(400, timeout=90)
+print("listening", flush=True)
+def answer(conn):
+    got = b""
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            break
+        got += data
+    if got.startswith(b"client "):
+        together.wait()
+    conn.sendall(b"got %d bytes: %s" % (len(got), got[:20]))
+    conn.close()
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=answer, args=(conn,), daemon=True).start()
+"""
+
+
 @pytest.fixture
 def code(tmp_path: Path) -> Path:
     code = tmp_path / "code"
     code.mkdir()
     (code / "write.py").write_text(WRITE)
     (code / "serve.py").write_text(SERVE)
+    (code / "after_eof.py").write_text(AFTER_EOF)
     return code
 
 
@@ -221,3 +252,102 @@ def test_a_tensorboard_sidecar_is_forwarded_while_up_watches(
     assert lab.run(h2, ["python3", "-c", probe]).returncode != 0
     running.proc.send_signal(signal.SIGINT)
     assert running.finish(timeout=60) == 130
+
+
+class Tunnel:
+    """`tfdeploy tunnel ...` in the background, its output read line by line."""
+
+    def __init__(self, state: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deployer", "tunnel", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(state),
+        )
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        assert first.startswith("tfdeploy: http://127.0.0.1:"), first + self.rest()
+        self.port = int(first.split()[1].rsplit(":", 1)[1].rstrip("/"))
+
+    def rest(self) -> str:
+        out, err = self.proc.communicate(timeout=30)
+        return out + err
+
+
+def ask(port: int, message: bytes) -> bytes:
+    """Sends, half-closes (no more to send), and reads the answer to its end."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(message)
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_tunnel_half_closes_serves_400_connections_and_ends_with_its_run(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    """Issue 28 item 10: a client that half-closed after sending got 0 bytes back; 400
+    simultaneous connections lost 62 (select() with descriptors above 1024); the tunnel ran on
+    after its run was stopped, and opened on a finished run without a word."""
+    state = tmp_path / "state"
+    inventory = lab_inventory(
+        [[{"role": "worker"}]],
+        code=code,
+        job={"name": "eof", "command": "python3 after_eof.py 8766", "stop_grace": 1},
+    )
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    run_id = up.stdout.split("(run ")[1].split(")")[0]
+    tunnel = Tunnel(state, run_id, "8766")
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # until the task listens
+            if ask(tunnel.port, b"ping").startswith(b"got 4 bytes"):
+                break
+            time.sleep(0.5)
+        assert ask(tunnel.port, b"x" * 300_000) == b"got 300000 bytes: " + b"x" * 20
+
+        answers: dict[int, bytes] = {}
+        barrier = threading.Barrier(400)
+
+        def client(i: int) -> None:
+            barrier.wait()
+            try:
+                answers[i] = ask(tunnel.port, b"client %d" % i)
+            except OSError as exc:
+                answers[i] = repr(exc).encode()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(400)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        wrong = {
+            i: a
+            for i, a in answers.items()
+            if a != b"got %d bytes: client %d" % (len(b"client %d" % i), i)
+        }
+        assert len(answers) == 400 and not wrong, f"{len(wrong)} wrong: {list(wrong.items())[:3]}"
+    finally:
+        tfdeploy("down", run_id, state=state, check_rc=0)
+    try:
+        code_ = tunnel.proc.wait(timeout=20)  # the run is stopped: the tunnel ends by itself
+    except subprocess.TimeoutExpired:
+        tunnel.proc.send_signal(signal.SIGINT)
+        raise AssertionError("the tunnel outlived its run:\n" + tunnel.rest()) from None
+    said = " ".join(tunnel.rest().split())
+    assert code_ == 0 and f"worker:0 of run {run_id} has ended" in said, said
+    assert "the tunnel is closed" in said
+
+    again = subprocess.run(
+        [sys.executable, "-m", "deployer", "tunnel", run_id, "8766"],
+        capture_output=True,
+        text=True,
+        env=_env(state),
+        timeout=60,
+    )
+    said = " ".join(again.stderr.split())
+    assert again.returncode == 2 and again.stdout == "", again
+    assert f"error: worker:0 of run {run_id} has ended (stopped by tfdeploy)" in said, said

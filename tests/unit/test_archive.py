@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.results.archive import LogArchive, archive_ended, read_lines, run_dir
+from deployer.results.archive import LogArchive, archive_ended, damaged, read_lines, run_dir
 from deployer.results.runs import archived_lines
 from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import run_cli
@@ -73,6 +73,78 @@ def test_up_archives_every_line_and_logs_reads_it_without_hosts(
     assert out.splitlines() == ["worker:1@b | héllo", "worker:1@b | no newline"]
     code, _, err = run_cli("logs", run_id, "--task", "ps:0")
     assert code == 2 and "ps:0" in err
+
+
+def test_a_file_removed_while_up_writes_is_never_padded_with_nul_bytes() -> None:
+    """Issue 28 item 5: a worker-1.log deleted while `up` ran came back starting with NUL
+    bytes (a write at the next offset of a new, empty file), and nothing said so."""
+    archive = LogArchive("r-3")
+    archive.write("worker:1", "h2", 0, b"one\ntwo\n")
+    path = run_dir("r-3") / "worker-1.log"
+    path.unlink()
+    archive.write("worker:1", "h2", 8, b"three\n")
+    assert path.read_bytes() == b"three\n"
+    assert archive.size("worker:1") == 14  # what comes next still lands at its offset
+    archive.write("worker:1", "h2", 14, b"four\n")
+    assert path.read_bytes() == b"three\nfour\n"
+    lost = "its first 8 bytes were lost here (worker-1.log was removed)"
+    assert damaged("r-3") == {"worker:1": lost}
+    assert damaged("r-3", "worker:1") == {"worker:1": lost}
+    archive.reset("worker:1")  # what `logs --sync` does before fetching it whole
+    assert not path.exists() and archive.size("worker:1") == 0 and not damaged("r-3")
+
+
+def test_a_finished_runs_file_removed_or_cut_short_is_damage() -> None:
+    archive = LogArchive("r-4")
+    archive.write("worker:0", "h1", 0, b"a\nb\n")
+    archive.write("worker:1", "h2", 0, b"c\nd\n")
+    archive.end()
+    (run_dir("r-4") / "worker-0.log").unlink()
+    with (run_dir("r-4") / "worker-1.log").open("r+b") as f:
+        f.truncate(2)
+    assert damaged("r-4") == {
+        "worker:0": "its file worker-0.log is missing",
+        "worker:1": "worker-1.log was cut short (2 of 4 bytes)",
+    }
+    assert damaged("r-4", "ps:0") == {}
+
+
+def test_a_finished_run_with_a_deleted_log_says_so_and_asks_the_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28 item 5: `logs RUN` dropped the deleted task without a word; `--task` named it
+    missing on every host (which were never asked)."""
+    h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
+    a, b = h.hosts["a"], h.hosts["b"]
+
+    def finish() -> None:
+        a.write("worker:0", "zero\n")
+        b.write("worker:1", "one\n")
+        a.exit("worker:0")
+        b.exit("worker:1")
+
+    assert h.run(h.at(3, finish)) == 0
+    run_id = h.deployment.run_id
+    (run_dir(run_id) / "worker-0.log").unlink()
+    # The hosts (192.0.2.x) cannot be reached from here: what is missing is said, and the
+    # rest of the archive shown.
+    code, out, err = run_cli("logs", run_id)
+    flat = " ".join(err.split())
+    assert f"local archive of run {run_id}, worker:0: its file worker-0.log is missing" in flat
+    assert "reading the run's hosts instead" in flat
+    assert "from the local archive instead" in flat
+    assert (code, out.splitlines()) == (0, ["worker:1@b | one"])
+
+
+def test_a_tail_too_large_for_any_log_shows_all_of_it() -> None:
+    """Issue 28 item 5: `--tail 99999999999999999999999` ended in `internal error:
+    OverflowError`."""
+    archive = LogArchive("r-5")
+    archive.write("worker:0", "h1", 0, b"a\nb\n")
+    archive.end()
+    code, out, err = run_cli("logs", "r-5", "--tail", "99999999999999999999999")
+    assert (code, out.splitlines(), err) == (0, ["worker:0@h1 | a", "worker:0@h1 | b"], "")
+    assert run_cli("logs", "r-5", "--tail", "9" * 5000)[0] == 2  # int() refuses 4300+ digits
 
 
 def test_sync_and_follow_do_not_go_together() -> None:

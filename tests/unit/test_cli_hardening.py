@@ -155,7 +155,7 @@ def test_status_of_an_unknown_run_is_a_usage_error(finished_run: FinishedRun) ->
     inventory = str(finished_run.inventory)
     code, out, err = run_cli("status", "hard-20990101T000000Z-abcd", "-i", inventory)
     assert (code, out) == (2, "")
-    assert "error: no host has run hard-20990101T000000Z-abcd" in err
+    assert "error: no run hard-20990101T000000Z-abcd on " in err
     code, out, err = run_cli("status", finished_run.run_id, "-i", inventory)
     assert (code, err) == (0, "")
     assert f"run {finished_run.run_id}" in out and "exited 0" in out
@@ -337,6 +337,41 @@ def test_down_reports_the_escaped_processes_it_stopped_with_secrets_masked(
     assert not pgrep(marker)
 
 
+FORWARDED = "hf_abcdefgh12345"  # an HF_TOKEN this shell forwards to the task
+
+
+def test_forwarded_and_secret_env_values_are_masked_in_everything_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28 item 7: a task printing its forward_env token (or a secret_env value) and
+    failing showed it in clear in the failure summary; the log lines and `logs` too."""
+    monkeypatch.setenv("HF_TOKEN", FORWARDED)
+    inventory = local_inventory(
+        tmp_path,
+        'echo "token=$HF_TOKEN run=$RUN_NAME"; sleep 1; exit 3',
+        env='forward_env = ["HF_TOKEN"]\nsecret_env = ["RUN_NAME"]\n'
+        'env = { RUN_NAME = "private-run-name" }\n',
+    )
+    state = tmp_path / "state"
+    up = tfdeploy("up", str(inventory), state=state)
+    assert up.returncode == 1, up.stdout + up.stderr
+    run_id = next(w for w in up.stdout.split() if w.startswith("hard-")).rstrip(")")
+    said = "token=******** run=********"
+    assert f"worker:0@local | {said}" in up.stdout  # the streamed line (plain view)
+    assert said in up.stderr  # the failure summary's last lines
+    shown = [up.stdout, up.stderr]
+    for extra in ((), ("--sync",)):  # `logs` from the archive, and after reading the host
+        logs = tfdeploy("logs", run_id, *extra, state=state)
+        assert logs.returncode == 0 and said in logs.stdout, logs
+        shown.append(logs.stdout)
+    for text in shown:
+        assert FORWARDED not in text and "private-run-name" not in text
+    # The archive keeps the task's bytes as the host has them, readable by this user alone.
+    archive = state / "runs" / run_id / "worker-0.log"
+    assert FORWARDED.encode() in archive.read_bytes()
+    assert archive.stat().st_mode & 0o077 == 0 and archive.parent.stat().st_mode & 0o077 == 0
+
+
 def pgrep(pattern: str) -> str:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.strip()
 
@@ -359,6 +394,32 @@ def test_exec_and_down_word_a_failing_host_for_their_verb(tmp_path: Path) -> Non
     assert code == 3
     assert "stopping failed on 1 host; nothing was stopped:" in err
     assert "nothing was started" not in err
+
+
+def test_status_json_keeps_the_answering_hosts_and_marks_the_unreachable_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 item 6: one unreachable host made `status --json` print no JSON at all."""
+    inventory = local_inventory(tmp_path, "sleep 600")
+    state = tmp_path / "state"
+    up = tfdeploy("up", "--detach", str(inventory), state=state)
+    assert up.returncode == 0, up.stdout + up.stderr
+    run_id = next(w for w in up.stdout.split() if w.startswith("hard-")).rstrip(")")
+    try:
+        inventory.write_text(inventory.read_text() + unreachable_host())
+        status = tfdeploy("status", str(inventory), "--json", state=state)
+        assert status.returncode == 3, status.stdout + status.stderr
+        document = json.loads(status.stdout)
+        assert [(r["run_id"], r["host"]) for r in document["runs"]] == [(run_id, "local")]
+        assert [t["state"] for t in document["runs"][0]["tasks"]] == ["running"]
+        [gone] = document["unreachable"]
+        assert gone["host"] == "gone" and "refused" in gone["error"], gone
+        error = " ".join(status.stderr.split())
+        assert "listing runs failed on 1 host; the other hosts' answers are shown: gone: " in error
+        table = tfdeploy("status", str(inventory), state=state)
+        assert table.returncode == 3 and f"run {run_id}" in table.stdout, table
+    finally:
+        tfdeploy("down", run_id, "-i", str(inventory), state=state)
 
 
 def test_an_error_into_a_closed_stderr_pipe_exits_141(tmp_path: Path) -> None:

@@ -330,3 +330,71 @@ def test_a_host_without_tensorflow_fails_preflight_unless_the_job_says_it_needs_
         h.hosts["b"].exit("worker:1")
 
     assert h.run(h.at(2, finish)) == 0
+
+
+# ---- artifacts when `up` is cut short (issue 28 item 13) --------------------------------------
+
+ARTIFACTS = TWO_WORKERS.replace("[job]\n", '[job]\nartifacts = ["ckpt/*"]\n')
+
+
+def interrupt_on(op: str) -> Callable[..., object]:
+    def handler(req: object) -> object:
+        raise KeyboardInterrupt  # Ctrl-C while this call was in flight
+
+    return handler
+
+
+@pytest.mark.parametrize("op", ["materialize", "setup"])
+def test_an_interrupted_push_or_setup_says_nothing_of_artifacts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    """`artifacts were not pulled: no host ... knows run` after Ctrl-C during the push: no task
+    was started, so there is nothing to pull and nothing to say about it."""
+    text = ARTIFACTS.replace("[job]\n", '[job]\nsetup = ["true"]\n')
+    h = Harness(tmp_path, text, monkeypatch)
+    monkeypatch.setattr(h.hosts["b"], f"_op_{op}", interrupt_on(op))
+    with pytest.raises(Interrupted):
+        h.run(lambda now: None)
+    assert not [s for s in h.view.steps if "artifact" in s], h.view.steps
+    assert not h.hosts["a"].ops("collect")
+
+
+def test_ctrl_c_during_the_artifacts_pull_of_a_failed_job_still_names_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path, ARTIFACTS, monkeypatch)
+    a, b = h.hosts["a"], h.hosts["b"]
+    monkeypatch.setattr(a, "_op_collect", interrupt_on("collect"))
+    raised: BaseException | None = None
+    try:
+        h.run(h.at(3, lambda: b.exit("worker:1", 1)))
+    except BaseException as exc:  # the bug: a bare KeyboardInterrupt, the failure lost
+        raised = exc
+    assert isinstance(raised, JobFailed), repr(raised)
+    assert raised.message.startswith("worker:1@b failed (exit code 1)")
+    run_id = h.deployment.run_id
+    said = f"artifacts: the pull was interrupted; `tfdeploy pull {run_id} 'ckpt/*' --to "
+    assert any(s.startswith(said) for s in h.view.steps), h.view.steps
+
+
+def test_artifacts_to_under_home_is_expanded_and_shown_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`artifacts_to = "~/arts"` made a folder named `~` in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    h = Harness(
+        tmp_path, ARTIFACTS.replace("[job]\n", '[job]\nartifacts_to = "~/arts"\n'), monkeypatch
+    )
+    a, b = h.hosts["a"], h.hosts["b"]
+
+    def end() -> None:
+        a.files = {"worker:0": {"ckpt/m.bin": b"weights"}}
+        a.exit("worker:0")
+        b.exit("worker:1")
+
+    assert h.run(h.at(3, end)) == 0
+    home = tmp_path / "home" / "arts" / h.deployment.run_id
+    assert (home / "worker-0" / "ckpt" / "m.bin").read_bytes() == b"weights"
+    assert not (tmp_path / "~").exists()
+    assert any(s.startswith(f"artifacts: pulled 1 file into {home}") for s in h.view.steps)

@@ -87,6 +87,28 @@ def test_retry_exit_codes_choose_which_codes_are_retried(
     assert len(h.hosts["b"].ops("start")) == 2
 
 
+@pytest.mark.parametrize(("code", "signal"), [(137, None), (-9, 9)], ids=["exit-137", "sigkill"])
+def test_retry_exit_codes_keep_signals_and_128_plus_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, signal: int | None
+) -> None:
+    """Issue 28 item 3: listing codes adds to the rule "signals and 128+ always"; it used to
+    replace it, so an OOM-killed task (137) failed as a permanent error."""
+    h = Harness(tmp_path, restart_job(retry_exit_codes="[75]"), monkeypatch)
+    assert h.run(kill_once_then_finish(h, [], code=code, signal=signal)) == 0
+    assert len(h.hosts["b"].ops("start")) == 2
+
+
+def test_a_code_outside_retry_exit_codes_names_the_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path, restart_job(retry_exit_codes="[75]"), monkeypatch)
+    with pytest.raises(JobFailed) as info:
+        h.run(kill_once_then_finish(h, [], code=2, signal=None))
+    assert "(signals, exit codes 128+ and retry_exit_codes = [75] are retried)" in (
+        info.value.message
+    )
+
+
 def test_the_first_failure_decides_not_its_consequences(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,6 +215,13 @@ def test_restart_one_task_is_refused_for_mwms(tmp_path: Path) -> None:
     [
         ({"retry_exit_codes": '["x"]'}, "job.retry_exit_codes[0]", "an exit code"),
         ({"retry_exit_codes": "[3, 3]"}, "job.retry_exit_codes", "lists an entry twice"),
+        ({"retry_exit_codes": "[256]"}, "job.retry_exit_codes[0]", "an exit code (0-255)"),
+        (
+            {"retry_exit_codes": "[1, 99999999999999999]"},
+            "job.retry_exit_codes[1]",
+            "an exit code (0-255), got number 99999999999999999",
+        ),
+        ({"retry_exit_codes": "[-1]"}, "job.retry_exit_codes[0]", "an exit code (0-255)"),
         ({"restart_backoff": "-1"}, "job.restart_backoff", "at least 0"),
         ({"on_failure": '"restart-all"'}, "job.on_failure", "'restart-job'"),
     ],
