@@ -32,8 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """The in-process tier (`pytest -m "not lab"`, or `pytest tests/unit`) runs on one worker more
     than there are cores when pytest-xdist is installed and `-n` was not given: its tests share
     nothing, and a third of its time is real agent processes, leases and watchdogs waiting,
-    which a spare worker overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on 3). Anything else (the
-    lab tier: one lab per run) stays serial; `-n 0` or `-p no:xdist` turns it off."""
+    which a spare worker overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on
+    3). Anything else (the lab tier: one lab per run) stays serial; `-n 0` or `-p no:xdist`
+    turns it off."""
     cores = os.cpu_count() or 1
     if (
         _in_process_only(config)
