@@ -371,7 +371,11 @@ class Agent:
             self._reply(exc.exit_code, b"", exc.stderr)
             raise
         try:
-            yield own
+            # Counted as this agent's call: Ctrl-C on the main thread mid-stream can leave a
+            # packet half-written on the connection both sessions share, so Fleet.interrupt must
+            # drop that connection and let the stop reconnect.
+            with self._request():
+                yield own
         finally:
             own.close_session()
 
