@@ -64,7 +64,7 @@ def plan_table(plan: Plan) -> RenderableType:
         table.add_column(column, overflow="fold")
     auto = _auto_hosts(plan)
     for task in plan.tasks:
-        address = task.endpoint if task.port is not None else f"{task.address} (no server)"
+        address = task.endpoint if task.port is not None else f"{task.address} (no TF port)"
         gpus = _gpu_text(task, task.host in auto)
         # Text, not str: addresses come from the inventory and rich would parse "[...]" as markup.
         table.add_row(task.name, task.host, Text(address), gpus, Text(task.command))
