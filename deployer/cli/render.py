@@ -19,6 +19,7 @@ from deployer.config.sources import SourceTable
 from deployer.core.secrets import masked
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
+from deployer.watch.board import failed_evaluator
 from remote import protocol
 
 if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
@@ -185,7 +186,14 @@ def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
         facts.append("detached")
     if facts:
         heading.append(f" ({', '.join(facts)})")
+    failed = [f"{t.name} {_state_text(t)}" for r in host_runs for t in _failed_evaluators(r)]
+    if failed:  # the job may have succeeded without the evaluation it was asked for
+        heading.append(f"; evaluator failed: {'; '.join(failed)}", style="bold red")
     return heading
+
+
+def _failed_evaluators(host_run: HostRun) -> list[TaskStatus]:
+    return [t for t in host_run.tasks if failed_evaluator(t)]
 
 
 class RunTasks:
@@ -268,6 +276,8 @@ def status_json(runs: Sequence[HostRun]) -> str:
                     "job": r.job,
                     "created": r.created,
                     "detached": r.detached,
+                    # evaluators of this host that ended by themselves without success
+                    "failed_evaluators": [t.name for t in _failed_evaluators(r)],
                     "tasks": [t.__dict__ for t in r.tasks],
                 }
                 for r in runs
