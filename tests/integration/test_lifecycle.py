@@ -117,6 +117,14 @@ def test_tf1_style_script_gets_its_flags_from_placeholders(
     got = accuracies(result.stdout)
     assert got.keys() == {f"worker:0@{h[1]}", f"worker:1@{h[2]}"}
     assert min(got.values()) >= 0.90
+    # The how-to's program (issue 26): MonitoredTrainingSession on a shared global step; the ps
+    # joins forever, so tfdeploy stops it once the workers are done.
+    for worker in (f"worker:0@{h[1]}", f"worker:1@{h[2]}"):
+        assert re.search(
+            rf"^{worker}\s+\| epoch \d+ loss \S+ global_step \d+$", result.stdout, re.M
+        )
+    assert f"ps:0@{h[0]} | ps:0: serving on {lab.hosts[0].address}:2222" in result.stdout
+    assert re.search(rf"ps:0@{h[0]} pid \d+ exited \(stopped by tfdeploy\)", result.stdout)
 
 
 @pytest.mark.tf
