@@ -128,9 +128,10 @@ class Watch:
         self._judge_evaluators()
         self._grace_for_evaluators()
         rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
-        self.view.step(f"job succeeded: {join_names(awaited)} exited 0{self.but()}{rest}")
+        note = self.evaluator_note()
+        self.view.step(f"job succeeded: {join_names(awaited)} exited 0{note}{rest}")
 
-    def but(self) -> str:
+    def evaluator_note(self) -> str:
         """', but the evaluator failed (...)' when one did: the job's success is not the whole
         story (evaluator_failure = "report"; with "fail" the job failed instead)."""
         failed = self.board.failed_evaluators()
