@@ -8,7 +8,8 @@ import sys
 
 import protocol
 
-# The evaluator is never in the cluster dict and must not start a server (TF_NOTES).
+# An evaluator is in no other task's cluster dict (its own lists it alone, at port 0) and must not
+# start a server here (TF_NOTES; deployer/config/roles.py).
 _SERVING_TYPES = protocol.CLUSTER_ROLES
 
 

@@ -27,3 +27,16 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
   "tensorflow-cpu==$TF_VERSION" "tensorboard==$TF_VERSION" scikit-learn -e ".[dev]"
 echo "installed: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])') venv at $VENV"
+
+# Hosts with TensorFlow 2.15, the last release with tf.estimator (the Estimator tutorial's test,
+# tests/integration/test_seed_programs.py): a second venv from the same Debian Python 3.11, the
+# newest Python that 2.15 supports. Only what the digits examples need (~45 s, ~1.5 GB, once).
+VENV_TF215=${TFDEPLOY_VENV_TF215:-/opt/tfdeploy/venv-tf215}
+TF215_CHECK='import importlib.metadata as m, sys
+sys.exit(m.version("tensorflow-cpu") != "2.15.1" or not m.version("scikit-learn"))'
+if ! "$VENV_TF215/bin/python" -c "$TF215_CHECK" 2>/dev/null; then
+  [ -x "$VENV_TF215/bin/python" ] || /usr/bin/python3 -m venv "$VENV_TF215"
+  "$VENV_TF215/bin/python" -m pip install -q --disable-pip-version-check \
+    "tensorflow-cpu==2.15.1" scikit-learn
+fi
+echo "installed: tensorflow-cpu 2.15.1 venv at $VENV_TF215"

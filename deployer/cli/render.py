@@ -20,6 +20,7 @@ from deployer.core.errors import HostError
 from deployer.core.secrets import masked
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
+from deployer.watch.board import failed_evaluator
 from remote import protocol
 
 if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
@@ -65,7 +66,7 @@ def plan_table(plan: Plan) -> RenderableType:
         table.add_column(column, overflow="fold")
     auto = _auto_hosts(plan)
     for task in plan.tasks:
-        address = task.endpoint if task.port is not None else f"{task.address} (no server)"
+        address = task.endpoint if task.port is not None else f"{task.address} (no TF port)"
         gpus = _gpu_text(task, task.host in auto)
         # Text, not str: addresses come from the inventory and rich would parse "[...]" as markup.
         table.add_row(task.name, task.host, Text(address), gpus, Text(task.command))
@@ -186,7 +187,14 @@ def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
         facts.append("detached")
     if facts:
         heading.append(f" ({', '.join(facts)})")
+    failed = [f"{t.name} {_state_text(t)}" for r in host_runs for t in _failed_evaluators(r)]
+    if failed:  # the job may have succeeded without the evaluation it was asked for
+        heading.append(f"; evaluator failed: {'; '.join(failed)}", style="bold red")
     return heading
+
+
+def _failed_evaluators(host_run: HostRun) -> list[TaskStatus]:
+    return [t for t in host_run.tasks if failed_evaluator(t)]
 
 
 class RunTasks:
@@ -271,6 +279,8 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
                     "job": r.job,
                     "created": r.created,
                     "detached": r.detached,
+                    # evaluators of this host that ended by themselves without success
+                    "failed_evaluators": [t.name for t in _failed_evaluators(r)],
                     "tasks": [t.__dict__ for t in r.tasks],
                 }
                 for r in runs

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deployer.config.model import (
+    EvaluatorFailure,
     FailurePolicy,
     Host,
     HostSettings,
@@ -205,6 +206,9 @@ def _parse_job(t: Table, directory: Path) -> Job:
         evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
         on_failure=FailurePolicy(
             t.choice("on_failure", [p.value for p in FailurePolicy], "teardown")
+        ),
+        evaluator_failure=EvaluatorFailure(
+            t.choice("evaluator_failure", [p.value for p in EvaluatorFailure], "report")
         ),
         max_restarts=t.integer("max_restarts", 3, minimum=0, maximum=1000),
         restart_backoff=t.number("restart_backoff", 10.0) or 0.0,

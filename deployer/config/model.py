@@ -18,6 +18,13 @@ class FailurePolicy(StrEnum):
     RESTART_JOB = "restart-job"  # stop every task, start them all again from the checkpoint
 
 
+class EvaluatorFailure(StrEnum):
+    """job.evaluator_failure: what a failed evaluator does to a job whose training succeeded."""
+
+    REPORT = "report"  # reported when it happens and in the last line; the job's outcome stands
+    FAIL = "fail"  # a failure like any other: the job fails (exit 1), on_failure applies
+
+
 @dataclass(frozen=True)
 class SSHSettings:
     """How to reach a host; [ssh] gives the defaults and a host's own `ssh` table overrides them."""
@@ -112,6 +119,7 @@ class Job:
     stop_grace: float
     evaluator_grace: float
     on_failure: FailurePolicy = FailurePolicy.TEARDOWN
+    evaluator_failure: EvaluatorFailure = EvaluatorFailure.REPORT
     max_restarts: int = 3  # per task with "restart", of the whole job with "restart-job"
     restart_backoff: float = 10.0  # seconds before the first whole-job restart; doubles, <= 5 min
     retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry

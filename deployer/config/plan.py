@@ -53,13 +53,14 @@ class Task:
     index: int
     host: str
     address: str  # the tf_address other tasks use to reach it
-    port: int | None  # None for evaluators: they serve nothing
+    port: int | None  # None for evaluators: no task dials them
     gpus: tuple[int, ...]
     command: str
     own_env: dict[str, str]  # the inventory's env for this task (threads, job, task)
     cpus: str | None = None  # CPU list the task is pinned to on its host ("0-3"), or None
     # The cluster as JSON, one string shared by every task: a TF_CONFIG per task, kept whole,
-    # would make a plan of n tasks hold n copies of an O(n) cluster (2,000 hosts: 78 MB).
+    # would make a plan of n tasks hold n copies of an O(n) cluster (2,000 hosts: 78 MB). An
+    # evaluator's is its own: it alone (roles.py, `lists_only_itself`).
     cluster_json: str = field(default="{}", repr=False)
 
     @property
@@ -337,6 +338,10 @@ class _Shared:
 
 def _finish_task(s: _Slot, inventory: Inventory, shared: _Shared) -> Task:
     template, source = _command_template(s, inventory)
+    cluster_json = shared.cluster_json
+    if role(s.role).lists_only_itself:
+        # Its own cluster: itself alone, at port 0 (it has no TF port; roles.py says why).
+        cluster_json = json.dumps({s.role: [host_port(s.host.tf_address, 0)]})
     command = template
     if template != BUILTIN_SERVER:
         values = {"task_type": s.role, "task_index": str(s.index), **shared.placeholders}
@@ -351,7 +356,7 @@ def _finish_task(s: _Slot, inventory: Inventory, shared: _Shared) -> Task:
         command=command,
         own_env=_task_env(s, inventory),
         cpus=s.spec.cpus,
-        cluster_json=shared.cluster_json,
+        cluster_json=cluster_json,
     )
 
 

@@ -33,6 +33,15 @@ class Role:
     # Ends by itself once the awaited tasks are done (an evaluator's last evaluation): `up`
     # gives it job.evaluator_grace before stopping it, instead of stopping it with the rest.
     finishes_after: bool = False
+    # Its TF_CONFIG's cluster dict lists it alone, `{"evaluator": ["TF_ADDRESS:0"]}`, and no other
+    # task's lists it. TensorFlow counts an evaluator as "its own cluster or its own partition of
+    # a cluster": MultiWorkerMirroredStrategy() built on it reads cluster_spec["evaluator"]
+    # (KeyError: 'evaluator' without it). Alone, because an eager MWMS there health-checks every
+    # task its dict names (GetStatus at start and every 30 s, "aborting collectives" once one is
+    # down) and the evaluator needs none of them; port 0, because it has no TF port: TF then
+    # serves its own gRPC on a free port, or nothing in graph mode (Estimator). Measured with TF
+    # 2.15.1 and 2.21.0 (README, "Planning rules").
+    lists_only_itself: bool = False
 
 
 CHIEF = Role(
@@ -67,11 +76,12 @@ PS = Role(
 )
 EVALUATOR = Role(
     "evaluator",
-    in_cluster=False,
+    in_cluster=False,  # a PSS chief whose cluster dict lists an evaluator waits for it forever
     awaited=False,
     serves=False,
     start_wave=2,
     finishes_after=True,
+    lists_only_itself=True,
 )
 # Not a TF role: TensorBoard beside a task ([job.tensorboard]); in no cluster, never awaited.
 SIDECAR = Role("tensorboard", in_cluster=False, awaited=False, serves=False, start_wave=2)

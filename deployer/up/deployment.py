@@ -140,6 +140,9 @@ class Deployment:
                 return 0
             self.teardown()
             self.pull_artifacts()
+            note = self.watching.evaluator_note()
+            if note:  # the last line says it, whatever teardown and the pull printed after
+                self.view.step(f"the job succeeded{note}")
             return 0
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             signum = int(getattr(exc, "signum", signal.SIGINT))

@@ -11,9 +11,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from deployer.config.model import FailurePolicy, Job
+from deployer.config.model import EvaluatorFailure, FailurePolicy, Job
 from deployer.config.plan import Task
-from deployer.config.roles import role
+from deployer.config.roles import ROLES, role
 from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
 from deployer.hosts.agent import TaskStatus
@@ -56,6 +56,7 @@ class TaskWatch:
     attempt: int = 0  # the whole job's attempt (policy "restart-job"), TFDEPLOY_ATTEMPT
     mark: tuple[object, ...] = ()  # (log bytes, state, restarts) at the last observed change
     active_at: float = 0.0  # controller clock at that change: the stall watchdog's input
+    reported: bool = False  # its failure was reported while the job went on (an evaluator's)
 
     @property
     def label(self) -> str:
@@ -95,7 +96,7 @@ class TaskBoard:
         """A whole-job restart: every task starts afresh; its log goes on where it was."""
         attempt = self.attempt + 1
         for watch in self.watches.values():
-            watch.attempt, watch.status = attempt, None
+            watch.attempt, watch.status, watch.reported = attempt, None, False
             watch.tail.clear()
         return attempt
 
@@ -134,15 +135,19 @@ class TaskBoard:
     def finished(self, name: str) -> bool:
         return self.watches[name].finished
 
-    def first_failure(self, awaited: Sequence[str]) -> str | None:
-        """The task that failed first: an awaited task, or a server the others depend on."""
+    def first_failure(self, awaited: Sequence[str], job: Job | None = None) -> str | None:
+        """The task that failed first: an awaited task, or a server the others depend on, or,
+        with job.evaluator_failure = "fail", an evaluator."""
+        judged = set(awaited)
+        if job is not None and job.evaluator_failure == EvaluatorFailure.FAIL:
+            judged.update(w.task.name for w in self.watches.values() if ends_after(w.task))
         failed = [
             w
             for w in self.watches.values()
             if w.status is not None
             and w.status.finished
             and not w.status.succeeded
-            and (w.task.name in awaited or w.task.serves)
+            and (w.task.name in judged or w.task.serves)
         ]
         failed.sort(key=lambda w: (w.status.ended or 0.0) if w.status else 0.0)
         return failed[0].task.name if failed else None
@@ -168,6 +173,30 @@ class TaskBoard:
             )
         return rows
 
+    def failed_evaluators(self) -> list[str]:
+        """Evaluators that ended by themselves without success (not stopped by tfdeploy), in
+        the order they ended: under evaluator_failure = "report" the job goes on without them."""
+        failed = [
+            w
+            for w in self.watches.values()
+            if ends_after(w.task) and w.status is not None and evaluation_failed(w.status)
+        ]
+        failed.sort(key=lambda w: (w.status.ended or 0.0) if w.status else 0.0)
+        return [w.task.name for w in failed]
+
+    def report(
+        self, name: str, what: str, *, hide: Callable[[str], str], why: str | None = None
+    ) -> str:
+        """Who failed, how it ended (and `why`, when the controller knows better than the
+        outcome), and its last log lines; `hide` masks the run's secrets."""
+        watch = self.watches[name]
+        outcome = watch.status.outcome() if watch.status else "unknown"
+        lines = len(watch.tail)
+        tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
+        noun = "log line" if lines == 1 else "log lines"
+        because = f": {why}" if why else ""
+        return hide(f"{watch.label} {what} ({outcome}){because}; its last {lines} {noun}:\n{tail}")
+
     def failure(
         self,
         name: str,
@@ -177,16 +206,11 @@ class TaskBoard:
         hide: Callable[[str], str],
         why: str | None = None,
     ) -> JobFailed:
-        """The report of a failed task: who, how it ended (and `why`, when the controller knows
-        better than the outcome), and its last log lines (`hide` masks the run's secrets)."""
+        """The report of a failed task, as the error that ends the job."""
         watch = self.watches[name]
         status = watch.status
         outcome = status.outcome() if status else "unknown"
-        lines = len(watch.tail)
-        tail = "\n".join(f"    {line}" for line in watch.tail) or "    (no output)"
-        noun = "log line" if lines == 1 else "log lines"
-        because = f": {why}" if why else ""
-        message = f"{watch.label} {what} ({outcome}){because}; its last {lines} {noun}:\n{tail}"
+        message = self.report(name, what, hide=hide, why=why)
         if status is not None and status.reason == protocol.REASON_STOPPED:
             # This controller had not stopped anything yet: `down` (or another controller) did.
             message = (
@@ -235,6 +259,25 @@ class TaskBoard:
             f"job stalled: no awaited task ({', '.join(awaited)}) wrote output or exited for "
             f"{now - last:.0f} s (stall_timeout = {limit:g} s); {report}"
         )
+
+
+def ends_after(task: Task) -> bool:
+    """An evaluator: not awaited, but expected to end by itself (roles.py, finishes_after)."""
+    return role(task.role).finishes_after
+
+
+def failed_evaluator(status: TaskStatus) -> bool:
+    """For runs read back from the hosts (`status`): an evaluator task (by its name,
+    role:index) whose evaluation failed."""
+    kind = ROLES.get(status.name.partition(":")[0])
+    return kind is not None and kind.finishes_after and evaluation_failed(status)
+
+
+def evaluation_failed(status: TaskStatus) -> bool:
+    """It ended without success by itself: not stopped by tfdeploy (after evaluator_grace, at
+    teardown) nor by its lease. A lost supervisor or a spot notice counts: no evaluation."""
+    stopped = status.reason in (protocol.REASON_STOPPED, protocol.REASON_LEASE_EXPIRED)
+    return status.finished and not status.succeeded and not stopped
 
 
 def retryable(status: TaskStatus | None, job: Job) -> bool:

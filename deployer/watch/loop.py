@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
-from deployer.config.model import FailurePolicy
+from deployer.config.model import EvaluatorFailure, FailurePolicy
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
@@ -110,7 +110,7 @@ class Watch:
             now = self.clock()
             self.longest_pause, looked = max(self.longest_pause, now - looked), now
             self.tick()
-            failed = self.board.first_failure(awaited)
+            failed = self.board.first_failure(awaited, self.plan.job)
             if failed and may_restart(self.board[failed], self.plan.job):
                 self.restart(failed)
                 continue
@@ -122,6 +122,7 @@ class Watch:
                 status = self.board[failed].status
                 what = "was preempted" if status and status.preempted else f"failed{after}"
                 raise self.failure(failed, what)
+            self._judge_evaluators()
             if all(self.board.finished(n) for n in awaited):
                 break
             stalled = self.board.stalled(awaited, self.plan.job.stall_timeout, self.clock())
@@ -134,9 +135,44 @@ class Watch:
             if not self.board.behind():  # a backlog is read at once: waiting only adds latency
                 self.sleep(self.interval)
         self.drain()
+        self._judge_evaluators()
         self._grace_for_evaluators()
         rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
-        self.view.step(f"job succeeded: {join_names(awaited)} exited 0{rest}")
+        note = self.evaluator_note()
+        self.view.step(f"job succeeded: {join_names(awaited)} exited 0{note}{rest}")
+
+    def evaluator_note(self) -> str:
+        """', but the evaluator failed (...)' when one did: the job's success is not the whole
+        story (evaluator_failure = "report"; with "fail" the job failed instead)."""
+        failed = self.board.failed_evaluators()
+        if not failed:
+            return ""
+        outcomes = []
+        for name in failed:
+            status = self.board[name].status
+            outcomes.append(f"{self.board[name].label}: {status.outcome() if status else 'lost'}")
+        noun = "the evaluator" if len(failed) == 1 else f"{len(failed)} evaluators"
+        return f", but {noun} failed ({'; '.join(outcomes)})"
+
+    def _judge_evaluators(self) -> None:
+        """An evaluator's failure is shown when it happens, as any failure is. Under
+        evaluator_failure = "report" the job goes on; under "fail" it fails the job (while the
+        training runs, first_failure has it first, so that on_failure applies)."""
+        failed = self.board.failed_evaluators()
+        if failed and self.plan.job.evaluator_failure == EvaluatorFailure.FAIL:
+            raise self.failure(failed[0], "failed after the training succeeded")
+        for name in failed:
+            watch = self.board[name]
+            if watch.reported:
+                continue
+            watch.reported = True
+            self.drain()  # its last log lines
+            report = self.board.report(name, "failed", hide=self.hide)
+            self.view.step(
+                f'{report}\nthe job goes on without it (evaluator_failure = "report"; '
+                f'"fail" makes a failed evaluator fail the job). Full log: '
+                f"tfdeploy logs {self.run_id} --task {name}"
+            )
 
     def _restart_job_or_fail(self, failed: str) -> None:
         """Raises RestartJob when the first failure is worth it and attempts remain."""
@@ -166,15 +202,29 @@ class Watch:
                 return  # no progress (a log shrank or vanished): nothing more to show
 
     def _grace_for_evaluators(self) -> None:
+        """Evaluators still running get job.evaluator_grace to evaluate the last checkpoint;
+        one that ended already is not waited for (nor spoken of: its end was reported)."""
         evaluators = [t.name for t in self.plan.tasks if role(t.role).finishes_after]
-        if not evaluators:
+        running = [n for n in evaluators if not self.board.finished(n)]
+        if not running:
             return
         grace = self.plan.job.evaluator_grace
-        self.view.step(f"waiting up to {grace:g} s for evaluators to finish")
+        verb = "finishes" if len(running) == 1 else "finish"
+        self.view.step(
+            f"waiting up to {grace:g} s (evaluator_grace) until {join_names(running)} {verb}"
+        )
         deadline = self.clock() + grace
-        while self.clock() < deadline and not all(self.board.finished(n) for n in evaluators):
+        while self.clock() < deadline and not all(self.board.finished(n) for n in running):
             self.sleep(self.interval)
             self.tick()
+            self._judge_evaluators()
+        late = [n for n in running if not self.board.finished(n)]
+        if late:
+            them = "it" if len(late) == 1 else "them"
+            self.view.step(
+                f"{join_names(late)} still running after {grace:g} s (evaluator_grace): "
+                f"stopping {them} with the rest"
+            )
 
     def tick(self, *, heartbeat: bool = True, tolerate: bool = False) -> Tick:
         """One poll of every started host, shown; a lost host fails the job."""

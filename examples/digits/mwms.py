@@ -1,4 +1,10 @@
-"""Digits on MultiWorkerMirroredStrategy, custom training loop; every chief and worker runs it."""
+"""Digits on MultiWorkerMirroredStrategy, custom training loop; every chief, worker and evaluator
+runs it.
+
+The evaluator (optional) builds the same strategy and model, then evaluates each checkpoint the
+chief writes until the last epoch's: give it and the chief one checkpoint directory they both
+see (`--checkpoint-dir` or $CHECKPOINT_DIR on shared storage).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +30,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "task's directory under tfdeploy (a restart-job attempt shares it with the one before), "
         "none otherwise",
     )
+    parser.add_argument(
+        "--eval-timeout",
+        type=float,
+        default=120.0,
+        help="the evaluator fails when the chief writes no new checkpoint for this long",
+    )
     return parser.parse_args(argv)
 
 
@@ -47,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     import keras  # after the banner, so a slow import still shows the env first
     import tensorflow as tf
 
-    # Blocks until every peer in TF_CONFIG is up (no timeout: the deployer enforces one).
+    # Blocks until every peer in TF_CONFIG is up (no timeout: the deployer enforces one). On the
+    # evaluator it needs "evaluator" in its own cluster dict (KeyError: 'evaluator' otherwise).
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     common.log(f"{me}: {strategy.num_replicas_in_sync} replicas in sync")
+    if me.startswith("evaluator:"):
+        return evaluate(args, strategy, me, x_test, y_test)
 
     dataset = (
         tf.data.Dataset.from_tensor_slices((x_train, y_train))
@@ -114,6 +129,33 @@ def main(argv: list[str] | None = None) -> int:
 
     common.report_accuracy(common.accuracy(model(x_test, training=False), y_test))
     return 0
+
+
+def evaluate(
+    args: argparse.Namespace, strategy: object, me: str, x_test: object, y_test: object
+) -> int:
+    """The evaluator: each new checkpoint of the chief, until the one of the last epoch."""
+    import tensorflow as tf
+
+    with strategy.scope():  # type: ignore[attr-defined]
+        model = common.build_model()
+    epoch = tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(model=model, epoch=epoch)
+    directory = args.checkpoint_dir or "ckpt"
+    common.log(f"{me}: evaluating the checkpoints in {directory}")
+    for path in tf.train.checkpoints_iterator(
+        directory, min_interval_secs=0.2, timeout=args.eval_timeout
+    ):
+        checkpoint.restore(path).expect_partial()
+        value = common.accuracy(model(x_test, training=False), y_test)
+        common.log(f"{me}: {os.path.basename(path)} (epoch {int(epoch)}): accuracy {value:.3f}")
+        if int(epoch) >= args.epochs:
+            common.report_accuracy(value)
+            return 0
+    sys.exit(
+        f"error: {me}: no new checkpoint in {os.path.abspath(directory)} for "
+        f"{args.eval_timeout:g} s; is it storage the chief writes to (--checkpoint-dir)?"
+    )
 
 
 if __name__ == "__main__":

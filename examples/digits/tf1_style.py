@@ -1,39 +1,52 @@
-"""Digits, TF1 launcher style: cluster from --ps_hosts/--worker_hosts flags, between-graph training.
+"""Digits, TF1 between-graph replication: the distributed TensorFlow how-to's program.
+
+The program of TensorFlow 1's "Distributed TensorFlow" how-to (and of "Learning TensorFlow",
+chapter 9), under tf.compat.v1: the cluster from --ps_hosts/--worker_hosts flags into a
+`tf.train.ClusterSpec`, a `tf.train.Server` per task, ps tasks `server.join()` forever, workers
+build the graph under `tf.train.replica_device_setter` (variables on the ps, ops on the worker)
+and train in a `tf.train.MonitoredTrainingSession` until a `StopAtStepHook`'s global step. What
+differs, and why: the data is scikit-learn's digits (the book's `input_data.read_data_sets`
+downloads MNIST), the model a small MLP, each trainer prints its test accuracy, and each
+session's ConfigProto has `device_filters` (the ps and the trainer itself), as TF1 advised for
+between-graph replication: without them a session created after a peer trainer exited waits for
+that peer forever (measured: a worker that first looked before the chief had initialised, then
+slept 30 s while the chief trained to the end and exited, hung for good).
 
 Flags (host:port lists are comma-separated, as a TF1 launcher passes them):
   --job_name ps|worker|chief   --task_index N   --ps_hosts LIST   --worker_hosts LIST
-  [--chief_hosts LIST]   [--epochs N] [--batch N] [--lr X]
+  [--chief_hosts LIST]   [--steps N] [--batch N] [--lr X] [--checkpoint_dir DIR]
 
 With tfdeploy, put the placeholders in the task command (TF_CONFIG is ignored here):
   python3 tf1_style.py --job_name={task_type} --task_index={task_index} \
       --ps_hosts={ps_hosts} --worker_hosts={worker_hosts} [--chief_hosts={chief_hosts}]
 
-ps tasks serve and join forever (the deployer stops them). Every worker (and the chief, if any)
-trains asynchronously against the variables on the ps with tf.compat.v1 between-graph replication,
-prints test_accuracy and exits 0. The chief, else worker 0, initialises the variables.
+The chief (the chief task, else worker 0) initialises the variables; the others wait for it:
+MonitoredTrainingSession's non-chief sessions check every 30 s (SessionManager's
+recovery_wait_secs), so a worker that looks before the chief has initialised starts up to 30 s
+later. Every trainer stops once the shared global step reaches --steps, prints test_accuracy and
+exits 0; the ps serve until the deployer stops them.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import common
 import numpy as np
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Digits, TF1 launcher style (see module doc).")
+    parser = argparse.ArgumentParser(description="Digits, TF1 between-graph (see module doc).")
     parser.add_argument("--job_name", required=True, choices=["ps", "worker", "chief"])
     parser.add_argument("--task_index", type=int, required=True)
     parser.add_argument("--ps_hosts", required=True)
     parser.add_argument("--worker_hosts", required=True)
     parser.add_argument("--chief_hosts", default="")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=600, help="global steps, all trainers")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.005)
-    parser.add_argument("--init-timeout", type=float, default=60.0, help="seconds to wait for init")
+    parser.add_argument("--checkpoint_dir", default=None, help="the chief's checkpoints")
     return parser.parse_args(argv)
 
 
@@ -57,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import tensorflow as tf  # after the banner, so a slow import still shows the env first
 
-    cluster = tf.train.ClusterSpec(jobs)
-    server = tf.distribute.Server(cluster, job_name=args.job_name, task_index=args.task_index)
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    cluster = v1.train.ClusterSpec(jobs)
+    server = v1.train.Server(cluster, job_name=args.job_name, task_index=args.task_index)
     if args.job_name == "ps":
         common.log(f"{me}: serving on {jobs['ps'][args.task_index]}")
         server.join()
@@ -72,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     x_mine, y_mine = x_train[rank :: len(trainers)], y_train[rank :: len(trainers)]
     is_chief = rank == 0
 
-    v1 = tf.compat.v1
-    v1.disable_eager_execution()
-    my_device = f"/job:{args.job_name}/task:{args.task_index}"
-    with v1.device(v1.train.replica_device_setter(worker_device=my_device, cluster=cluster)):
+    worker_device = f"/job:{args.job_name}/task:{args.task_index}"
+    with v1.device(v1.train.replica_device_setter(worker_device=worker_device, cluster=cluster)):
         x = v1.placeholder(tf.float32, [None, 64])
         y = v1.placeholder(tf.int64, [None])
         init = v1.glorot_uniform_initializer(seed=7)  # same start on every trainer
@@ -89,35 +102,36 @@ def main(argv: list[str] | None = None) -> int:
         )
         global_step = v1.train.get_or_create_global_step()
         train_op = v1.train.AdamOptimizer(args.lr).minimize(loss, global_step=global_step)
-        init_op = v1.global_variables_initializer()
-        # Only waiters build this op: an op nobody runs makes TF log an error at exit.
-        uninitialized = None if is_chief else v1.report_uninitialized_variables()
 
-    # Talk only to the ps and ourselves: a finished (exited) peer worker must not break us.
-    config = v1.ConfigProto(device_filters=["/job:ps", my_device])
-    with v1.Session(server.target, config=config) as sess:
-        if uninitialized is None:
-            sess.run(init_op)
-        else:
-            deadline = time.monotonic() + args.init_timeout
-            while len(sess.run(uninitialized)):
-                if time.monotonic() > deadline:
-                    sys.exit(
-                        f"error: {me}: variables still uninitialised after "
-                        f"{args.init_timeout:.0f} s; is {trainers[0]} running?"
-                    )
-                time.sleep(0.2)
-        rng = np.random.default_rng(rank)
-        for epoch in range(1, args.epochs + 1):
-            order = rng.permutation(len(y_mine))
-            losses = []
-            for start in range(0, len(order) - args.batch + 1, args.batch):
-                batch = order[start : start + args.batch]
-                _, value = sess.run([train_op, loss], {x: x_mine[batch], y: y_mine[batch]})
-                losses.append(value)
-            step = sess.run(global_step)
-            common.log(f"epoch {epoch} loss {sum(losses) / len(losses):.4f} global_step {step}")
-        common.report_accuracy(common.accuracy(sess.run(logits, {x: x_test}), y_test))
+    hooks = [v1.train.StopAtStepHook(last_step=args.steps)]
+    # Each trainer's sessions talk to the ps and itself only (TF1's advice for between-graph
+    # replication): else a session created after a peer trainer exited waits for it forever.
+    config = v1.ConfigProto(device_filters=["/job:ps", worker_device])
+    rng = np.random.default_rng(rank)
+    order = rng.permutation(len(y_mine))
+    position, epoch, losses = 0, 1, []
+    with v1.train.MonitoredTrainingSession(
+        master=server.target,
+        is_chief=is_chief,
+        checkpoint_dir=args.checkpoint_dir,
+        hooks=hooks,
+        config=config,
+        log_step_count_steps=None,
+    ) as sess:
+        while not sess.should_stop():
+            if position + args.batch > len(order):
+                step = sess.run_step_fn(lambda step_context: step_context.session.run(global_step))
+                common.log(f"epoch {epoch} loss {np.mean(losses):.4f} global_step {step}")
+                order, position, epoch, losses = rng.permutation(len(y_mine)), 0, epoch + 1, []
+            batch = order[position : position + args.batch]
+            position += args.batch
+            _, value = sess.run([train_op, loss], {x: x_mine[batch], y: y_mine[batch]})
+            losses.append(value)
+        # The raw session, without the hooks: evaluation is no training step.
+        predicted = sess.run_step_fn(
+            lambda step_context: step_context.session.run(logits, {x: x_test})
+        )
+    common.report_accuracy(common.accuracy(predicted, y_test))
     return 0
 
 

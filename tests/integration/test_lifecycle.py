@@ -117,6 +117,13 @@ def test_tf1_style_script_gets_its_flags_from_placeholders(
     got = accuracies(result.stdout)
     assert got.keys() == {f"worker:0@{h[1]}", f"worker:1@{h[2]}"}
     assert min(got.values()) >= 0.90
+    # The how-to's program (issue 26): MonitoredTrainingSession on a shared global step; the ps
+    # joins forever, so tfdeploy stops it once the workers are done. (worker:1 may find the
+    # training done: a non-chief that looked before the chief initialised looks again 30 s later.)
+    chief = f"worker:0@{h[1]}"
+    assert re.search(rf"^{chief}\s+\| epoch \d+ loss \S+ global_step \d+$", result.stdout, re.M)
+    assert f"ps:0@{h[0]} | ps:0: serving on {lab.hosts[0].address}:2222" in result.stdout
+    assert re.search(rf"ps:0@{h[0]} pid \d+ exited \(stopped by tfdeploy\)", result.stdout)
 
 
 @pytest.mark.tf

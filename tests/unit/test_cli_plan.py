@@ -55,7 +55,7 @@ def test_plan_table() -> None:
         [
             "evaluator:0",
             "gpu1",
-            "10.0.0.1 (no server)",
+            "10.0.0.1 (no TF port)",
             "-",
             "python3 train.py --role evaluator --index 0",
         ],
@@ -67,8 +67,11 @@ def test_plan_table() -> None:
         '"ps": ["10.0.0.2:3001"]}'
     )
     configs = one_line(out.split("TF_CONFIG per task", 1)[1])
+    # The evaluator's cluster dict lists it alone (port 0: it has no TF port); no other one does.
+    own = '{"evaluator": ["10.0.0.1:0"]}'
     expected = [
-        f'{name} TF_CONFIG={{"cluster": {cluster}, "task": {{"type": "{role}", "index": {index}}}}}'
+        f'{name} TF_CONFIG={{"cluster": {own if role == "evaluator" else cluster}, "task": '
+        f'{{"type": "{role}", "index": {index}}}}}'
         for name, role, index in [
             ("chief:0", "chief", 0),
             ("worker:0", "worker", 0),
@@ -90,6 +93,7 @@ def test_plan_json_document() -> None:
         "worker": ["10.0.0.1:2223", "10.0.0.2:3000"],
         "ps": ["10.0.0.2:3001"],
     }
+    own = {"evaluator": ["10.0.0.1:0"]}  # the evaluator's cluster dict lists it alone
 
     def task(role: str, index: int, host: str, port: int | None, gpus: list[int], cmd: str) -> dict:
         address = {"gpu1": "10.0.0.1", "cpu1": "10.0.0.2"}[host]
@@ -105,7 +109,10 @@ def test_plan_json_document() -> None:
                 "TF_CPP_MIN_LOG_LEVEL": "2",
                 "API_TOKEN": "********",
                 "TF_CONFIG": json.dumps(
-                    {"cluster": cluster, "task": {"type": role, "index": index}}
+                    {
+                        "cluster": own if role == "evaluator" else cluster,
+                        "task": {"type": role, "index": index},
+                    }
                 ),
                 "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
                 "TFDEPLOY_TASK": f"{role}:{index}",

@@ -194,11 +194,18 @@ def test_tf1_style_flags(cluster: Cluster) -> None:
             f"--ps_hosts={ps}",
             f"--worker_hosts={w0},{w1}",
         ]
+        if (kind, index) == ("worker", 1):
+            # A non-chief MonitoredTrainingSession that looks before the chief initialised the
+            # variables sleeps 30 s before it looks again (SessionManager): once the chief has
+            # trained an epoch, it starts at once (and may find the training done: it then only
+            # evaluates the shared variables). The lab test runs both at once under tfdeploy.
+            cluster.wait_for_line("worker:0", "epoch 1 loss")
         # The deployer sets TF_CONFIG anyway; the script must ignore it and use its flags.
         cluster.start(f"{kind}:{index}", argv, config=tf_config(spec, kind, index))
     for task in ("worker:0", "worker:1"):
         assert cluster.wait(task) == 0, cluster.output(task)
         assert accuracy(cluster.output(task)) >= 0.90
+    assert "global_step" in cluster.output("worker:0")  # the step the trainers share on the ps
     assert cluster.procs["ps:0"].poll() is None, "ps must serve until it is stopped"
 
 

@@ -169,7 +169,8 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
         pytest.param(
             ONE_HOST.replace('command = "python3 train.py"', 'comand = "x"'),
             "job.comand: unknown key (known keys here: artifacts, artifacts_to, code, command, "
-            "env, evaluator_grace, fanout, firewall, forward_env, lease_seconds, max_restarts, "
+            "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, "
+            "lease_seconds, max_restarts, "
             "name, netcheck, on_failure, port, python, require_tensorflow, restart_backoff, "
             "retry_exit_codes, role_commands, secret_env, setup, stall_timeout, start_timeout, "
             "stop_grace, tensorboard, workdir)",

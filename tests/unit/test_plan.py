@@ -97,7 +97,7 @@ def test_mwms_workers_only_omits_absent_roles(tmp_path: Path) -> None:
     }
 
 
-def test_evaluator_is_outside_the_cluster_and_takes_no_port(tmp_path: Path) -> None:
+def test_evaluator_is_only_in_its_own_cluster_dict_and_takes_no_port(tmp_path: Path) -> None:
     p = plan(
         tmp_path,
         JOB
@@ -114,12 +114,24 @@ def test_evaluator_is_outside_the_cluster_and_takes_no_port(tmp_path: Path) -> N
         ("worker:1", 2224),
     ]
     cluster = {"chief": ["a:2222"], "worker": ["a:2223", "a:2224"]}
+    # TF reads cluster_spec["evaluator"] on an evaluator task (MWMS: KeyError without it); it is
+    # its own cluster, at port 0 (no TF port), and no other task lists it (a PSS chief would wait).
     assert tf_config(p, "evaluator:0") == {
-        "cluster": cluster,
+        "cluster": {"evaluator": ["a:0"]},
         "task": {"type": "evaluator", "index": 0},
     }
     assert tf_config(p, "chief:0") == {"cluster": cluster, "task": {"type": "chief", "index": 0}}
+    for name in ("worker:0", "worker:1"):
+        assert tf_config(p, name)["cluster"] == cluster
     assert "evaluator" not in p.cluster
+
+
+def test_an_ipv6_evaluator_lists_itself_bracketed(tmp_path: Path) -> None:
+    p = plan(
+        tmp_path,
+        JOB + '[[hosts]]\naddress = "::1"\ntasks = [{ role = "worker" }, { role = "evaluator" }]\n',
+    )
+    assert tf_config(p, "evaluator:0")["cluster"] == {"evaluator": ["[::1]:0"]}
 
 
 def test_indices_follow_host_then_task_order_with_count_expanded_in_place(
