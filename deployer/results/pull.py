@@ -63,6 +63,17 @@ def task_folder(name: str) -> str:
     return name.replace(":", "-")
 
 
+def landing(base: Path, task: str, path: str) -> tuple[Path, Path]:
+    """(folder, file) where a listed file lands: a task's own files in `<role>-<index>/`, the
+    files absolute patterns named (listed with their leading /) in `<role>-<index>.abs/`, so
+    the host's /etc/hostname and the task's etc/hostname never land on each other."""
+    if path.startswith("/"):
+        folder = base / f"{task_folder(task)}.abs"
+        return folder, folder / path.lstrip("/")
+    folder = base / task_folder(task)
+    return folder, folder / path
+
+
 def pull(
     fleet: Fleet,
     run_id: str,
@@ -86,7 +97,7 @@ def pull(
     for host, by_task in sorted(listed.items()):
         for name, collected in sorted(by_task.items()):
             refused += [f"{name}@{host}: {why}" for why in collected.refused]
-            wanted += _destinations(fleet.member(host), name, collected, base / task_folder(name))
+            wanted += _destinations(fleet.member(host), name, collected, base)
     if not any(listed.values()):
         raise UsageError(
             f"no host of the inventory knows run {run_id}"
@@ -116,11 +127,12 @@ def pull(
 
 
 def _destinations(
-    member: Member, name: str, collected: Collected, folder: Path
+    member: Member, name: str, collected: Collected, base: Path
 ) -> list[tuple[Member, str, RemoteFile, Path]]:
     out = []
     for remote in collected.files:
-        dest = (folder / remote.path).resolve()
+        folder, dest = landing(base, name, remote.path)
+        dest = dest.resolve()
         if not dest.is_relative_to(folder.resolve()):  # a host's path must not climb out here
             raise HostError(member.name, f"{name}: {remote.path!r} would land outside {folder}")
         out.append((member, name, remote, dest))
