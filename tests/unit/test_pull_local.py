@@ -87,3 +87,17 @@ def test_an_absolute_path_and_the_tasks_own_file_at_the_same_path_both_come_home
     assert "pulled 2 files" in out
     assert (home / run_id / "worker-0" / relative).read_text() == "own"
     assert (home / run_id / "worker-0.abs" / relative).read_text() == "the host's"
+
+
+def test_pull_to_a_file_exits_2_naming_it(tmp_path: Path, state: Path) -> None:
+    """It exited 3, "a host is unreachable", with `connection failed: [Errno 20]`."""
+    code, out, err = run_cli("up", str(local_job(tmp_path, "printf x > f")))
+    assert code == 0, out + err
+    home = tmp_path / "home"
+    home.write_text("a file")
+    code, out, err = run_cli("pull", run_id_of(out), "f", "--to", str(home))
+    assert (code, out) == (2, "")
+    assert one_line(err) == (
+        f"error: cannot pull into {home}: {home} is a file, not a folder "
+        "hint: name a folder (--to, or artifacts_to in the inventory)"
+    )
