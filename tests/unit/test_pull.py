@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from deployer.cli.main import _raise_terminated
 from deployer.core.errors import (
     ExitStatus,
     HostError,
@@ -148,6 +150,58 @@ def the_error(fn: Callable[[], object]) -> TfdeployError:
 
 
 # ---- issue #28 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_ups_artifacts_pull_keeps_what_arrived_and_says_how_to_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> None:
+    """The pull is stopped, not started again beside itself (which deleted every `.part`);
+    what arrived stays; the line says which pull fetches the rest, and that pull does."""
+    old = signal.signal(signal.SIGTERM, _raise_terminated)  # what `tfdeploy` installs
+    to = tmp_path / "results"
+    text = TWO_WORKERS.replace("[job]\n", f'[job]\nartifacts = ["ckpt/*"]\nartifacts_to = "{to}"\n')
+    h = Harness(tmp_path, text, monkeypatch)
+    a, b = h.hosts["a"], h.hosts["b"]
+    a.files = {"worker:0": {"ckpt/model.bin": CKPT}}
+    b.files = {"worker:1": {}}
+
+    def signal_mid_file(
+        data: bytes, sink: Callable[[bytes], None], closed: threading.Event
+    ) -> None:
+        sink(data[:2_000_000])
+        os.kill(os.getpid(), signum)  # as the terminal's Ctrl-C, or `timeout`'s SIGTERM
+        closed.wait(30)  # the rest never comes: the connection stalls until it is closed
+
+    a.deliver = signal_mid_file
+
+    def end() -> None:
+        a.exit("worker:0")
+        b.exit("worker:1")
+
+    try:
+        with pytest.raises(Interrupted) as info:
+            h.run(h.at(3, end))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert info.value.exit_status == 128 + signum
+    run_id = h.deployment.run_id
+    assert [len(host.ops("collect")) for host in (a, b)] == [1, 1]  # one pull, never two
+    [part] = (to / run_id / ".partial").glob("*.part")
+    assert part.stat().st_size == 2_000_000
+    said = [s for s in h.view.steps if s.startswith("artifacts pull interrupted")]
+    assert said == [
+        "artifacts pull interrupted: what arrived is kept, and the same pull again fetches only "
+        f"the rest: tfdeploy pull {run_id} 'ckpt/*' --to {to}"
+    ], h.view.steps
+    assert not any("stopping every task" in s for s in h.view.steps)  # they had stopped
+    a.deliver = None
+    with Fleet(h.plan.hosts, connect=h.hosts.connect) as fleet:
+        again = pull(fleet, run_id, ["ckpt/*"], to)
+    assert a.ops("fetch")[-1]["offset"] == 2_000_000  # only the rest travelled
+    assert (to / run_id / "worker-0" / "ckpt" / "model.bin").read_bytes() == CKPT
+    assert again.fetched_bytes == len(CKPT) - 2_000_000
+    assert not (to / run_id / ".partial").exists()
 
 
 def test_two_pulls_into_the_same_folder_at_once_both_succeed(tmp_path: Path) -> None:
