@@ -98,7 +98,7 @@ class _Walk:
         if ".." in parts:
             raise params.AgentError(f"{pattern}: '..' may not climb out of the task's directory")
         absolute = pattern.startswith("/")
-        if absolute and (len(parts) == 1 or _MAGIC & set(parts[1])):
+        if absolute and _whole_disk(pattern):
             raise params.AgentError(
                 f"{pattern}: names the host's whole file system; name a folder below / "
                 "(e.g. /data/**)"
@@ -218,6 +218,12 @@ class _Walk:
         )
 
 
+def _whole_disk(pattern: str) -> bool:
+    """/, /*, /**, /x*: an absolute pattern whose walk would start at the root itself."""
+    parts = PurePosixPath(pattern).parts
+    return len(parts) == 1 or bool(_MAGIC & set(parts[1]))
+
+
 def _fixed_prefix(pattern: str) -> Path:
     """/data/run*/x -> /data: the part of an absolute pattern before its first wildcard."""
     parts = []
@@ -277,7 +283,7 @@ def _fetchable(req: dict[str, Any]) -> Path:
         raise params.AgentError(f"{shown!r}: '..' may not climb out of the task's directory")
     if shown.startswith("/"):
         path = Path(shown)
-        roots = [_fixed_prefix(p) for p in patterns if p.startswith("/")]
+        roots = [_fixed_prefix(p) for p in patterns if p.startswith("/") and not _whole_disk(p)]
     else:
         path, roots = cwd / shown, [cwd]
     if not (path.is_file() and any(_inside(path, root) for root in roots)):
