@@ -290,6 +290,19 @@ def test_a_folder_where_a_file_lands_is_a_local_error_before_any_byte(tmp_path: 
     assert not hosts["a"].ops("fetch") and not hosts["b"].ops("fetch")
 
 
+def test_a_file_where_a_folder_goes_is_a_local_error_before_any_byte(tmp_path: Path) -> None:
+    hosts, fleet = fleet_of(tmp_path)
+    in_the_way = tmp_path / "out" / "r-1" / "worker-0"
+    in_the_way.parent.mkdir(parents=True)
+    in_the_way.write_text("an earlier download, say")
+    with fleet:
+        error = the_error(lambda: pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out"))
+    assert error.exit_status == ExitStatus.USAGE
+    dest = in_the_way / "ckpt" / "model.bin"
+    assert error.message == f"cannot write {dest} here: {in_the_way} is a file, not a folder"
+    assert not hosts["a"].ops("fetch") and not hosts["b"].ops("fetch")
+
+
 def test_a_file_with_a_250_character_name_comes_home(tmp_path: Path) -> None:
     """`<name>.<hash12>.part` beside it was 18 characters past the file system's 255."""
     hosts, fleet = fleet_of(tmp_path)
