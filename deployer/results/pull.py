@@ -146,8 +146,9 @@ def pull(
         for name, collected in sorted(by_task.items()):
             refused += [f"{name}@{host}: {why}" for why in collected.refused]
             wanted += _destinations(fleet.member(host), name, collected, base)
+    top = base.resolve()
     for _, _, _, dest in wanted:
-        _in_the_way(dest, base.resolve())
+        _in_the_way(dest, top)
     missing = [w for w in wanted if not _has(w[3], w[2].sha256)]
     sources = _one_source_per_content(missing)
     fetch = _Fetch(run_id, patterns, base / PARTS)
