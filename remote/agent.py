@@ -324,6 +324,9 @@ def serve(first: bytes | None = None) -> int:
     them once per connection. Ends when stdin closes (the controller or its connection left),
     or after SERVE_IDLE_S (protocol.py) without a request (see _IdleExit).
     """
+    import caller
+
+    caller.serving = True  # stdin stays open between requests: its end means the caller left
     idle = _IdleExit()
     raw = first
     while True:
@@ -338,9 +341,9 @@ def serve(first: bytes | None = None) -> int:
             except Exception as exc:  # a one-shot call would crash; a session must go on
                 reply = _error(f"the agent failed: {type(exc).__name__}: {exc}")
             ends = reply.pop(END_SESSION, False)
-            _answer(reply)
+            answered = _answer(reply)
             _reap()
-        if ends:
+        if ends or not answered:
             return 1
         raw = None
 
@@ -424,15 +427,20 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _answer(reply: dict[str, Any]) -> None:
+def _answer(reply: dict[str, Any]) -> bool:
     """The reply line, then the raw bytes an op sends after it (`fetch`): the reply's "raw"
-    says how many, so the controller reads exactly those and the next reply line after them."""
+    says how many, so the controller reads exactly those and the next reply line after them.
+    False when the controller went away (nobody reads stdout any more): the agent ends."""
     body = reply.pop(protocol.RAW_BODY, None)
-    sys.stdout.write(json.dumps(reply) + "\n")
-    sys.stdout.flush()
-    if body is not None:
-        body(sys.stdout.buffer)
-        sys.stdout.buffer.flush()
+    try:
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+        if body is not None:
+            body(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -21,6 +21,11 @@ class StreamError(AgentError):
     stdin is not a request, so the session answers this one and ends."""
 
 
+class CallerGone(StreamError):
+    """The controller left while its request was handled (caller.py): the op stops and the
+    session ends, since nobody reads the reply."""
+
+
 def param(
     req: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = _MISSING
 ) -> Any:

@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     pull_.add_argument(
         "--to",
         default="tfdeploy-runs",
-        help="into DIR/RUN_ID/ROLE-INDEX/ (default: ./tfdeploy-runs)",
+        help="into DIR/RUN_ID/ROLE-INDEX/, absolute paths into ROLE-INDEX.abs/ "
+        "(default: ./tfdeploy-runs)",
     )
     _concurrency_arg(pull_)
     pull_.set_defaults(handler=verbs.pull_verb)

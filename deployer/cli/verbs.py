@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import os
 import shlex
+import signal
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from deployer.core.errors import (
     ExitStatus,
     HostError,
     HostsFailed,
+    Interrupted,
     TfdeployError,
     UsageError,
 )
@@ -32,7 +34,7 @@ from deployer.core.text import plural
 from deployer.hosts.agent import escaped_text
 from deployer.hosts.fleet import Fleet, Member
 from deployer.results.archive import LogArchive, archive_ended, damaged, has_archive
-from deployer.results.pull import pull
+from deployer.results.pull import KEPT, pull, resume_command
 from deployer.results.runs import (
     Survey,
     Target,
@@ -291,7 +293,14 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
     if target.run_id is None:
         raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
     with Fleet(target.hosts, concurrency=args.concurrency) as fleet:
-        result = pull(fleet, target.run_id, args.paths, Path(args.to), tasks=args.task)
+        try:
+            result = pull(fleet, target.run_id, args.paths, Path(args.to), tasks=args.task)
+        except KeyboardInterrupt as exc:
+            signum = int(getattr(exc, "signum", signal.SIGINT))
+            again = resume_command(
+                target.run_id, args.paths, args.to, tasks=args.task, inventory=args.inventory
+            )
+            raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
     view = PlainView(env.raw_out)
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")

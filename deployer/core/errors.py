@@ -50,6 +50,14 @@ class InventoryError(TfdeployError):
         self.expected = expected
 
 
+class LocalError(TfdeployError):
+    """A file or folder on this machine could not be written (a full or read-only disk, a file
+    where a folder goes): the user's to fix here, so not "a host is unreachable". The message
+    names the local path and the cause."""
+
+    exit_status = ExitStatus.USAGE
+
+
 class HostError(TfdeployError):
     """A host could not be reached or failed a check; nothing was started because of it."""
 

@@ -159,7 +159,7 @@ class SetupResult:
 class RemoteFile:
     """A file a task left on its host, as `collect` lists it."""
 
-    path: str  # relative to the task's directory (an absolute pattern's: without its first /)
+    path: str  # relative to the task's directory, or absolute (an absolute pattern's match)
     size: int
     mode: int
     sha256: str

@@ -2,29 +2,51 @@
 
 Each host lists and hashes what the patterns name (remote/results.py). Here, a file already at
 its destination with the same sha256 costs nothing; a content another task has too (a replica's
-identical checkpoint) travels once and is copied locally; the rest is fetched in ranges into
-`<dest>.<hash>.part`, which an interrupted pull resumes, checked against its hash, then renamed.
-Files land in `DIR/<run-id>/<role>-<index>/<path>`.
+identical checkpoint) travels once and is copied locally; the rest is fetched into
+`DIR/<run-id>/.partial/<sha256>.part` (a short name, so a 250-character file name still fits the
+file system's limit; mode 0600 from its first byte), which an interrupted pull resumes and
+another pull of the same content into the same folder waits for (a lock), checked against its
+hash, then renamed into place with the file's mode. Files land in `DIR/<run-id>/<role>-<index>/`
+(what absolute patterns named in `<role>-<index>.abs/`). A problem on this machine (a full or
+read-only disk, a file where a folder goes) is a LocalError naming the path, never blamed on a
+host. Ctrl-C stops the transfers at once, keeping what arrived.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import functools
 import hashlib
 import os
+import shlex
 import shutil
+import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from deployer.config.model import Job
-from deployer.core.errors import HostError, HostsFailed, TfdeployError, UsageError
+from deployer.core.errors import (
+    HostError,
+    HostsFailed,
+    LocalError,
+    TfdeployError,
+    UsageError,
+)
 from deployer.core.text import plural
 from deployer.hosts.agent import Agent, Collected, RemoteFile
-from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.fleet import Fleet, Member, Pending
 
 NO_RUN = "there is no run"  # remote/layout.py's words for a host that does not hold the run
+PARTS = ".partial"  # DIR/<run-id>/.partial/: contents on their way (no task folder is so named)
+STOP_WAIT_S = 3.0  # after Ctrl-C, how long the transfers get to stop before `pull` returns
+
+Wanted = tuple[Member, str, RemoteFile, Path]  # host, task, the file as listed, where it lands
 
 
 @dataclass(frozen=True)
@@ -34,8 +56,13 @@ class PullResult:
     fetched_files: int
     refused: tuple[str, ...]  # "worker:1@h2: ../x: ..." what the hosts would not give
     destination: Path
+    patterns: tuple[str, ...] = ()
+    places: tuple[str, ...] = ()  # "worker:0@h1": the tasks that were asked
 
     def summary(self) -> str:
+        if not self.files:
+            where = ", ".join(self.places) or "any task"
+            return f"no file matched {', '.join(self.patterns)} on {where}; nothing was pulled"
         news = (
             f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')}), the rest "
             "already here"
@@ -47,20 +74,51 @@ class PullResult:
 
 def artifacts_home(fleet: Fleet, job: Job, run_id: str, hosts: Iterable[str]) -> list[str]:
     """job.artifacts from `hosts`, once the tasks were stopped; the lines to show. A failure is
-    one of those lines, never raised: it must not hide how the job itself ended."""
+    one of those lines, never raised: it must not hide how the job itself ended. Ctrl-C is
+    raised (the caller says how to resume: `resume_command`)."""
     members = [fleet.member(h) for h in sorted(hosts)]
     if not job.artifacts or not members:
         return []
     try:
         result = pull(fleet, run_id, job.artifacts, Path(job.artifacts_to), members=members)
     except TfdeployError as exc:
-        return [f"artifacts were not pulled: {exc.message}"]
+        lines = [f"artifacts were not pulled: {exc.message}"]
+        return lines + ([f"hint: {exc.hint}"] if exc.hint else [])
     refused = [f"artifact not pulled: {refusal}" for refusal in result.refused]
     return [*refused, f"artifacts: {result.summary()}"]
 
 
+def resume_command(
+    run_id: str,
+    patterns: Sequence[str],
+    to: str | Path,
+    *,
+    tasks: Sequence[str] | None = None,
+    inventory: str | None = None,
+) -> str:
+    """The pull that fetches what an interrupted one left: the same patterns into the same
+    folder (its `.partial/` holds what arrived)."""
+    words = ["tfdeploy", "pull", run_id]
+    words += ["-i", inventory] if inventory else []
+    for task in tasks or ():
+        words += ["--task", task]
+    words += [*patterns, "--to", str(to)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
 def task_folder(name: str) -> str:
     return name.replace(":", "-")
+
+
+def landing(base: Path, task: str, path: str) -> tuple[Path, Path]:
+    """(folder, file) where a listed file lands: a task's own files in `<role>-<index>/`, the
+    files absolute patterns named (listed with their leading /) in `<role>-<index>.abs/`, so
+    the host's /etc/hostname and the task's etc/hostname never land on each other."""
+    if path.startswith("/"):
+        folder = base / f"{task_folder(task)}.abs"
+        return folder, folder / path.lstrip("/")
+    folder = base / task_folder(task)
+    return folder, folder / path
 
 
 def pull(
@@ -74,53 +132,137 @@ def pull(
 ) -> PullResult:
     """Pulls what `patterns` name of every task (or `tasks`) of the run, from every host (or
     `members`)."""
-    listed, failures = fleet.each_settled(
-        lambda m: m.agent.collect(run_id, patterns, tasks), members
-    )
-    failures = [f for f in failures if NO_RUN not in f.cause]  # a host the run did not use
-    if failures:
-        raise HostsFailed(failures, what="listing the files to pull failed", outcome=None)
-    base = to / run_id
-    wanted: list[tuple[Member, str, RemoteFile, Path]] = []
-    refused: list[str] = []
-    for host, by_task in sorted(listed.items()):
-        for name, collected in sorted(by_task.items()):
-            refused += [f"{name}@{host}: {why}" for why in collected.refused]
-            wanted += _destinations(fleet.member(host), name, collected, base / task_folder(name))
+    check_destination(to)
+    listed = _collect(fleet, run_id, patterns, tasks, members)
     if not any(listed.values()):
         raise UsageError(
             f"no host of the inventory knows run {run_id}"
             + (f" or task {', '.join(tasks)}" if tasks else "")
         )
+    base = to / run_id
+    wanted: list[Wanted] = []
+    refused: list[str] = []
+    for host, by_task in sorted(listed.items()):
+        for name, collected in sorted(by_task.items()):
+            refused += [f"{name}@{host}: {why}" for why in collected.refused]
+            wanted += _destinations(fleet.member(host), name, collected, base)
+    top = base.resolve()
+    for _, _, _, dest in wanted:
+        _in_the_way(dest, top)
     missing = [w for w in wanted if not _has(w[3], w[2].sha256)]
     sources = _one_source_per_content(missing)
-    fetched, sent = _fetch_all(fleet, run_id, patterns, sources)
-    for sha, (_, _, remote, dest) in sources.items():
-        os.replace(fetched[sha], dest)
-        os.chmod(dest, remote.mode or 0o644)
+    fetch = _Fetch(run_id, patterns, base / PARTS)
+    sent = fetch.all(fleet, sources) if sources else 0
     for _, _, remote, dest in missing:
         first = sources[remote.sha256][3]
         if dest != first:  # the same content for another task: copied here, not sent again
-            tmp = dest.with_name(f".{dest.name}.copy")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(first, tmp)
-            os.replace(tmp, dest)
-            os.chmod(dest, remote.mode or 0o644)
+            _copy(first, dest, remote.mode, base / PARTS)
+    with contextlib.suppress(OSError):
+        (base / PARTS).rmdir()  # empty once everything arrived
     return PullResult(
         files=len(wanted),
         fetched_bytes=sent,
-        fetched_files=len(sources),
+        fetched_files=fetch.fetched,
         refused=tuple(refused),
         destination=base,
+        patterns=tuple(patterns),
+        places=tuple(f"{n}@{h}" for h, by_task in sorted(listed.items()) for n in sorted(by_task)),
     )
 
 
-def _destinations(
-    member: Member, name: str, collected: Collected, folder: Path
-) -> list[tuple[Member, str, RemoteFile, Path]]:
+def _collect(
+    fleet: Fleet,
+    run_id: str,
+    patterns: Sequence[str],
+    tasks: Sequence[str] | None,
+    members: Sequence[Member] | None,
+) -> dict[str, dict[str, Collected]]:
+    """What each host lists. Ctrl-C drops the connections of the hosts still walking and
+    hashing, which ends their agents (remote/caller.py)."""
+    try:
+        listed, failures = fleet.each_settled(
+            lambda m: m.agent.collect(run_id, patterns, tasks), members
+        )
+    except KeyboardInterrupt:
+        fleet.interrupt()
+        raise
+    failures = [f for f in failures if NO_RUN not in f.cause]  # a host the run did not use
+    if failures:
+        raise HostsFailed(failures, what="listing the files to pull failed", outcome=None)
+    return listed
+
+
+# ---- this machine's side ------------------------------------------------------------------
+
+_HINTS = {
+    errno.ENOSPC: "free some space there, or pull --to a folder on another disk",
+    errno.EDQUOT: "free some space there, or pull --to a folder on another disk",
+    errno.EROFS: "that file system is read-only: pull --to a writable folder",
+    errno.EACCES: "you may not write there: pull --to a folder of yours",
+    errno.EPERM: "you may not write there: pull --to a folder of yours",
+    errno.ENOTDIR: "a file is where a folder goes: move it away, or pull --to another folder",
+    errno.EEXIST: "a file is where a folder goes: move it away, or pull --to another folder",
+    errno.EISDIR: "a folder is where a file goes: move it away, or pull --to another folder",
+    errno.ENAMETOOLONG: "the path is too long for this file system: pull --to a shorter folder",
+}
+KEPT = "what arrived is kept, and the same pull again fetches only the rest"
+
+
+def local_error(path: Path, exc: OSError) -> LocalError:
+    """An OSError of this machine's disk, as the user must read it: the path, the cause, what
+    to do."""
+    cause = exc.strerror or str(exc)
+    hint = _HINTS.get(exc.errno or 0, "fix that here, or pull --to another folder")
+    return LocalError(f"cannot write {path} here: {cause}", hint=f"{hint}; {KEPT}")
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Local file operations on `path`: their OSError becomes a LocalError naming it. Only
+    for this machine's disk: a socket's OSError is a host's problem."""
+    try:
+        yield
+    except OSError as exc:
+        raise local_error(path, exc) from exc
+
+
+def check_destination(to: Path) -> None:
+    """`--to` (or artifacts_to) must be, or be creatable as, a writable folder: checked before
+    any host is asked, and without creating anything."""
+    probe = to
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise LocalError(
+            f"cannot pull into {to}: {probe} is a file, not a folder",
+            hint="name a folder (--to, or artifacts_to in the inventory)",
+        )
+    if os.statvfs(probe).f_flag & os.ST_RDONLY:
+        raise local_error(to, OSError(errno.EROFS, os.strerror(errno.EROFS)))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise local_error(to, OSError(errno.EACCES, os.strerror(errno.EACCES)))
+
+
+def _in_the_way(dest: Path, base: Path) -> None:
+    """A folder where a file lands, or a file where one of its folders goes (an earlier pull's,
+    or the user's): said before any byte travels."""
+    if dest.is_dir():
+        raise local_error(dest, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    for folder in dest.parents:
+        if folder == base or not folder.is_relative_to(base):
+            return
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise LocalError(
+                f"cannot write {dest} here: {folder} is a file, not a folder",
+                hint=f"{_HINTS[errno.ENOTDIR]}; {KEPT}",
+            )
+
+
+def _destinations(member: Member, name: str, collected: Collected, base: Path) -> list[Wanted]:
     out = []
     for remote in collected.files:
-        dest = (folder / remote.path).resolve()
+        folder, dest = landing(base, name, remote.path)
+        dest = dest.resolve()
         if not dest.is_relative_to(folder.resolve()):  # a host's path must not climb out here
             raise HostError(member.name, f"{name}: {remote.path!r} would land outside {folder}")
         out.append((member, name, remote, dest))
@@ -131,80 +273,215 @@ def _has(dest: Path, sha256: str) -> bool:
     return dest.is_file() and _sha256(dest) == sha256
 
 
-def _one_source_per_content(
-    missing: list[tuple[Member, str, RemoteFile, Path]],
-) -> dict[str, tuple[Member, str, RemoteFile, Path]]:
-    sources: dict[str, tuple[Member, str, RemoteFile, Path]] = {}
+def _one_source_per_content(missing: list[Wanted]) -> dict[str, Wanted]:
+    sources: dict[str, Wanted] = {}
     for item in missing:
         sources.setdefault(item[2].sha256, item)
     return sources
 
 
-def _fetch_all(
-    fleet: Fleet,
-    run_id: str,
-    patterns: Sequence[str],
-    sources: dict[str, tuple[Member, str, RemoteFile, Path]],
-) -> tuple[dict[str, Path], int]:
-    """Fetches each content once, hosts in parallel; returns where each content now is, and
-    how many bytes travelled (a resumed content counts only its rest)."""
-    by_host: dict[str, list[tuple[str, RemoteFile, Path]]] = {}
-    for member, name, remote, dest in sources.values():
-        by_host.setdefault(member.name, []).append((name, remote, dest))
-    lock = threading.Lock()
-    done: dict[str, Path] = {}
-    sent = [0]
-
-    def fetch_host(member: Member) -> None:
-        with member.agent.dedicated() as agent:  # bulk bytes: a session of their own
-            for name, remote, dest in by_host[member.name]:
-                path, fetched = _fetch(agent, member.name, run_id, name, remote, patterns, dest)
-                with lock:
-                    done[remote.sha256] = path
-                    sent[0] += fetched
-
-    fleet.each(fetch_host, [fleet.member(h) for h in by_host], what="pulling files failed")
-    return done, sent[0]
+def _copy(first: Path, dest: Path, mode: int, parts: Path) -> None:
+    """A content already here, copied to another task's file: through a private temporary
+    file in `parts` (never a longer name beside `dest`), renamed into place."""
+    with _writing(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        parts.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=parts, suffix=".copy")  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as out, first.open("rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+                os.fchmod(out.fileno(), mode or 0o644)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
-def _fetch(
-    agent: Agent,
-    host: str,
-    run_id: str,
-    name: str,
-    remote: RemoteFile,
-    patterns: Sequence[str],
-    dest: Path,
-) -> tuple[Path, int]:
-    """One content into `<dest>.<hash>.part` (resumed where an earlier pull stopped), hashed as
-    it arrives, checked; returns it and the bytes this call fetched."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(f"{dest.name}.{remote.sha256[:12]}.part")
-    offset = part.stat().st_size if part.exists() else 0
-    if offset > remote.size:
-        part.unlink()
-        offset = 0
-    hasher = _hasher(part, offset)
-    with part.open("ab") as out:
+class _Cancelled(Exception):
+    """Raised in a transfer's sink once the pull was stopped: no byte is written after it."""
+
+
+class _Fetch:
+    """Each missing content once, hosts in parallel, each on a session of its own; Ctrl-C (or
+    a local error) stops every transfer at once, keeping what arrived."""
+
+    def __init__(self, run_id: str, patterns: Sequence[str], parts: Path) -> None:
+        self.run_id = run_id
+        self.patterns = patterns
+        self.parts = parts
+        self.cancelled = threading.Event()
+        self.sent = 0  # bytes that travelled
+        self.fetched = 0  # contents this pull fetched (not those another pull brought meanwhile)
+        self.local: list[LocalError] = []
+        self._lock = threading.Lock()
+        self._open: list[Agent] = []  # the sessions carrying bytes now
+
+    def all(self, fleet: Fleet, sources: dict[str, Wanted]) -> int:
+        """Fetches `sources`; returns how many bytes travelled (a resumed content counts only
+        its rest); `fetched` counts the contents."""
+        with _writing(self.parts):
+            self.parts.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.parts, 0o700)  # contents may be private: only their owner looks in
+        by_host: dict[str, list[tuple[str, RemoteFile, Path]]] = {}
+        for member, name, remote, dest in sources.values():
+            by_host.setdefault(member.name, []).append((name, remote, dest))
+        pendings = [
+            fleet.submit(functools.partial(self._host, items=items), fleet.member(host))
+            for host, items in by_host.items()
+        ]
+        try:
+            for pending in pendings:
+                pending.wait()
+        except KeyboardInterrupt:
+            self._stop(pendings)  # a second Ctrl-C here ends the wait at once
+            raise
+        return self._outcome(pendings)
+
+    def _outcome(self, pendings: list[Pending[None]]) -> int:
+        if self.local:  # this machine's problem, whatever the hosts did meanwhile
+            raise self.local[0]
+        failures = []
+        for pending in pendings:
+            try:
+                pending.result()
+            except HostError as exc:
+                failures.append(exc)
+        if failures:
+            raise HostsFailed(failures, what="pulling files failed", outcome=None)
+        return self.sent
+
+    def _stop(self, pendings: list[Pending[None]]) -> None:
+        """No byte written from now on; the sessions closed (which ends the hosts' sends), and
+        the transfers given STOP_WAIT_S to notice."""
+        self.cancelled.set()
+        with self._lock:
+            sessions = list(self._open)
+        for agent in sessions:  # closing a local session waits for its process: not here
+            threading.Thread(target=agent.close_session, daemon=True).start()
+        deadline = time.monotonic() + STOP_WAIT_S
+        for pending in pendings:
+            pending.wait(max(0.0, deadline - time.monotonic()))
+
+    def _host(self, member: Member, items: list[tuple[str, RemoteFile, Path]]) -> None:
+        try:
+            with member.agent.dedicated() as agent:  # bulk bytes: a session of their own
+                with self._lock:
+                    if self.cancelled.is_set():
+                        return
+                    self._open.append(agent)
+                for name, remote, dest in items:
+                    if self.cancelled.is_set():
+                        return
+                    fetched = self._content(agent, member.name, name, remote, dest)
+                    with self._lock:
+                        self.sent += fetched or 0
+                        self.fetched += fetched is not None
+        except _Cancelled:
+            return
+        except LocalError as exc:  # a full disk fails every host's transfers: stop them all
+            with self._lock:
+                self.local.append(exc)
+            self.cancelled.set()
+
+    def _content(
+        self, agent: Agent, host: str, name: str, remote: RemoteFile, dest: Path
+    ) -> int | None:
+        """One content into `dest`: its part file resumed, locked, fetched, checked, renamed.
+        Returns the bytes fetched (None: another pull put it there meanwhile)."""
+        with _writing(dest.parent):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        part = self.parts / f"{remote.sha256}.part"
+        while True:
+            out = _open_part(part, self.parts)
+            if out is not None:
+                break
+            if _has(dest, remote.sha256):  # the pull we waited for brought it
+                return None
+        with out:
+            if self.cancelled.is_set():
+                raise _Cancelled
+            fetched = self._into(out, agent, name, remote, dest)
+            if fetched < 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise HostError(
+                    host, f"{name}: {remote.path} changed while being pulled; pull again"
+                )
+            with _writing(dest):
+                os.fchmod(out.fileno(), remote.mode or 0o644)
+                os.replace(part, dest)
+        return fetched
+
+    def _into(self, out: BinaryIO, agent: Agent, name: str, remote: RemoteFile, dest: Path) -> int:
+        """The rest of the content appended to `out`, hashed as it arrives; the bytes fetched,
+        or -1 when the whole does not match what the host listed."""
+        offset = os.fstat(out.fileno()).st_size
+        if offset > remote.size:
+            out.truncate(0)
+            offset = 0
+        hasher = _hasher(out, offset)
 
         def sink(data: bytes) -> None:
-            out.write(data)
+            if self.cancelled.is_set():
+                raise _Cancelled
+            with _writing(dest):
+                _write_all(out, data)
             hasher.update(data)
 
-        fetched = agent.fetch(run_id, name, remote.path, patterns, offset, sink)
-    if offset + fetched != remote.size or hasher.hexdigest() != remote.sha256:
-        part.unlink()
-        raise HostError(host, f"{name}: {remote.path} changed while being pulled; pull again")
-    return part, fetched
+        fetched = agent.fetch(self.run_id, name, remote.path, self.patterns, offset, sink)
+        if offset + fetched != remote.size or hasher.hexdigest() != remote.sha256:
+            return -1
+        return fetched
 
 
-def _hasher(part: Path, size: int) -> Any:
-    """sha256 over the first `size` bytes of `part`: what an earlier pull already fetched."""
+def _open_part(part: Path, parts: Path) -> BinaryIO | None:
+    """`part` open for appending, mode 0600 from its first byte (the content may be private),
+    and locked: another pull of this content into this folder waits here until the first is
+    done. None when the part waited for was renamed into place meanwhile."""
+    for _ in range(3):  # another pull may remove an empty `parts` between mkdir and open
+        with _writing(part):
+            parts.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+                break
+            except FileNotFoundError:
+                continue
+    else:
+        raise local_error(part, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
+    out = os.fdopen(fd, "r+b", buffering=0)
+    try:
+        os.fchmod(fd, 0o600)  # a part an older tfdeploy left readable to all
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        same = os.fstat(fd).st_ino == os.stat(part).st_ino
+    except FileNotFoundError:
+        same = False
+    except BaseException:
+        out.close()
+        raise
+    if not same:
+        out.close()
+        return None
+    return out
+
+
+def _write_all(out: BinaryIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view) or 0 :]
+
+
+def _hasher(f: BinaryIO, size: int) -> Any:
+    """sha256 over the first `size` bytes of `f`: what an earlier pull already fetched."""
     hasher = hashlib.sha256()
-    if size:
-        with part.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                hasher.update(chunk)
+    f.seek(0)
+    left = size
+    while left:
+        chunk = f.read(min(1 << 20, left))
+        if not chunk:
+            break
+        hasher.update(chunk)
+        left -= len(chunk)
     return hasher
 
 

@@ -26,7 +26,7 @@ from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
 from deployer.results.archive import LogArchive
-from deployer.results.pull import artifacts_home
+from deployer.results.pull import KEPT, artifacts_home, resume_command
 from deployer.results.state import RunRecord, controller_name, new_run_id, save
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
@@ -75,6 +75,7 @@ class Deployment:
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self._torn_down = False
         self.started = False  # a start was sent: from here on tasks may have left artifacts
+        self._artifacts_pulled = False  # tried: one pull per `up`, even when it was cut short
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
@@ -147,16 +148,17 @@ class Deployment:
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             signum = int(getattr(exc, "signum", signal.SIGINT))
             by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-            self.view.step(
-                f"interrupted{by}: stopping every task that was started "
-                "(Ctrl-C again to kill at once)"
-            )
-            self.fleet.interrupt()  # abandon calls in flight (a push) so the stop is not queued
-            self.poller.abandon()
-            self.teardown()
-            self.recovery.arm_idle_stop_anyway()
-            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C skips the pull
-                self.pull_artifacts()
+            if not self._artifacts_pulled:  # else every task had stopped before the pull
+                self.view.step(
+                    f"interrupted{by}: stopping every task that was started "
+                    "(Ctrl-C again to kill at once)"
+                )
+                self.fleet.interrupt()  # abandon calls in flight (a push): the stop goes first
+                self.poller.abandon()
+                self.teardown()
+                self.recovery.arm_idle_stop_anyway()
+                with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C skips the pull
+                    self.pull_artifacts()
             raise Interrupted(
                 f"interrupted{by}; run {self.run_id} was stopped", signum=signum
             ) from None
@@ -314,11 +316,21 @@ class Deployment:
                 self.view.step(said)
 
     def pull_artifacts(self) -> None:
-        """job.artifacts home, once the tasks are stopped (never raises: see artifacts_home).
-        Nothing to say when no task was started (Ctrl-C during the push or setup)."""
-        if not self.started:
+        """job.artifacts home, once the tasks are stopped (a failure is a line: see
+        artifacts_home). Nothing to say when no task was started (Ctrl-C during the push or
+        setup). Once per `up`: Ctrl-C or a signal during the pull stops it, keeping what
+        arrived, says how to fetch the rest and is raised; it never starts it again."""
+        if not self.started or self._artifacts_pulled:
             return
-        for line in artifacts_home(self.fleet, self.plan.job, self.run_id, self.contacted_hosts):
+        self._artifacts_pulled = True
+        job = self.plan.job
+        try:
+            lines = artifacts_home(self.fleet, job, self.run_id, self.contacted_hosts)
+        except KeyboardInterrupt:
+            again = resume_command(self.run_id, job.artifacts, job.artifacts_to)
+            self.view.step(f"artifacts pull interrupted: {KEPT}: {again}")
+            raise
+        for line in lines:
             self.view.step(line)
 
     def _pull_after_failure(self) -> None:

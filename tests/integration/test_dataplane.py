@@ -1,5 +1,7 @@
 """Bulk bytes on real hosts (issue #25): what a pull does when it is interrupted, when the file
 changes under it and when the host's key is unknown; the bytes' speed is bench/dataplane.py's.
+Under faults (issue #28): Ctrl-C during `up`'s artifacts pull, Ctrl-C while a host hashes, a
+symlink loop and `/` on a real host.
 
 Push and pull through a jump host with strict keys: tests/integration/test_results.py
 (`test_pull_and_tunnel_through_a_bastion`); an unknown key refused before any push:
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab
+from tests.support.faults import Up
 from tests.support.lab_cli import tfdeploy
 
 pytestmark = [pytest.mark.lab]
@@ -45,6 +48,14 @@ while True:
 
 def _env(state: Path) -> dict[str, str]:
     return os.environ | {"TFDEPLOY_STATE_DIR": str(state)}
+
+
+def sha(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(MB), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @pytest.fixture
@@ -111,9 +122,11 @@ def test_a_pull_interrupted_mid_file_keeps_its_part_and_resumes(
         assert time.monotonic() - began < 5, "Ctrl-C must stop a transfer at once"
     finally:
         clean_lab.uncap_bandwidth(host)
+    assert "pull interrupted; what arrived is kept" in out, out
     [part] = home.rglob("*.part")
     kept = part.stat().st_size
-    assert 0 < kept < size and not (part.parent / "big.bin").exists()
+    assert 0 < kept < size and not (home / run_id / "worker-0" / "big.bin").exists()
+    assert part.stat().st_mode & 0o777 == 0o600  # private until it is whole (issue #28)
     time.sleep(1)
     agents = clean_lab.run(host, "pgrep -af '[a]gent.py serve' || true").stdout
     assert "serve" not in agents, f"a pull's agent is still running: {agents}"
@@ -161,3 +174,144 @@ def test_a_pull_from_a_host_whose_key_is_unknown_is_refused(
     assert refused.returncode == 3, refused.stdout + refused.stderr
     assert "is not in" in refused.stderr and str(known) in " ".join(refused.stderr.split())
     assert not home.exists() or not list(home.rglob("*.bin*"))
+
+
+def _agents(lab: Lab, host: Any) -> list[str]:
+    """The host's tfdeploy agents that serve a controller (a pull's sessions), not the run's
+    supervisors."""
+    return [
+        p.cmdline
+        for p in lab.processes(host)
+        if ("agent.py" in p.cmdline or "agent.serve" in p.cmdline) and "supervise" not in p.cmdline
+    ]
+
+
+def _started(lab_inventory: Any, tmp_path: Path, command: str, runs: list[str]) -> tuple[Path, str]:
+    """A detached run of one worker on h1 running `command`, once its output says `ready`."""
+    inventory = lab_inventory(
+        [[{"role": "worker"}]],
+        code=tmp_path,
+        job={"name": "faults", "command": command, "stop_grace": 1},
+    )
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    run_id = up.stdout.split("tfdeploy down ")[1].split("`")[0]
+    runs.append(run_id)
+    deadline = time.monotonic() + 60
+    while "ready" not in tfdeploy("logs", run_id, state=tmp_path / "state").stdout:
+        assert time.monotonic() < deadline, "the task never got ready"
+        time.sleep(0.5)
+    return inventory, run_id
+
+
+def test_ctrl_c_during_ups_artifacts_pull_keeps_what_arrived_and_the_next_pull_fetches_the_rest(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue #28, item 1: the pull is stopped, not started again beside itself (which deleted
+    every .part and left the artifacts folder empty); `up` says which pull fetches the rest."""
+    size = 64 * MB
+    home = tmp_path / "home"
+    inventory = lab_inventory(
+        [[{"role": "worker"}], [{"role": "worker"}]],
+        code=tmp_path,
+        job={
+            "name": "arts",
+            "command": f"head -c {size} /dev/urandom > big.bin && sha256sum big.bin",
+            "artifacts": ["big.bin"],
+            "artifacts_to": str(home),
+            "stop_grace": 1,
+        },
+    )
+    hosts = clean_lab.hosts[:2]
+    for host in hosts:
+        clean_lab.cap_bandwidth(host, "80mbit")  # ~10 MB/s each: the pull takes ~7 s
+    try:
+        up = Up(inventory, state=tmp_path / "state")
+        up.wait_for("job succeeded", timeout=120)
+        deadline = time.monotonic() + 60
+        parts: list[Path] = []
+        while time.monotonic() < deadline and sum(p.stat().st_size for p in parts) < 16 * MB:
+            time.sleep(0.1)
+            parts = list(home.rglob("*.part"))
+        up.proc.send_signal(signal.SIGINT)
+        began = time.monotonic()
+        assert up.finish(timeout=30) == 130, up.report()
+        assert time.monotonic() - began < 5, "Ctrl-C must stop the pull at once"
+    finally:
+        for host in hosts:
+            clean_lab.uncap_bandwidth(host)
+    run_id = up.run_id()
+    assert (
+        "artifacts pull interrupted: what arrived is kept, and the same pull again fetches "
+        f"only the rest: tfdeploy pull {run_id} big.bin --to {home}"
+    ) in up.stdout, up.report()
+    assert "artifacts were not pulled" not in up.stdout + up.stderr
+    assert "stopping every task" not in up.stdout  # they had stopped before the pull
+    kept = {p.name: p.stat().st_size for p in home.rglob("*.part")}
+    assert kept and all(0 < n < size for n in kept.values()), kept
+    for host in hosts:
+        assert not _agents(clean_lab, host), "a pull's agent is still running"
+    again = tfdeploy("pull", run_id, "big.bin", "--to", str(home), state=tmp_path / "state")
+    assert again.returncode == 0, again.stdout + again.stderr
+    sent = int(again.stdout.split("pulled 2 files into")[1].split(": ")[1].split(" bytes")[0])
+    assert sent == 2 * size - sum(kept.values())  # only the rest travelled
+    digests = {line.split()[-2] for line in up.stdout.splitlines() if line.endswith(" big.bin")}
+    pulled = {sha(p) for p in home.joinpath(run_id).glob("worker-*/big.bin")}
+    assert len(digests) == 2 and pulled == digests
+    assert not list(home.rglob("*.part"))
+
+
+def test_ctrl_c_while_the_host_hashes_stops_its_agent(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str]
+) -> None:
+    """Issue #28, item 9: a minute of hashing on the host (a 64 GB sparse file), Ctrl-C after
+    2 s: the host's agent used to hash on for nobody until it was done."""
+    _, run_id = _started(
+        lab_inventory, tmp_path, "truncate -s 64G huge.bin && echo ready && sleep 600", runs
+    )
+    host = clean_lab.hosts[0]
+    pull = subprocess.Popen(
+        [sys.executable, "-m", "deployer", "pull", run_id, "huge.bin", "--to", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(tmp_path / "state"),
+    )
+    deadline = time.monotonic() + 30
+    while not _agents(clean_lab, host):
+        assert time.monotonic() < deadline, "the pull never reached the host"
+        time.sleep(0.1)
+    time.sleep(2)  # hashing
+    assert pull.poll() is None, pull.communicate()[0]
+    pull.send_signal(signal.SIGINT)
+    out, _ = pull.communicate(timeout=30)
+    assert pull.returncode == 130, out
+    deadline = time.monotonic() + 5
+    while _agents(clean_lab, host):
+        assert time.monotonic() < deadline, f"the host still hashes: {_agents(clean_lab, host)}"
+        time.sleep(0.1)
+
+
+def test_a_symlink_loop_and_the_whole_file_system_are_refused_at_once(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str]
+) -> None:
+    """Issue #28, item 9: `loop/a -> .`, `loop/b -> .`: `pull RUN 'loop/**'` ran the host's
+    agent at 100% CPU with memory growing; `/` walked the disk for 600 s."""
+    loop = "mkdir loop && echo once > loop/f && ln -s . loop/a && ln -s . loop/b"
+    _, run_id = _started(lab_inventory, tmp_path, f"{loop} && echo ready && sleep 600", runs)
+    home = tmp_path / "home"
+    began = time.monotonic()
+    looped = tfdeploy(
+        "pull", run_id, "loop/**", "--to", str(home), state=tmp_path / "state", timeout=60
+    )
+    assert looped.returncode == 0, looped.stdout + looped.stderr
+    assert "pulled 1 file into" in looped.stdout
+    for name in ("a", "b"):
+        assert f"not pulled: worker:0@h1: loop/{name}: a symlink to a folder, not followed" in (
+            looped.stdout
+        )
+    assert [p.name for p in home.rglob("*") if p.is_file()] == ["f"]
+    whole = tfdeploy("pull", run_id, "/", "--to", str(home), state=tmp_path / "state", timeout=60)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "not pulled: worker:0@h1: /: names the host's whole file system" in whole.stdout
+    assert "no file matched / on worker:0@h1; nothing was pulled" in whole.stdout
+    assert time.monotonic() - began < 30

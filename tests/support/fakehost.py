@@ -100,8 +100,15 @@ class FakeHost:
         self.verdicts: dict[tuple[str, int], str] = {}
         self.stand_ins: set[int] = set()  # ports the network check listens on right now
         self.stopped_runs: set[str] = set()  # runs stopped whole: nothing of them starts again
-        # Files tasks left in their directories: {task: {relative path: content}} (pull).
+        # Files tasks left in their directories: {task: {relative path: content}} (pull), and
+        # their modes by path (absent: 0o644).
         self.files: dict[str, dict[str, bytes]] = {}
+        self.modes: dict[str, int] = {}
+        # How fetch's raw bytes reach the controller: (bytes, the controller's sink, an event set
+        # when the controller closes the session). Absent: all at once. A test delivers part,
+        # stalls, interrupts...
+        self.deliver: Callable[[bytes, Callable[[bytes], None], threading.Event], None] | None
+        self.deliver = None
         self.silent = threading.Event()  # set: calls hang until cleared (a cut link)
         self._next_pid = 100
         self._lock = threading.Lock()
@@ -236,7 +243,7 @@ class FakeHost:
             if req.get("tasks") is not None and task not in req["tasks"]:
                 continue
             listed = [
-                [path, len(data), 0o644, hashlib.sha256(data).hexdigest()]
+                [path, len(data), self.modes.get(path, 0o644), hashlib.sha256(data).hexdigest()]
                 for path, data in sorted(files.items())
                 if any(fnmatch.fnmatch(path, p) for p in req["patterns"])
             ]
@@ -280,6 +287,7 @@ class FakeSession:
         self.name = host.name
         self.host = host
         self.lock = threading.Lock()
+        self.closed = threading.Event()
         self._raw = b""
 
     def request(self, data: bytes, timeout: float | None, body: Iterable[bytes] = ()) -> bytes:
@@ -288,10 +296,15 @@ class FakeSession:
 
     def read_raw(self, size: int, sink: Callable[[bytes], None], timeout: float | None) -> None:
         data, self._raw = self._raw[:size], self._raw[size:]
-        sink(data)
+        if self.host.deliver is None:
+            sink(data)
+        else:
+            self.host.deliver(data, sink, self.closed)
+        if self.closed.is_set():  # as a real session reports a channel closed under a read
+            raise HostError(self.name, "the session was closed")
 
     def close(self) -> None:
-        pass
+        self.closed.set()
 
 
 class FakeTransport:

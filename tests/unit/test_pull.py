@@ -1,18 +1,32 @@
 """`tfdeploy pull` and job.artifacts on scripted hosts: only missing contents travel, once per
 content, interrupted pulls resume, nothing lands outside the destination, and artifacts come
-home however `up` ends. The host side (globs, symlinks, `..`) runs for real in
+home however `up` ends. Under faults (issue #28): Ctrl-C during `up`'s pull, two pulls into one
+folder, private files, problems of this machine's disk, a pull that matched nothing. The host
+side (globs, symlinks, `..`) runs for real in tests/unit/test_pull_host.py and
 tests/integration/test_results.py."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from deployer.core.errors import HostError, Interrupted, JobFailed
+from deployer.cli.main import _raise_terminated
+from deployer.core.errors import (
+    ExitStatus,
+    HostError,
+    Interrupted,
+    JobFailed,
+    TfdeployError,
+)
 from deployer.hosts.fleet import Fleet
-from deployer.results.pull import pull
+from deployer.results.pull import PullResult, pull
 from tests.support.fakehost import FakeClock, FakeFleetHosts
 from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import plan
@@ -48,7 +62,8 @@ def test_an_interrupted_pull_resumes_where_it_stopped(tmp_path: Path) -> None:
     dest = tmp_path / "out" / "r-1" / "worker-0" / "ckpt" / "model.bin"
     dest.parent.mkdir(parents=True)
     sha = hashlib.sha256(CKPT).hexdigest()
-    part = dest.with_name(f"model.bin.{sha[:12]}.part")
+    part = tmp_path / "out" / "r-1" / ".partial" / f"{sha}.part"
+    part.parent.mkdir()
     part.write_bytes(CKPT[:3_000_000])  # what an earlier pull got before Ctrl-C
     with fleet:
         result = pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out", tasks=["worker:0"])
@@ -126,3 +141,221 @@ def test_a_tensorboard_sidecar_runs_beside_the_first_worker_on_its_loopback(
     assert (board.host, board.port, board.awaited) == ("a", 6006, False)
     assert "--logdir 'logs dir' --port 6006 --host 127.0.0.1" in board.command
     assert "tensorboard" not in p.cluster
+
+
+def the_error(fn: Callable[[], object]) -> TfdeployError:
+    with pytest.raises(TfdeployError) as info:
+        fn()
+    return info.value
+
+
+# ---- issue #28 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_ups_artifacts_pull_keeps_what_arrived_and_says_how_to_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> None:
+    """The pull is stopped, not started again beside itself (which deleted every `.part`);
+    what arrived stays; the line says which pull fetches the rest, and that pull does."""
+    old = signal.signal(signal.SIGTERM, _raise_terminated)  # what `tfdeploy` installs
+    to = tmp_path / "results"
+    text = TWO_WORKERS.replace("[job]\n", f'[job]\nartifacts = ["ckpt/*"]\nartifacts_to = "{to}"\n')
+    h = Harness(tmp_path, text, monkeypatch)
+    a, b = h.hosts["a"], h.hosts["b"]
+    a.files = {"worker:0": {"ckpt/model.bin": CKPT}}
+    b.files = {"worker:1": {}}
+
+    def signal_mid_file(
+        data: bytes, sink: Callable[[bytes], None], closed: threading.Event
+    ) -> None:
+        sink(data[:2_000_000])
+        os.kill(os.getpid(), signum)  # as the terminal's Ctrl-C, or `timeout`'s SIGTERM
+        closed.wait(30)  # the rest never comes: the connection stalls until it is closed
+
+    a.deliver = signal_mid_file
+
+    def end() -> None:
+        a.exit("worker:0")
+        b.exit("worker:1")
+
+    try:
+        with pytest.raises(Interrupted) as info:
+            h.run(h.at(3, end))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert info.value.exit_status == 128 + signum
+    run_id = h.deployment.run_id
+    assert [len(host.ops("collect")) for host in (a, b)] == [1, 1]  # one pull, never two
+    [part] = (to / run_id / ".partial").glob("*.part")
+    assert part.stat().st_size == 2_000_000
+    said = [s for s in h.view.steps if s.startswith("artifacts pull interrupted")]
+    assert said == [
+        "artifacts pull interrupted: what arrived is kept, and the same pull again fetches only "
+        f"the rest: tfdeploy pull {run_id} 'ckpt/*' --to {to}"
+    ], h.view.steps
+    assert not any("stopping every task" in s for s in h.view.steps)  # they had stopped
+    a.deliver = None
+    with Fleet(h.plan.hosts, connect=h.hosts.connect) as fleet:
+        again = pull(fleet, run_id, ["ckpt/*"], to)
+    assert a.ops("fetch")[-1]["offset"] == 2_000_000  # only the rest travelled
+    assert (to / run_id / "worker-0" / "ckpt" / "model.bin").read_bytes() == CKPT
+    assert again.fetched_bytes == len(CKPT) - 2_000_000
+    assert not (to / run_id / ".partial").exists()
+
+
+def test_two_pulls_into_the_same_folder_at_once_both_succeed(tmp_path: Path) -> None:
+    """The first transfer waits (2 s at most) for a second pull to ask for the same content:
+    the second used to append to the same `.part`, and both failed, one claiming the file
+    changed. Now it waits for the first and finds the file here."""
+    hosts, _ = fleet_of(tmp_path)
+    a = hosts["a"]
+
+    def overlap(data: bytes, sink: Callable[[bytes], None], closed: threading.Event) -> None:
+        sink(data[:1000])
+        for _ in range(40):
+            if len(a.ops("fetch")) > 1:
+                break
+            closed.wait(0.05)
+        sink(data[1000:])
+
+    a.deliver = overlap
+    results: list[PullResult | BaseException] = []
+    hosts_of_the_plan = plan(tmp_path, TWO_WORKERS).hosts
+
+    def one_pull() -> None:
+        with Fleet(hosts_of_the_plan, connect=hosts.connect) as fleet:
+            try:
+                results.append(pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out", tasks=["worker:0"]))
+            except BaseException as exc:  # reported by the assertion below
+                results.append(exc)
+
+    pulls = [threading.Thread(target=one_pull) for _ in range(2)]
+    for thread in pulls:
+        thread.start()
+    for thread in pulls:
+        thread.join(30)
+    assert all(isinstance(r, PullResult) for r in results), results
+    assert (tmp_path / "out" / "r-1" / "worker-0" / "ckpt" / "model.bin").read_bytes() == CKPT
+    assert sorted(r.fetched_files for r in results) == [0, 1]  # type: ignore[union-attr]
+    assert len(a.ops("fetch")) == 1  # the content travelled once
+
+
+def test_a_private_file_is_never_readable_by_others_while_it_arrives(tmp_path: Path) -> None:
+    hosts, fleet = fleet_of(tmp_path)
+    hosts["a"].modes = {"ckpt/model.bin": 0o600}
+    base = tmp_path / "out" / "r-1"
+    seen: list[int] = []
+
+    def look(data: bytes, sink: Callable[[bytes], None], closed: threading.Event) -> None:
+        sink(data[:1000])
+        seen.extend(p.stat().st_mode & 0o777 for p in base.rglob("*.part"))
+        seen.extend(p.stat().st_mode & 0o777 for p in base.glob(".partial"))
+        sink(data[1000:])
+
+    hosts["a"].deliver = look
+    umask = os.umask(0o022)
+    try:
+        with fleet:
+            pull(fleet, "r-1", ["ckpt/*", "*.json"], tmp_path / "out", tasks=["worker:0"])
+    finally:
+        os.umask(umask)
+    assert seen and set(seen) <= {0o600, 0o700}, [oct(m) for m in seen]
+    assert (base / "worker-0" / "ckpt" / "model.bin").stat().st_mode & 0o777 == 0o600
+    assert (base / "worker-0" / "log.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_pull_to_a_file_is_a_local_error_before_any_host_is_asked(tmp_path: Path) -> None:
+    hosts, fleet = fleet_of(tmp_path)
+    (tmp_path / "out").write_text("a file")
+    with fleet:
+        error = the_error(lambda: pull(fleet, "r-1", ["*"], tmp_path / "out" / "deeper"))
+    assert error.exit_status == ExitStatus.USAGE  # not 3, "a host is unreachable"
+    assert (
+        error.message
+        == f"cannot pull into {tmp_path}/out/deeper: {tmp_path}/out is a file, not a folder"
+    )
+    assert not hosts["a"].ops("collect")
+
+
+def test_a_folder_where_a_file_lands_is_a_local_error_before_any_byte(tmp_path: Path) -> None:
+    hosts, fleet = fleet_of(tmp_path)
+    in_the_way = tmp_path / "out" / "r-1" / "worker-0" / "ckpt" / "model.bin"
+    in_the_way.mkdir(parents=True)
+    with fleet:
+        error = the_error(lambda: pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out"))
+    assert error.exit_status == ExitStatus.USAGE
+    assert error.message == f"cannot write {in_the_way} here: Is a directory"
+    assert error.hint and error.hint.startswith("a folder is where a file goes: move it away")
+    assert not hosts["a"].ops("fetch") and not hosts["b"].ops("fetch")
+
+
+def test_a_file_where_a_folder_goes_is_a_local_error_before_any_byte(tmp_path: Path) -> None:
+    hosts, fleet = fleet_of(tmp_path)
+    in_the_way = tmp_path / "out" / "r-1" / "worker-0"
+    in_the_way.parent.mkdir(parents=True)
+    in_the_way.write_text("an earlier download, say")
+    with fleet:
+        error = the_error(lambda: pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out"))
+    assert error.exit_status == ExitStatus.USAGE
+    dest = in_the_way / "ckpt" / "model.bin"
+    assert error.message == f"cannot write {dest} here: {in_the_way} is a file, not a folder"
+    assert not hosts["a"].ops("fetch") and not hosts["b"].ops("fetch")
+
+
+def test_a_file_with_a_250_character_name_comes_home(tmp_path: Path) -> None:
+    """`<name>.<hash12>.part` beside it was 18 characters past the file system's 255."""
+    hosts, fleet = fleet_of(tmp_path)
+    name = "n" * 250
+    hosts["a"].files["worker:0"][name] = b"long"
+    with fleet:
+        pull(fleet, "r-1", [name], tmp_path / "out")
+    assert (tmp_path / "out" / "r-1" / "worker-0" / name).read_bytes() == b"long"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB file system of its own (tmpfs: needs root), unmounted after the test."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_full_disk_is_a_local_error_and_keeps_what_arrived(small_disk: Path) -> None:
+    _, fleet = fleet_of(small_disk.parent)
+    with fleet:
+        error = the_error(lambda: pull(fleet, "r-1", ["ckpt/*"], small_disk, tasks=["worker:0"]))
+    dest = small_disk / "r-1" / "worker-0" / "ckpt" / "model.bin"
+    assert error.exit_status == ExitStatus.USAGE
+    assert error.message == f"cannot write {dest} here: No space left on device"
+    assert error.hint and error.hint.startswith("free some space there")
+    assert "the same pull again fetches only the rest" in error.hint
+    [part] = (small_disk / "r-1" / ".partial").glob("*.part")
+    assert part.stat().st_size > 0  # kept for the next pull
+
+
+def test_a_read_only_disk_is_a_local_error(small_disk: Path) -> None:
+    hosts, fleet = fleet_of(small_disk.parent)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    with fleet:
+        error = the_error(lambda: pull(fleet, "r-1", ["ckpt/*"], small_disk / "x"))
+    assert error.exit_status == ExitStatus.USAGE
+    assert error.message == f"cannot write {small_disk}/x here: Read-only file system"
+    assert not hosts["a"].ops("collect")
+
+
+def test_a_pull_that_matched_nothing_says_so(tmp_path: Path) -> None:
+    _, fleet = fleet_of(tmp_path)
+    with fleet:
+        result = pull(fleet, "r-1", ["nothing/*", "*.h5"], tmp_path / "out")
+    assert result.summary() == (
+        "no file matched nothing/*, *.h5 on worker:0@a, worker:1@b; nothing was pulled"
+    )

@@ -1,0 +1,103 @@
+"""`up`'s artifacts and `tfdeploy pull` through the real CLI and agent on this machine
+(`transport = "local"`): where absolute matches land, and what a local problem is reported as
+(issue #28, items 4 and 12). The scripted-host tests of the same code are in test_pull.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.helpers import one_line, run_cli
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def local_job(tmp: Path, command: str, job: str = "") -> Path:
+    """An inventory of one worker on this machine running `command` in its code directory."""
+    (tmp / "code").mkdir(exist_ok=True)
+    path = tmp / "inv.toml"
+    path.write_text(
+        f'[job]\nname = "pulls"\ncode = "code"\ncommand = {json.dumps(command)}\n'
+        f'workdir = "{tmp}/wd"\npython = "{sys.executable}"\nport = {free_port()}\n'
+        f"require_tensorflow = false\nstop_grace = 1\n{job}\n"
+        '[[hosts]]\nname = "local"\naddress = "127.0.0.1"\ntransport = "local"\n'
+        'tasks = [{ role = "worker" }]\n'
+    )
+    return path
+
+
+def run_id_of(out: str) -> str:
+    return next(w for w in out.split() if w.startswith("pulls-")).rstrip(")")
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def test_a_task_file_and_an_absolute_artifact_never_land_on_each_other(
+    tmp_path: Path, state: Path
+) -> None:
+    """The task writes a file `tmp`; the artifacts also name an absolute path below /tmp. Its
+    copy once landed at worker-0/tmp/..., over the file: `internal error: IsADirectoryError`,
+    exit 1 for a job that succeeded."""
+    outside = tmp_path / "abs" / "x"
+    outside.parent.mkdir()
+    outside.write_text("the host's")
+    assert str(outside).startswith("/tmp/")
+    home = tmp_path / "home"
+    artifacts = f'artifacts = ["tmp", "{outside}"]\nartifacts_to = "{home}"'
+    code, out, err = run_cli("up", str(local_job(tmp_path, "printf mine > tmp", artifacts)))
+    assert code == 0, out + err
+    assert "artifacts: pulled 2 files" in out, out
+    base = home / run_id_of(out)
+    assert (base / "worker-0" / "tmp").read_text() == "mine"
+    assert (base / "worker-0.abs" / str(outside).lstrip("/")).read_text() == "the host's"
+
+
+def test_an_absolute_path_and_the_tasks_own_file_at_the_same_path_both_come_home(
+    tmp_path: Path, state: Path
+) -> None:
+    """`pull RUN /x/etc/hostname` while the task's directory has x/etc/hostname too: the host
+    read the task's file for the absolute one, and the pull always failed `changed while being
+    pulled`."""
+    outside = tmp_path / "etc" / "hostname"
+    outside.parent.mkdir()
+    outside.write_text("the host's")
+    relative = str(outside).lstrip("/")
+    write = f"mkdir -p {Path(relative).parent} && printf own > {relative}"
+    code, out, err = run_cli("up", str(local_job(tmp_path, write)))
+    assert code == 0, out + err
+    run_id = run_id_of(out)
+    home = tmp_path / "home"
+    code, out, err = run_cli("pull", run_id, str(outside), relative, "--to", str(home))
+    assert code == 0, one_line(out + err)
+    assert "pulled 2 files" in out
+    assert (home / run_id / "worker-0" / relative).read_text() == "own"
+    assert (home / run_id / "worker-0.abs" / relative).read_text() == "the host's"
+
+
+def test_pull_to_a_file_exits_2_naming_it(tmp_path: Path, state: Path) -> None:
+    """It exited 3, "a host is unreachable", with `connection failed: [Errno 20]`."""
+    code, out, err = run_cli("up", str(local_job(tmp_path, "printf x > f")))
+    assert code == 0, out + err
+    home = tmp_path / "home"
+    home.write_text("a file")
+    code, out, err = run_cli("pull", run_id_of(out), "f", "--to", str(home))
+    assert (code, out) == (2, "")
+    assert one_line(err) == (
+        f"error: cannot pull into {home}: {home} is a file, not a folder "
+        "hint: name a folder (--to, or artifacts_to in the inventory)"
+    )
