@@ -26,7 +26,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -122,23 +121,38 @@ def _accept(
     next_hop: tuple[str, int] | None,
     deadline: float,
 ) -> None:
-    """Answers connections until one proves the secret and streams; strangers learn nothing."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    """Answers connections until one proves the secret and streams; strangers learn nothing.
+
+    SIGTERM (`close`, a stop of the run) ends it at once, mid-stream too: the exception unwinds
+    through the store's writer, which removes its partial file.
+    """
+    signal.signal(signal.SIGTERM, _stopped)
     sock.settimeout(0.2)
-    while not stop.is_set() and time.monotonic() < deadline:
-        try:
-            conn, _ = sock.accept()
-        except OSError:
-            continue
-        try:
-            if _relay_one(conn, store_dir, secret, next_hop):
-                break
-        except (OSError, ValueError, params.AgentError):
-            pass  # the sender sees the connection end and its hosts get the star push
-        finally:
-            conn.close()
-    sock.close()
+    try:
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                continue
+            try:
+                if _relay_one(conn, store_dir, secret, next_hop):
+                    break
+            except (OSError, ValueError, params.AgentError):
+                pass  # the sender sees the connection end and its hosts get the star push
+            finally:
+                conn.close()
+    except _Stopped:
+        pass
+    finally:
+        sock.close()
+
+
+class _Stopped(Exception):
+    """SIGTERM to the listener."""
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise _Stopped
 
 
 def _relay_one(
