@@ -11,15 +11,16 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from deployer.config.model import EvaluatorFailure, FailurePolicy
-from deployer.config.plan import Plan, Task
+from deployer.config.plan import Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
 from deployer.core.secrets import Masker
 from deployer.core.text import join_names, plural
 from deployer.hosts.gpus import GpuMonitor
-from deployer.watch.board import TaskBoard, may_restart, retryable
+from deployer.watch.board import may_restart, retryable
 from deployer.watch.contact import Loss
 from deployer.watch.poller import Poller, Tick
+from deployer.watch.run import OnRun
 from deployer.watch.view import View
 from remote import protocol
 
@@ -34,7 +35,7 @@ class RestartJob(Exception):
         self.gone = gone  # the host itself is lost or being taken away: replace it if one can
 
 
-class Watch:
+class Watch(OnRun):
     """Ticks over one run's started hosts; `until_done` returns when the awaited tasks exit."""
 
     def __init__(
@@ -57,21 +58,6 @@ class Watch:
         self.sleep = sleep
         self.interval = interval
         self.lease = lease
-
-    @property
-    def plan(self) -> Plan:
-        return self.run.plan
-
-    @property
-    def board(self) -> TaskBoard:
-        return self.run.board
-
-    @property
-    def run_id(self) -> str:
-        return self.run.run_id
-
-    def clock(self) -> float:
-        return self.run.clock()
 
     @property
     def gpu_monitor(self) -> GpuMonitor | None:

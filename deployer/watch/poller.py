@@ -11,15 +11,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from deployer.config.plan import Plan
 from deployer.core.errors import HostError
 from deployer.hosts.agent import Poll
 from deployer.hosts.fleet import Fleet, Member, Pending
 from deployer.hosts.gpus import GpuMonitor, GpuReport
 from deployer.results.archive import LogArchive
-from deployer.watch.board import TaskBoard
 from deployer.watch.contact import HostContact, Loss
-from deployer.watch.run import Run
+from deployer.watch.run import OnRun, Run
 
 # A poll is one short agent call; one that takes longer is a failed contact (and is retried).
 POLL_TIMEOUT_S = 8.0
@@ -38,7 +36,7 @@ class Tick:
     loss: Loss | None = None  # the first host past the loss threshold, if any
 
 
-class Poller:
+class Poller(OnRun):
     """Keeps at most one poll per host in flight and folds the answers into the board."""
 
     def __init__(
@@ -58,21 +56,6 @@ class Poller:
         self.hosts: set[str] = set()  # hosts where a start was attempted: the ones polled
         self.contact = HostContact()
         self._inflight: dict[str, Pending[Poll]] = {}
-
-    @property
-    def plan(self) -> Plan:
-        return self.run.plan
-
-    @property
-    def board(self) -> TaskBoard:
-        return self.run.board
-
-    @property
-    def run_id(self) -> str:
-        return self.run.run_id
-
-    def clock(self) -> float:
-        return self.run.clock()
 
     def forget(self, host: str) -> None:
         """`host` is gone for good (replaced): no more polls, no judgement of its silence."""

@@ -41,3 +41,24 @@ class Run:
         moved_tasks = {t.name for h in moved for t in plan.tasks_on(h)}
         self.board.carry_over(previous, moved=moved_tasks)
         return plan
+
+
+class OnRun:
+    """What the poller and the watch loop read of the run: the one shared `Run`, never a copy."""
+
+    run: Run
+
+    @property
+    def plan(self) -> Plan:
+        return self.run.plan
+
+    @property
+    def board(self) -> TaskBoard:
+        return self.run.board
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def clock(self) -> float:
+        return self.run.clock()

@@ -9,6 +9,7 @@ listening port of the run is left behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab, LabHost, LabUnsupported, pythons
+from tests.support.lab_cli import tfdeploy as lab_tfdeploy
 
 pytestmark = pytest.mark.lab
 
@@ -56,24 +58,8 @@ STUBBORN = (
 )
 
 
-def tfdeploy(
-    *args: str, state: Path, timeout: float = 60, check_rc: int | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Runs the CLI the way a user does, with its own local state directory."""
-    env = os.environ | {"TFDEPLOY_STATE_DIR": str(state), "COLUMNS": "200"}
-    result = subprocess.run(
-        [sys.executable, "-m", "deployer", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    if check_rc is not None:
-        assert result.returncode == check_rc, (
-            f"exit {result.returncode}, expected {check_rc}\n"
-            f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-        )
-    return result
+# The lab's CLI runner; these tests' commands are quick, so a minute is plenty.
+tfdeploy = functools.partial(lab_tfdeploy, timeout=60)
 
 
 def code_dir(tmp_path: Path, name: str = "task.py", text: str = TASK) -> Path:
