@@ -41,6 +41,9 @@ MAX_SERVE_S = 600.0
 MAX_HEADER = 16 * 1024 * 1024  # one line of contents: ~250k of them
 GREETING = b"TFDP2"
 IO_TIMEOUT_S = 10.0  # a hop silent this long mid-stream is given up (star push for the rest)
+# Reaching the next host happens while the host before keeps sending: it must give up well
+# before that sender's IO_TIMEOUT_S, or an unreachable next host takes this one down with it.
+CONNECT_TIMEOUT_S = 3.0
 REPLY_TIMEOUT_S = 120.0  # the next host's answer comes once the chain behind it stored all
 
 
@@ -201,7 +204,8 @@ class Forward:
         self.error = ""
         self.conn: socket.socket | None = None
         try:
-            conn = socket.create_connection(hop, timeout=IO_TIMEOUT_S)
+            conn = socket.create_connection(hop, timeout=CONNECT_TIMEOUT_S)
+            conn.settimeout(IO_TIMEOUT_S)
             reader = conn.makefile("rb")
             greeting = reader.readline(256).split()
             if len(greeting) != 2 or greeting[0] != GREETING:
