@@ -111,6 +111,9 @@ HOST_ID_ENV: Final = "TFDEPLOY_HOST_ID"
 # An op's result may carry, under this key, a function that writes raw bytes to the agent's
 # stdout after the reply line; the reply's "raw" field says how many (never sent as JSON).
 RAW_BODY: Final = "_raw_body"
+# A hashed fetch's raw bytes end with the whole file's sha256 (64 hex digits) and b"1" when the
+# file stood still while it was read (b"0": it changed); "raw" counts these 65 bytes too.
+FETCH_TRAILER: Final = 65
 
 # The TF task types listed in the cluster dict: the ones the built-in server may serve
 # (tfserver.py); the control side's roles table (deployer/config/roles.py) must agree.

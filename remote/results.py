@@ -41,20 +41,26 @@ def op_collect(req: dict[str, Any]) -> dict[str, Any]:
     run_dir = layout.run_path(req)
     patterns = [p for p in params.param(req, "patterns", list) if isinstance(p, str)]
     names = params.param(req, "tasks", list, None)
+    hashed = params.param(req, "hash", bool, True)
     found: dict[str, Any] = {}
     for task_dir in layout.task_dirs(run_dir):
         spec = layout.read_json(task_dir / "spec.json")
         if not isinstance(spec, dict) or (names is not None and spec.get("name") not in names):
             continue
         cwd = layout.task_cwd(run_dir, spec.get("cwd"))
-        files, refused = collect(cwd, patterns)
+        files, refused = collect(cwd, patterns, hashed)
         found[str(spec["name"])] = {"files": files, "refused": refused}
     return {"tasks": found}
 
 
-def collect(cwd: Path, patterns: list[str]) -> tuple[list[list[Any]], list[str]]:
+def collect(
+    cwd: Path, patterns: list[str], hashed: bool = True
+) -> tuple[list[list[Any]], list[str]]:
     """([[path, size, mode, sha256]], [refusals]) for `patterns` under `cwd`: every pattern
-    walked (within the limits) before anything is hashed."""
+    walked (within the limits) before anything is hashed. Unhashed (sha256 null) when the
+    controller has nothing to compare with: `fetch` hashes as it sends instead, so a first pull
+    reads each file once, not twice (for a checkpoint no longer in the page cache, the time of
+    a whole extra pass over the disk)."""
     walk = _Walk(cwd)
     listed: dict[str, Path] = {}
     refused: list[str] = []
@@ -70,7 +76,8 @@ def collect(cwd: Path, patterns: list[str]) -> tuple[list[list[Any]], list[str]]
     for shown, path in sorted(listed.items()):
         try:
             info = path.stat()
-            files.append([shown, info.st_size, info.st_mode & 0o777, _sha256(path)])
+            digest = _sha256(path) if hashed else None
+            files.append([shown, info.st_size, info.st_mode & 0o777, digest])
         except OSError as exc:  # gone or unreadable since the walk: the others still come
             refused.append(f"{shown}: could not be read ({exc.strerror or exc}); not pulled")
     refused = list(dict.fromkeys(refused + walk.notes))
@@ -256,7 +263,8 @@ def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
     """Bytes [offset, offset+length) of a file `collect` lists for the task and `patterns`.
 
     The bytes follow the reply line as they are (the reply's "raw" counts them), read and
-    written in CHUNK pieces: no base64, and no whole range in memory on either side.
+    written in CHUNK pieces: no base64, and no whole range in memory on either side. With
+    `hash`, protocol.FETCH_TRAILER follows them, counted in "raw" (see _send_range).
     """
     path = _fetchable(req)
     offset = params.param(req, "offset", int, 0)
@@ -264,6 +272,9 @@ def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
         raise params.AgentError(f"offset must be 0 or more, got {offset}")
     size = path.stat().st_size
     length = max(0, min(params.param(req, "length", int, size), size - offset))
+    if params.param(req, "hash", bool, False):
+        send = functools.partial(_send_hashed, path=path, offset=offset, length=length)
+        return {"size": size, "raw": length + protocol.FETCH_TRAILER, protocol.RAW_BODY: send}
     send = functools.partial(_send_range, path=path, offset=offset, length=length)
     return {"size": size, "raw": length, protocol.RAW_BODY: send}
 
@@ -294,7 +305,7 @@ def _fetchable(req: dict[str, Any]) -> Path:
 CHUNK = 1 << 20
 
 
-def _send_range(out: BinaryIO, path: Path, offset: int, length: int) -> None:
+def _send_range(out: BinaryIO, path: Path, offset: int, length: int, digest: Any = None) -> None:
     """Exactly `length` bytes: a file that shrank meanwhile is padded with zeros, which the
     controller's hash check then reports as a file that changed while being pulled."""
     with path.open("rb") as f:
@@ -305,4 +316,33 @@ def _send_range(out: BinaryIO, path: Path, offset: int, length: int) -> None:
             if not chunk:
                 chunk = bytes(min(CHUNK, left))
             out.write(chunk)
+            if digest is not None:
+                digest.update(chunk)
             left -= len(chunk)
+
+
+def _send_hashed(out: BinaryIO, path: Path, offset: int, length: int) -> None:
+    """The range, then protocol.FETCH_TRAILER: the sha256 of the file's first `offset` bytes
+    (read here: what an interrupted pull already holds) and of what was sent, and whether the
+    file stood still meanwhile (size, times and inode the same before and after). The
+    controller checks its own hash of the same bytes against it; a file written to while it
+    was read is reported as changed, never taken."""
+    before = _identity(path)
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        left = offset
+        while left:
+            chunk = f.read(min(CHUNK, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+            caller.check()
+    _send_range(out, path, offset, length, digest)
+    steady = before == _identity(path) and before[0] == offset + length
+    out.write(digest.hexdigest().encode() + (b"1" if steady else b"0"))
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    info = path.stat()
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino

@@ -162,7 +162,7 @@ class RemoteFile:
     path: str  # relative to the task's directory, or absolute (an absolute pattern's match)
     size: int
     mode: int
-    sha256: str
+    sha256: str | None  # None: listed unhashed, the fetch hashes (Agent.collect's `hashed`)
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ class Collected:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Collected:
-        files = tuple(RemoteFile(str(p), int(n), int(m), str(h)) for p, n, m, h in d["files"])
+        files = tuple(RemoteFile(str(p), int(n), int(m), h and str(h)) for p, n, m, h in d["files"])
         return cls(files, tuple(str(r) for r in d.get("refused", [])))
 
 
@@ -605,9 +605,15 @@ class Agent:
             self.install(look_only=True)
 
     def collect(
-        self, run_id: str, patterns: Sequence[str], tasks: Sequence[str] | None = None
+        self,
+        run_id: str,
+        patterns: Sequence[str],
+        tasks: Sequence[str] | None = None,
+        *,
+        hashed: bool = True,
     ) -> dict[str, Collected]:
-        """The files each task's `patterns` name on this host, hashed there (remote/results)."""
+        """The files each task's `patterns` name on this host, hashed there unless not
+        `hashed` (remote/results)."""
         self.look()
         if self.absent:
             return {}
@@ -617,16 +623,9 @@ class Agent:
             run_id=run_id,
             patterns=list(patterns),
             tasks=list(tasks) if tasks is not None else None,
+            hash=hashed,
         )
-        return {
-            name: Collected(
-                files=tuple(
-                    RemoteFile(str(p), int(n), int(m), str(h)) for p, n, m, h in t["files"]
-                ),
-                refused=tuple(str(r) for r in t.get("refused", [])),
-            )
-            for name, t in reply.get("tasks", {}).items()
-        }
+        return {name: Collected.from_json(t) for name, t in reply.get("tasks", {}).items()}
 
     def fetch(
         self,
@@ -635,20 +634,30 @@ class Agent:
         path: str,
         patterns: Sequence[str],
         offset: int,
-        sink: Callable[[bytes], None],
-    ) -> int:
+        sink: Callable[[bytes | memoryview], None],
+        *,
+        hashed: bool = False,
+    ) -> Fetched:
         """The file's bytes from `offset` to its end, to `sink` as they arrive (raw, after the
-        reply line); returns how many. Each wait for more bytes may last 60 s."""
+        reply line). `hashed`: the host hashes the whole file as it sends (its first `offset`
+        bytes too) and says whether it stood still. Each wait for more bytes may last 60 s."""
+        trailer = bytearray()
+        content = _Trailing(sink, trailer) if hashed else sink
         reply = self.call(
             protocol.OP_FETCH,
-            sink=sink,
+            sink=content,
             run_id=run_id,
             task=task,
             path=path,
             patterns=list(patterns),
             offset=offset,
+            hash=hashed,
         )
-        return int(reply["raw"])
+        if not hashed:
+            return Fetched(int(reply["raw"]))
+        count = int(reply["raw"]) - protocol.FETCH_TRAILER
+        said = bytes(trailer).decode("ascii", "replace")
+        return Fetched(count, sha256=said[:64], steady=said[64:] == "1")
 
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
@@ -671,6 +680,39 @@ class Agent:
 
     def runs(self) -> list[dict[str, Any]]:
         return [] if self.absent else list(self.call(protocol.OP_RUNS)["runs"])
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What a fetch brought: the content bytes, and for a hashed fetch what the host said."""
+
+    count: int
+    sha256: str | None = None  # the whole file's, as the host read it
+    steady: bool = True  # the file stood still while the host read it
+
+
+class _Trailing:
+    """A sink that holds back the last protocol.FETCH_TRAILER bytes of a hashed fetch: the
+    content goes on to `sink`, the trailer into `trailer`."""
+
+    def __init__(self, sink: Callable[[bytes | memoryview], None], trailer: bytearray) -> None:
+        self.sink, self.trailer = sink, trailer
+
+    def __call__(self, data: bytes) -> None:
+        cut = len(data) - protocol.FETCH_TRAILER
+        if cut >= 0:  # what was held back is content after all, and so is data up to `cut`
+            if self.trailer:
+                self.sink(bytes(self.trailer))
+            if cut:
+                self.sink(memoryview(data)[:cut])  # no copy of a megabyte to drop 65 bytes
+            self.trailer[:] = data[cut:]
+            return
+        held = self.trailer + data
+        extra = len(held) - protocol.FETCH_TRAILER
+        if extra > 0:
+            self.sink(bytes(held[:extra]))
+            del held[:extra]
+        self.trailer[:] = held
 
 
 def _discard(data: bytes) -> None:

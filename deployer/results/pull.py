@@ -1,12 +1,15 @@
 """`tfdeploy pull`: the push in reverse. Tasks' files come home, only the contents missing here.
 
-Each host lists and hashes what the patterns name (remote/results.py). Here, a file already at
-its destination with the same sha256 costs nothing; a content another task has too (a replica's
-identical checkpoint) travels once and is copied locally; the rest is fetched into
+Each host lists what the patterns name (remote/results.py). Into a folder that holds nothing of
+the run yet, every file travels, and the host hashes it as it sends it (one read, not two). Into
+one that does (an earlier or interrupted pull), the host hashes first: a file already at its
+destination with the same sha256 costs nothing, and a content another task has too (a replica's
+identical checkpoint) travels once and is copied locally. What travels is fetched into
 `DIR/<run-id>/.partial/<sha256>.part` (a short name, so a 250-character file name still fits the
-file system's limit; mode 0600 from its first byte), which an interrupted pull resumes and
-another pull of the same content into the same folder waits for (a lock), checked against its
-hash, then renamed into place with the file's mode. Files land in `DIR/<run-id>/<role>-<index>/`
+file system's limit; mode 0600 from its first byte; named by its destination's hash until its
+content's is known), which an interrupted pull resumes and another pull of the same content into
+the same folder waits for (a lock), checked against the host's hash, then renamed into place
+with the file's mode. Files land in `DIR/<run-id>/<role>-<index>/`
 (what absolute patterns named in `<role>-<index>.abs/`). A problem on this machine (a full or
 read-only disk, a file where a folder goes) is a LocalError naming the path, never blamed on a
 host. Ctrl-C stops the transfers at once, keeping what arrived.
@@ -26,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -63,12 +66,13 @@ class PullResult:
         if not self.files:
             where = ", ".join(self.places) or "any task"
             return f"no file matched {', '.join(self.patterns)} on {where}; nothing was pulled"
-        news = (
-            f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')}), the rest "
-            "already here"
-            if self.fetched_files
-            else "0 bytes sent, every file was already here"
-        )
+        sent = f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')})"
+        if not self.fetched_files:
+            news = "0 bytes sent, every file was already here"
+        elif self.fetched_files < self.files:
+            news = f"{sent}, the rest already here"
+        else:
+            news = sent
         return f"pulled {plural(self.files, 'file')} into {self.destination}: {news}"
 
 
@@ -133,13 +137,13 @@ def pull(
     """Pulls what `patterns` name of every task (or `tasks`) of the run, from every host (or
     `members`)."""
     check_destination(to)
-    listed = _collect(fleet, run_id, patterns, tasks, members)
+    base = to / run_id
+    listed = _collect(fleet, run_id, patterns, tasks, members, hashed=base.exists())
     if not any(listed.values()):
         raise UsageError(
             f"no host of the inventory knows run {run_id}"
             + (f" or task {', '.join(tasks)}" if tasks else "")
         )
-    base = to / run_id
     wanted: list[Wanted] = []
     refused: list[str] = []
     for host, by_task in sorted(listed.items()):
@@ -149,12 +153,12 @@ def pull(
     top = base.resolve()
     for _, _, _, dest in wanted:
         _in_the_way(dest, top)
-    missing = [w for w in wanted if not _has(w[3], w[2].sha256)]
+    missing = [w for w in wanted if not _has(w[3], w[2].sha256)]  # all when unhashed
     sources = _one_source_per_content(missing)
     fetch = _Fetch(run_id, patterns, base / PARTS)
     sent = fetch.all(fleet, sources) if sources else 0
     for _, _, remote, dest in missing:
-        first = sources[remote.sha256][3]
+        first = sources[_content_key(remote, dest)][3]
         if dest != first:  # the same content for another task: copied here, not sent again
             _copy(first, dest, remote.mode, base / PARTS)
     with contextlib.suppress(OSError):
@@ -176,12 +180,14 @@ def _collect(
     patterns: Sequence[str],
     tasks: Sequence[str] | None,
     members: Sequence[Member] | None,
+    *,
+    hashed: bool,
 ) -> dict[str, dict[str, Collected]]:
     """What each host lists. Ctrl-C drops the connections of the hosts still walking and
     hashing, which ends their agents (remote/caller.py)."""
     try:
         listed, failures = fleet.each_settled(
-            lambda m: m.agent.collect(run_id, patterns, tasks), members
+            lambda m: m.agent.collect(run_id, patterns, tasks, hashed=hashed), members
         )
     except KeyboardInterrupt:
         fleet.interrupt()
@@ -269,14 +275,20 @@ def _destinations(member: Member, name: str, collected: Collected, base: Path) -
     return out
 
 
-def _has(dest: Path, sha256: str) -> bool:
-    return dest.is_file() and _sha256(dest) == sha256
+def _has(dest: Path, sha256: str | None) -> bool:
+    return sha256 is not None and dest.is_file() and _sha256(dest) == sha256
+
+
+def _content_key(remote: RemoteFile, dest: Path) -> str:
+    """The name its part file gets: the content's sha256, or, listed unhashed, one derived from
+    where it lands (a resumed pull lists it hashed and renames that part: `_adopt_part`)."""
+    return remote.sha256 or "dest-" + hashlib.sha256(os.fsencode(dest)).hexdigest()[:40]
 
 
 def _one_source_per_content(missing: list[Wanted]) -> dict[str, Wanted]:
     sources: dict[str, Wanted] = {}
     for item in missing:
-        sources.setdefault(item[2].sha256, item)
+        sources.setdefault(_content_key(item[2], item[3]), item)
     return sources
 
 
@@ -391,7 +403,8 @@ class _Fetch:
         Returns the bytes fetched (None: another pull put it there meanwhile)."""
         with _writing(dest.parent):
             dest.parent.mkdir(parents=True, exist_ok=True)
-        part = self.parts / f"{remote.sha256}.part"
+        part = self.parts / f"{_content_key(remote, dest)}.part"
+        _adopt_part(part, self.parts / f"{_content_key(replace(remote, sha256=None), dest)}.part")
         while True:
             out = _open_part(part, self.parts)
             if out is not None:
@@ -402,7 +415,7 @@ class _Fetch:
             if self.cancelled.is_set():
                 raise _Cancelled
             fetched = self._into(out, agent, name, remote, dest)
-            if fetched < 0:
+            if fetched is None:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
                 raise HostError(
@@ -413,26 +426,41 @@ class _Fetch:
                 os.replace(part, dest)
         return fetched
 
-    def _into(self, out: BinaryIO, agent: Agent, name: str, remote: RemoteFile, dest: Path) -> int:
+    def _into(
+        self, out: BinaryIO, agent: Agent, name: str, remote: RemoteFile, dest: Path
+    ) -> int | None:
         """The rest of the content appended to `out`, hashed as it arrives; the bytes fetched,
-        or -1 when the whole does not match what the host listed."""
+        or None when the whole does not match what the host listed (or, listed unhashed, what
+        it read as it sent, or the file did not stand still)."""
         offset = os.fstat(out.fileno()).st_size
         if offset > remote.size:
             out.truncate(0)
             offset = 0
         hasher = _hasher(out, offset)
 
-        def sink(data: bytes) -> None:
+        def sink(data: bytes | memoryview) -> None:
             if self.cancelled.is_set():
                 raise _Cancelled
             with _writing(dest):
                 _write_all(out, data)
             hasher.update(data)
 
-        fetched = agent.fetch(self.run_id, name, remote.path, self.patterns, offset, sink)
-        if offset + fetched != remote.size or hasher.hexdigest() != remote.sha256:
-            return -1
-        return fetched
+        hashed = remote.sha256 is None
+        got = agent.fetch(
+            self.run_id, name, remote.path, self.patterns, offset, sink, hashed=hashed
+        )
+        want = got.sha256 if hashed else remote.sha256
+        if offset + got.count != remote.size or hasher.hexdigest() != want or not got.steady:
+            return None
+        return got.count
+
+
+def _adopt_part(part: Path, by_dest: Path) -> None:
+    """What an interrupted first pull left under its destination's name, resumed as this
+    content's part (the final hash check catches a file that changed on the host meanwhile)."""
+    if part != by_dest and by_dest.exists() and not part.exists():
+        with contextlib.suppress(OSError):
+            os.rename(by_dest, part)
 
 
 def _open_part(part: Path, parts: Path) -> BinaryIO | None:
@@ -465,7 +493,7 @@ def _open_part(part: Path, parts: Path) -> BinaryIO | None:
     return out
 
 
-def _write_all(out: BinaryIO, data: bytes) -> None:
+def _write_all(out: BinaryIO, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[out.write(view) or 0 :]

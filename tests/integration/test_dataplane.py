@@ -42,7 +42,7 @@ while True:
     if sys.argv[2] == "churn":
         with open("big.bin", "r+b") as f:
             f.write(os.urandom(4096))
-    time.sleep(0.05)
+    time.sleep(0.001 if sys.argv[2] == "churn" else 0.05)
 """
 
 
@@ -139,11 +139,16 @@ def test_a_pull_interrupted_mid_file_keeps_its_part_and_resumes(
     assert not list(home.rglob("*.part"))
 
 
+@pytest.mark.parametrize("folder", ["empty", "holding an earlier pull"])
 def test_a_file_that_changes_while_pulled_is_named_and_not_kept(
-    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str]
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str], folder: str
 ) -> None:
-    _, run_id, _ = _detached(lab_inventory, tmp_path, 8 * MB, "churn", runs)
+    """Into an empty folder the host hashes as it sends and reports that the file did not
+    stand still; into one holding the run, the bytes differ from the hash it listed."""
+    _, run_id, _ = _detached(lab_inventory, tmp_path, 32 * MB, "churn", runs)
     home = tmp_path / "home"
+    if folder != "empty":
+        (home / run_id / "worker-0").mkdir(parents=True)
     pulled = tfdeploy("pull", run_id, "big.bin", "--to", str(home), state=tmp_path / "state")
     assert pulled.returncode == 3, pulled.stdout + pulled.stderr
     err = " ".join(pulled.stderr.split())
@@ -264,10 +269,12 @@ def test_ctrl_c_while_the_host_hashes_stops_its_agent(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str]
 ) -> None:
     """Issue #28, item 9: a minute of hashing on the host (a 64 GB sparse file), Ctrl-C after
-    2 s: the host's agent used to hash on for nobody until it was done."""
+    2 s: the host's agent used to hash on for nobody until it was done. The host hashes before
+    it sends when the folder already holds something of the run (here: an earlier pull's)."""
     _, run_id = _started(
         lab_inventory, tmp_path, "truncate -s 64G huge.bin && echo ready && sleep 600", runs
     )
+    (tmp_path / run_id / "worker-0").mkdir(parents=True)
     host = clean_lab.hosts[0]
     pull = subprocess.Popen(
         [sys.executable, "-m", "deployer", "pull", run_id, "huge.bin", "--to", str(tmp_path)],
