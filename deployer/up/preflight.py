@@ -7,8 +7,10 @@ the phases after it work from one plan that never changes under them.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from deployer.config.model import Job
 from deployer.config.plan import Plan
@@ -126,10 +128,10 @@ def preflight(
     the job says `netcheck = false`, every TF connection between hosts is tried (netcheck.py).
     """
     members = [fleet.member(h.name) for h in plan.hosts]
-    manifest = scan(plan.job.code)
+    scanning = _Scan(plan.job.code)
     claimed: set[str] = set()  # hosts whose hello answered: they may hold a reservation
     try:
-        settled = _settle(plan, fleet, claim, members, claimed, manifest, forwarded)
+        settled = _settle(plan, fleet, claim, members, claimed, scanning, forwarded)
         if network and plan.job.netcheck:
             tried = netcheck.check(fleet, settled.plan, claim.run_id)
             if tried:
@@ -147,16 +149,43 @@ def preflight(
         raise
 
 
+class _Scan:
+    """The code directory hashed while the hosts are greeted: hashing (hashlib lets go of the
+    GIL) and waiting on the network overlap, so a first push of a large code directory starts
+    that much sooner. A daemon thread: Ctrl-C does not wait for a scan of gigabytes."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._manifest: Manifest | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="scan", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._manifest = scan(self._root)
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+
+    def result(self) -> Manifest:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._manifest is not None
+        return self._manifest
+
+
 def _settle(
     plan: Plan,
     fleet: Fleet,
     claim: Claim,
     members: list[Member],
     claimed: set[str],
-    manifest: Manifest,
+    scanning: _Scan,
     forwarded: Sequence[str],
 ) -> Settled:
     facts = fleet.each(lambda m: _hello(plan, m, claim, claimed), members, what="preflight failed")
+    manifest = scanning.result()
     tf_versions = agreed_tensorflow(facts)
     problems = [
         problem
