@@ -19,7 +19,9 @@ from deployer.config.plan import make_plan
 from deployer.hosts.fleet import Fleet
 from deployer.sources import load_inventory
 from deployer.up.deployment import Deployment, UpOptions
-from deployer.watch.view import PlainView, TaskRow, prefixed, task_table
+from deployer.watch.board import TaskRow
+from deployer.watch.table import task_table
+from deployer.watch.view import PlainView, prefixed
 
 ROOT = Path(__file__).resolve().parent.parent
 
