@@ -57,3 +57,23 @@ def by_group(pairs: Iterable[tuple[str, str]]) -> dict[str, Counter[str]]:
     for group, kind in pairs:
         groups.setdefault(group, Counter())[kind] += 1
     return groups
+
+
+def tally_lines(pairs: Iterable[tuple[str, str]], noun: str = "tasks") -> list[str]:
+    """(role, state) pairs as 'N tasks (worker): 250 running, 6 exited 0', or with several
+    roles a total line and one indented line per role."""
+    groups = by_group(pairs)
+    total: Counter[str] = Counter()
+    for counts in groups.values():
+        total.update(counts)
+    n = sum(total.values())
+    if len(groups) == 1:
+        return [f"{n} {noun} ({next(iter(groups))}): {counts_text(total)}"]
+    lines = [f"{n} {noun}: {counts_text(total)}"]
+    for group, counts in groups.items():
+        lines.append(f"  {group} {sum(counts.values())}: {counts_text(counts)}")
+    return lines
+
+
+def more_line(folded: Folded[T]) -> str:
+    return f"… {folded.hidden} more: {counts_text(folded.rest)}"

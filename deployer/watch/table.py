@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from deployer.core.fold import by_group, counts_text, fold
+from deployer.core.fold import fold, more_line, tally_lines
 from deployer.watch.board import TaskRow
 from remote import protocol
 
@@ -193,27 +192,14 @@ def task_panel(
     fit, else the folded summary. Every part is one line per row (no cell wraps)."""
     if len(rows) + CHROME_ROWS <= lines:
         return [TaskTable(rows, now)]
-    roles = by_group((row.name.partition(":")[0], state_text(row)) for row in rows)
-    counts = _counts_lines(len(rows), roles)
+    tally = tally_lines((row.name.partition(":")[0], state_text(row)) for row in rows)
+    counts = [_one_line(Text(line, style="" if line[0] == " " else "bold")) for line in tally]
     room = lines - len(counts) - CHROME_ROWS - 1  # 1: the line that counts the folded rest
     if room < 1:
         return [*counts[:lines]]
     folded = fold(rows, room, lambda row: _interest(row, heard), state_text)
-    rest = Text(f"… {folded.hidden} more: {counts_text(folded.rest)}", style="dim")
-    return [*counts, TaskTable(folded.shown, now, heard.quiet), _one_line(rest)]
-
-
-def _counts_lines(total: int, roles: Mapping[str, Counter[str]]) -> list[Text]:
-    states: Counter[str] = Counter()
-    for counts in roles.values():
-        states.update(counts)
-    if len(roles) == 1:
-        (name,) = roles
-        return [_one_line(Text(f"{total} tasks ({name}): {counts_text(states)}", style="bold"))]
-    lines = [_one_line(Text(f"{total} tasks: {counts_text(states)}", style="bold"))]
-    for name, counts in roles.items():
-        lines.append(_one_line(Text(f"  {name} {sum(counts.values())}: {counts_text(counts)}")))
-    return lines
+    rest = _one_line(Text(more_line(folded), style="dim"))
+    return [*counts, TaskTable(folded.shown, now, heard.quiet), rest]
 
 
 def _one_line(text: Text) -> Text:
