@@ -11,7 +11,15 @@ counted (`overruns`), so a test of "the live view fits the terminal" can fail.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
 import re
+import select
+import struct
+import subprocess
+import termios
+import time
 
 TOKEN = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\r\n\x07\x08]")
 
@@ -118,3 +126,42 @@ class Screen:
         if self._erased is not None:
             self.frames.append(list(reversed(self._erased)))
             self._erased = None
+
+
+def run_in_pty(
+    argv: list[str], rows: int, columns: int, env: dict[str, str], timeout: float
+) -> tuple[int, str]:
+    """Runs `argv` with a real terminal of `rows` x `columns` as its stdin, stdout and stderr
+    (as a person's shell would), and returns its exit status and everything it wrote.
+
+    COLUMNS and LINES are taken out of `env`: the program must find its size on the terminal.
+    Killed (and the test failed) after `timeout` seconds.
+    """
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+    env["TERM"] = "xterm-256color"
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                process.kill()
+                raise AssertionError(f"{argv} still ran after {timeout} s")
+            ready, _, _ = select.select([master], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(master)
+        code = process.wait(timeout=30)
+    return code, b"".join(chunks).decode("utf-8", "replace")
