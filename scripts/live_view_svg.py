@@ -55,7 +55,9 @@ class SnapshotView(PlainView):
         self.said[task] = self.said.get(task, 0) + len(lines)
 
     def tasks(self, rows: Sequence[TaskRow]) -> None:
-        super().tasks(rows)
+        status = self.status
+        super().tasks(rows)  # its state lines are steps of a pipe, not of the status line
+        self.status = status
         for row in rows:
             self.heard.setdefault(row.label, time.monotonic())
         if self.snapshot is None and any(self.when in line for _, line in self.log[-200:]):
