@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 
 from deployer.watch.board import TaskRow
-from deployer.watch.view import LiveView, prefixed
+from deployer.watch.view import LiveView, PlainView, prefixed
 from tests.support.terminal import Screen
 
 ROWS = [TaskRow("worker:0", "h1", "running", 4242), TaskRow("worker:1", "h2", "running", 4343)]
@@ -140,3 +140,18 @@ def test_the_status_line_says_the_latest_step_and_phase_at_once() -> None:
     scrollback = log_lines(console)
     assert "tfdeploy: teardown: stopping run r1 on 2 hosts" not in scrollback
     assert scrollback[-1] == "tfdeploy: watching; the job ends when worker:0 and worker:1 exit"
+
+
+def test_plain_mode_stays_one_line_per_event_at_any_number_of_tasks() -> None:
+    out = io.StringIO()
+    view = PlainView(out)
+    many = [TaskRow(f"worker:{i}", f"h{i + 1}", "running", 100 + i) for i in range(256)]
+    view.phase("pushing the code to 256 hosts")  # the status line's, not an event
+    view.tasks(many)
+    view.tasks(many)  # nothing changed: nothing to say
+    view.lines("worker:3@h4", ["a line"])
+    view.step("watching")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 256 + 2
+    assert lines[0] == "tfdeploy: worker:0@h1 pid 100 running"
+    assert lines[-2:] == ["worker:3@h4 | a line", "tfdeploy: watching"]
