@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     status = subparsers.add_parser("status", help="tasks and states of runs, read from the hosts")
     _target_args(status)
     status.add_argument("--json", action="store_true", help="print one JSON document")
+    status.add_argument(
+        "--all",
+        action="store_true",
+        help="one row per task however many there are (on a terminal the table is folded "
+        "to fit the screen: counts, the tasks worth a look, and a line for the rest)",
+    )
     status.set_defaults(handler=verbs.status_verb)
 
     logs = subparsers.add_parser("logs", help="print (or follow) the logs of a run")

@@ -17,10 +17,11 @@ from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.config.sources import SourceTable
 from deployer.core.errors import HostError
+from deployer.core.fold import fold, more_line, tally_lines
 from deployer.core.secrets import masked
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
-from deployer.watch.board import failed_evaluator
+from deployer.watch.board import evaluation_failed, failed_evaluator
 from remote import protocol
 
 if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
@@ -160,20 +161,59 @@ def plan_json(plan: Plan) -> str:
     return json.dumps(plan_document(plan), indent=2)
 
 
-def status_table(runs: Sequence[HostRun]) -> RenderableType:
+def status_table(runs: Sequence[HostRun], height: int | None = None) -> RenderableType:
     """One heading and one table per run, newest first, readable at 80 columns.
 
     The run id (30+ characters) is the heading, not a column, and a task's outcome shares the
     state column in short words, so numbers (pid, start time, restarts) never have to wrap;
     `restarts` is left out while no task of the run was restarted.
+
+    With a `height` (a terminal's lines), runs whose tasks do not fit it are folded: counts per
+    role and state, the tasks worth a look (failed, frozen, restarted, then running), and one
+    line for the rest (`status --all` and `--json` have every task).
     """
     by_run: dict[str, list[HostRun]] = {}
     for r in runs:
         by_run.setdefault(r.run_id, []).append(r)
+    at_most = None if height is None else status_rows(height, len(by_run))
     parts: list[RenderableType] = []
     for run_id, host_runs in by_run.items():
-        parts += [_run_heading(run_id, host_runs), RunTasks(host_runs), Text("")]
+        parts += [_run_heading(run_id, host_runs), *_run_tasks(host_runs, at_most), Text("")]
     return Group(*parts[:-1])
+
+
+RUN_CHROME = 8  # lines of a folded run besides its task rows: heading, tally, table, more, gap
+PROMPT_LINES = 2  # the command typed and the prompt after it stay on the screen too
+
+
+def status_rows(height: int, runs: int) -> int:
+    """Task rows each run may show so that every run fits `height` lines (3 at least)."""
+    return max(3, (height - PROMPT_LINES) // max(runs, 1) - RUN_CHROME)
+
+
+def _run_tasks(host_runs: list[HostRun], at_most: int | None) -> list[RenderableType]:
+    rows = [(r.host, t) for r in host_runs for t in r.tasks]
+    if at_most is None or len(rows) <= at_most + 2:  # the 2 lines that folding adds
+        return [RunTasks(rows)]
+    folded = fold(rows, at_most, _status_interest, lambda row: _kind(row[1]))
+    tally = tally_lines((t.name.partition(":")[0], _kind(t)) for _, t in rows)
+    more = f"{more_line(folded)} (`status --all` lists every task)"
+    return [Text("\n".join(tally)), RunTasks(folded.shown), Text(more, style="dim")]
+
+
+def _kind(task: TaskStatus) -> str:
+    """The state as counted: the table's words, with no comma (they are listed with commas)."""
+    return "frozen" if task.frozen and not task.finished else _state_text(task)
+
+
+def _status_interest(row: tuple[str, TaskStatus]) -> int:
+    """Smallest first: failed or frozen, restarted, not finished, finished well."""
+    task = row[1]
+    if evaluation_failed(task) or task.frozen:
+        return 0
+    if task.restarts:
+        return 1
+    return 2 if not task.finished else 3
 
 
 def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
@@ -203,8 +243,8 @@ class RunTasks:
 
     OPTIONAL = ("started",)  # dropped, in this order, while the table does not fit
 
-    def __init__(self, host_runs: list[HostRun]) -> None:
-        self.host_runs = host_runs
+    def __init__(self, rows: list[tuple[str, TaskStatus]]) -> None:
+        self.rows = rows  # (host, task)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         dropped: set[str] = set()
@@ -218,7 +258,7 @@ class RunTasks:
         yield table
 
     def _table(self, dropped: set[str]) -> Table:
-        rows = [(r.host, t) for r in self.host_runs for t in r.tasks]
+        rows = self.rows
         columns = ["task", "host", "pid", "state", "started", "restarts"]
         if not any(t.restarts for _, t in rows):
             dropped = dropped | {"restarts"}

@@ -210,7 +210,8 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
     if args.json:
         env.raw_out.write(status_json(runs, survey.failures) + "\n")
     elif runs:
-        env.out.print(status_table(runs))
+        fit = env.out.is_terminal and not args.all  # a pipe or file gets every task
+        env.out.print(status_table(runs, env.out.height if fit else None))
     if survey.failures:
         shown = "the other hosts' answers are shown" if runs or args.json else None
         raise HostsFailed(survey.failures, what="listing runs failed", outcome=shown)

@@ -227,6 +227,7 @@ class Deployment:
             "hosts": [[h.name, h.address] for h in self.plan.hosts],
             "hosts_at": time.time(),
         }
+        self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
         for line in deliver(self.fleet, members, self.plan, manifest, fields, groups):
             self.view.step(line)
 
@@ -365,6 +366,7 @@ class Deployment:
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
             )
         job = self.plan.job
+        self.view.phase(f"teardown: stopping run {self.run_id} on {plural(len(members), 'host')}")
         for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self.hide):
             self.view.step(line)
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read

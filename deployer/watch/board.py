@@ -37,6 +37,7 @@ class TaskRow:
     restarts: int = 0
     outcome: str = ""  # "exit code 0", "killed by signal 9" once finished
     last_line: str = ""
+    failed: bool = False  # ended without success by itself (lost, preempted, exit code not 0)
 
     @property
     def label(self) -> str:
@@ -169,6 +170,7 @@ class TaskBoard:
                     restarts=max(w.restarts, s.restarts if s else 0),
                     outcome=s.outcome() if s and s.finished else "",
                     last_line=w.tail[-1] if w.tail else "",
+                    failed=s is not None and evaluation_failed(s),
                 )
             )
         return rows

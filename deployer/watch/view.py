@@ -8,85 +8,35 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Protocol, TextIO
 
-from rich.console import COLOR_SYSTEMS, Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.console import (
+    COLOR_SYSTEMS,
+    Console,
+    ConsoleOptions,
+    ConsoleRenderable,
+    Group,
+    RenderableType,
+    RenderResult,
+)
 from rich.control import strip_control_codes
 from rich.live import Live
 from rich.segment import Segment
 from rich.style import Style
-from rich.table import Table
 from rich.text import Text
 
 from deployer.core.secrets import Masker
 from deployer.watch.board import TaskRow
-from remote import protocol
-
-PALETTE = (
-    "cyan",
-    "magenta",
-    "green",
-    "yellow",
-    "blue",
-    "bright_red",
-    "bright_cyan",
-    "bright_magenta",
-    "bright_green",
-    "bright_blue",
-)
-STATE_STYLES = {
-    protocol.STATE_RUNNING: "green",
-    protocol.STATE_EXITED: "bold",
-    protocol.STATE_LOST: "red",
-    protocol.STATE_STARTING: "yellow",
-}
-
-
-def task_colour(label: str) -> str:
-    """A stable colour per task, the same in every run, so a reader learns it."""
-    return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]
+from deployer.watch.table import Heard, region_rows, task_colour, task_panel
 
 
 class View(Protocol):
     def step(self, text: str) -> None: ...
+    def phase(self, text: str) -> None: ...
     def lines(self, label: str, lines: Sequence[str]) -> None: ...
     def tasks(self, rows: Sequence[TaskRow]) -> None: ...
     def close(self) -> None: ...
-
-
-def _uptime(row: TaskRow, now: float) -> str:
-    if row.started is None:
-        return "-"
-    seconds = int((row.ended or now) - row.started)
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
-def task_table(rows: Sequence[TaskRow], now: float | None = None) -> Table:
-    now = time.time() if now is None else now
-    table = Table(expand=True, pad_edge=False)
-    gpu_use = any(row.gpu_use for row in rows)  # the column only where nvidia-smi answered
-    for column in ("task", "host", "pid", "state", "GPUs", "uptime", "restarts"):
-        table.add_column(column, no_wrap=True)
-        if column == "GPUs" and gpu_use:
-            table.add_column("GPU use", no_wrap=True)
-    table.add_column("last line", overflow="ellipsis", no_wrap=True, ratio=1)
-    for row in rows:
-        state = row.state if not row.outcome else f"{row.state} ({row.outcome})"
-        cells: list[RenderableType] = [
-            Text(row.name, style=task_colour(row.label)),
-            row.host,
-            str(row.pid or "-"),
-            Text(state, style=STATE_STYLES.get(row.state, "")),
-            row.gpus,
-            *([row.gpu_use or "-"] if gpu_use else []),
-            _uptime(row, now),
-            str(row.restarts),
-            Text(row.last_line),
-        ]
-        table.add_row(*cells)
-    return table
 
 
 def prefixed(label: str, line: str, width: int = 0) -> Text:
@@ -145,6 +95,9 @@ class PlainView:
     def step(self, text: str) -> None:
         self._write(f"tfdeploy: {text}\n")
 
+    def phase(self, text: str) -> None:
+        """Nothing: a pipe gets events, and the step that ends a phase says how it went."""
+
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self._write("".join(f"{label} | {line}\n" for line in lines))
 
@@ -168,6 +121,20 @@ class PlainView:
         except BrokenPipeError:
             self._gone = True
             raise
+
+
+class _CurrentLive(Live):
+    """A rich Live whose redraw after a print shows the view as it is now.
+
+    Live redraws its region below every print, but with what its last timed refresh rendered:
+    a step printed right after another left the region showing the one before (the status
+    line said "preflight" through push, start and watching, issue 29).
+    """
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        with self._lock:
+            self._live_render.set_renderable(self.renderable)
+        return super().process_renderables(renderables)
 
 
 HOLD_AT_MOST_S = 1.0  # log lines wait no longer than this, even for a caller that never ends a tick
@@ -194,13 +161,15 @@ class LiveView:
     ) -> None:
         self._console = console
         self._rows: Sequence[TaskRow] = ()
-        self._status = Text("")
+        self._status = ""
         self._width = 12
         self._pending = LogBlock()  # log lines not printed yet
         self._period = 1 / flushes_per_second
         self._clock = clock
         self._flushed = clock() - self._period  # when lines were last printed: "long ago"
-        self._live = Live(
+        self._heard: dict[str, float] = {}  # task label -> view clock at its last log line
+        self._said: dict[str, int] = {}  # task label -> log lines it printed
+        self._live = _CurrentLive(
             get_renderable=self._render,
             console=console,
             auto_refresh=True,  # the uptime column ticks on even when nothing else happens
@@ -212,15 +181,33 @@ class LiveView:
         self._live.start()
 
     def _render(self) -> RenderableType:
-        return Group(task_table(self._rows), self._status) if self._rows else self._status
+        """The live region: tasks (folded to fit) over one status line, never taller than
+        region_rows of the terminal, so a redraw never scrolls and log lines keep room."""
+        status = [Text(f"tfdeploy: {self._status}", style="bold")] if self._status else []
+        for line in status:
+            line.no_wrap, line.overflow = True, "ellipsis"  # one line: the step is above in full
+        if not self._rows:
+            return Group(*status)
+        lines = region_rows(self._console.height) - len(status)
+        heard = Heard(self._heard, self._said, self._clock())
+        return Group(*task_panel(self._rows, lines, heard), *status)
 
     def step(self, text: str) -> None:
-        self._status = Text(f"tfdeploy: {text}", style="bold")
-        self._flush(self._status)  # after the lines that came before it, in one redraw
+        self._status = text.partition("\n")[0]  # the whole text goes to the scrollback
+        self._flush(Text(f"tfdeploy: {text}", style="bold"))  # after the lines before it
+
+    def phase(self, text: str) -> None:
+        """What goes on until the next step (a push, a teardown): the status line says it,
+        the scrollback does not (the step that ends the phase says how it went)."""
+        self._status = text.partition("\n")[0]
+        self._live.refresh()
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self._width = max(self._width, len(label))
         self._pending.add(label, self._width, lines)
+        task = label.partition(" ")[0]  # "worker:0@h1 [attempt 1]": TaskRow.label is the head
+        self._heard[task] = self._clock()
+        self._said[task] = self._said.get(task, 0) + len(lines)
         if self._pending.chars >= HOLD_CHARS:  # a backlog: print it rather than hold it all
             self._flush()
         else:
@@ -228,11 +215,14 @@ class LiveView:
 
     def tasks(self, rows: Sequence[TaskRow]) -> None:
         self._rows = list(rows)  # drawn by Live's next refresh, or with the next batch of lines
+        now = self._clock()
+        for row in self._rows:  # silence is counted from when a task is first seen
+            self._heard.setdefault(row.label, now)
         self._flush_if_due(self._period)  # the end of a tick: every task's lines in one print
 
     def close(self) -> None:
         self._flush()
-        self._status = Text("")  # every step is already in the scrollback
+        self._status = ""  # every step is already in the scrollback
         self._live.stop()
 
     def _flush_if_due(self, period: float) -> None:
@@ -264,6 +254,9 @@ class MaskedView:
 
     def step(self, text: str) -> None:
         self.view.step(self.hide(text))
+
+    def phase(self, text: str) -> None:
+        self.view.phase(self.hide(text))
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self.view.lines(label, [self.hide(line) for line in lines])

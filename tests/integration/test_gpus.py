@@ -71,11 +71,15 @@ class RecordingView:
 
     def __init__(self) -> None:
         self.steps: list[str] = []
+        self.phases: list[str] = []
         self.output: list[str] = []
         self.rows: list[list[TaskRow]] = []
 
     def step(self, text: str) -> None:
         self.steps.append(text)
+
+    def phase(self, text: str) -> None:
+        self.phases.append(text)
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self.output += [f"{label} | {line}" for line in lines]

@@ -21,7 +21,8 @@ from rich.console import Console
 from deployer.config.inventory import parse_inventory
 from deployer.config.plan import make_plan
 from deployer.hosts.gpus import GpuReport, check_gpus, usage_text
-from deployer.watch.view import TaskRow, task_table
+from deployer.watch.board import TaskRow
+from deployer.watch.table import task_table
 from tests.support.gpus import FAKE, uuid
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"

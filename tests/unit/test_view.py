@@ -9,16 +9,21 @@ import time
 from rich.console import Console
 
 from deployer.watch.board import TaskRow
-from deployer.watch.view import LiveView, prefixed
+from deployer.watch.view import LiveView, PlainView, prefixed
+from tests.support.terminal import Screen
 
 ROWS = [TaskRow("worker:0", "h1", "running", 4242), TaskRow("worker:1", "h2", "running", 4343)]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def terminal() -> Console:
+def terminal(width: int = 100, height: int = 25) -> Console:
     """A console that behaves as a real terminal would (cursor moves, Live redraws)."""
     return Console(
-        file=io.StringIO(), width=100, force_terminal=True, _environ={"TERM": "xterm-256color"}
+        file=io.StringIO(),
+        width=width,
+        height=height,
+        force_terminal=True,
+        _environ={"TERM": "xterm-256color"},
     )
 
 
@@ -26,10 +31,16 @@ def output(console: Console) -> str:
     return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
 
 
+def screen(console: Console) -> Screen:
+    shown = Screen(console.height, console.width)
+    shown.feed(output(console))
+    return shown
+
+
 def log_lines(console: Console) -> list[str]:
-    """The prefixed log lines and steps as a reader sees them in the scrollback, in order."""
-    text = ANSI.sub("", output(console))
-    return [line.rstrip() for line in text.splitlines() if " | " in line or "tfdeploy:" in line]
+    """The prefixed log lines and steps as a reader sees them in the scrollback, in order
+    (the live region's redrawn status line is not one of them)."""
+    return [line for line in screen(console).text() if " | " in line or "tfdeploy:" in line]
 
 
 def test_many_log_lines_cost_a_bounded_number_of_table_redraws() -> None:
@@ -101,3 +112,46 @@ def test_a_backlog_is_printed_once_a_megabyte_waits() -> None:
     view.lines("worker:0@h1", chunk)
     assert len(log_lines(console)) == 12_000
     view.close()
+
+
+def test_the_status_line_says_the_latest_step_and_phase_at_once() -> None:
+    """Issue 29: rich redrew the region below a print with what its last timed refresh had
+    rendered, so the status line said "preflight" through push, start and watching."""
+    console = terminal()
+    view = LiveView(console, refreshes_per_second=0.01)  # no timed refresh during the test
+    shown = []
+    for step in ("preflight of 2 hosts: h1, h2", "preflight ok", "pushed 5 files to 2 hosts"):
+        view.step(step)
+        shown.append(screen(console).display())
+    view.phase("teardown: stopping run r1 on 2 hosts")  # a phase: the status line only
+    shown.append(screen(console).display())
+    view.tasks(ROWS)
+    view.step("watching; the job ends when worker:0 and worker:1 exit")
+    shown.append(screen(console).display())
+    view.close()
+    statuses = [[line for line in lines if line.startswith("tfdeploy:")][-1] for lines in shown]
+    assert statuses == [
+        "tfdeploy: preflight of 2 hosts: h1, h2",
+        "tfdeploy: preflight ok",
+        "tfdeploy: pushed 5 files to 2 hosts",
+        "tfdeploy: teardown: stopping run r1 on 2 hosts",
+        "tfdeploy: watching; the job ends when worker:0 and worker:1 exit",
+    ]
+    scrollback = log_lines(console)
+    assert "tfdeploy: teardown: stopping run r1 on 2 hosts" not in scrollback
+    assert scrollback[-1] == "tfdeploy: watching; the job ends when worker:0 and worker:1 exit"
+
+
+def test_plain_mode_stays_one_line_per_event_at_any_number_of_tasks() -> None:
+    out = io.StringIO()
+    view = PlainView(out)
+    many = [TaskRow(f"worker:{i}", f"h{i + 1}", "running", 100 + i) for i in range(256)]
+    view.phase("pushing the code to 256 hosts")  # the status line's, not an event
+    view.tasks(many)
+    view.tasks(many)  # nothing changed: nothing to say
+    view.lines("worker:3@h4", ["a line"])
+    view.step("watching")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 256 + 2
+    assert lines[0] == "tfdeploy: worker:0@h1 pid 100 running"
+    assert lines[-2:] == ["worker:3@h4 | a line", "tfdeploy: watching"]

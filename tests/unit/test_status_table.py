@@ -1,0 +1,78 @@
+"""`status` with many tasks (issue 27): a screen by default, every task with --all or --json."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from deployer.cli.parser import build_parser
+from deployer.cli.render import status_json, status_table
+from deployer.hosts.agent import TaskStatus
+from deployer.results.runs import HostRun
+
+T0 = 1_700_000_000.0
+RUN = "fleet-20261124T052848Z-0db3"
+
+
+def fleet(n: int) -> list[HostRun]:
+    """n hosts with one worker each: all running but worker:7 (exit 3), worker:9 (restarted
+    twice) and worker:200 (frozen by SIGSTOP)."""
+    runs = []
+    for i in range(n):
+        task = TaskStatus(f"worker:{i}", "running", 10_000 + i, started=T0)
+        if i == 7:
+            task = TaskStatus("worker:7", "exited", 10_007, exit_code=3, reason="exited")
+        elif i == 9:
+            task = TaskStatus("worker:9", "running", 10_009, started=T0, restarts=2)
+        elif i == 200:
+            task = TaskStatus("worker:200", "running", 10_200, started=T0, frozen=True)
+        runs.append(HostRun(f"h{i + 1}", RUN, "fleet", T0, False, (task,)))
+    return runs
+
+
+def shown(runs: list[HostRun], height: int | None, width: int = 80) -> list[str]:
+    console = Console(file=io.StringIO(), width=width, height=height or 25, color_system=None)
+    console.print(status_table(runs, height))
+    return console.file.getvalue().splitlines()  # type: ignore[attr-defined, no-any-return]
+
+
+def tasks_in(lines: list[str]) -> list[str]:
+    return [line.strip("│").split("│")[0].strip() for line in lines if line.startswith("│")]
+
+
+def test_256_tasks_fit_a_screen_with_the_ones_worth_a_look_first() -> None:
+    lines = shown(fleet(256), height=40)
+    assert len(lines) <= 40 - 2, "\n".join(lines)  # the command and the next prompt fit too
+    assert lines[0].startswith(f"run {RUN}")
+    assert lines[1] == "256 tasks (worker): 254 running, 1 exited 3, 1 frozen"
+    listed = tasks_in(lines)
+    assert listed[:3] == ["worker:7", "worker:200", "worker:9"], lines
+    assert (
+        listed[3:]
+        == [f"worker:{i}" for i in range(len(listed) + 1) if i not in (7, 9)][: len(listed) - 3]
+    )
+    hidden = 256 - len(listed)
+    assert lines[-1] == f"… {hidden} more: {hidden} running (`status --all` lists every task)"
+
+
+def test_all_tasks_without_a_height_and_every_task_in_json() -> None:
+    runs = fleet(256)
+    assert len(tasks_in(shown(runs, height=None))) == 256
+    assert tasks_in(shown(fleet(20), height=40)) == [f"worker:{i}" for i in range(20)]  # fits
+    document = json.loads(status_json(runs))
+    assert len(document["runs"]) == 256 and all(len(r["tasks"]) == 1 for r in document["runs"])
+
+
+def test_several_runs_share_the_screen() -> None:
+    older = [HostRun(r.host, "fleet-old", "fleet", T0 - 60, False, r.tasks) for r in fleet(100)]
+    lines = shown(fleet(100) + older, height=40)
+    assert len(lines) <= 40 - 2, "\n".join(lines)
+    assert sum(line.startswith("run fleet-") for line in lines) == 2
+
+
+def test_status_all_is_a_flag() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["status", "inv.toml", "--all"]).all is True
+    assert parser.parse_args(["status", "inv.toml"]).all is False
