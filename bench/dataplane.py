@@ -6,8 +6,9 @@ Bulk bytes against the OpenSSH tools, side by side in one run on the same lab ho
   push 1 host     30 files of 10 MB: `rsync -a` over ssh  vs  `tfdeploy up --detach`
   push 4 hosts    the same tree: 4 parallel rsync         vs  `tfdeploy up --detach` (fan-out)
   pull 2 hosts    the 300 MB each host holds: 2 parallel `scp -r`  vs  `tfdeploy pull`
-  artifacts       the same as `up`'s end pull of job.artifacts: 2 parallel scp vs the pull `up`
-                  runs when its tasks exit (timed from its "job succeeded" line to its summary)
+  artifacts       the same 300 MB from each of 2 hosts: 2 parallel scp vs the pull `up` runs
+                  when its tasks exit (wall and CPU from its "job succeeded" line to its
+                  "artifacts:" line; its peak RSS is not separated from the rest of `up`'s)
   1 GB, 1 host    one file of --big-mb MB: rsync vs `up --detach`, then scp vs `pull`
 
 Every tfdeploy push starts from hosts without a workdir (all bytes travel); every pull into an
@@ -168,6 +169,36 @@ class Cells:
             self._check_tree(dest / run_id / f"worker-{task}", h)
         return run
 
+    def artifacts(self, hosts: list[LabHost]) -> Run:
+        """`up` of a task that exits at once with job.artifacts = the 300 MB it was pushed:
+        wall and controller CPU from its "job succeeded" line to its "artifacts:" line."""
+        self.bench._reset_tfdeploy(hosts)
+        dest = self.tmp / "artifacts"
+        shutil.rmtree(dest, ignore_errors=True)
+        job = {
+            "code": str(self.tree),
+            "name": "artbench",
+            "command": "python3 -c pass",
+            "require_tensorflow": False,
+            "artifacts": ["data/**"],
+            "artifacts_to": str(dest),
+        }
+        tasks = [[{"role": "worker"}]] * len(hosts)
+        inventory = self.lab.write_inventory(
+            self.tmp / "artifacts.toml", tasks=tasks, hosts=hosts, job=job
+        )
+        marks = _marked_lines(
+            [sys.executable, "-m", "deployer", "up", str(inventory)],
+            self.bench.env,
+            ("job succeeded", "artifacts: pulled"),
+        )
+        (t0, cpu0), (t1, cpu1) = marks
+        [run_dir] = dest.iterdir()
+        for h, task in zip(hosts, range(len(hosts)), strict=True):
+            self._check_tree(run_dir / f"worker-{task}", h)
+        self.bench._reset_tfdeploy(hosts)
+        return Run(t1 - t0, cpu1 - cpu0, 0.0)
+
     def _check_local(self, dest: Path, hosts: list[LabHost]) -> None:
         for h in hosts:
             self._check_tree(dest / h.name, h)
@@ -177,6 +208,28 @@ class Cells:
             got = hashlib.sha256((root / rel).read_bytes()).hexdigest()
             if got != want:
                 raise BenchError(f"{root / rel} ({host.name}) differs from the original")
+
+
+def _marked_lines(
+    argv: list[str], env: dict[str, str], marks: tuple[str, ...]
+) -> list[tuple[float, float]]:
+    """Runs argv; for each of `marks`, when the first output line holding it came and the
+    process's CPU seconds (user + system, from /proc) at that moment."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | env
+    )
+    assert proc.stdout is not None
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: list[tuple[float, float]] = []
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if len(seen) < len(marks) and marks[len(seen)] in line:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            seen.append((time.monotonic(), (int(fields[11]) + int(fields[12])) / tick))
+    if proc.wait() != 0 or len(seen) < len(marks):
+        raise BenchError(f"{argv[3:]} failed (exit {proc.returncode}):\n{''.join(out)[-1500:]}")
+    return seen
 
 
 def _ratio(a: float, b: float) -> str:
@@ -232,6 +285,13 @@ def main() -> int:
             ours.append(cells.pull(run_id, inventory, hosts2))
         rows.append(_row("pull 300 MB from each of 2 hosts", "scp", base, ours, 600))
         cells.bench._cli("down", str(inventory))
+        base, ours = [], []
+        for _ in range(args.reps):
+            _, run_id, inventory = cells._push(hosts2, down=False)
+            base.append(cells.scp_from(hosts2, f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"))
+            cells.bench._cli("down", str(inventory))
+            ours.append(cells.artifacts(hosts2))
+        rows.append(_row("artifacts: 300 MB from each of 2 hosts", "scp", base, ours, 600))
         shutil.rmtree(tree)
         big = tmp / "tree"
         cells.sums = make_files(big, 1, args.big_mb, seed=2)
