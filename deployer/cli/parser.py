@@ -62,9 +62,7 @@ def _netcheck_arg(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--netcheck",
-        type=NetcheckMode,
-        choices=[NetcheckMode.AUTO, NetcheckMode.FULL, NetcheckMode.SAMPLED],
-        metavar="{auto,full,sampled}",
+        choices=[NetcheckMode.AUTO.value, NetcheckMode.FULL.value, NetcheckMode.SAMPLED.value],
         help="which TF connections to try: every one (full), a sample (sampled), or auto: every "
         "one up to 32 hosts (or job.netcheck)",
     )

@@ -94,7 +94,9 @@ def up_verb(args: argparse.Namespace, env: Env) -> int:
 
 def _netcheck(args: argparse.Namespace) -> NetcheckMode | None:
     """--no-netcheck, else --netcheck MODE, else None: the inventory's job.netcheck decides."""
-    return NetcheckMode.OFF if args.no_netcheck else args.netcheck
+    if args.no_netcheck:
+        return NetcheckMode.OFF
+    return NetcheckMode(args.netcheck) if args.netcheck else None
 
 
 def _say(env: Env, line: str) -> None:
