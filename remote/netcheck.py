@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import select
+import resource
+import selectors
 import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,13 @@ import layout
 import params
 import protocol
 
-MAX_LISTEN_S = 120.0
+# A controller that dies mid-check leaves stand-ins for at most this long. It asks for what its
+# probes may take (protocol.probe_budget), which at 1,000 hosts probed in full is minutes.
+MAX_LISTEN_S = 600.0
+# Every prober of a large job may dial one port (the chief's) within a few milliseconds; a short
+# accept queue would drop SYNs, each costing a retransmission second (the kernel caps it at
+# net.core.somaxconn).
+BACKLOG = 4096
 _NO_ROUTE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
 
 
@@ -93,7 +101,7 @@ def _bound(port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -102,24 +110,48 @@ def _bound(port: int) -> socket.socket:
 
 def _serve(sockets: list[socket.socket], deadline: float) -> None:
     """Accepts connections until SIGTERM or the deadline; each is closed once its prober has
-    closed it (EOF), so TIME_WAIT stays on the prober's side, never on the TF port."""
+    closed it (EOF), so TIME_WAIT stays on the prober's side, never on the TF port. A selector
+    (epoll), not select(): hundreds of probers may be connected at once, past select's 1,024."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    accepted: list[socket.socket] = []
-    while not stop.is_set() and time.monotonic() < deadline:
+    _raise_open_files()
+    listening = set(sockets)
+    with selectors.DefaultSelector() as selector:
+        for sock in sockets:
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                events = selector.select(0.2)
+            except InterruptedError:
+                continue
+            for key, _ in events:
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock in listening:
+                    _accept(selector, sock)
+                else:
+                    selector.unregister(sock)
+                    sock.close()
+        for key in list(selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+
+
+def _raise_open_files() -> None:
+    """The soft limit on open files is often 1,024; a stand-in may hold one per prober."""
+    with contextlib.suppress(ValueError, OSError):
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _accept(selector: selectors.BaseSelector, listening: socket.socket) -> None:
+    """Takes every connection waiting, so a burst empties the accept queue in one wake-up."""
+    while True:
         try:
-            ready, _, _ = select.select(sockets + accepted, [], [], 0.2)
-        except (InterruptedError, ValueError):
-            continue
-        for sock in ready:
-            if sock in sockets:
-                with contextlib.suppress(OSError):
-                    accepted.append(sock.accept()[0])
-            else:
-                accepted.remove(sock)
-                sock.close()
-    for sock in accepted + sockets:
-        sock.close()
+            conn, _ = listening.accept()
+        except OSError:  # BlockingIOError once the queue is empty; ECONNABORTED and the like
+            return
+        selector.register(conn, selectors.EVENT_READ)
 
 
 def close(record: Path) -> bool:
@@ -131,31 +163,23 @@ def close(record: Path) -> bool:
 
 
 def probe(targets: list[tuple[str, int]], timeout: float) -> list[str]:
-    """One verdict per target, all probed at once: ok, refused, timed out, no route, ...
+    """One verdict per target, in order: ok, refused, timed out, no route, ...
 
-    What timed out is tried once more, alone: a SYN lost in a burst of hundreds of first
-    contacts (ARP, a busy softirq) is not a firewall. A real drop costs two timeouts.
+    At most protocol.PROBE_WORKERS connects are in flight, each with its own `timeout` from the
+    moment it starts: a target waiting in the queue is not timing out meanwhile, so a long list
+    is slower, never falsely blocked. What timed out is tried once more after the first pass: a
+    SYN lost in a burst of first contacts (ARP, a busy softirq, a full accept queue) is not a
+    firewall. A real drop costs two timeouts; the whole op at most protocol.probe_budget.
     """
-    results = _all_at_once(targets, timeout)
-    again = [i for i, said in enumerate(results) if said == protocol.PROBE_TIMED_OUT]
-    for i, said in zip(again, _all_at_once([targets[i] for i in again], timeout)):
-        results[i] = said
+    if not targets:
+        return []
+    with ThreadPoolExecutor(min(protocol.PROBE_WORKERS, len(targets))) as pool:
+        results = list(pool.map(lambda t: connect(t, timeout), targets))
+        again = [i for i, said in enumerate(results) if said == protocol.PROBE_TIMED_OUT]
+        retried = pool.map(lambda i: connect(targets[i], timeout), again)
+        for i, said in zip(again, retried):
+            results[i] = said
     return results
-
-
-def _all_at_once(targets: list[tuple[str, int]], timeout: float) -> list[str]:
-    results = [protocol.PROBE_TIMED_OUT] * len(targets)
-
-    def one(i: int) -> None:
-        results[i] = connect(targets[i], timeout)
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(targets))]
-    for thread in threads:
-        thread.start()
-    end = time.monotonic() + timeout + 1.0
-    for thread in threads:
-        thread.join(max(0.0, end - time.monotonic()))
-    return list(results)
 
 
 def connect(target: tuple[str, int], timeout: float) -> str:

@@ -66,6 +66,18 @@ PROBE_REFUSED: Final = "refused"
 PROBE_TIMED_OUT: Final = "timed out"
 PROBE_NO_ROUTE: Final = "no route"
 PROBE_UNRESOLVED: Final = "unresolved"
+# A host probes with this many connects in flight at most (a pool, not a thread per target): a
+# host of a 1,000-host job neither starts 999 threads nor sends 999 SYNs in one burst.
+PROBE_WORKERS: Final = 16
+
+
+def probe_budget(targets: int, wait: float) -> float:
+    """The longest a probe op of `targets` connects may take: every connect times out (`wait`
+    each, PROBE_WORKERS at a time) and is tried once more. The caller's deadline and the stand-in
+    listeners' life must cover the whole queue, not one connect, or a slow host reads as blocked."""
+    rounds = -(-targets // PROBE_WORKERS)
+    return 2 * rounds * wait
+
 
 # Task states: a task status's "state" (PROTOCOL.md "Task states"). Finished: exited or lost.
 STATE_STARTING: Final = "starting"  # spec written, no pid.json yet

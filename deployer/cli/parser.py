@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 
 from deployer.cli import verbs
+from deployer.config.model import NetcheckMode
 
 
 def _target_args(parser: argparse.ArgumentParser, name: str = "target", what: str = "") -> None:
@@ -58,6 +59,12 @@ def _netcheck_arg(parser: argparse.ArgumentParser) -> None:
         "--no-netcheck",
         action="store_true",
         help="skip trying the TF connections between hosts (or job.netcheck = false)",
+    )
+    parser.add_argument(
+        "--netcheck",
+        choices=[NetcheckMode.AUTO.value, NetcheckMode.FULL.value, NetcheckMode.SAMPLED.value],
+        help="which TF connections to try: every one (full), a sample (sampled), or auto: every "
+        "one up to 32 hosts (or job.netcheck)",
     )
 
 

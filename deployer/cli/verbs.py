@@ -19,6 +19,7 @@ from rich.text import Text
 from deployer.cli.console import Env
 from deployer.cli.render import plan_json, plan_table, status_json, status_table
 from deployer.config.inventory import Inventory, discover_hosts
+from deployer.config.model import NetcheckMode
 from deployer.config.plan import make_plan
 from deployer.config.sources import ANY_TIME, AT_DOWN, AT_JOB_END
 from deployer.core.errors import (
@@ -78,7 +79,7 @@ def plan_verb(args: argparse.Namespace, env: Env) -> int:
 def up_verb(args: argparse.Namespace, env: Env) -> int:
     loaded = load_inventory(args.inventory)
     plan = make_plan(discover_hosts(loaded, provision=functools.partial(_say, env)))
-    options = UpOptions(detach=args.detach, netcheck=not args.no_netcheck)
+    options = UpOptions(detach=args.detach, netcheck=_netcheck(args))
     try:
         with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
             view = make_view(env.out, env.raw_out)
@@ -89,6 +90,13 @@ def up_verb(args: argparse.Namespace, env: Env) -> int:
                 _terminate(loaded, env, when=AT_JOB_END)
             except TfdeployError as exc:  # reported; the job's own outcome stays the exit status
                 env.err.print(Text(f"tfdeploy: terminate_after = job-end failed: {exc}"))
+
+
+def _netcheck(args: argparse.Namespace) -> NetcheckMode | None:
+    """--no-netcheck, else --netcheck MODE, else None: the inventory's job.netcheck decides."""
+    if args.no_netcheck:
+        return NetcheckMode.OFF
+    return NetcheckMode(args.netcheck) if args.netcheck else None
 
 
 def _say(env: Env, line: str) -> None:
@@ -112,7 +120,7 @@ def check_verb(args: argparse.Namespace, env: Env) -> int:
             hint=f"`tfdeploy up {args.inventory}` launches them (`plan` shows what it would)",
         )
     plan = make_plan(inventory)
-    options = UpOptions(netcheck=not args.no_netcheck)
+    options = UpOptions(netcheck=_netcheck(args))
     with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
         view = make_view(env.out, env.raw_out)
         return Deployment(plan, fleet, view, options).check()

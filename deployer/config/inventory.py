@@ -24,6 +24,7 @@ from deployer.config.model import (
     Host,
     HostSettings,
     Job,
+    NetcheckMode,
     SSHSettings,
     TaskSpec,
     TensorBoard,
@@ -216,7 +217,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         stall_timeout=t.number("stall_timeout", None, minimum=1),
         lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
         firewall=t.boolean("firewall", False),
-        netcheck=t.boolean("netcheck", True),
+        netcheck=_netcheck(t),
         fanout=t.boolean("fanout", True),
         require_tensorflow=t.boolean("require_tensorflow", True),
         artifacts=t.string_list("artifacts"),
@@ -379,6 +380,14 @@ def _builtin_checked(t: Table, key: str, command: str) -> str:
             hint=f"did you mean 'tfdeploy:{close[0]}'?" if close else None,
         )
     return word  # the agent strips it too: plan and hosts agree on what is a built-in
+
+
+def _netcheck(t: Table) -> NetcheckMode:
+    """`netcheck = true` (auto), `false` (off), or a mode's name ("full", "sampled", ...)."""
+    try:
+        return NetcheckMode.AUTO if t.boolean("netcheck", True) else NetcheckMode.OFF
+    except InventoryError:  # not a boolean: then one of the names
+        return NetcheckMode(t.choice("netcheck", [m.value for m in NetcheckMode], "auto"))
 
 
 def read_gpu_count(t: Table) -> tuple[int, bool]:

@@ -18,6 +18,15 @@ class FailurePolicy(StrEnum):
     RESTART_JOB = "restart-job"  # stop every task, start them all again from the checkpoint
 
 
+class NetcheckMode(StrEnum):
+    """job.netcheck / --netcheck: which TF connections preflight tries (deployer/up/netplan.py)."""
+
+    AUTO = "auto"  # every one up to netplan.FULL_UP_TO hosts, a sample above (true)
+    FULL = "full"  # every one, at any size
+    SAMPLED = "sampled"  # a sample, at any size
+    OFF = "off"  # none (false, --no-netcheck)
+
+
 class EvaluatorFailure(StrEnum):
     """job.evaluator_failure: what a failed evaluator does to a job whose training succeeded."""
 
@@ -126,7 +135,7 @@ class Job:
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
-    netcheck: bool = True  # preflight tries every TF connection between hosts (netcheck.py)
+    netcheck: NetcheckMode = NetcheckMode.AUTO  # preflight tries TF connections (netplan.py)
     fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
     require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)
     artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (pull.py)

@@ -563,7 +563,7 @@ class Agent:
         """One verdict per (address, port): "ok", "refused", "timed out", "no route", ..."""
         reply = self.call(
             protocol.OP_NETCHECK,
-            timeout + 30,
+            protocol.probe_budget(len(targets), timeout) + 30,  # the host's whole queue
             action=protocol.NETCHECK_PROBE,
             run_id=run_id,
             targets=[list(t) for t in targets],

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
 from deployer.core.secrets import Masker
@@ -49,7 +50,8 @@ class UpOptions:
     # job.lease_seconds (default 60).
     lease_seconds: float | None = None
     poll_wait: float = POLL_WAIT_S  # how long a tick waits for slow hosts
-    netcheck: bool = True  # False: skip preflight's TF connection check (--no-netcheck)
+    # Which TF connections preflight tries (--netcheck, --no-netcheck); None: job.netcheck.
+    netcheck: NetcheckMode | None = None
 
 
 class Deployment:

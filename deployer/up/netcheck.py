@@ -3,27 +3,31 @@
 A security group or firewall that passes SSH but drops the TF ports lets `up` start every task,
 and TensorFlow reports it only after its collective timeout (about 50 s under MWMS, far longer
 for a PSS chief waiting on a ps). Here each destination host listens on its TF ports with
-stand-ins (remote/netcheck.py), each source host connects to every distinct destination once,
-all hosts at once, and a blocked pair fails preflight naming source, destination and verdict.
+stand-ins (remote/netcheck.py), each source host connects to each distinct destination it is to
+try once (all of them, or a sample on large fleets: netplan.py), all hosts at once, and a blocked
+pair fails preflight naming source, destination and verdict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
-from deployer.config.plan import Plan, Task
-from deployer.config.roles import PS, role
+from deployer.config.model import NetcheckMode
+from deployer.config.plan import Plan
 from deployer.core.errors import NetworkBlocked
 from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet
+from deployer.up.netplan import Link, Probes, choose
 from remote import protocol
 
-# A connect that gets no answer is tried twice (remote/netcheck.py), so a dropped SYN costs
-# twice this, once, whatever the number of pairs.
+# Each connect's own limit, from the moment it starts (not while it waits in the host's probe
+# pool); one that gets no answer is tried once more (remote/netcheck.py). 2.5 s covers the
+# kernel's first SYN retransmission (after 1 s).
 PROBE_TIMEOUT_S = 2.5
-LISTEN_S = 60.0  # stand-in listeners leave by themselves after this, should `close` never come
+# Stand-in listeners leave by themselves after the probes' budget plus this, should `close`
+# never come.
+LISTEN_S = 60.0
 
 T = TypeVar("T")
 
@@ -36,63 +40,35 @@ WHY = {
 }
 
 
-@dataclass(frozen=True, order=True)
-class Link:
-    """A TCP connection TF will open: from a task on `source` to `dest`'s TF server."""
+def check(
+    fleet: Fleet,
+    plan: Plan,
+    run_id: str,
+    mode: NetcheckMode = NetcheckMode.AUTO,
+    timeout: float = PROBE_TIMEOUT_S,
+) -> Probes | None:
+    """Listens on the destinations' ports, probes from every source, closes; returns what was
+    tried (None: nothing to try), or raises NetworkBlocked naming every pair that failed.
 
-    source: str  # host name
-    dest: str  # host name
-    address: str  # the destination's tf_address
-    port: int
-
-
-def links(plan: Plan) -> list[Link]:
-    """The distinct host-to-server connections of the job, by TensorFlow's rules.
-
-    With ps tasks (ParameterServerStrategy, and TF1 `--job_name` scripts) the chief and the
-    workers connect to every ps, and the chief to every worker. Without (MultiWorkerMirrored),
-    every chief and worker connects to every other. Evaluators connect to nothing.
+    Three parallel rounds (listen, probe, close): one round trip each. Each host probes its
+    destinations a pool at a time (remote/netcheck.py), so the probe round takes at most
+    protocol.probe_budget for the longest list, and the stand-ins listen that long.
     """
-    with_ps = any(t.role == PS.name for t in plan.tasks)
-    by_role: dict[str, list[Task]] = {}
-    for task in plan.tasks:
-        by_role.setdefault(task.role, []).append(task)
-    pairs = [
-        (a, b)
-        for a in plan.tasks
-        for dialled in _dials(a.role, with_ps)
-        for b in by_role.get(dialled, [])
-        if a is not b
-    ]
-    return sorted({_link(a, b) for a, b in pairs if b.port is not None})
-
-
-def _dials(name: str, with_ps: bool) -> tuple[str, ...]:
-    r = role(name)
-    return r.dials_with_ps if with_ps else r.dials_without_ps
-
-
-def _link(source: Task, dest: Task) -> Link:
-    assert dest.port is not None
-    return Link(source.host, dest.host, dest.address, dest.port)
-
-
-def check(fleet: Fleet, plan: Plan, run_id: str, timeout: float = PROBE_TIMEOUT_S) -> int:
-    """Listens on the destinations' ports, probes from every source, closes; returns how many
-    connections were tried, or raises NetworkBlocked naming every pair that failed.
-
-    Three parallel rounds (listen, probe, close): one round trip each, plus two `timeout`s
-    once when some SYN is dropped.
-    """
-    wanted = links(plan)
-    if not wanted:
-        return 0
+    probes = choose(plan, mode)
+    if not probes.count:
+        return None
+    wanted = probes.links()
     ports = _by_host((link.dest, link.port) for link in wanted)
-    targets = _by_host((link.source, (link.address, link.port)) for link in wanted)
+    targets = {
+        source: [(link.address, link.port) for link in found]
+        for source, found in probes.by_source.items()
+    }
+    longest = max(map(len, targets.values()))
+    listen_s = max(LISTEN_S, protocol.probe_budget(longest, timeout) + LISTEN_S)
     listeners = [fleet.member(h) for h in ports]
     try:
         fleet.each(
-            lambda m: m.agent.listen(run_id, ports[m.name], LISTEN_S),
+            lambda m: m.agent.listen(run_id, ports[m.name], listen_s),
             listeners,
             what="the network check could not listen on the TF ports",
         )
@@ -114,8 +90,8 @@ def check(fleet: Fleet, plan: Plan, run_id: str, timeout: float = PROBE_TIMEOUT_
     failed = [(x, verdict[x.source, (x.address, x.port)]) for x in wanted]
     failed = [(x, said) for x, said in failed if said != protocol.PROBE_OK]
     if failed:
-        raise blocked(failed, len(wanted))
-    return len(wanted)
+        raise blocked(failed, len(wanted), sampled=probes.mode is NetcheckMode.SAMPLED)
+    return probes
 
 
 def _by_host(pairs: Iterable[tuple[str, T]]) -> dict[str, list[T]]:
@@ -126,7 +102,9 @@ def _by_host(pairs: Iterable[tuple[str, T]]) -> dict[str, list[T]]:
     return grouped
 
 
-def blocked(failed: Sequence[tuple[Link, str]], total: int) -> NetworkBlocked:
+def blocked(
+    failed: Sequence[tuple[Link, str]], total: int, *, sampled: bool = False
+) -> NetworkBlocked:
     """One line per destination and verdict, sources joined: a host that nobody reaches is one
     line, not one per peer."""
     sources: dict[tuple[str, str, int, str], list[str]] = {}
@@ -142,11 +120,13 @@ def blocked(failed: Sequence[tuple[Link, str]], total: int) -> NetworkBlocked:
         )
     ports = sorted({link.port for link, _ in failed})
     open_ = f"TCP port {ports[0]}" if len(ports) == 1 else f"TCP ports {', '.join(map(str, ports))}"
+    tried = f"{total:,} tried (a sample: others may fail too)" if sampled else f"{total:,}"
     return NetworkBlocked(
-        f"the network check failed: {plural(len(failed), 'TF connection')} of {total} "
+        f"the network check failed: {plural(len(failed), 'TF connection')} of {tried} "
         "cannot be made; nothing was started:\n" + "\n".join(lines),
         hint=f"allow {open_} between the cluster's hosts (security group inbound rules, host "
-        "firewall); `--no-netcheck` skips this check",
+        "firewall); `--no-netcheck` skips this check"
+        + ("; `--netcheck full` tries every connection" if sampled else ""),
     )
 
 

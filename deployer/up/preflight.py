@@ -12,11 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.config.model import Job
+from deployer.config.model import Job, NetcheckMode
 from deployer.config.plan import Plan
 from deployer.config.roles import SIDECAR
 from deployer.core.errors import HostError, HostsFailed
-from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.push.sync import Manifest, scan
@@ -119,24 +118,25 @@ def preflight(
     claim: Claim,
     *,
     forwarded: Sequence[str] = (),
-    network: bool = True,
+    network: NetcheckMode | None = None,
 ) -> Settled:
     """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
 
     The hello reserves each host's TF ports for `claim.run_id`; if any check fails they are
-    released again, since nothing of the run will start. Last, unless `network` is False or
-    the job says `netcheck = false`, every TF connection between hosts is tried (netcheck.py).
+    released again, since nothing of the run will start. Last, the TF connections between hosts
+    are tried as `network` says (None: as the job's `netcheck` says; netcheck.py).
     """
     members = [fleet.member(h.name) for h in plan.hosts]
     scanning = _Scan(plan.job.code)
     claimed: set[str] = set()  # hosts whose hello answered: they may hold a reservation
     try:
         settled = _settle(plan, fleet, claim, members, claimed, scanning, forwarded)
-        if network and plan.job.netcheck:
-            tried = netcheck.check(fleet, settled.plan, claim.run_id)
+        mode = network or plan.job.netcheck
+        if mode is not NetcheckMode.OFF:
+            tried = netcheck.check(fleet, settled.plan, claim.run_id, mode)
             if tried:
-                checked = f"{plural(tried, 'TF connection')} between hosts tried"
-                settled = dataclasses.replace(settled, summary=f"{settled.summary}; {checked}")
+                summary = f"{settled.summary}; {tried.summary()}"
+                settled = dataclasses.replace(settled, summary=summary)
         return settled
     except BaseException as exc:
         # Only hosts that answered: an unreachable one would make Ctrl-C wait for its timeout.

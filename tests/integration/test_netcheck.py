@@ -73,7 +73,7 @@ def test_a_healthy_cluster_passes_and_check_starts_nothing(
 ) -> None:
     inv = inventory(lab_inventory, code, MWMS)
     result = tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=0)
-    assert "6 TF connections between hosts tried" in result.stdout
+    assert "network check: 6 TF connections between 3 hosts tried (all)" in result.stdout
     assert "check ok: nothing was started (up would start 3 tasks on 3 hosts)" in result.stdout
     up = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=0)
     assert "trained" in up.stdout

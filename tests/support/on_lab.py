@@ -1,5 +1,5 @@
 """On lab hosts: an installed agent over an SSH connection of its own (`lab_agent`), and a TCP
-port of one host blocked for another with nftables (`blocked`)."""
+port of one host blocked for another with nftables (`blocked`), or any nft rule (`filtered`)."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ TABLE = "tfdeploy_test_netcheck"
 
 
 @contextmanager
-def blocked(lab: Lab, host: LabHost, source: LabHost, port: int, verdict: str) -> Iterator[None]:
-    """On `host`, TCP from `source` to `port` is dropped ("drop") or refused ("reject")."""
-    action = "drop" if verdict == "drop" else "reject with tcp reset"
+def filtered(lab: Lab, host: LabHost, hook: str, rule: str) -> Iterator[None]:
+    """On `host`, packets matching the nft `rule` (e.g. "tcp dport 2222 drop") at the `input` or
+    `output` hook, until the block ends."""
     script = (
         f"nft add table inet {TABLE} && "
-        f"nft add chain inet {TABLE} input '{{ type filter hook input priority -10 ; }}' && "
-        f"nft add rule inet {TABLE} input ip saddr {source.address} tcp dport {port} {action}"
+        f"nft add chain inet {TABLE} {hook} '{{ type filter hook {hook} priority -10 ; }}' && "
+        f"nft add rule inet {TABLE} {hook} {rule}"
     )
     done = lab.run(host, script)
     assert done.returncode == 0, done.stderr
@@ -53,3 +53,11 @@ def blocked(lab: Lab, host: LabHost, source: LabHost, port: int, verdict: str) -
         yield
     finally:
         lab.run(host, f"nft delete table inet {TABLE}")
+
+
+@contextmanager
+def blocked(lab: Lab, host: LabHost, source: LabHost, port: int, verdict: str) -> Iterator[None]:
+    """On `host`, TCP from `source` to `port` is dropped ("drop") or refused ("reject")."""
+    action = "drop" if verdict == "drop" else "reject with tcp reset"
+    with filtered(lab, host, "input", f"ip saddr {source.address} tcp dport {port} {action}"):
+        yield

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from deployer.config.model import NetcheckMode
 from deployer.core.errors import NetworkBlocked
 from deployer.hosts.agent import Agent
 from deployer.hosts.local_transport import LocalTransport
-from deployer.up.netcheck import Link, blocked, links
+from deployer.up.netcheck import blocked
+from deployer.up.netplan import Link, links
+from remote import protocol
 from tests.support.harness import Harness
 from tests.support.helpers import JOB, plan
 
@@ -77,6 +80,27 @@ def test_a_blocked_report_groups_sources_and_names_the_ports() -> None:
     assert "allow TCP ports 2222, 2223 between the cluster's hosts" in (error.hint or "")
     many = blocked([(Link(f"h{i}", "x", "fd00::1", 2222), "no route") for i in range(9)], 9)
     assert "  h0 and 8 more -> x ([fd00::1]:2222): no route (" in many.message
+    sampled = blocked(dropped, 2304, sampled=True)
+    assert "3 TF connections of 2,304 tried (a sample: others may fail too) cannot" in (
+        sampled.message
+    )
+    assert (sampled.hint or "").endswith("`--netcheck full` tries every connection")
+
+
+def test_a_sample_finds_a_dropped_pair_it_holds_and_says_it_sampled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = hosts(*[(f"h{i}", W) for i in range(1, 11)]).replace(
+        "[job]\n", '[job]\nnetcheck = "sampled"\n', 1
+    )
+    h = Harness(tmp_path, text, monkeypatch)
+    h.hosts["h3"].verdicts[("10.0.0.4", 2222)] = "timed out"  # h3 -> h4, the next host: sampled
+    with pytest.raises(NetworkBlocked) as info:
+        h.run(finish_all(h))
+    assert "  h3 -> h4 (10.0.0.4:2222): timed out" in info.value.message
+    assert "of 80 tried (a sample: others may fail too)" in info.value.message
+    probes = [r for r in h.hosts["h3"].ops("netcheck") if r["action"] == "probe"]
+    assert len(probes[0]["targets"]) == 8 and probes[0]["targets"][0] == ["10.0.0.4", 2222]
 
 
 def finish_all(h: Harness) -> Callable[[float], None]:
@@ -112,7 +136,9 @@ def test_a_healthy_cluster_says_how_many_connections_were_tried(
 ) -> None:
     h = Harness(tmp_path, hosts(("a", W), ("b", W)), monkeypatch)
     assert h.run(finish_all(h)) == 0
-    assert any("2 TF connections between hosts tried" in s for s in h.view.steps)
+    assert any(
+        "; network check: 2 TF connections between 2 hosts tried (all)" in s for s in h.view.steps
+    )
     assert [r["action"] for r in h.hosts["b"].ops("netcheck")] == ["listen", "probe", "close"]
     assert h.hosts["b"].ops("netcheck")[0]["ports"] == [2222]
 
@@ -126,7 +152,7 @@ def test_the_check_can_be_skipped(
         text = text.replace("[job]\n", "[job]\nnetcheck = false\n", 1)
     h = Harness(tmp_path, text, monkeypatch)
     h.hosts["a"].verdicts[("10.0.0.2", 2222)] = "timed out"
-    assert h.run(finish_all(h), **({"netcheck": False} if how == "flag" else {})) == 0
+    assert h.run(finish_all(h), **({"netcheck": NetcheckMode.OFF} if how == "flag" else {})) == 0
     assert not h.hosts["a"].ops("netcheck")
 
 
@@ -165,6 +191,28 @@ def test_stand_ins_answer_probes_and_leave_nothing(tmp_path: Path) -> None:
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.02)
     assert not _alive(pid)
+
+
+def test_a_queue_longer_than_the_pool_is_slower_never_falsely_blocked(tmp_path: Path) -> None:
+    """Dropped SYNs (a listener whose accept queue is full) fill the pool for two rounds; the
+    open port queued behind them is still `ok`, and the op takes its budget, not one timeout."""
+    agent = Agent(LocalTransport("here"), python=sys.executable, workdir=str(tmp_path / "wd"))
+    agent.install()
+    with socket.socket() as full, socket.socket() as filler, socket.socket() as open_:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        filler.connect(full.getsockname())  # the queue's one place: every later SYN is dropped
+        open_.bind(("127.0.0.1", 0))
+        open_.listen(8)
+        dropped = [("127.0.0.1", full.getsockname()[1])] * (2 * protocol.PROBE_WORKERS)
+        targets = [*dropped, ("127.0.0.1", open_.getsockname()[1])]
+        wait = 0.3
+        began = time.monotonic()
+        verdicts = agent.probe("r4", targets, wait)
+        took = time.monotonic() - began
+    assert verdicts == ["timed out"] * len(dropped) + ["ok"]
+    # two rounds of the pool, twice (the retry): a thread per target would take 2 * wait
+    assert 4 * wait <= took < protocol.probe_budget(len(targets), wait) + 1.0
 
 
 def test_a_listener_leaves_by_itself_at_its_deadline(tmp_path: Path) -> None:
