@@ -1,4 +1,4 @@
-"""`sudo /opt/tfdeploy/venv/bin/python -m bench.netcheck [--sizes 8,32] [--reps 5]`
+"""`sudo /opt/tfdeploy/venv/bin/python -m bench.netcheck [--sizes 8,32] [--reps 5] [--out F]`
 
 What preflight's network check costs: `tfdeploy check` on one namespace lab of N hosts (one MWMS
 worker each, so every host connects to every other: N*(N-1) connections), with the check and
@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.report import tee_to
 from bench.tools import make_tmp
 from deployer.config.plan import make_plan
 from deployer.hosts.fleet import Fleet
@@ -42,7 +43,13 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.netcheck", description=__doc__)
     p.add_argument("--sizes", default="8,32", help="host counts (default 8,32)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per cell (5)")
+    p.add_argument("--out", type=Path, help="also write the table to this file (docs/bench/)")
     args = p.parse_args()
+    with tee_to(args.out, "bench.netcheck"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     sizes = [int(n) for n in args.sizes.split(",")]
     lab = start_lab(max(sizes))
     tmp = make_tmp()
