@@ -63,12 +63,11 @@ class PullResult:
         if not self.files:
             where = ", ".join(self.places) or "any task"
             return f"no file matched {', '.join(self.patterns)} on {where}; nothing was pulled"
-        news = (
-            f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')}), the rest "
-            "already here"
-            if self.fetched_files
-            else "0 bytes sent, every file was already here"
-        )
+        news = f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')})"
+        if not self.fetched_files:
+            news = "0 bytes sent, every file was already here"
+        elif self.fetched_files < self.files:  # a file was here, or a content came for two
+            news += ", the rest already here"
         return f"pulled {plural(self.files, 'file')} into {self.destination}: {news}"
 
 
