@@ -48,7 +48,8 @@ fi
 echo "installed: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])') venv at $VENV"
 
 if [ "$TFDEPLOY_ROOT" != 1 ]; then
-  echo "skipped (not root): the TensorFlow 2.15 venv in /opt/tfdeploy; its test skips"
+  [ -x "${TFDEPLOY_VENV_TF215:-/opt/tfdeploy/venv-tf215}/bin/python" ] ||
+    echo "not made (not root): the TensorFlow 2.15 venv in /opt/tfdeploy; its tests skip"
   exit 0
 fi
 # Hosts with TensorFlow 2.15, the last release with tf.estimator (the Estimator tutorial's test,

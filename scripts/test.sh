@@ -8,12 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
 bash scripts/install.sh
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's code, whatever the venv has
+if [ ! -w "$VENV" ]; then  # someone else's venv, used as it is: this checkout's code comes first
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
 if [ "$TFDEPLOY_ROOT" != 1 ]; then
-  echo "not root ($(id -un)): the lab runs as sshd hosts on 127.0.0.x loopback addresses; skipped:"
-  echo "  tests marked isolated (network, PID and mount namespaces, link faults, firewall rules)"
-  echo "  and the TensorFlow 2.15 hosts: they need root. pytest lists each skip and its reason."
-  echo "  Run this script as root for the full suite."
+  echo "not root ($(id -un)): the lab runs as sshd hosts on 127.0.0.x loopback addresses, and the"
+  echo "  tests marked isolated skip: network, PID and mount namespaces, link faults and firewall"
+  echo "  rules need root. pytest lists every skip with its reason. Run as root for the full suite."
 fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
