@@ -30,7 +30,7 @@ FIGURE = re.compile(
     r"(?<![\w.,-])(\d[\d,]*(?:\.\d+)?) ?(ms|s|min|MB|GB|kB|MB/s|lines/s|steps/s|%)(?![\w/])"
 )
 RATIO = re.compile(r"(?<![\w.,])\d[\d,]*(?:\.\d+)?x(?!\w)")  # 0.69x, 1.54x: always a bench figure
-SUITE_SIZE = re.compile(r"\b\d[\d,]* (?:passed|skipped|tests)\b")
+SUITE_SIZE = re.compile(r"(?<![\w.,])\d[\d,]* (?:passed|skipped|tests)\b")
 
 
 def _prose(path: Path) -> str:
@@ -84,7 +84,7 @@ def test_the_checks_find_what_they_look_for() -> None:
     found = FIGURE.findall("median 39 s, 455 MB, 779,706 lines/s, 75% and 1.5 s; 2 cores")
     assert found == [("39", "s"), ("455", "MB"), ("779,706", "lines/s"), ("75", "%"), ("1.5", "s")]
     assert RATIO.findall("0.69x pdsh, 1.54x, 3x, not 0x7f") == ["0.69x", "1.54x", "3x"]
-    assert SUITE_SIZE.findall("615 tests; 555 passed, 23 skipped") == [
+    assert SUITE_SIZE.findall("615 tests; 555 passed, 23 skipped; the 2.15 tests") == [
         "615 tests",
         "555 passed",
         "23 skipped",
