@@ -198,3 +198,15 @@ def test_a_bench_writes_its_output_to_the_file_the_docs_link(
     with report.tee_to(None, "bench.x"):
         print("nothing written")
     assert out.read_text() == text
+
+
+def test_no_install_hint_names_the_other_projects_distribution() -> None:
+    """`tfdeploy` on PyPI is an unrelated project: every hint names tfdeploy-cluster, or the
+    checkout's `pip install -e`."""
+    wrong = re.compile(r"pip install\s+(?:-\w+\s+)*['\"]?tfdeploy(?![\w-])")
+    assert wrong.search("pip install 'tfdeploy[aws]'") and not wrong.search(
+        "pip install 'tfdeploy-cluster[aws]'"
+    )
+    files = [*EVERY, ROOT / "inventories" / "aws.toml", *(ROOT / "deployer").rglob("*.py")]
+    found = [str(p.relative_to(ROOT)) for p in files if wrong.search(p.read_text())]
+    assert not found, f"install hints naming PyPI's unrelated `tfdeploy`: {found}"
