@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.__main__ import _fmt_bytes, _load, _machine
+from bench.report import tee_to
 from bench.tools import BenchError, make_tmp, wait_gone
 from tests.lab import Lab, LabHost, start_lab
 
@@ -450,7 +451,13 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=1, help="repetitions per cell (1)")
     p.add_argument("--rate", default="100mbit", help="the capped uplink, as tc says it (100mbit)")
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"({DEFAULT_VARIANTS})")
+    p.add_argument("--out", type=Path, help="also write the tables to this file (docs/bench/)")
     args = p.parse_args()
+    with tee_to(args.out, "bench.fanout"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         print(f"the bench needs root (namespace lab): sudo {sys.executable} -m bench.fanout")
         return 2

@@ -1,4 +1,4 @@
-"""`sudo /opt/tfdeploy/venv/bin/python -m bench.netcheck [--sizes 16,64,128] [--reps 3]`
+"""`sudo /opt/tfdeploy/venv/bin/python -m bench.netcheck [--sizes 16,64,128] [--reps 3] [--out F]`
 
 What preflight's network check costs, full and sampled: `tfdeploy check` on one namespace lab of
 N hosts (one MWMS worker each, so TF connects every host to every other: N*(N-1) connections),
@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.report import tee_to
 from bench.tools import make_tmp
 from deployer.config.model import NetcheckMode
 from deployer.config.plan import make_plan
@@ -49,7 +50,13 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.netcheck", description=__doc__)
     p.add_argument("--sizes", default="16,64,128", help="host counts (default 16,64,128)")
     p.add_argument("--reps", type=int, default=3, help="repetitions per cell (3)")
+    p.add_argument("--out", type=Path, help="also write the table to this file (docs/bench/)")
     args = p.parse_args()
+    with tee_to(args.out, "bench.netcheck"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     sizes = [int(n) for n in args.sizes.split(",")]
     lab = start_lab(max(sizes))
     tmp = make_tmp()

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.report import tee_to
 from tests.lab import start_lab
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "digits"
@@ -71,7 +72,13 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--out", type=Path, help="also write the table to this file (docs/bench/)")
     args = p.parse_args()
+    with tee_to(args.out, "bench.placement"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     ncpu = len(os.sched_getaffinity(0))
     tmp = Path(tempfile.mkdtemp(prefix="tfdeploy-placement-"))
     lab = start_lab(1)

@@ -119,6 +119,9 @@ ATTEMPT_ENV: Final = "TFDEPLOY_ATTEMPT"
 # one host never takes another host's processes for its own; set in the agent's environment, it
 # replaces the computed identity (tests simulate several hosts sharing one workdir with it).
 HOST_ID_ENV: Final = "TFDEPLOY_HOST_ID"
+# Every name above that tfdeploy sets in a task's environment, over what the inventory's env says:
+# an inventory that sets one is refused (deployer/config/plan.py), never silently overwritten.
+TASK_ENV_NAMES: Final = (RUN_ID_ENV, TASK_ENV, ATTEMPT_ENV, HOST_ID_ENV)
 
 # An op's result may carry, under this key, a function that writes raw bytes to the agent's
 # stdout after the reply line; the reply's "raw" field says how many (never sent as JSON).

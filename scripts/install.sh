@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Installs everything tfdeploy's test suite needs on a fresh Debian machine (run as root).
-# Idempotent: a second run only checks. Why a venv from Debian's /usr/bin/python3: lab hosts get a
-# private /root and /tmp, so an interpreter living there (pyenv) cannot run inside a lab host.
+# Installs everything tfdeploy's test suite needs. Idempotent: a second run only checks.
+#   as root (a Debian machine, a container, CI): the system packages with apt, and the venvs under
+#     /opt/tfdeploy. Why a venv from Debian's /usr/bin/python3: lab hosts get a private /root and
+#     /tmp, so an interpreter living there (pyenv) cannot run inside a lab host.
+#   as any other user: a venv under the user's home (or $TFDEPLOY_VENV) with pip, nothing else; no
+#     apt, nothing written outside it. What that leaves out is said here and by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${TFDEPLOY_VENV:-/opt/tfdeploy/venv}
+. scripts/venv.sh
 TF_VERSION=${TFDEPLOY_TF_VERSION:-2.21.0}
+PIP=(-m pip install -q --disable-pip-version-check)
 
 need_apt=()
 for pair in sshd:openssh-server ssh:openssh-client ip:iproute2 rsync:rsync iptables:iptables \
@@ -14,20 +18,40 @@ for pair in sshd:openssh-server ssh:openssh-client ip:iproute2 rsync:rsync iptab
 done
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  if [ "$TFDEPLOY_ROOT" = 1 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  else
+    echo "not installed (not root, so no apt): ${need_apt[*]}; the tests that need them skip"
+  fi
 fi
 
+if [ -e "$VENV" ] && [ ! -w "$VENV" ]; then
+  # Someone else's venv (e.g. root's /opt/tfdeploy/venv given as TFDEPLOY_VENV): used as it is;
+  # scripts/test.sh puts this checkout first on PYTHONPATH, so its code is the one tested.
+  echo "using $VENV as it is: not writable by $(id -un), nothing installed into it"
+  exit 0
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   mkdir -p "$(dirname "$VENV")"
   /usr/bin/python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+"$VENV/bin/python" "${PIP[@]}" --upgrade pip
+# The distribution was called `tfdeploy` until that name turned out to be another project's on
+# PyPI: an old editable install of it would shadow this one's `tfdeploy` command.
+if "$VENV/bin/python" -m pip show -q tfdeploy >/dev/null 2>&1; then
+  "$VENV/bin/python" -m pip uninstall -q -y tfdeploy
+fi
+"$VENV/bin/python" "${PIP[@]}" \
   "tensorflow-cpu==$TF_VERSION" "tensorboard==$TF_VERSION" scikit-learn -e ".[dev]"
 echo "installed: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])') venv at $VENV"
 
+if [ "$TFDEPLOY_ROOT" != 1 ]; then
+  [ -x "${TFDEPLOY_VENV_TF215:-/opt/tfdeploy/venv-tf215}/bin/python" ] ||
+    echo "not made (not root): the TensorFlow 2.15 venv in /opt/tfdeploy; its tests skip"
+  exit 0
+fi
 # Hosts with TensorFlow 2.15, the last release with tf.estimator (the Estimator tutorial's test,
 # tests/integration/test_seed_programs.py): a second venv from the same Debian Python 3.11, the
 # newest Python that 2.15 supports. Only what the digits examples need (~45 s, ~1.5 GB, once).
@@ -36,7 +60,6 @@ TF215_CHECK='import importlib.metadata as m, sys
 sys.exit(m.version("tensorflow-cpu") != "2.15.1" or not m.version("scikit-learn"))'
 if ! "$VENV_TF215/bin/python" -c "$TF215_CHECK" 2>/dev/null; then
   [ -x "$VENV_TF215/bin/python" ] || /usr/bin/python3 -m venv "$VENV_TF215"
-  "$VENV_TF215/bin/python" -m pip install -q --disable-pip-version-check \
-    "tensorflow-cpu==2.15.1" scikit-learn
+  "$VENV_TF215/bin/python" "${PIP[@]}" "tensorflow-cpu==2.15.1" scikit-learn
 fi
 echo "installed: tensorflow-cpu 2.15.1 venv at $VENV_TF215"

@@ -77,7 +77,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     has_tf = importlib.util.find_spec("tensorflow") is not None
     # Booting VMs takes ~9 minutes without KVM: only a run that asks for it (`-m vagrant`).
     vagrant_asked = "vagrant" in (config.option.markexpr or "")
-    no_vagrant = pytest.mark.skip(reason="boots VMs: run with `pytest -m vagrant` (README)")
+    no_vagrant = pytest.mark.skip(
+        reason="boots VMs: run with `pytest -m vagrant` (docs/testing.md)"
+    )
     for item in items:
         if "vagrant" in item.keywords and not vagrant_asked:
             item.add_marker(no_vagrant)

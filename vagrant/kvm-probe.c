@@ -2,7 +2,7 @@
  * in 64-bit kernel mode (CPL 0) and in 64-bit user mode (CPL 3), and enter protected mode as
  * Linux's setup code does. With hardware virtualization every loop takes about a nanosecond per
  * iteration; a software KVM such as kvm_pvm interprets kernel-mode code (microseconds per
- * iteration), which is why a stock kernel does not boot on it (README "Vagrant").
+ * iteration), which is why a stock kernel does not boot on it (docs/testing.md, "Vagrant").
  *
  *   gcc -O1 -o /tmp/kvm-probe vagrant/kvm-probe.c && sudo /tmp/kvm-probe
  *

@@ -81,9 +81,14 @@ def _task_name(text: str) -> str:
     return text
 
 
+# pyproject's [project] name: on PyPI `tfdeploy` is an unrelated project, whose version a
+# machine that has it installed would report as ours.
+DISTRIBUTION = "tfdeploy-cluster"
+
+
 def _version() -> str:
     try:
-        return importlib.metadata.version("tfdeploy")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
         return "unknown (not installed)"
 

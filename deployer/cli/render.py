@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must no
 
 def _gpu_text(task: Task, auto: bool = False) -> str:
     if auto and not task.gpus and role(task.role).implicit_gpus:
-        return "auto"  # counted by nvidia-smi at preflight, then split as the README says
+        return "auto"  # counted by nvidia-smi at preflight, then split as docs/inventory.md says
     return ",".join(str(g) for g in task.gpus) or "-"
 
 

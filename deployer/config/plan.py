@@ -31,12 +31,17 @@ from deployer.core.errors import InventoryError
 from remote import protocol
 
 PLACEHOLDERS = ("task_type", "task_index", "chief_hosts", "worker_hosts", "ps_hosts")
-# Set by tfdeploy for each task; the hint says what to write instead.
+# Set by tfdeploy for each task; the hint says what to write instead. The TFDEPLOY_* names are
+# protocol.TASK_ENV_NAMES, every one of them (tests/unit/test_plan.py checks).
 RESERVED_ENV = {
     "TF_CONFIG": "remove it: tfdeploy builds it from the hosts and tasks of the inventory",
     "CUDA_VISIBLE_DEVICES": "remove it; use gpus = [...] to choose GPUs",
     protocol.RUN_ID_ENV: "remove it: each run gets its own id",
     protocol.TASK_ENV: "remove it: it names the task (role:index) the process runs",
+    protocol.ATTEMPT_ENV: "remove it: it counts the whole job's restarts (on_failure = "
+    '"restart-job"), 0 first',
+    protocol.HOST_ID_ENV: "remove it: it names the host a task runs on, so that a stop never "
+    "takes another host's processes",
 }
 
 
@@ -429,17 +434,24 @@ def cpu_count(cpus: str) -> int:
     return count
 
 
+def _reserved(inventory: Inventory, key: str, name: str) -> InventoryError:
+    return InventoryError(
+        str(inventory.path),
+        key,
+        f"{name} is set by tfdeploy for each task",
+        hint=RESERVED_ENV[name],
+    )
+
+
 def _task_env(s: _Slot, inventory: Inventory) -> dict[str, str]:
     job = inventory.job
     for source, env in (("job.env", job.env), (f"{s.spec.key}.env", s.spec.env)):
         for name in env:
             if name in RESERVED_ENV:
-                raise InventoryError(
-                    str(inventory.path),
-                    f"{source}.{name}",
-                    f"{name} is set by tfdeploy for each task",
-                    hint=RESERVED_ENV[name],
-                )
+                raise _reserved(inventory, f"{source}.{name}", name)
+    for name in job.forward_env:  # copied from this machine, then overwritten just the same
+        if name in RESERVED_ENV:
+            raise _reserved(inventory, "job.forward_env", name)
     return {
         **thread_env(s.spec.threads, s.spec.cpus),  # an explicit env value of that name wins
         **job.env,

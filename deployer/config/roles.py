@@ -40,7 +40,7 @@ class Role:
     # task its dict names (GetStatus at start and every 30 s, "aborting collectives" once one is
     # down) and the evaluator needs none of them; port 0, because it has no TF port: TF then
     # serves its own gRPC on a free port, or nothing in graph mode (Estimator). Measured with TF
-    # 2.15.1 and 2.21.0 (README, "Planning rules").
+    # 2.15.1 and 2.21.0 (docs/inventory.md, "Planning rules").
     lists_only_itself: bool = False
 
 

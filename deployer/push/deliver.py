@@ -39,6 +39,16 @@ def deliver(
     return push_summary(results, manifest, run_id, shared, spread)
 
 
+def _some_were_there(
+    results: dict[str, PushResult], manifest: Manifest, groups: Sequence[Sequence[str]]
+) -> bool:
+    """Whether a host already had some of the contents: a first push sends every content to
+    each host it pushes to itself (a host sharing a workdir finds its group's, sent just now)."""
+    later = {h for g in groups for h in g[1:]}
+    contents = len(manifest.by_hash())
+    return any(r.sent_files < contents for name, r in results.items() if name not in later)
+
+
 def push_summary(
     results: dict[str, PushResult],
     manifest: Manifest,
@@ -58,7 +68,9 @@ def push_summary(
     elif spread is not None:
         news = f"{sent} bytes sent from here ({spread.uplink_bytes} to the fan-out's seed)"
     else:
-        news = f"{sent} bytes sent ({plural(sent_files, 'file')}), the rest already there"
+        news = f"{sent} bytes sent ({plural(sent_files, 'file')})"
+        if _some_were_there(results, manifest, groups):
+            news += ", the rest already there"
     files = plural(len(manifest.files), "file")
     lines.append(f"pushed {files} to {plural(len(results), 'host')}: {news} (run {run_id})")
     return lines

@@ -66,13 +66,11 @@ class PullResult:
         if not self.files:
             where = ", ".join(self.places) or "any task"
             return f"no file matched {', '.join(self.patterns)} on {where}; nothing was pulled"
-        sent = f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')})"
+        news = f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')})"
         if not self.fetched_files:
             news = "0 bytes sent, every file was already here"
-        elif self.fetched_files < self.files:
-            news = f"{sent}, the rest already here"
-        else:
-            news = sent
+        elif self.fetched_files < self.files:  # a file was here, or a content came for two
+            news += ", the rest already here"
         return f"pulled {plural(self.files, 'file')} into {self.destination}: {news}"
 
 

@@ -4,7 +4,7 @@ The hosts' run directories are the truth for what runs. Which hosts a run has is
 record of them, written when its code was pushed: this machine's run record (with how each
 host was reached, so a host the inventory dropped since is still asked) and, on every host, the
 run's list of host names (so a shell without that record can name the hosts its inventory
-lacks instead of leaving their tasks running unseen). See README "What happens when...".
+lacks instead of leaving their tasks running unseen). See docs/failures.md.
 """
 
 from __future__ import annotations

@@ -114,8 +114,10 @@ def test_unknown_host_under_strict_exits_3_before_any_command(
     )
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=60, check_rc=3)
     err = " ".join(result.stderr.split())
-    assert f"{host.name}: host key of {host.address} is not in {known}" in err
-    assert f"ssh-keyscan -p 22 {host.address} >> {known}" in err
+    # known_hosts names a host on another port than 22 as [address]:port (the loopback lab's)
+    key = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+    assert f"{host.name}: host key of {key} is not in {known}" in err
+    assert f"ssh-keyscan -p {host.port} {host.address} >> {known}" in err
     assert 'host_keys = "accept-new"' in err
     assert known.read_text() == ""
     assert lab.run(host, ["test", "-e", workdir]).returncode == 1, "a command ran on the host"
@@ -129,7 +131,7 @@ def test_unknown_host_under_strict_exits_3_before_any_command(
         hosts=[host],
     )
     tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=60, check_rc=0)
-    assert known.read_text().startswith(f"{host.address} ssh-ed25519 ")
+    assert known.read_text().startswith(f"{key} ssh-ed25519 ")
     lab.run(host, ["rm", "-rf", workdir])
 
 
@@ -280,7 +282,7 @@ def test_secrets_stay_off_command_lines_and_out_of_reach(
         run_id = re.search(r"run (secret-\S+) is running detached", up.stdout)
         assert run_id, up.stdout
         # Records are per host (WORKDIR/hosts/<host id>/runs/<run id>: docs/PROTOCOL.md).
-        glob = f"/root/.tfdeploy/hosts/*/runs/{run_id.group(1)}"
+        glob = f"~/.tfdeploy/hosts/*/runs/{run_id.group(1)}"  # the login's home: root's or yours
         run_dir = lab.run(host, ["sh", "-c", f"echo {glob}"]).stdout.strip()
         assert "*" not in run_dir, run_dir
         cmdlines = lab.run(host, ["/usr/bin/python3", "-c", CMDLINES]).stdout

@@ -1,6 +1,6 @@
 """The programs people already have, run by `tfdeploy up` on the lab unchanged but for their data
 (issue 26): each against real TensorFlow, each also checking (`clean_lab`) that no process or TF
-port is left on any lab host. The README's "Supported TensorFlow styles" lists them with these
+port is left on any lab host. docs/tensorflow.md lists them with these
 tests; the TF1 how-to program is tests/integration/test_lifecycle.py's
 `test_tf1_style_script_gets_its_flags_from_placeholders`.
 

@@ -1,9 +1,9 @@
 """tfdeploy on real VMs: `vagrant up` from the locally built box, a real MWMS job across them, a
 VM destroyed mid-run, `down`, `vagrant destroy`.
 
-Run as root on a Linux machine with libvirt (README "Vagrant"): `pytest -m vagrant`. Skipped in
-the default run (it boots VMs: ~9 minutes without KVM). The VMs come from vagrant/Vagrantfile;
-the job is inventories/vagrant.toml, run as a user runs it.
+Run as root on a Linux machine with libvirt (docs/testing.md, "Vagrant"): `pytest -m vagrant`.
+Skipped in the default run (it boots VMs: ~9 minutes without KVM). The VMs come from
+vagrant/Vagrantfile; the job is inventories/vagrant.toml, run as a user runs it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.vagrant, pytest.mark.timeout(3600)]
 def libvirt_driver() -> str:
     """kvm where KVM runs a stock guest kernel; qemu (the emulator) otherwise. kvm_pvm (a
     software KVM for nested clouds) interprets every guest-kernel instruction, so a Debian
-    kernel never finishes booting on it (README "Vagrant")."""
+    kernel never finishes booting on it (docs/testing.md, "Vagrant")."""
     chosen = os.environ.get("TFDEPLOY_LIBVIRT_DRIVER")
     if chosen:
         return chosen
@@ -89,7 +89,7 @@ def nothing_left(address: str, wait: float = 15) -> list[str]:
 @pytest.fixture(scope="module")
 def vms() -> Iterator[dict[str, float]]:
     if os.geteuid() != 0 or not shutil.which("vagrant") or not shutil.which("virsh"):
-        pytest.skip("needs root, vagrant, vagrant-libvirt and libvirt (README: Vagrant)")
+        pytest.skip("needs root, vagrant, vagrant-libvirt and libvirt (docs/testing.md: Vagrant)")
     if subprocess.run(["virsh", "version"], capture_output=True).returncode != 0:
         pytest.skip("libvirtd is not running (systemctl start libvirtd, or libvirtd -d)")
     timings: dict[str, float] = {}

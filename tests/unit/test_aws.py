@@ -118,7 +118,8 @@ def test_unknown_profile_and_missing_boto3_are_clear_errors(
     monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` sees when absent
     code, _, err = cli("plan", str(write_inventory(tmp_path, WORKERS)))
     assert code == 2 and "boto3 is not installed" in err
-    assert "pip install 'tfdeploy[aws]'" in err
+    assert "pip install 'tfdeploy-cluster[aws]'" in err  # ours: PyPI's `tfdeploy` is another
+    assert "pip install -e '.[aws]'" in err
 
 
 def test_an_instance_matched_by_two_groups_is_an_error(ec2: Any, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from deployer.cli.parser import DISTRIBUTION
 from deployer.cli.render import status_table
 from deployer.hosts.agent import TaskStatus
 from deployer.results.runs import HostRun
+from deployer.sources.aws.settings import INSTALL_HINT
 from tests.support.helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 INVENTORIES = Path(__file__).parent.parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"
@@ -281,9 +286,20 @@ def test_counts_are_singular_for_one(tmp_path: Path) -> None:
 # -- small flags -------------------------------------------------------------------------------
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+def test_version_is_our_distributions_and_every_install_hint_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The distribution is tfdeploy-cluster: `tfdeploy` on PyPI is another project, whose version
+    (or install) a hint naming it would give."""
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert name == DISTRIBUTION == "tfdeploy-cluster"
+    assert f"pip install '{name}[aws]'" in INSTALL_HINT
+    try:
+        expected = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:  # a venv that has the checkout on its path only
+        expected = "unknown (not installed)"
     assert run_cli("--version")[0] == 0
-    assert capsys.readouterr().out == f"tfdeploy {importlib.metadata.version('tfdeploy')}\n"
+    assert capsys.readouterr().out == f"tfdeploy {expected}\n"
 
 
 @pytest.mark.parametrize("verb", ["up", "exec"])

@@ -290,9 +290,18 @@ def test_a_ps_that_never_listens_misses_the_start_deadline(
     assert len(h.hosts["p"].ops("stop")) == 1
 
 
-def test_a_second_push_sends_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _pushed(view: RecordingView) -> str:
+    return next(s for s in view.steps if s.startswith("pushed "))
+
+
+def test_a_push_says_what_was_already_there_only_when_something_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """First push: everything travels, nothing is said to be there (it said "the rest already
+    there"); second: nothing travels; a file changed: only it travels, and the rest was there."""
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "code" / "data.txt").write_text("1 2 3\n")
     h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
 
     def finish() -> None:
@@ -301,13 +310,25 @@ def test_a_second_push_sends_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     h.run(h.at(1, finish))
     first = h.hosts["a"].received_bytes
+    assert first == len("print('hi')\n1 2 3\n")
+    assert _pushed(h.view).startswith(
+        f"pushed 2 files to 2 hosts: {2 * first} bytes sent (4 files) (run "
+    )
     h.view = RecordingView()
     h.run(h.at(1, finish))
-    assert first == len("print('hi')\n") and h.hosts["a"].received_bytes == first
-    assert any(
-        s.startswith("pushed 1 file to 2 hosts: 0 bytes sent, every file was already there")
-        for s in h.view.steps
-    ), h.view.steps
+    assert h.hosts["a"].received_bytes == first
+    assert _pushed(h.view).startswith(
+        "pushed 2 files to 2 hosts: 0 bytes sent, every file was already there"
+    )
+    changed = "4 5 6 7\n"
+    (tmp_path / "code" / "data.txt").write_text(changed)
+    h.view = RecordingView()
+    h.run(h.at(1, finish))
+    assert h.hosts["a"].received_bytes == first + len(changed)
+    assert _pushed(h.view).startswith(
+        f"pushed 2 files to 2 hosts: {2 * len(changed)} bytes sent (2 files), "
+        "the rest already there"
+    )
 
 
 @pytest.mark.parametrize("required", [True, False])

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from deployer.cli.render import plan_document, plan_table
+from deployer.config.plan import RESERVED_ENV
+from remote import protocol
 from tests.support.helpers import JOB, plan, plan_error, tf_config
 
 PSS = (
@@ -430,6 +432,20 @@ HOST_A = '[[hosts]]\naddress = "a"\n'
             id="reserved-task",
         ),
         pytest.param(
+            JOB + 'env = { TFDEPLOY_ATTEMPT = "0" }\n' + HOST_A + 'tasks = [{ role = "worker" }]\n',
+            "job.env.TFDEPLOY_ATTEMPT: TFDEPLOY_ATTEMPT is set by tfdeploy for each task",
+            'remove it: it counts the whole job\'s restarts (on_failure = "restart-job"), 0 first',
+            id="reserved-attempt",
+        ),
+        pytest.param(
+            JOB + HOST_A + 'tasks = [{ role = "worker", env = { TFDEPLOY_HOST_ID = "h" } }]\n',
+            "hosts[0].tasks[0].env.TFDEPLOY_HOST_ID: TFDEPLOY_HOST_ID is set by tfdeploy for each "
+            "task",
+            "remove it: it names the host a task runs on, so that a stop never takes another "
+            "host's processes",
+            id="reserved-host-id",
+        ),
+        pytest.param(
             JOB
             + '[job.role_commands]\nchief = "tfdeploy:server"\nworker = "tfdeploy:server"\n'
             + HOST_A
@@ -445,6 +461,26 @@ def test_plan_mistakes(tmp_path: Path, text: str, message: str, hint: str | None
     err = plan_error(tmp_path, text)
     assert err.message == f"{tmp_path / 'inventory.toml'}: {message}"
     assert err.hint == hint
+
+
+def test_every_name_tfdeploy_sets_in_a_task_is_refused_in_env(tmp_path: Path) -> None:
+    """The protocol's list of task variables, every one refused in job.env and in a task's env:
+    a name added there cannot be silently overwritten (TFDEPLOY_ATTEMPT once was)."""
+    assert "TFDEPLOY_ATTEMPT" in protocol.TASK_ENV_NAMES
+    for name in protocol.TASK_ENV_NAMES:
+        err = plan_error(
+            tmp_path,
+            JOB + f'env = {{ {name} = "1" }}\n' + HOST_A + 'tasks = [{ role = "worker" }]\n',
+        )
+        assert err.message.endswith(f"job.env.{name}: {name} is set by tfdeploy for each task")
+        assert err.hint == RESERVED_ENV[name]
+    err = plan_error(
+        tmp_path,
+        JOB + 'forward_env = ["TFDEPLOY_ATTEMPT"]\n' + HOST_A + 'tasks = [{ role = "worker" }]\n',
+    )  # copied from this machine, it would be overwritten just the same
+    assert err.message.endswith(
+        "job.forward_env: TFDEPLOY_ATTEMPT is set by tfdeploy for each task"
+    )
 
 
 def test_evaluators_do_not_clash_or_exhaust_ports(tmp_path: Path) -> None:

@@ -57,6 +57,16 @@ def test_a_pull_brings_each_content_once_and_a_second_pull_nothing(tmp_path: Pat
     assert not list(base.rglob("*.part"))
 
 
+def test_a_first_pull_does_not_say_anything_was_already_here(tmp_path: Path) -> None:
+    _, fleet = fleet_of(tmp_path)
+    with fleet:
+        first = pull(fleet, "r-1", ["*.json"], tmp_path / "out")
+    assert (
+        first.summary()
+        == f"pulled 2 files into {tmp_path / 'out' / 'r-1'}: 22 bytes sent (2 files)"
+    )
+
+
 def test_an_interrupted_pull_resumes_where_it_stopped(tmp_path: Path) -> None:
     hosts, fleet = fleet_of(tmp_path)
     dest = tmp_path / "out" / "r-1" / "worker-0" / "ckpt" / "model.bin"

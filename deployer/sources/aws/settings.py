@@ -17,7 +17,11 @@ from deployer.core.errors import ExitStatus, TfdeployError
 
 ADDRESS_KINDS = ("public", "private")
 PAGE_SIZE = 200  # describe_instances' MaxResults for one page (AWS allows 5-1000)
-INSTALL_HINT = "install the AWS extra: pip install 'tfdeploy[aws]'"
+# The distribution is `tfdeploy-cluster` (PyPI's `tfdeploy` is an unrelated project).
+INSTALL_HINT = (
+    "install the AWS extra: pip install 'tfdeploy-cluster[aws]' "
+    "(in a checkout of tfdeploy: pip install -e '.[aws]')"
+)
 METADATA_URL = "http://169.254.169.254"  # EC2's instance metadata service, as seen from a host
 LAUNCHED_TAG = "tfdeploy:launched"  # on instances tfdeploy launched; the value is the job name
 GROUP_TAG = "tfdeploy:group"  # the [[aws.hosts]] entry an instance was launched for
