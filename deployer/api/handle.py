@@ -198,13 +198,7 @@ class Run:
 
         Raises UsageError when no host has the run, LocalError when `to` cannot be written,
         Interrupted on Ctrl-C (what arrived is kept; the hint says how to fetch the rest)."""
-        with self._fleet() as fleet:
-            try:
-                return pull(fleet, self.id, list(patterns), Path(to), tasks=tasks)
-            except KeyboardInterrupt as exc:
-                signum = int(getattr(exc, "signum", signal.SIGINT))
-                again = resume_command(self.id, list(patterns), os.fspath(to), tasks=tasks)
-                raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
+        return pull_files(self._target, patterns, to, tasks=tasks, concurrency=self._concurrency)
 
     def down(self, *, terminate: bool = False, say: Say | None = None) -> tuple[str, ...]:
         """Stops the run's tasks on every host (even finished ones' escaped processes) and
@@ -335,6 +329,31 @@ def stop(target: Target, *, terminate: bool, say: Say, warn: Say | None = None) 
     if not shown:
         say(f"nothing to stop: {_nothing_running(target, survey)}")
     return [s.run.host for s in shown]
+
+
+def pull_files(
+    target: Target,
+    patterns: Sequence[str],
+    to: str | os.PathLike[str],
+    *,
+    tasks: Sequence[str] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    inventory: str | None = None,
+) -> PullResult:
+    """`tfdeploy pull` and `Run.pull`: the target run's files home. Ctrl-C (or a signal) is
+    raised as Interrupted whose hint is the pull that fetches the rest (`inventory`: the
+    `-i` it repeats)."""
+    found = discovered(target)
+    assert found.run_id is not None, "pull needs a run id"
+    with Fleet(found.hosts, concurrency=concurrency) as fleet:
+        try:
+            return pull(fleet, found.run_id, list(patterns), Path(to), tasks=tasks)
+        except KeyboardInterrupt as exc:
+            signum = int(getattr(exc, "signum", signal.SIGINT))
+            again = resume_command(
+                found.run_id, list(patterns), os.fspath(to), tasks=tasks, inventory=inventory
+            )
+            raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
 
 
 def terminate_sources(inventory: Inventory, when: tuple[str, ...], say: Say) -> None:

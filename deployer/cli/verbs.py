@@ -10,14 +10,12 @@ import dataclasses
 import functools
 import os
 import shlex
-import signal
 import time
-from pathlib import Path
 
 from rich.text import Text
 
 from deployer import api
-from deployer.api.handle import inventory_masker
+from deployer.api.handle import inventory_masker, pull_files
 from deployer.api.handle import stop as api_stop
 from deployer.api.handle import unknown_run as _unknown_run
 from deployer.api.views import LazyView
@@ -28,14 +26,12 @@ from deployer.core.errors import (
     ExitStatus,
     HostError,
     HostsFailed,
-    Interrupted,
     TfdeployError,
     UsageError,
 )
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import Fleet, Member
 from deployer.results.archive import LogArchive, archive_ended, damaged, has_archive
-from deployer.results.pull import KEPT, pull, resume_command
 from deployer.results.runs import (
     Target,
     archived_lines,
@@ -225,18 +221,17 @@ def _damage_notes(run_id: str, task: str | None) -> list[str]:
 
 
 def pull_verb(args: argparse.Namespace, env: Env) -> int:
-    target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
+    target = resolve(args.run_id, args.inventory)
     if target.run_id is None:
         raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.hosts, concurrency=args.concurrency) as fleet:
-        try:
-            result = pull(fleet, target.run_id, args.paths, Path(args.to), tasks=args.task)
-        except KeyboardInterrupt as exc:
-            signum = int(getattr(exc, "signum", signal.SIGINT))
-            again = resume_command(
-                target.run_id, args.paths, args.to, tasks=args.task, inventory=args.inventory
-            )
-            raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
+    result = pull_files(
+        target,
+        args.paths,
+        args.to,
+        tasks=args.task,
+        concurrency=args.concurrency,
+        inventory=args.inventory,
+    )
     view = PlainView(env.raw_out)
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")
