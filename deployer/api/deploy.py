@@ -166,9 +166,9 @@ def up(
     finally:
         if not running:
             shown.close()
-    run = started(loaded, deployment.run_id, deployment.plan.hosts)
+    run = started(deployment.plan, deployment.run_id, loaded)
     if detach:
         return run
     watches = deployment.board.watches.values()
-    tasks = tuple(TaskState.of(w.task.host, w.status, w.task.name) for w in watches)
+    tasks = tuple(TaskState.of(w.task.host, w.status, w.task.name, w.task.awaited) for w in watches)
     return Result(deployment.run_id, tasks, run)

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from deployer.api.inventories import InventoryLike, load
 from deployer.config.inventory import Inventory, discover_hosts
-from deployer.config.model import Host
+from deployer.config.plan import Plan, make_plan
 from deployer.config.roles import ROLES
 from deployer.config.sources import ANY_TIME, AT_DOWN
 from deployer.core.errors import HostsFailed, Interrupted, JobFailed, TfdeployError, UsageError
@@ -62,6 +62,9 @@ class TaskState:
     outcome: str = ""  # "exit code 0", "stopped by tfdeploy", ... once finished; "" before
     restarts: int = 0
     succeeded: bool = False  # exited 0 by itself (a spot notice's exit 0 does not count)
+    # The job ends when every awaited task has: chief and workers, unless one runs the built-in
+    # server (ParameterServerStrategy's workers); a ps or an evaluator never is.
+    awaited: bool = False
 
     @property
     def label(self) -> str:
@@ -72,16 +75,10 @@ class TaskState:
     def finished(self) -> bool:
         return self.state in (protocol.STATE_EXITED, protocol.STATE_LOST)
 
-    @property
-    def awaited(self) -> bool:
-        """A task the job ends with (chief, worker); a ps server runs until it is stopped."""
-        role = ROLES.get(self.task.split(":", 1)[0])
-        return role is not None and role.awaited
-
     @classmethod
-    def of(cls, host: str, status: TaskStatus | None, task: str) -> TaskState:
+    def of(cls, host: str, status: TaskStatus | None, task: str, awaited: bool) -> TaskState:
         if status is None:
-            return cls(task, host, "pending")
+            return cls(task, host, "pending", awaited=awaited)
         return cls(
             task=status.name,
             host=host,
@@ -91,6 +88,7 @@ class TaskState:
             outcome=status.outcome() if status.finished else "",
             restarts=status.restarts,
             succeeded=status.succeeded,
+            awaited=awaited,
         )
 
 
@@ -122,11 +120,18 @@ class Run:
     """A started run, found on its hosts by its id. Made by `up(..., detach=True)`, by an
     attached `up`'s Result, or by `attach(run_id)`."""
 
-    def __init__(self, target: Target, *, concurrency: int = DEFAULT_CONCURRENCY) -> None:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        awaited: frozenset[str] | None = None,
+    ) -> None:
         if target.run_id is None:
             raise UsageError("a Run needs a run id")
         self._target = target
         self._concurrency = concurrency
+        self._awaited = awaited  # the awaited tasks' names; None: from the inventory's plan
 
     @property
     def id(self) -> str:
@@ -147,7 +152,7 @@ class Run:
             raise HostsFailed(survey.failures, what="listing runs failed", outcome=None)
         if not survey.runs:
             raise unknown_run(self._target, survey)
-        return _states(survey.runs)
+        return _states(survey.runs, self._awaited_tasks())
 
     def logs(self, *, task: str | None = None, tail: int | None = None) -> list[LogLine]:
         """What the run's tasks (or `task`, e.g. "worker:0") printed so far; with `tail`, each
@@ -230,7 +235,7 @@ class Run:
                     unreachable_since = None
                     if not survey.runs:
                         raise unknown_run(self._target, survey)
-                    states = _states(survey.runs)
+                    states = _states(survey.runs, self._awaited_tasks())
                     if all(t.finished for t in states if t.awaited):
                         return self._result(states)
                 if deadline is not None and now >= deadline:
@@ -255,6 +260,17 @@ class Run:
                 self.id,
             )
         return Result(self.id, states, self)
+
+    def _awaited_tasks(self) -> frozenset[str] | None:
+        """Which tasks the job ends with, from the plan of the run's inventory (a worker running
+        the built-in server is not one); None when it no longer plans: by role then."""
+        if self._awaited is None:
+            try:
+                plan = make_plan(self._discovered().inventory)
+            except TfdeployError:
+                return None
+            self._awaited = frozenset(t.name for t in plan.tasks if t.awaited)
+        return self._awaited
 
     def _fleet(self) -> Fleet:
         return Fleet(self._discovered().hosts, concurrency=self._concurrency)
@@ -283,9 +299,10 @@ def attach(
     return Run(Target(load(inventory, base=base), run_id, recorded), concurrency=concurrency)
 
 
-def started(inventory: Inventory, run_id: str, hosts: Sequence[Host]) -> Run:
-    """The handle `up` returns: the run's own hosts, as its local record has them."""
-    return Run(Target(inventory, run_id, tuple(hosts)))
+def started(plan: Plan, run_id: str, inventory: Inventory) -> Run:
+    """The handle `up` returns: the run's own hosts and tasks, as its local record has them."""
+    awaited = frozenset(t.name for t in plan.tasks if t.awaited)
+    return Run(Target(inventory, run_id, plan.hosts), awaited=awaited)
 
 
 def discovered(target: Target) -> Target:
@@ -387,9 +404,18 @@ def _nothing_running(target: Target, survey: Survey) -> str:
     return f"{what} no running task on {', '.join(sorted({r.host for r in survey.runs}))}"
 
 
-def _states(runs: Sequence[HostRun]) -> tuple[TaskState, ...]:
-    states = [TaskState.of(r.host, t, t.name) for r in runs for t in r.tasks]
+def _states(runs: Sequence[HostRun], awaited: frozenset[str] | None) -> tuple[TaskState, ...]:
+    states = [
+        TaskState.of(r.host, t, t.name, _is_awaited(t.name, awaited)) for r in runs for t in r.tasks
+    ]
     return tuple(sorted(states, key=_task_order))
+
+
+def _is_awaited(task: str, awaited: frozenset[str] | None) -> bool:
+    if awaited is not None:
+        return task in awaited
+    role = ROLES.get(task.split(":", 1)[0])
+    return role is not None and role.awaited
 
 
 def _task_order(state: TaskState) -> tuple[str, int, str]:

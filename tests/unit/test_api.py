@@ -162,3 +162,54 @@ def test_the_stable_names_are_exported() -> None:
     )
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     assert all(f"`{name}`" in docs for name in api.__all__)
+
+
+def tasks_job(tmp: Path, tasks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    spec = job(tmp, "true", **extra)
+    spec["hosts"][0]["tasks"] = tasks
+    return spec
+
+
+def test_wait_returns_when_the_awaited_tasks_end_and_down_stops_the_rest(tmp_path: Path) -> None:
+    """An evaluator is never awaited: `wait` returns without it, `down` stops it."""
+    spec = tasks_job(
+        tmp_path,
+        [
+            {"role": "worker", "command": "sh -c 'sleep 1'"},
+            {"role": "evaluator", "command": "sleep 60"},
+        ],
+    )
+    run = api.up(spec, base=tmp_path, detach=True)
+    result = run.wait(timeout=60, interval=0.2)
+    assert [(t.task, t.awaited, t.state) for t in result.tasks] == [
+        ("evaluator:0", False, "running"),
+        ("worker:0", True, "exited"),
+    ]
+    assert result.succeeded
+    assert run.down() == ("local",)
+    assert [t.state for t in run.status()] == ["exited", "exited"]
+
+
+@pytest.mark.tf  # the built-in server is a TensorFlow server
+def test_a_worker_running_the_built_in_server_is_not_awaited(tmp_path: Path) -> None:
+    """ParameterServerStrategy's workers are bare servers that never end: `wait` must not wait
+    for them, whether the handle comes from `up` or from the run id alone."""
+    spec = tasks_job(
+        tmp_path,
+        [
+            {"role": "chief", "command": "sh -c 'sleep 2'"},
+            {"role": "worker", "command": "tfdeploy:server"},
+        ],
+        require_tensorflow=True,
+    )
+    run = api.up(spec, base=tmp_path, detach=True)
+    again = api.attach(run.id, inventory=spec, base=tmp_path)
+    try:
+        for handle in (run, again):
+            result = handle.wait(timeout=60, interval=0.2)
+            assert [(t.task, t.awaited) for t in result.tasks] == [
+                ("chief:0", True),
+                ("worker:0", False),
+            ]
+    finally:
+        assert run.down() == ("local",)
