@@ -213,3 +213,16 @@ def test_a_worker_running_the_built_in_server_is_not_awaited(tmp_path: Path) -> 
             ]
     finally:
         assert run.down() == ("local",)
+
+
+def test_check_starts_nothing_and_a_host_failing_preflight_is_hosts_failed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert api.check(job(tmp_path, "true"), base=tmp_path) is None
+    assert capfd.readouterr() == ("", "")
+    broken = job(tmp_path, "true", python=str(tmp_path / "no-such-python"))
+    with pytest.raises(api.HostsFailed) as caught:
+        api.check(broken, base=tmp_path)
+    assert [f.host for f in caught.value.failures] == ["local"]
+    assert caught.value.run_id is None  # nothing was started
+    assert caught.value.exit_status == api.ExitStatus.UNREACHABLE
