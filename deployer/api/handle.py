@@ -146,13 +146,14 @@ class Run:
 
         Raises HostsFailed when a host cannot be asked, UsageError when no host has the run.
         """
-        with self._fleet() as fleet:
-            survey = survey_runs(fleet, self._discovered())
+        target = self._discovered()
+        with self._fleet(target) as fleet:
+            survey = survey_runs(fleet, target)
         if survey.failures:
             raise HostsFailed(survey.failures, what="listing runs failed", outcome=None)
         if not survey.runs:
             raise unknown_run(self._target, survey)
-        return _states(survey.runs, self._awaited_tasks())
+        return _states(survey.runs, self._awaited_tasks(target))
 
     def logs(self, *, task: str | None = None, tail: int | None = None) -> list[LogLine]:
         """What the run's tasks (or `task`, e.g. "worker:0") printed so far; with `tail`, each
@@ -185,7 +186,7 @@ class Run:
         tail: int | None,
         follow: bool = False,
     ) -> None:
-        with self._fleet() as fleet:
+        with self._fleet(self._discovered()) as fleet:
             found = follow_logs(fleet, self.id, emit, task=task, tail=tail, follow=follow)
         if not found:
             what = f"task {task} of run" if task else "run"
@@ -213,16 +214,18 @@ class Run:
         return tuple(sorted(set(stopped)))
 
     def wait(self, *, timeout: float | None = None, interval: float = 2.0) -> Result:
-        """Blocks until every awaited task (chief, workers) has ended; returns the Result when
-        they all succeeded. A ps server still runs then: `down()` stops it.
+        """Blocks until every awaited task (chief, workers; not a worker running the built-in
+        server) has ended; returns the Result when they all succeeded. A ps server or an
+        evaluator may still run then: `down()` stops it.
 
         Raises JobFailed when an awaited task failed, or `timeout` seconds passed (the run goes
         on); HostsFailed when hosts could not be asked for UNREACHABLE_S in a row."""
         deadline = None if timeout is None else time.monotonic() + timeout
         unreachable_since: float | None = None
-        with self._fleet() as fleet:
+        target = self._discovered()  # once: an [aws] source asks EC2 each time
+        with self._fleet(target) as fleet:
             while True:
-                survey = survey_runs(fleet, self._discovered())
+                survey = survey_runs(fleet, target)
                 now = time.monotonic()
                 if survey.failures:
                     unreachable_since = unreachable_since or now
@@ -235,7 +238,7 @@ class Run:
                     unreachable_since = None
                     if not survey.runs:
                         raise unknown_run(self._target, survey)
-                    states = _states(survey.runs, self._awaited_tasks())
+                    states = _states(survey.runs, self._awaited_tasks(target))
                     if all(t.finished for t in states if t.awaited):
                         return self._result(states)
                 if deadline is not None and now >= deadline:
@@ -261,19 +264,19 @@ class Run:
             )
         return Result(self.id, states, self)
 
-    def _awaited_tasks(self) -> frozenset[str] | None:
+    def _awaited_tasks(self, target: Target) -> frozenset[str] | None:
         """Which tasks the job ends with, from the plan of the run's inventory (a worker running
         the built-in server is not one); None when it no longer plans: by role then."""
         if self._awaited is None:
             try:
-                plan = make_plan(self._discovered().inventory)
+                plan = make_plan(target.inventory)
             except TfdeployError:
                 return None
             self._awaited = frozenset(t.name for t in plan.tasks if t.awaited)
         return self._awaited
 
-    def _fleet(self) -> Fleet:
-        return Fleet(self._discovered().hosts, concurrency=self._concurrency)
+    def _fleet(self, target: Target) -> Fleet:
+        return Fleet(target.hosts, concurrency=self._concurrency)
 
     def _discovered(self) -> Target:
         return discovered(self._target)
