@@ -19,6 +19,7 @@ from __future__ import annotations
 from deployer.api.deploy import check, plan, up
 from deployer.api.handle import LogLine, Result, Run, TaskState, attach
 from deployer.api.inventories import InventoryLike
+from deployer.api.views import View
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import (
     ExitStatus,
@@ -34,7 +35,7 @@ from deployer.core.errors import (
 )
 from deployer.results.pull import PullResult
 from deployer.watch.board import TaskRow
-from deployer.watch.view import PlainView, View
+from deployer.watch.view import PlainView
 
 __all__ = [
     "ExitStatus",

@@ -12,7 +12,7 @@ from typing import Literal, overload
 
 from deployer.api.handle import Result, Run, Say, TaskState, started, terminate_sources, with_run
 from deployer.api.inventories import InventoryLike, load
-from deployer.api.views import QuietView
+from deployer.api.views import View, events_to
 from deployer.config.inventory import discover_hosts
 from deployer.config.plan import Plan, make_plan
 from deployer.config.sources import AT_JOB_END
@@ -20,7 +20,6 @@ from deployer.core.errors import TfdeployError, UsageError
 from deployer.core.text import plural
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.up.deployment import Deployment, UpOptions
-from deployer.watch.view import View
 
 PathLike = str | os.PathLike[str]
 
@@ -52,7 +51,7 @@ def check(
     Raises InventoryError, UsageError (hosts of a fleet not launched yet), HostsFailed (hosts
     unreachable or failing a check), NetworkBlocked (TF connections that cannot be made).
     """
-    shown = view if view is not None else QuietView()
+    shown = events_to(view)
     try:
         loaded = discover_hosts(load(inventory, base=base), preview=True)
         missing = sum(t.to_launch for t in loaded.tables)
@@ -139,7 +138,7 @@ def up(
     Interrupted (Ctrl-C, SIGTERM, SIGHUP: every started task was stopped), LocalError. Once a
     run was started, the error's `run_id` names it.
     """
-    shown = view if view is not None else QuietView()
+    shown = events_to(view)
     say = say or shown.step
     warn = warn or say
     deployment: Deployment | None = None

@@ -8,6 +8,7 @@ import io
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +227,35 @@ def test_check_starts_nothing_and_a_host_failing_preflight_is_hosts_failed(
     assert [f.host for f in caught.value.failures] == ["local"]
     assert caught.value.run_id is None  # nothing was started
     assert caught.value.exit_status == api.ExitStatus.UNREACHABLE
+
+
+class Recorder:
+    """A caller's own view: the four promised methods, no `phase` (a view written before it)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+
+    def step(self, text: str) -> None:
+        self.events.append(("step", text))
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self.events += [("line", f"{label} | {line}") for line in lines]
+
+    def tasks(self, rows: Sequence[api.TaskRow]) -> None:
+        self.events += [("task", f"{row.label} {row.state}") for row in rows]
+
+    def close(self) -> None:
+        self.events.append(("close", None))
+
+
+def test_a_view_of_the_four_promised_methods_gets_every_event_and_is_closed_once(
+    tmp_path: Path,
+) -> None:
+    view = Recorder()
+    api.up(job(tmp_path, "sh -c 'echo hi'"), base=tmp_path, view=view)
+    assert ("line", "worker:0@local | hi") in view.events
+    assert ("task", "worker:0@local exited") in view.events
+    steps = [str(text) for kind, text in view.events if kind == "step"]
+    assert any(text.startswith("preflight ok") for text in steps), steps
+    assert [kind for kind, _ in view.events].count("close") == 1
+    assert view.events[-1] == ("close", None)
