@@ -81,12 +81,16 @@ def test_a_plain_view_gets_what_the_cli_prints_to_a_pipe(tmp_path: Path) -> None
 def test_a_detached_run_is_waited_for_and_read_through_its_handle_with_secrets_masked(
     tmp_path: Path,
 ) -> None:
+    gate = tmp_path / "go"  # the task runs until the test has seen it running
     spec = job(
-        tmp_path, "sh -c 'sleep 1; echo token=$API_TOKEN'", env={"API_TOKEN": "s3cr3t-v4lue"}
+        tmp_path,
+        f"sh -c 'while [ ! -e {gate} ]; do sleep 0.05; done; echo token=$API_TOKEN'",
+        env={"API_TOKEN": "s3cr3t-v4lue"},
     )
     run = api.up(spec, base=tmp_path, detach=True)
     states = run.status()
     assert [(t.task, t.state) for t in states] == [("worker:0", "running")]
+    gate.touch()
     result = run.wait(timeout=60, interval=0.2)
     assert result.succeeded and result.run_id == run.id
     again = api.attach(run.id, inventory=spec, base=tmp_path)  # as a pipeline's next step would
