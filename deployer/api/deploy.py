@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Literal, overload
 
-from deployer.api.handle import Result, Run, Say, TaskState, started, terminate_sources, with_run
+from deployer.api.actions import Say, terminate_sources, with_run
+from deployer.api.handle import Result, Run, TaskState, started
 from deployer.api.inventories import InventoryLike, load
 from deployer.api.views import View, events_to
 from deployer.config.inventory import discover_hosts

@@ -15,9 +15,9 @@ import time
 from rich.text import Text
 
 from deployer import api
-from deployer.api.handle import inventory_masker, pull_files
-from deployer.api.handle import stop as api_stop
-from deployer.api.handle import unknown_run as _unknown_run
+from deployer.api.actions import inventory_masker, pull_files
+from deployer.api.actions import stop as api_stop
+from deployer.api.actions import unknown_run as _unknown_run
 from deployer.api.views import LazyView
 from deployer.cli.console import Env
 from deployer.cli.render import plan_json, plan_table, status_json, status_table
