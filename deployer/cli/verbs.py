@@ -10,40 +10,35 @@ import dataclasses
 import functools
 import os
 import shlex
-import signal
 import time
-from pathlib import Path
 
 from rich.text import Text
 
+from deployer import api
+from deployer.api.actions import inventory_masker, pull_files
+from deployer.api.actions import stop as api_stop
+from deployer.api.actions import unknown_run as _unknown_run
+from deployer.api.views import LazyView
 from deployer.cli.console import Env
 from deployer.cli.render import plan_json, plan_table, status_json, status_table
 from deployer.config.inventory import Inventory, discover_hosts
 from deployer.config.model import NetcheckMode
-from deployer.config.plan import make_plan
-from deployer.config.sources import ANY_TIME, AT_DOWN, AT_JOB_END
 from deployer.core.errors import (
     ExitStatus,
     HostError,
     HostsFailed,
-    Interrupted,
     TfdeployError,
     UsageError,
 )
 from deployer.core.secrets import Masker
-from deployer.core.text import plural
-from deployer.hosts.agent import escaped_text
 from deployer.hosts.fleet import Fleet, Member
 from deployer.results.archive import LogArchive, archive_ended, damaged, has_archive
-from deployer.results.pull import KEPT, pull, resume_command
 from deployer.results.runs import (
-    Survey,
     Target,
     archived_lines,
     find_runs,
     follow_logs,
     resolve,
-    stop_runs,
     survey_runs,
     sync_archive,
     task_ended,
@@ -53,8 +48,6 @@ from deployer.results.state import RUN_ID as STATE_RUN_ID
 from deployer.results.state import load as load_record
 from deployer.results.tunnel import Tunnel, allow_many_files
 from deployer.sources import load_inventory
-from deployer.up import firewall
-from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import PlainView, make_view, masked_view
 
 
@@ -68,7 +61,7 @@ def _with_discovered_hosts(target: Target) -> Target:
 
 
 def plan_verb(args: argparse.Namespace, env: Env) -> int:
-    plan = make_plan(discover_hosts(load_inventory(args.inventory), preview=True))
+    plan = api.plan(args.inventory)
     if args.json:
         env.raw_out.write(plan_json(plan) + "\n")
     else:
@@ -77,19 +70,16 @@ def plan_verb(args: argparse.Namespace, env: Env) -> int:
 
 
 def up_verb(args: argparse.Namespace, env: Env) -> int:
-    loaded = load_inventory(args.inventory)
-    plan = make_plan(discover_hosts(loaded, provision=functools.partial(_say, env)))
-    options = UpOptions(detach=args.detach, netcheck=_netcheck(args))
-    try:
-        with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
-            view = make_view(env.out, env.raw_out)
-            return Deployment(plan, fleet, view, options).run()
-    finally:
-        if not args.detach:
-            try:
-                _terminate(loaded, env, when=AT_JOB_END)
-            except TfdeployError as exc:  # reported; the job's own outcome stays the exit status
-                env.err.print(Text(f"tfdeploy: terminate_after = job-end failed: {exc}"))
+    api.up(
+        args.inventory,
+        detach=args.detach,
+        netcheck=_netcheck(args),
+        concurrency=args.concurrency,
+        view=LazyView(lambda: make_view(env.out, env.raw_out)),
+        say=functools.partial(_say, env),
+        warn=lambda line: env.err.print(Text(f"tfdeploy: {line}")),
+    )
+    return ExitStatus.OK
 
 
 def _netcheck(args: argparse.Namespace) -> NetcheckMode | None:
@@ -103,68 +93,24 @@ def _say(env: Env, line: str) -> None:
     env.out.print(Text(line))
 
 
-def _terminate(inventory: Inventory, env: Env, *, when: tuple[str, ...]) -> None:
-    """Ends the machines the inventory's sources created whose end is due at `when`; never one
-    they only discovered."""
-    for source in inventory.sources:
-        source.terminate(when, functools.partial(_say, env))
-
-
 def check_verb(args: argparse.Namespace, env: Env) -> int:
-    inventory = discover_hosts(load_inventory(args.inventory), preview=True)
-    missing = sum(t.to_launch for t in inventory.tables)
-    if missing:
-        raise UsageError(
-            f"{plural(missing, 'instance')} of the fleet {'is' if missing == 1 else 'are'} not "
-            "launched yet: check needs every host running",
-            hint=f"`tfdeploy up {args.inventory}` launches them (`plan` shows what it would)",
-        )
-    plan = make_plan(inventory)
-    options = UpOptions(netcheck=_netcheck(args))
-    with Fleet(plan.hosts, concurrency=args.concurrency) as fleet:
-        view = make_view(env.out, env.raw_out)
-        return Deployment(plan, fleet, view, options).check()
-
-
-def down_verb(args: argparse.Namespace, env: Env) -> int:
-    resolved = resolve(args.target, args.inventory)
-    target = _with_discovered_hosts(resolved)
-    job = target.inventory.job
-    with Fleet(target.hosts) as fleet:
-        survey = survey_runs(fleet, target)
-        found, unreachable = survey.runs, survey.failures
-        # A named run is stopped even with every task finished: its escaped processes may not be.
-        stopped, failed = stop_runs(
-            fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
-        )
-        if job.firewall:  # after the stop: ports stay closed until tasks are gone
-            for r in found:
-                for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):
-                    env.err.print(Text(f"could not remove the firewall rules on {failure.message}"))
-    shown = [s for s in stopped if s.anything]
-    hide = _run_masker(target.inventory)
-    for s in shown:
-        env.out.print(Text(f"stopped run {s.run.run_id} on {s.run.host}"))
-        if s.escaped:
-            env.out.print(Text(f"{s.run.host}: {escaped_text(s.escaped, hide)}"))
-    # An unreachable host is no reason to keep paying for it: terminating ends its tasks too.
-    _terminate(resolved.inventory, env, when=ANY_TIME if args.terminate else AT_DOWN)
-    if unreachable or failed:
-        done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
-        raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)
-    if target.run_id is not None and not found:
-        raise _unknown_run(target, survey)
-    if not shown:
-        env.out.print(Text(f"nothing to stop: {_nothing_running(target, survey)}"))
+    api.check(
+        args.inventory,
+        netcheck=_netcheck(args),
+        concurrency=args.concurrency,
+        view=LazyView(lambda: make_view(env.out, env.raw_out)),
+    )
     return ExitStatus.OK
 
 
-def _nothing_running(target: Target, survey: Survey) -> str:
-    if not survey.runs:
-        return survey.nothing_found(target)
-    ids = sorted({r.run_id for r in survey.runs})
-    what = f"run {ids[0]} has" if len(ids) == 1 else f"the {len(ids)} runs of the job have"
-    return f"{what} no running task on {', '.join(sorted({r.host for r in survey.runs}))}"
+def down_verb(args: argparse.Namespace, env: Env) -> int:
+    api_stop(
+        resolve(args.target, args.inventory),
+        terminate=args.terminate,
+        say=functools.partial(_say, env),
+        warn=lambda line: env.err.print(Text(line)),
+    )
+    return ExitStatus.OK
 
 
 def _logs_masker(run_id: str, inventory: str | None) -> Masker:
@@ -182,22 +128,7 @@ def _logs_masker(run_id: str, inventory: str | None) -> Masker:
         loaded = None
     if loaded is None:
         return Masker.of([os.environ])
-    return _run_masker(loaded)
-
-
-def _run_masker(inventory: Inventory) -> Masker:
-    """Every secret a task of this inventory may carry (in its output, its command line): the
-    env tables, and forward_env as this shell has it."""
-    forwarded = {n: os.environ[n] for n in inventory.job.forward_env if n in os.environ}
-    envs = [inventory.job.env, forwarded, *(s.env for h in inventory.hosts for s in h.tasks)]
-    return Masker.of(envs, inventory.job.secret_env)
-
-
-def _unknown_run(target: Target, survey: Survey) -> UsageError:
-    return UsageError(
-        survey.nothing_found(target),
-        hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
-    )
+    return inventory_masker(loaded)
 
 
 def _unknown_task(run_id: str, task: str | None = None) -> UsageError:
@@ -298,18 +229,17 @@ def _damage_notes(run_id: str, task: str | None) -> list[str]:
 
 
 def pull_verb(args: argparse.Namespace, env: Env) -> int:
-    target = _with_discovered_hosts(resolve(args.run_id, args.inventory))
+    target = resolve(args.run_id, args.inventory)
     if target.run_id is None:
         raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
-    with Fleet(target.hosts, concurrency=args.concurrency) as fleet:
-        try:
-            result = pull(fleet, target.run_id, args.paths, Path(args.to), tasks=args.task)
-        except KeyboardInterrupt as exc:
-            signum = int(getattr(exc, "signum", signal.SIGINT))
-            again = resume_command(
-                target.run_id, args.paths, args.to, tasks=args.task, inventory=args.inventory
-            )
-            raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
+    result = pull_files(
+        target,
+        args.paths,
+        args.to,
+        tasks=args.task,
+        concurrency=args.concurrency,
+        inventory=args.inventory,
+    )
     view = PlainView(env.raw_out)
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")

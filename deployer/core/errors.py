@@ -24,6 +24,9 @@ class TfdeployError(Exception):
     """Base class: an expected failure with a message for the user and an optional hint."""
 
     exit_status = ExitStatus.JOB_FAILED
+    # The run the failure belongs to, once one was started: the Python API sets it, so a
+    # caller can still read that run's logs (`deployer.api.attach(error.run_id)`).
+    run_id: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)

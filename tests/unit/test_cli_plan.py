@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import deployer.cli.verbs
+import deployer.api.deploy
 from tests.support.helpers import one_line, run_cli
 
 INVENTORIES = Path(__file__).parent.parent / "inventories"
@@ -178,7 +178,7 @@ def test_internal_bug_is_one_line_without_traceback(monkeypatch: pytest.MonkeyPa
     def broken(_inventory: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(deployer.cli.verbs, "make_plan", broken)
+    monkeypatch.setattr(deployer.api.deploy, "make_plan", broken)
     code, out, err = run_cli("plan", str(GOOD))
     assert (code, out) == (1, "")
     assert err.splitlines() == [

@@ -1,0 +1,130 @@
+"""What `tfdeploy down` and `tfdeploy pull` do, shared by the CLI's verbs and the `Run` handle:
+one path for both. Messages go to the callbacks a caller passes; errors are raised, typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from deployer.config.inventory import Inventory, discover_hosts
+from deployer.config.sources import ANY_TIME, AT_DOWN
+from deployer.core.errors import HostsFailed, Interrupted, TfdeployError, UsageError
+from deployer.core.secrets import Masker
+from deployer.hosts.agent import escaped_text
+from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
+from deployer.results.pull import KEPT, PullResult, pull, resume_command
+from deployer.results.runs import Survey, Target, stop_runs, survey_runs
+from deployer.up import firewall
+
+Say = Callable[[str], None]
+E = TypeVar("E", bound=TfdeployError)
+
+
+def discovered(target: Target) -> Target:
+    """The target with its host sources' hosts found (a no-op without sources)."""
+    return dataclasses.replace(target, inventory=discover_hosts(target.inventory))
+
+
+def stop(target: Target, *, terminate: bool, say: Say, warn: Say | None = None) -> list[str]:
+    """`tfdeploy down`: stops the target's runs (or its one run, finished tasks' escaped
+    processes too), removes their firewall rules, and terminates what the sources created that
+    is due at `down` (every machine they created, with `terminate`). Returns the hosts where
+    something was stopped. A host that could not be asked is raised after the others were
+    stopped (HostsFailed); a run id no host has is a UsageError."""
+    warn = warn or say
+    found_target = discovered(target)
+    job = found_target.inventory.job
+    with Fleet(found_target.hosts) as fleet:
+        survey = survey_runs(fleet, found_target)
+        found, unreachable = survey.runs, survey.failures
+        # A named run is stopped even with every task finished: its escaped processes may not be.
+        stopped, failed = stop_runs(
+            fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
+        )
+        if job.firewall:  # after the stop: ports stay closed until tasks are gone
+            for r in found:
+                for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):
+                    warn(f"could not remove the firewall rules on {failure.message}")
+    shown = [s for s in stopped if s.anything]
+    hide = inventory_masker(found_target.inventory)
+    for s in shown:
+        say(f"stopped run {s.run.run_id} on {s.run.host}")
+        if s.escaped:
+            say(f"{s.run.host}: {escaped_text(s.escaped, hide)}")
+    # An unreachable host is no reason to keep paying for it: terminating ends its tasks too.
+    terminate_sources(target.inventory, ANY_TIME if terminate else AT_DOWN, say)
+    if unreachable or failed:
+        done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
+        raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)
+    if target.run_id is not None and not found:
+        raise unknown_run(target, survey)
+    if not shown:
+        say(f"nothing to stop: {_nothing_running(target, survey)}")
+    return [s.run.host for s in shown]
+
+
+def pull_files(
+    target: Target,
+    patterns: Sequence[str],
+    to: str | os.PathLike[str],
+    *,
+    tasks: Sequence[str] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    inventory: str | None = None,
+) -> PullResult:
+    """`tfdeploy pull` and `Run.pull`: the target run's files home. Ctrl-C (or a signal) is
+    raised as Interrupted whose hint is the pull that fetches the rest (`inventory`: the
+    `-i` it repeats)."""
+    found = discovered(target)
+    assert found.run_id is not None, "pull needs a run id"
+    with Fleet(found.hosts, concurrency=concurrency) as fleet:
+        try:
+            return pull(fleet, found.run_id, list(patterns), Path(to), tasks=tasks)
+        except KeyboardInterrupt as exc:
+            signum = int(getattr(exc, "signum", signal.SIGINT))
+            again = resume_command(
+                found.run_id, list(patterns), os.fspath(to), tasks=tasks, inventory=inventory
+            )
+            raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
+
+
+def terminate_sources(inventory: Inventory, when: tuple[str, ...], say: Say) -> None:
+    """Ends the machines the inventory's sources created whose end is due at `when`; never one
+    they only discovered."""
+    for source in inventory.sources:
+        source.terminate(when, say)
+
+
+def inventory_masker(inventory: Inventory) -> Masker:
+    """Every secret a task of this inventory may carry (in its output, its command line): the
+    env tables, and forward_env as this shell has it."""
+    job = inventory.job
+    forwarded = {n: os.environ[n] for n in job.forward_env if n in os.environ}
+    envs = [job.env, forwarded, *(s.env for h in inventory.hosts for s in h.tasks)]
+    return Masker.of(envs, job.secret_env)
+
+
+def unknown_run(target: Target, survey: Survey) -> UsageError:
+    return UsageError(
+        survey.nothing_found(target),
+        hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+    )
+
+
+def _nothing_running(target: Target, survey: Survey) -> str:
+    if not survey.runs:
+        return survey.nothing_found(target)
+    ids = sorted({r.run_id for r in survey.runs})
+    what = f"run {ids[0]} has" if len(ids) == 1 else f"the {len(ids)} runs of the job have"
+    return f"{what} no running task on {', '.join(sorted({r.host for r in survey.runs}))}"
+
+
+def with_run(error: E, run_id: str) -> E:
+    """The error, marked with the run it belongs to (TfdeployError.run_id)."""
+    error.run_id = run_id
+    return error
