@@ -10,6 +10,7 @@ Bulk bytes against the OpenSSH tools, side by side in one run on the same lab ho
                   when its tasks exit (wall and CPU from its "job succeeded" line to its
                   "artifacts:" line; its peak RSS is not separated from the rest of `up`'s)
   1 GB, 1 host    one file of --big-mb MB: rsync vs `up --detach`, then scp vs `pull`
+  1 kB, 1 host    one small file the same ways: what a command costs around its bytes
 
 Every tfdeploy push starts from hosts without a workdir (all bytes travel); every pull into an
 empty folder. Times are wall clock; CPU is user + system of this machine's processes of the
@@ -232,6 +233,47 @@ def _marked_lines(
     return seen
 
 
+FIXED_HEADER = (
+    "| work | OpenSSH tool | tfdeploy | time ÷ tool | tool CPU | tfdeploy CPU |\n"
+    "|---|---|---|---|---|---|"
+)
+
+
+def _fixed_cost(cells: Cells, tree: Path, hosts: list[LabHost], reps: int) -> list[str]:
+    """Push and pull of one 1 kB file: the cost of the command, not of its bytes."""
+    tree.mkdir(parents=True)
+    data = os.urandom(1000)
+    (tree / "data").mkdir()
+    (tree / "data" / "small.bin").write_bytes(data)
+    cells.tree, cells.sums = tree, {"data/small.bin": hashlib.sha256(data).hexdigest()}
+    cells.bench.tree = tree
+    push_base, push_ours, pull_base, pull_ours = [], [], [], []
+    for _ in range(reps):
+        push_base.append(cells.rsync(hosts))
+        run, run_id, inventory = cells._push(hosts, down=False)
+        push_ours.append(run)
+        code = f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"
+        pull_base.append(cells.scp_from(hosts, code))
+        pull_ours.append(cells.pull(run_id, inventory, hosts))
+        cells.bench._cli("down", str(inventory))
+        cells.bench._reset_tfdeploy(hosts)
+    return [
+        _fixed_row("push one 1 kB file to 1 host", "rsync", push_base, push_ours),
+        _fixed_row("pull one 1 kB file from 1 host", "scp", pull_base, pull_ours),
+    ]
+
+
+def _fixed_row(work: str, tool: str, base: list[Run], ours: list[Run]) -> str:
+    t_base = statistics.median(r.seconds for r in base)
+    t_ours = statistics.median(r.seconds for r in ours)
+    c_base = statistics.median(r.cpu for r in base)
+    c_ours = statistics.median(r.cpu for r in ours)
+    return (
+        f"| {work} | {tool} {t_base:.2f} s | tfdeploy {t_ours:.2f} s | {_ratio(t_ours, t_base)} "
+        f"| {c_base:.2f} s | {c_ours:.2f} s |"
+    )
+
+
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
@@ -293,6 +335,8 @@ def main() -> int:
             ours.append(cells.artifacts(hosts2))
         rows.append(_row("artifacts: 300 MB from each of 2 hosts", "scp", base, ours, 600))
         shutil.rmtree(tree)
+        fixed = _fixed_cost(cells, tmp / "tree", hosts1, args.reps)
+        shutil.rmtree(tmp / "tree")
         big = tmp / "tree"
         cells.sums = make_files(big, 1, args.big_mb, seed=2)
         base, ours = [cells.rsync(hosts1)], []
@@ -319,6 +363,12 @@ def main() -> int:
             "",
             HEADER,
             *rows,
+            "",
+            "What one command costs around its bytes: the same cells with one file of 1 kB "
+            "(medians; CPU in seconds, not per MB).",
+            "",
+            FIXED_HEADER,
+            *fixed,
             "",
         ]
     )
