@@ -636,16 +636,19 @@ class Agent:
         offset: int,
         sink: Callable[[bytes | memoryview], None],
         *,
-        hashed: bool = False,
+        listed_size: int | None = None,
     ) -> Fetched:
         """The file's bytes from `offset` to its end, to `sink` as they arrive (raw, after the
-        reply line). `hashed`: the host hashes the whole file as it sends (its first `offset`
-        bytes too) and says whether it stood still. Each wait for more bytes may last 60 s."""
+        reply line). With `listed_size` (what collect listed, unhashed), the host hashes the
+        whole file as it sends (its first `offset` bytes too) and says whether it stood still;
+        a file whose size is no longer the listed one comes back as not steady. Each wait for
+        more bytes may last 60 s."""
+        hashed = listed_size is not None
         trailer = bytearray()
-        content = _Trailing(sink, trailer) if hashed else sink
+        content = max(0, (listed_size or 0) - offset)
         reply = self.call(
             protocol.OP_FETCH,
-            sink=content,
+            sink=_Trailing(sink, content, trailer) if hashed else sink,
             run_id=run_id,
             task=task,
             path=path,
@@ -657,6 +660,8 @@ class Agent:
             return Fetched(int(reply["raw"]))
         count = int(reply["raw"]) - protocol.FETCH_TRAILER
         said = bytes(trailer).decode("ascii", "replace")
+        if count != content or len(said) != protocol.FETCH_TRAILER:  # its size changed
+            return Fetched(min(count, content), sha256=None, steady=False)
         return Fetched(count, sha256=said[:64], steady=said[64:] == "1")
 
     def firewall_problem(self) -> str | None:
@@ -692,27 +697,22 @@ class Fetched:
 
 
 class _Trailing:
-    """A sink that holds back the last protocol.FETCH_TRAILER bytes of a hashed fetch: the
-    content goes on to `sink`, the trailer into `trailer`."""
+    """A sink for a hashed fetch: the first `content` bytes go on to `sink`, the rest (the
+    protocol.FETCH_TRAILER) into `trailer`."""
 
-    def __init__(self, sink: Callable[[bytes | memoryview], None], trailer: bytearray) -> None:
-        self.sink, self.trailer = sink, trailer
+    def __init__(
+        self, sink: Callable[[bytes | memoryview], None], content: int, trailer: bytearray
+    ) -> None:
+        self.sink, self.left, self.trailer = sink, content, trailer
 
     def __call__(self, data: bytes) -> None:
-        cut = len(data) - protocol.FETCH_TRAILER
-        if cut >= 0:  # what was held back is content after all, and so is data up to `cut`
-            if self.trailer:
-                self.sink(bytes(self.trailer))
-            if cut:
-                self.sink(memoryview(data)[:cut])  # no copy of a megabyte to drop 65 bytes
-            self.trailer[:] = data[cut:]
-            return
-        held = self.trailer + data
-        extra = len(held) - protocol.FETCH_TRAILER
-        if extra > 0:
-            self.sink(bytes(held[:extra]))
-            del held[:extra]
-        self.trailer[:] = held
+        take = min(self.left, len(data))
+        if take:
+            self.sink(memoryview(data)[:take] if take < len(data) else data)
+            self.left -= take
+        room = protocol.FETCH_TRAILER + 1 - len(self.trailer)  # one more tells it overflowed
+        if room > 0 and take < len(data):
+            self.trailer += data[take : take + room]  # a file grown by gigabytes: not kept
 
 
 def _discard(data: bytes) -> None:

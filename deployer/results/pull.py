@@ -2,9 +2,10 @@
 
 Each host lists what the patterns name (remote/results.py). Into a folder that holds nothing of
 the run yet, every file travels, and the host hashes it as it sends it (one read, not two). Into
-one that does (an earlier or interrupted pull), the host hashes first: a file already at its
-destination with the same sha256 costs nothing, and a content another task has too (a replica's
-identical checkpoint) travels once and is copied locally. What travels is fetched into
+one that does (an earlier or interrupted pull), or when two tasks list a file at the same path
+with the same size (replicas' checkpoints), the hosts hash first: a file already at its
+destination with the same sha256 costs nothing, and a content another task has too travels once
+and is copied locally. What travels is fetched into
 `DIR/<run-id>/.partial/<sha256>.part` (a short name, so a 250-character file name still fits the
 file system's limit; mode 0600 from its first byte; named by its destination's hash until its
 content's is known), which an interrupted pull resumes and another pull of the same content into
@@ -137,6 +138,8 @@ def pull(
     check_destination(to)
     base = to / run_id
     listed = _collect(fleet, run_id, patterns, tasks, members, hashed=base.exists())
+    if _replicas(listed):  # listed unhashed, but likely copies of one content: hash them
+        listed = _collect(fleet, run_id, patterns, tasks, members, hashed=True)
     if not any(listed.values()):
         raise UsageError(
             f"no host of the inventory knows run {run_id}"
@@ -277,6 +280,26 @@ def _has(dest: Path, sha256: str | None) -> bool:
     return sha256 is not None and dest.is_file() and _sha256(dest) == sha256
 
 
+def _replicas(listed: dict[str, dict[str, Collected]]) -> bool:
+    """Two tasks list a file at the same path with the same size, unhashed: replicas' identical
+    checkpoints look like that, and their content should travel once, which takes hashes."""
+    seen: set[tuple[str, int]] = set()
+    for by_task in listed.values():
+        for collected in by_task.values():
+            for remote in collected.files:
+                if remote.sha256 is None:
+                    if (remote.path, remote.size) in seen:
+                        return True
+                    seen.add((remote.path, remote.size))
+    return False
+
+
+def _arrived(dest: Path, sha256: str | None) -> bool:
+    """The pull this one waited for put the content in place: checked by hash when listed
+    hashed; listed unhashed, that pull fetched the same host's same file and checked it."""
+    return dest.is_file() if sha256 is None else _has(dest, sha256)
+
+
 def _content_key(remote: RemoteFile, dest: Path) -> str:
     """The name its part file gets: the content's sha256, or, listed unhashed, one derived from
     where it lands (a resumed pull lists it hashed and renames that part: `_adopt_part`)."""
@@ -407,7 +430,7 @@ class _Fetch:
             out = _open_part(part, self.parts)
             if out is not None:
                 break
-            if _has(dest, remote.sha256):  # the pull we waited for brought it
+            if _arrived(dest, remote.sha256):  # the pull we waited for brought it
                 return None
         with out:
             if self.cancelled.is_set():
@@ -444,8 +467,9 @@ class _Fetch:
             hasher.update(data)
 
         hashed = remote.sha256 is None
+        listed = remote.size if hashed else None
         got = agent.fetch(
-            self.run_id, name, remote.path, self.patterns, offset, sink, hashed=hashed
+            self.run_id, name, remote.path, self.patterns, offset, sink, listed_size=listed
         )
         want = got.sha256 if hashed else remote.sha256
         if offset + got.count != remote.size or hasher.hexdigest() != want or not got.steady:

@@ -21,6 +21,7 @@ from deployer.cli.main import _raise_terminated
 from deployer.core.errors import (
     ExitStatus,
     HostError,
+    HostsFailed,
     Interrupted,
     JobFailed,
     TfdeployError,
@@ -65,6 +66,37 @@ def test_a_first_pull_does_not_say_anything_was_already_here(tmp_path: Path) -> 
         first.summary()
         == f"pulled 2 files into {tmp_path / 'out' / 'r-1'}: 22 bytes sent (2 files)"
     )
+
+
+def test_a_first_pull_lists_unhashed_and_the_hosts_hash_as_they_send(tmp_path: Path) -> None:
+    """Issue #25: into an empty folder the hosts read each file once (hashing it on the way)
+    instead of hashing everything first; replicas (same path and size on two tasks) are
+    hashed first so their content travels once; a second pull compares hashes."""
+    hosts, fleet = fleet_of(tmp_path)
+    hosts["b"].files["worker:1"]["log.json"] = b'{"loss": 0.5}'  # not the size of a's
+    with fleet:
+        pull(fleet, "r-1", ["*.json"], tmp_path / "out")
+        pull(fleet, "r-1", ["ckpt/*"], tmp_path / "fresh")
+    a = hosts["a"]
+    assert [c.get("hash") for c in a.ops("collect")] == [False, False, True]
+    json_fetch, ckpt_fetch = a.ops("fetch")
+    assert json_fetch["hash"] and not ckpt_fetch["hash"]
+    assert (tmp_path / "out" / "r-1" / "worker-0" / "log.json").read_bytes() == b'{"loss": 1}'
+
+
+def test_a_file_that_did_not_stand_still_while_sent_is_not_kept(tmp_path: Path) -> None:
+    hosts, fleet = fleet_of(tmp_path)
+    hosts["a"].files = {"worker:0": {"log.json": b'{"loss": 1}'}}
+    hosts["b"].files = {"worker:1": {}}
+
+    def moved(data: bytes, sink: Callable[[bytes], None], closed: threading.Event) -> None:
+        sink(data[:-1] + b"0")  # the host's trailer: the file changed while it was read
+
+    hosts["a"].deliver = moved
+    changed = r"log\.json changed while being pulled; pull again"
+    with fleet, pytest.raises(HostsFailed, match=changed):
+        pull(fleet, "r-1", ["*.json"], tmp_path / "out")
+    assert not list((tmp_path / "out").rglob("log.json")) and not list(tmp_path.rglob("*.part"))
 
 
 def test_an_interrupted_pull_resumes_where_it_stopped(tmp_path: Path) -> None:
