@@ -426,6 +426,8 @@ class _Fetch:
             dest.parent.mkdir(parents=True, exist_ok=True)
         part = self.parts / f"{_content_key(remote, dest)}.part"
         _adopt_part(part, self.parts / f"{_content_key(replace(remote, sha256=None), dest)}.part")
+        if remote.sha256 is not None and _has(dest, remote.sha256):  # a first pull beside us
+            return None
         while True:
             out = _open_part(part, self.parts)
             if out is not None:
@@ -479,10 +481,22 @@ class _Fetch:
 
 def _adopt_part(part: Path, by_dest: Path) -> None:
     """What an interrupted first pull left under its destination's name, resumed as this
-    content's part (the final hash check catches a file that changed on the host meanwhile)."""
-    if part != by_dest and by_dest.exists() and not part.exists():
-        with contextlib.suppress(OSError):
+    content's part (the final hash check catches a file that changed on the host meanwhile).
+    Taken under its lock: a pull still writing it is waited for, and then it is in place."""
+    if part == by_dest or part.exists():
+        return
+    try:
+        fd = os.open(by_dest, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return  # none: the usual case
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_ino == os.stat(by_dest).st_ino and not part.exists():
             os.rename(by_dest, part)
+    except OSError:
+        pass  # renamed into place meanwhile: nothing to adopt
+    finally:
+        os.close(fd)
 
 
 def _open_part(part: Path, parts: Path) -> BinaryIO | None:
