@@ -28,11 +28,13 @@ class _SessionLeft(Exception):
 
 REMOTE_DIR = Path(__file__).resolve().parents[2] / "remote"
 
-# Runs on the host with only the interpreter: makes sure this agent version is installed (files
-# arrive on the first stdin line), answers the hello request in the same process, then keeps
-# serving requests on the same channel (`agent.serve`) until stdin closes: every later call of
-# the connection costs one round trip instead of an sshd session and a Python start (~50 ms of
-# host CPU). Fed all at once with EOF, it answers the hello alone and exits (one-shot mode).
+# Runs on the host with only the interpreter: makes sure this agent version is installed (when it
+# is not, the bootstrap answers `needs_files` and the files arrive as the next stdin line: 160 KB
+# that a host which has them never gets again), answers the hello request in the same process,
+# then keeps serving requests on the same channel (`agent.serve`) until stdin closes: every later
+# call of the connection costs one round trip instead of an sshd session and a Python start
+# (~50 ms of host CPU). Fed all at once with EOF, it answers the hello alone and exits
+# (one-shot mode).
 # Hosts sharing a home (NFS) may install at once: each writes its own temporary names, and a
 # rename puts identical content in place.
 # The version gate comes first and uses nothing newer than Python 2 syntax, so an interpreter
@@ -49,6 +51,7 @@ if sys.version_info < {MIN_HOST_PYTHON!r}:
 _BOOTSTRAP = (
     _VERSION_GATE
     + f"V = {protocol.PROTOCOL_VERSION!r}\n"
+    + f"NEEDS = {protocol.BOOTSTRAP_NEEDS_FILES!r}\n"
     + """
 import json, os
 if not os.environ.get("HOME", "x"):
@@ -60,8 +63,13 @@ if d.get("look_only") and not os.path.isdir(w):
     sys.exit(0)
 home = os.path.join(w, "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):
+    files = d.get("files")
+    if files is None:
+        sys.stdout.write(json.dumps({"v": V, "ok": True, NEEDS: True, "workdir": w}) + "\\n")
+        sys.stdout.flush()
+        files = json.loads(sys.stdin.buffer.readline())
     os.makedirs(home, 0o700, exist_ok=True)
-    for name, text in d["files"].items():
+    for name, text in files.items():
         tmp = os.path.join(home, "%s.part-%s-%d" % (name, os.uname()[1], os.getpid()))
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -222,6 +230,12 @@ def agent_files() -> dict[str, str]:
 
 
 @cache
+def _agent_files_line() -> bytes:
+    """The files as the bootstrap reads them: one JSON line, encoded once per process."""
+    return json.dumps(agent_files()).encode() + b"\n"
+
+
+@cache
 def agent_id() -> str:
     """Content hash of the agent: two tfdeploy versions never overwrite each other's agent."""
     return protocol.agent_id((name, text.encode()) for name, text in agent_files().items())
@@ -300,7 +314,6 @@ class Agent:
             "workdir": self.workdir,
             "look_only": look_only,
             "agent_id": agent_id(),
-            "files": agent_files(),
             "request": request,
         }
         # -S: the bootstrap and the session after it need no site-packages (the hello finds
@@ -315,6 +328,8 @@ class Agent:
         self._session = session
         with session.lock, self._request():
             reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
+            if reply.get(protocol.BOOTSTRAP_NEEDS_FILES):  # a host without this agent version
+                reply = self._over(session, _agent_files_line(), 60)
         self.home = reply["workdir"]
         self.absent = bool(reply.get("absent"))
         if self.absent:
