@@ -292,6 +292,7 @@ class Agent:
         run_id: str | None = None,
         lease_seconds: float | None = None,
         look_only: bool = False,
+        runs: bool = False,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
 
@@ -310,6 +311,8 @@ class Agent:
         }
         if run_id is not None:
             request.update(run_id=run_id, lease_seconds=lease_seconds)
+        if runs:
+            request.update(runs=True)
         payload = {
             "workdir": self.workdir,
             "look_only": look_only,
@@ -685,6 +688,11 @@ class Agent:
         return int(reply.get("removed") or 0)
 
     def runs(self) -> list[dict[str, Any]]:
+        """The runs on the host; the first call of a connection asks in its hello (one round
+        trip for both), without creating anything on the host."""
+        if self.home is None:
+            reply = self.install(look_only=True, runs=True)
+            return [] if self.absent else list(reply["runs"])
         return [] if self.absent else list(self.call(protocol.OP_RUNS)["runs"])
 
 
