@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import socket
@@ -215,8 +216,13 @@ def _fabric_config(path: str | None) -> fabric.Config:
     path = os.path.expanduser(path or "~/.ssh/config")
     try:
         return _SSH_CONFIGS.get(path)
-    except FileNotFoundError:
-        return fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
+    except FileNotFoundError:  # no ssh_config (the usual case with an inventory's addresses)
+        return _no_ssh_config()
+
+
+@functools.cache
+def _no_ssh_config() -> fabric.Config:
+    return fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
 
 
 def _config_keys(conn: fabric.Connection) -> list[str]:
