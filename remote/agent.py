@@ -37,11 +37,15 @@ def op_hello(req: dict[str, Any]) -> dict[str, Any]:
     layout.make_private_dir(workdir)
     layout.make_private_dir(layout.host_dir(workdir))
     others = hostid.announce(workdir / "hosts", hostid.identity())
+    with_runs = params.param(req, "runs", bool, False)
     if run_id is None:
         busy, held = [p for p in ports if not _bindable(p)], {}
     else:
         busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable)
+    # `runs`: the reply carries what op_runs would (status, down): one round trip less.
+    extra = {"runs": op_runs(req)["runs"]} if with_runs else {}
     return {
+        **extra,
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "tensorflow": _tensorflow_version(),

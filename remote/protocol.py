@@ -102,6 +102,10 @@ EXIT_REASONS: Final = (
 
 # `agent.py serve` ends a session after this long without a request, with this exit status
 # (EX_TEMPFAIL): "left while idle; the request sent as it left was never read, send it again".
+# The bootstrap's answer when this agent version is not installed on the host: the control side
+# then sends the agent's files as one more line. Files travel only to hosts that lack them.
+BOOTSTRAP_NEEDS_FILES: Final = "needs_files"
+
 SERVE_IDLE_S: Final = 15.0
 SERVE_IDLE_EXIT: Final = 75
 # Set in the agent's environment, replaces SERVE_IDLE_S (tests).

@@ -28,11 +28,13 @@ class _SessionLeft(Exception):
 
 REMOTE_DIR = Path(__file__).resolve().parents[2] / "remote"
 
-# Runs on the host with only the interpreter: makes sure this agent version is installed (files
-# arrive on the first stdin line), answers the hello request in the same process, then keeps
-# serving requests on the same channel (`agent.serve`) until stdin closes: every later call of
-# the connection costs one round trip instead of an sshd session and a Python start (~50 ms of
-# host CPU). Fed all at once with EOF, it answers the hello alone and exits (one-shot mode).
+# Runs on the host with only the interpreter: makes sure this agent version is installed (when it
+# is not, the bootstrap answers `needs_files` and the files arrive as the next stdin line: 160 KB
+# that a host which has them never gets again), answers the hello request in the same process,
+# then keeps serving requests on the same channel (`agent.serve`) until stdin closes: every later
+# call of the connection costs one round trip instead of an sshd session and a Python start
+# (~50 ms of host CPU). Fed all at once with EOF, it answers the hello alone and exits
+# (one-shot mode).
 # Hosts sharing a home (NFS) may install at once: each writes its own temporary names, and a
 # rename puts identical content in place.
 # The version gate comes first and uses nothing newer than Python 2 syntax, so an interpreter
@@ -49,6 +51,7 @@ if sys.version_info < {MIN_HOST_PYTHON!r}:
 _BOOTSTRAP = (
     _VERSION_GATE
     + f"V = {protocol.PROTOCOL_VERSION!r}\n"
+    + f"NEEDS = {protocol.BOOTSTRAP_NEEDS_FILES!r}\n"
     + """
 import json, os
 if not os.environ.get("HOME", "x"):
@@ -60,8 +63,13 @@ if d.get("look_only") and not os.path.isdir(w):
     sys.exit(0)
 home = os.path.join(w, "agent", d["agent_id"])
 if not os.path.isfile(os.path.join(home, ".complete")):
+    files = d.get("files")
+    if files is None:
+        sys.stdout.write(json.dumps({"v": V, "ok": True, NEEDS: True, "workdir": w}) + "\\n")
+        sys.stdout.flush()
+        files = json.loads(sys.stdin.buffer.readline())
     os.makedirs(home, 0o700, exist_ok=True)
-    for name, text in d["files"].items():
+    for name, text in files.items():
         tmp = os.path.join(home, "%s.part-%s-%d" % (name, os.uname()[1], os.getpid()))
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -222,6 +230,12 @@ def agent_files() -> dict[str, str]:
 
 
 @cache
+def _agent_files_line() -> bytes:
+    """The files as the bootstrap reads them: one JSON line, encoded once per process."""
+    return json.dumps(agent_files()).encode() + b"\n"
+
+
+@cache
 def agent_id() -> str:
     """Content hash of the agent: two tfdeploy versions never overwrite each other's agent."""
     return protocol.agent_id((name, text.encode()) for name, text in agent_files().items())
@@ -278,6 +292,7 @@ class Agent:
         run_id: str | None = None,
         lease_seconds: float | None = None,
         look_only: bool = False,
+        runs: bool = False,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
 
@@ -296,11 +311,12 @@ class Agent:
         }
         if run_id is not None:
             request.update(run_id=run_id, lease_seconds=lease_seconds)
+        if runs:
+            request.update(runs=True)
         payload = {
             "workdir": self.workdir,
             "look_only": look_only,
             "agent_id": agent_id(),
-            "files": agent_files(),
             "request": request,
         }
         # -S: the bootstrap and the session after it need no site-packages (the hello finds
@@ -315,6 +331,8 @@ class Agent:
         self._session = session
         with session.lock, self._request():
             reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
+            if reply.get(protocol.BOOTSTRAP_NEEDS_FILES):  # a host without this agent version
+                reply = self._over(session, _agent_files_line(), 60)
         self.home = reply["workdir"]
         self.absent = bool(reply.get("absent"))
         if self.absent:
@@ -684,6 +702,11 @@ class Agent:
         return int(reply.get("removed") or 0)
 
     def runs(self) -> list[dict[str, Any]]:
+        """The runs on the host; the first call of a connection asks in its hello (one round
+        trip for both), without creating anything on the host."""
+        if self.home is None:
+            reply = self.install(look_only=True, runs=True)
+            return [] if self.absent else list(reply["runs"])
         return [] if self.absent else list(self.call(protocol.OP_RUNS)["runs"])
 
 

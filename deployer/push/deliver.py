@@ -32,10 +32,18 @@ def deliver(
     later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
     spread = None
     run_id = str(run_fields["run_id"])
+    known: dict[str, list[str]] = {}  # host -> what it lacks, where that answer still holds
     if plan.job.fanout:
         firsts = [m for m in members if m.name not in later]
-        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, run_fields)
-    results = push_all(fleet, members, manifest, run_fields, shared)
+        hashes = sorted(manifest.by_hash())
+        missing = fleet.each(
+            lambda m: m.agent.missing(hashes), firsts, what="pushing the code failed"
+        )
+        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, run_fields, missing)
+        # The star push need not ask again (one round trip per host) where nothing changed
+        # since: no chain ran, or the host lacked nothing (a warm re-deploy: every host).
+        known = {h: lack for h, lack in missing.items() if spread is None or not lack}
+    results = push_all(fleet, members, manifest, run_fields, shared, known)
     return push_summary(results, manifest, run_id, shared, spread)
 
 

@@ -21,7 +21,7 @@ push returns.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,13 +62,12 @@ def spread(
     manifest: Manifest,
     run_id: str,
     run_fields: dict[str, Any],
+    missing: Mapping[str, Sequence[str]],
 ) -> Spread | None:
-    """Fills the members' stores with what they lack along a relay chain; None when a star push
-    is the better deal (one host, little to send, fewer than two hosts able to listen)."""
+    """Fills the members' stores with what they lack (`missing`: each member's answer to
+    `have`) along a relay chain; None when a star push is the better deal (one host, little to
+    send, fewer than two hosts able to listen)."""
     by_hash = manifest.by_hash()
-    missing = fleet.each(
-        lambda m: m.agent.missing(sorted(by_hash)), members, what="pushing the code failed"
-    )
     ports = {m.name: p for m in members if (p := _serving_port(plan, m.name)) is not None}
     chain = [m for m in members if missing[m.name] and m.name in ports]
     contents = [by_hash[s] for s in sorted({s for m in chain for s in missing[m.name]})]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,15 +88,23 @@ def scan(root: Path) -> Manifest:
     return Manifest(root=root, files=tuple(files))
 
 
-def push(agent: Agent, manifest: Manifest, run_fields: dict[str, Any]) -> PushResult:
+def push(
+    agent: Agent,
+    manifest: Manifest,
+    run_fields: dict[str, Any],
+    lacking: Sequence[str] | None = None,
+) -> PushResult:
     """Sends the contents the host lacks, then has the agent build the run directory.
 
-    Two agent calls per host: `have`, then `materialize`, with the missing contents streamed
-    raw after its request line on a session of their own, read from disk piece by piece: memory
-    stays bounded whatever the files' sizes, and polls of other runs are not held up.
+    Two agent calls per host: `have` (unless `lacking` is its answer, asked just before), then
+    `materialize`, with the missing contents streamed raw after its request line on a session
+    of their own, read from disk piece by piece: memory stays bounded whatever the files'
+    sizes, and polls of other runs are not held up.
     """
     by_hash = manifest.by_hash()
-    missing = [by_hash[sha] for sha in agent.missing(sorted(by_hash))]
+    if lacking is None:
+        lacking = agent.missing(sorted(by_hash))
+    missing = [by_hash[sha] for sha in lacking]
     files = [[f.path, f.sha256, f.mode] for f in manifest.files]
     if missing:
         with agent.dedicated() as own:
@@ -187,8 +195,10 @@ def push_all(
     manifest: Manifest,
     run_fields: dict[str, Any],
     groups: Sequence[Sequence[str]] = (),
+    known: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, PushResult]:
-    """Pushes to `members`; hosts sharing a workdir (`groups`) get each content once.
+    """Pushes to `members`; hosts sharing a workdir (`groups`) get each content once. `known`:
+    what some hosts lack, as they answered `have` just before (they are not asked again).
 
     The first host of each group pushes in the first wave, the rest of the group in a second
     wave and find in the shared store what their first host just put there.
@@ -200,7 +210,9 @@ def push_all(
         [m for m in members if m.name in later],
     ):
         results |= fleet.each(
-            lambda m: push(m.agent, manifest, run_fields), wave, what="pushing the code failed"
+            lambda m: push(m.agent, manifest, run_fields, (known or {}).get(m.name)),
+            wave,
+            what="pushing the code failed",
         )
     return results
 

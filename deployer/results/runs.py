@@ -156,7 +156,7 @@ def survey_runs(fleet: Fleet, target: Target) -> Survey:
     (see `unknown_hosts`), come back as failures instead of raising."""
 
     def runs_on(member: Member) -> list[HostRun]:
-        _ensure_agent(member)
+        # runs() asks in the hello when there was none yet: read-only, like look()
         return [_host_run(member.name, r) for r in member.agent.runs()]
 
     results, failures = fleet.each_settled(runs_on)

@@ -9,7 +9,7 @@ from tests.lab import cleanup
 from tests.lab.base import Lab
 from tests.lab.loopback import LoopbackLab
 from tests.lab.model import VENV_PYTHON, LabError, LabHost, LabUnsupported, Proc
-from tests.lab.netns import NamespaceLab
+from tests.lab.netns import MAX_HOSTS, NamespaceLab
 
 __all__ = [
     "VENV_PYTHON",
@@ -50,8 +50,8 @@ def start_lab(n: int = 8, topology: str = "flat", *, persistent: bool = False) -
     """
     if topology not in ("flat", "bastion"):
         raise LabError(f"unknown topology {topology!r}: use 'flat' or 'bastion'")
-    if not 1 <= n <= 200:
-        raise LabError(f"a lab has 1 to 200 hosts, not {n}")
+    if not 1 <= n <= MAX_HOSTS:
+        raise LabError(f"a lab has 1 to {MAX_HOSTS} hosts, not {n}")
     mode = lab_mode()
     lab_id, directory = cleanup.new_lab_dir()
     lab: NamespaceLab | LoopbackLab

@@ -156,12 +156,18 @@ class Lab:
     @contextlib.contextmanager
     def latency(self, host: HostRef, ms: float) -> Iterator[tuple[str, int]]:
         """A delay proxy to the host's sshd with `ms` added each way; yields (address, port)."""
+        with self.latency_proxy(host, ms) as proxy:
+            yield proxy.address
+
+    @contextlib.contextmanager
+    def latency_proxy(self, host: HostRef, ms: float) -> Iterator[DelayProxy]:
+        """Like `latency`, yielding the proxy itself: its `address` and its count of `turns`."""
         h = self.host(host)
         if not self.reachable_from_root(h):
             raise LabError(f"{h.name} is private: add latency to the bastion instead")
         proxy = DelayProxy((h.address, h.port), ms / 1000)
         try:
-            yield proxy.address
+            yield proxy
         finally:
             proxy.stop()
 

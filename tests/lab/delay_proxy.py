@@ -24,6 +24,11 @@ class DelayProxy:
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
+        # Turns: how often the target answered after the client had sent something since the
+        # target last spoke. Each sequential round trip is one turn whatever the machine's
+        # load, which wall time divided by the delay is not (tests/integration/test_round_trips).
+        self.turns = 0
+        self._client_spoke: dict[socket.socket, bool] = {}
         threading.Thread(target=self._accept, name="delay-proxy", daemon=True).start()
 
     def _accept(self) -> None:
@@ -44,17 +49,30 @@ class DelayProxy:
                     upstream.close()
                     return
                 self._socks += [client, upstream]
+                self._client_spoke[upstream] = False
             for src, dst in ((client, upstream), (upstream, client)):
                 chunks: queue.Queue[tuple[float, bytes]] = queue.Queue()
-                threading.Thread(target=self._read, args=(src, chunks), daemon=True).start()
+                args = (src, chunks, upstream, src is upstream)
+                threading.Thread(target=self._read, args=args, daemon=True).start()
                 threading.Thread(target=self._write, args=(dst, chunks), daemon=True).start()
 
-    def _read(self, src: socket.socket, chunks: queue.Queue[tuple[float, bytes]]) -> None:
+    def _read(
+        self,
+        src: socket.socket,
+        chunks: queue.Queue[tuple[float, bytes]],
+        conn: socket.socket,
+        from_target: bool,
+    ) -> None:
         while True:
             try:
                 data = src.recv(65536)
             except OSError:
                 data = b""
+            if data:
+                with self._lock:
+                    if from_target and self._client_spoke[conn]:
+                        self.turns += 1
+                    self._client_spoke[conn] = not from_target
             chunks.put((time.monotonic() + self.delay, data))
             if not data:
                 return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import ipaddress
 import json
 import os
 import random
@@ -58,9 +59,48 @@ class _Slot:
     crashed: bool = False
 
 
-def _mac(octet: int, index: int) -> str:
-    # Deterministic per subnet and host, so permanent ARP entries can be written in advance.
-    return f"02:77:{octet:02x}:{index:02x}:00:02"
+@dataclass(frozen=True)
+class _Subnet:
+    """One lab subnet of 10.77.0.0/16: a /24 (up to 244 hosts) or a /23 (up to 500).
+
+    Offsets count from the subnet's first address: .1 is the bridge, hosts start at 10, and the
+    last usable offset is the bastion's. A /23 spans two third octets (X and X+1, X even).
+    """
+
+    base: int  # third octet of the first address
+    prefix: int
+
+    @property
+    def size(self) -> int:
+        return 1 << (32 - self.prefix)
+
+    @property
+    def last(self) -> int:
+        return self.size - 2
+
+    @property
+    def cidr(self) -> str:
+        return f"10.77.{self.base}.0/{self.prefix}"
+
+    def address(self, offset: int) -> str:
+        return f"10.77.{self.base + offset // 256}.{offset % 256}"
+
+    def mac(self, offset: int) -> str:
+        # Deterministic per subnet and host, so permanent ARP entries can be written in advance.
+        octet = self.base + offset // 256
+        return f"02:77:{octet:02x}:{offset % 256:02x}:00:02"
+
+
+MAX_HOSTS = 499  # a /23 less the bridge, the first ten offsets and the bastion's
+
+
+def _prefix_for(n: int) -> int:
+    """A /24 holds hosts .11 to .254 less the bastion's; more hosts take a /23."""
+    if n + 10 < 254:
+        return 24
+    if n + 10 < 510:
+        return 23
+    raise LabError(f"a lab has at most {MAX_HOSTS} hosts, not {n}")
 
 
 def _answers(host: LabHost) -> bool:
@@ -95,40 +135,39 @@ class NamespaceLab(Lab):
 
     # -- bring-up --------------------------------------------------------------------------------
 
-    def _plan(self, n: int, topology: str, octets: list[int]) -> list[str]:
+    def _plan(self, n: int, topology: str, nets: list[_Subnet]) -> list[str]:
         """Fill in hosts and slots; returns the `ip -batch` lines that build the network."""
-        pub = octets[0]
+        pub = nets[0]
         bridge = f"tfl{self.id}b"
         lines = [
             f"link add {bridge} type bridge forward_delay 0",
             f"link set {bridge} up",
-            f"addr add 10.77.{pub}.1/24 dev {bridge}",
+            f"addr add {pub.address(1)}/{pub.prefix} dev {bridge}",
         ]
-        members: list[tuple[str, int, int, str]] = []  # (name, subnet octet, last octet, veth)
+        members: list[tuple[str, _Subnet, int, str]] = []  # (name, subnet, offset, veth)
+        hosts_net = pub
         if topology == "bastion":
-            priv = octets[1]
+            priv = hosts_net = nets[1]
             pbridge = f"tfl{self.id}p"
             lines += [f"link add {pbridge} type bridge forward_delay 0", f"link set {pbridge} up"]
             # The private subnet must never follow the default route off this machine.
-            self._unreachable = [f"10.77.{priv}.0/24"]
-            lines.append(f"route add unreachable 10.77.{priv}.0/24")
-            members.append(("bastion", pub, 254, f"tfl{self.id}x"))
-            members += [(f"h{i}", priv, 10 + i, f"tfl{self.id}h{i}") for i in range(1, n + 1)]
-        else:
-            members += [(f"h{i}", pub, 10 + i, f"tfl{self.id}h{i}") for i in range(1, n + 1)]
-        for name, octet, last, veth in members:
-            address = f"10.77.{octet}.{last}"
+            self._unreachable = [priv.cidr]
+            lines.append(f"route add unreachable {priv.cidr}")
+            members.append(("bastion", pub, pub.last, f"tfl{self.id}x"))
+        members += [(f"h{i}", hosts_net, 10 + i, f"tfl{self.id}h{i}") for i in range(1, n + 1)]
+        for name, net, offset, veth in members:
+            address = net.address(offset)
             host = LabHost(name, address, 22, f"{name}-{self.id}")
             ns = f"{cleanup.NETNS_PREFIX}{self.id}-{name}"
-            mac = _mac(octet, last)
-            slot = _Slot(host, ns, veth, [("eth0", f"{address}/24", mac)], [])
-            br = bridge if octet == pub else f"tfl{self.id}p"
+            mac = net.mac(offset)
+            slot = _Slot(host, ns, veth, [("eth0", f"{address}/{net.prefix}", mac)], [])
+            br = bridge if net == pub else f"tfl{self.id}p"
             lines += [
                 f"netns add {ns}",
                 f"link add {veth} type veth peer name eth0 address {mac} netns {ns}",
                 f"link set {veth} master {br} up",
             ]
-            if octet == pub:
+            if net == pub:
                 # Permanent ARP: after a link cut, packets vanish (a timeout, as with a dead
                 # cloud host) instead of failing fast with "No route to host".
                 lines.append(f"neigh replace {address} lladdr {mac} dev {bridge} nud permanent")
@@ -140,27 +179,30 @@ class NamespaceLab(Lab):
         # Permanent ARP between hosts too: 32 hosts dialling each other at once (a TF job, the
         # network check) flood the bridge with ~1,000 ARP broadcasts and some go unanswered, a
         # loss a cloud network (ARP answered by the hypervisor) does not have.
+        # Built once per subnet: with 256 hosts that is 65,280 entries, written by one `ip -batch`
+        # per host at boot.
+        on_net: dict[ipaddress.IPv4Network, list[tuple[str, str]]] = {}
+        for slot in self._slots.values():
+            for _, cidr, mac in slot.nets:
+                iface = ipaddress.ip_interface(cidr)
+                on_net.setdefault(iface.network, []).append((str(iface.ip), mac))
         for slot in self._slots.values():
             for dev, cidr, _ in slot.nets:
-                peers = [p for p in self._slots.values() if p is not slot]
-                for peer in peers:
-                    for _, peer_cidr, peer_mac in peer.nets:
-                        if peer_cidr.rsplit(".", 1)[0] == cidr.rsplit(".", 1)[0]:
-                            slot.neighbours.append((peer_cidr.split("/")[0], peer_mac, dev))
+                iface = ipaddress.ip_interface(cidr)
+                own = str(iface.ip)
+                slot.neighbours += [(a, m, dev) for a, m in on_net[iface.network] if a != own]
         if topology == "bastion":
-            priv = octets[1]
+            priv = nets[1]
             b = self._slots["bastion"]
             leg = f"tfl{self.id}y"
-            mac = _mac(priv, 254)
-            b.nets.append(("eth1", f"10.77.{priv}.254/24", mac))
+            mac = priv.mac(priv.last)
+            b.nets.append(("eth1", f"{priv.address(priv.last)}/{priv.prefix}", mac))
             lines += [
                 f"link add {leg} type veth peer name eth1 address {mac} netns {b.netns}",
                 f"link set {leg} master tfl{self.id}p up",
             ]
             for h in self.hosts:
-                b.neighbours.append(
-                    (h.address, _mac(priv, int(h.address.rsplit(".", 1)[1])), "eth1")
-                )
+                b.neighbours.append((h.address, self._slots[h.name].nets[0][2], "eth1"))
         return lines
 
     def _write_files(self) -> None:
@@ -220,8 +262,8 @@ class NamespaceLab(Lab):
         with open(cleanup.LOCK_PATH, "a") as lock:
             # One lab at a time picks subnets and records them, so two labs never share one.
             fcntl.flock(lock, fcntl.LOCK_EX)
-            octets = _free_octets(2 if topology == "bastion" else 1)
-            lines = self._plan(n, topology, octets)
+            sizes = [_prefix_for(n)] if topology == "flat" else [24, _prefix_for(n)]
+            lines = self._plan(n, topology, _free_subnets(sizes))
             self._write_files()
             self._save_state()
             done = cleanup.ip_batch(lines)
@@ -565,13 +607,21 @@ class NamespaceLab(Lab):
         cleanup.destroy(self.id, subnets=self._unreachable)
 
 
-def _free_octets(count: int) -> list[int]:
-    """Third octets of 10.77.X.0/24 subnets that no route or address of this machine uses."""
+def _free_subnets(prefixes: list[int]) -> list[_Subnet]:
+    """Subnets of 10.77.0.0/16 (one per prefix) that no route or address of this machine uses."""
     used = set()
     for args in (["ip", "-4", "route", "show", "table", "all"], ["ip", "-4", "addr"]):
         text = subprocess.run(args, capture_output=True, text=True).stdout
         used |= {int(m) for m in re.findall(r"\b10\.77\.(\d+)\.", text)}
-    free = [o for o in range(256) if o not in used]
-    if len(free) < count:
-        raise LabError("no free 10.77.X.0/24 subnet left: stop old labs (python -m tests.lab down)")
-    return random.sample(free, count)
+    chosen: list[_Subnet] = []
+    for prefix in prefixes:
+        span = 1 << (24 - prefix)  # third octets the subnet covers
+        free = [o for o in range(0, 256, span) if not any(o + k in used for k in range(span))]
+        if not free:
+            raise LabError(
+                f"no free 10.77.X.0/{prefix} subnet left: stop old labs (python -m tests.lab down)"
+            )
+        net = _Subnet(random.choice(free), prefix)
+        used |= set(range(net.base, net.base + span))
+        chosen.append(net)
+    return chosen

@@ -42,6 +42,32 @@ def test_accept_new_writes_bracketed_names_for_other_ports(tmp_path: Path) -> No
     assert len(lines) == 2
 
 
+def test_a_client_gets_the_keys_paramiko_would_pick_for_its_host(tmp_path: Path) -> None:
+    a = paramiko.Ed25519Key.from_private_key_file(str(make_key(tmp_path, "a")))
+    b = paramiko.Ed25519Key.from_private_key_file(str(make_key(tmp_path, "b")))
+    known = tmp_path / "known_hosts"
+    hashed = paramiko.HostKeys.hash_host("[10.0.0.2]:2222")
+    known.write_text(
+        "# a comment\n"
+        f"10.0.0.1,h1 ssh-ed25519 {a.get_base64()}\n"
+        f"10.0.0.1 ssh-ed25519 {b.get_base64()}\n"  # a second key of the same type: not used
+        f"{hashed} ssh-ed25519 {b.get_base64()}\n"
+        "garbage line\n"
+    )
+    for name in ("10.0.0.1", "h1", "[10.0.0.2]:2222", "10.0.0.3"):
+        client = paramiko.SSHClient()
+        hostkeys.configure_client("h", client, str(known), "strict", name=name)
+        reference = paramiko.HostKeys(str(known)).lookup(name)
+        got = client.get_host_keys().lookup(name)
+        assert (dict(got) if got else None) == (dict(reference) if reference else None), name
+    # a changed file is read again (a new key recorded meanwhile, e.g. by accept-new)
+    known.write_text(f"10.0.0.3 ssh-ed25519 {a.get_base64()}\n")
+    client = paramiko.SSHClient()
+    hostkeys.configure_client("h", client, str(known), "strict", name="10.0.0.3")
+    assert dict(client.get_host_keys().lookup("10.0.0.3")) == {"ssh-ed25519": a}
+    assert client.get_host_keys().lookup("10.0.0.1") is None  # only its own host's keys
+
+
 # -- auth --------------------------------------------------------------------------------------
 
 
