@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import report
 from tests.lab import Lab, start_lab
 
 REPO = Path(__file__).resolve().parent.parent
@@ -262,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        args.out.write_text(report.header("bench.scale") + "\n" + text)
     return 0
 
 

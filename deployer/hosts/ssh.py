@@ -368,19 +368,19 @@ class _ReadAhead:
     made ~100,000 of each."""
 
     def __init__(self, sock: socket.socket | paramiko.Channel) -> None:
-        self._sock = sock
+        self.wrapped = sock
         self._data = b""
         self._at = 0
 
     def recv(self, size: int) -> bytes:
         if self._at >= len(self._data):
-            self._data, self._at = self._sock.recv(READ_AHEAD), 0
+            self._data, self._at = self.wrapped.recv(READ_AHEAD), 0
         piece = self._data[self._at : self._at + size]
         self._at += len(piece)
         return piece
 
     def __getattr__(self, name: str) -> Any:  # send, settimeout, close, _closed, ...
-        return getattr(self._sock, name)
+        return getattr(self.wrapped, name)
 
 
 def _socket_error(target: Endpoint, hop: Hop, exc: OSError) -> HostError:
