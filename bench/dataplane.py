@@ -274,6 +274,11 @@ def _fixed_row(work: str, tool: str, base: list[Run], ours: list[Run]) -> str:
     )
 
 
+def _load() -> str:
+    """The machine's 1-minute load average: other work on the 2 cores skews every cell."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
@@ -303,6 +308,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     started = time.monotonic()
+    load_before = _load()
     lab = start_lab(4)
     tmp = make_tmp()
     try:
@@ -359,7 +365,8 @@ def main() -> int:
     text = "\n".join(
         [
             f"Measured by `python -m bench.dataplane --reps {args.reps} --big-mb {args.big_mb}` "
-            f"({minutes:.1f} min; {_machine()}); medians of {args.reps} runs (1 for the big file).",
+            f"({minutes:.1f} min; {_machine()}); medians of {args.reps} runs (1 for the big file); "
+            f"load average before/after: {load_before} / {_load()}.",
             "",
             HEADER,
             *rows,
