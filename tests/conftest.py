@@ -91,13 +91,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Every `isolated` test skips with a reason on the loopback fallback, never silently passes.
     if tests.lab.lab_mode() == "netns":
         return
-    reason = pytest.mark.skip(
-        reason="needs the namespace lab (root); TFDEPLOY_LAB=loopback or no root gives "
+    reason = (
+        "needs the namespace lab (root); TFDEPLOY_LAB=loopback or no root gives "
         "the loopback fallback without isolation or faults"
     )
     for item in items:
-        if "isolated" in item.keywords:
-            item.add_marker(reason)
+        marker = item.get_closest_marker("isolated")
+        if marker is not None:
+            why = marker.kwargs.get("reason")  # `@pytest.mark.isolated(reason=...)`: what for
+            item.add_marker(pytest.mark.skip(reason=f"{reason}: {why}" if why else reason))
 
 
 @pytest.hookimpl(wrapper=True)

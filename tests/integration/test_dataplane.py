@@ -91,6 +91,7 @@ def _detached(
     raise AssertionError("the task never wrote its file")
 
 
+@pytest.mark.isolated(reason="caps a host's bandwidth")
 def test_a_pull_interrupted_mid_file_keeps_its_part_and_resumes(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str]
 ) -> None:
@@ -208,6 +209,7 @@ def _started(lab_inventory: Any, tmp_path: Path, command: str, runs: list[str]) 
     return inventory, run_id
 
 
+@pytest.mark.isolated(reason="caps the hosts' bandwidth")
 def test_ctrl_c_during_ups_artifacts_pull_keeps_what_arrived_and_the_next_pull_fetches_the_rest(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,8 @@ def test_exec_runs_on_every_host_and_prefixes_output(
     assert result.returncode == 0, result.stderr
     lines = sorted(result.stdout.splitlines())
     # Each host answers with its own hostname: the command really ran on every host.
-    assert lines == sorted(f"{h.name} | {h.hostname} a  b /root" for h in hosts)
+    home = pwd.getpwnam(clean_lab.user).pw_dir  # /root in the namespace lab
+    assert lines == sorted(f"{h.name} | {h.hostname} a  b {home}" for h in hosts)
 
 
 def test_exec_keeps_an_argv_verbatim_and_reports_failures(

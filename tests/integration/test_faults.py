@@ -731,7 +731,7 @@ def test_concurrent_runs_stay_apart_and_a_busy_port_is_a_preflight_error(
     a, b = ids
     clash = tfdeploy("up", str(first), state=state, check_rc=3)
     for h in lab.hosts[:2]:
-        assert f"{h.name}: TF port(s) 2500 already in use" in clash.stderr
+        assert f"{h.name}: TF port(s) {lab.tf_port(h, 2500)} already in use" in clash.stderr
     time.sleep(1)
     logs_b = tfdeploy("logs", b, state=state, check_rc=0).stdout
     assert f"up in {b}" in logs_b and a not in logs_b

@@ -38,6 +38,10 @@ def gpus_csv(n: int, util: Sequence[int] = (), used: int = 0) -> str:
 
 # -- on the lab, with the stand-in on one host ---------------------------------------------------
 
+# Each host gets a stand-in nvidia-smi of its own in root's home (one with GPUs, one failing, one
+# without): loopback hosts share one home, so they cannot differ.
+NVIDIA_SMI_PER_HOST = "a different nvidia-smi stand-in on each host, in root's own home"
+
 
 @pytest.fixture
 def fake_nvidia_smi(lab: Lab) -> Iterator[Callable[..., None]]:
@@ -100,6 +104,7 @@ SHOW_ENV = (
 
 
 @pytest.mark.lab
+@pytest.mark.isolated(reason=NVIDIA_SMI_PER_HOST)
 def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
     clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
 ) -> None:
@@ -153,6 +158,7 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
 
 
 @pytest.mark.lab
+@pytest.mark.isolated(reason=NVIDIA_SMI_PER_HOST)
 def test_gpu_preflight_errors_on_the_lab(
     clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
 ) -> None:

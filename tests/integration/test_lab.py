@@ -149,10 +149,13 @@ def test_inventory_round_trips_through_tomllib(lab: Lab, lab_inventory, tmp_path
         "connect_timeout": 2.5,
     }
     assert [h["name"] for h in data["hosts"]] == ["h1", "h2"]
+    # A loopback host has TF ports of its own on the machine's one network stack (tf_port).
+    own_port = {} if lab.isolated else {"port": lab.tf_port(lab.hosts[1])}
     assert data["hosts"][1] == {
         "name": "h2",
         "address": lab.hosts[1].address,
         "ssh": {"port": lab.hosts[1].port},
+        **own_port,
         "tasks": [{"role": "worker", "count": 2}, {"role": "ps"}],
     }
     with pytest.raises(LabError, match="code"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -63,7 +64,8 @@ def test_cpus_pin_the_real_task_process(clean_lab: Lab, lab_inventory: Any, tmp_
         # The supervisor recorded the pinning it applied, for anyone reading the run later.
         run_id = re.search(r"run (\S+) is running detached", up.stdout)
         assert run_id, up.stdout
-        spec_path = f"/root/.tfdeploy/hosts/*/runs/{run_id.group(1)}/tasks/worker-0/spec.json"
+        home = pwd.getpwnam(lab.user).pw_dir  # /root in the namespace lab
+        spec_path = f"{home}/.tfdeploy/hosts/*/runs/{run_id.group(1)}/tasks/worker-0/spec.json"
         spec = lab.run(host, f"cat {spec_path}").stdout
         assert json.loads(spec)["cpus"] == [cpu]
     finally:

@@ -221,6 +221,9 @@ def test_pull_and_tunnel_through_a_bastion(bastion_lab: Lab, code: Path, tmp_pat
 @pytest.mark.skipif(
     importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed here"
 )
+# The forward takes the sidecar's own port here when free: a host on this machine's loopback
+# would then find its 127.0.0.1:16006 taken by the controller's end.
+@pytest.mark.isolated(reason="the host's 127.0.0.1 must not be the controller's")
 def test_a_tensorboard_sidecar_is_forwarded_while_up_watches(
     clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
 ) -> None:

@@ -74,7 +74,7 @@ def test_estimator_tutorial_with_an_evaluator_on_tensorflow_2_15(
     out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
     assert "preflight ok: python 3.11" in out and "tensorflow 2.15.1" in out
     configs = tf_configs(out)
-    workers = [f"{h.address}:2222" for h in (h1, h2)]
+    workers = [f"{h.address}:{lab.tf_port(h)}" for h in (h1, h2)]
     for i, h in enumerate((h1, h2)):
         assert configs[f"worker:{i}@{h.name}"]["cluster"] == {"worker": workers}
     assert configs[f"evaluator:0@{h3.name}"] == {

@@ -490,6 +490,7 @@ def test_explicit_inventory_settings_win_over_ssh_config(lab: Any, tmp_path: Pat
         endpoint(
             host.name,
             host.name,
+            port=host.port,  # 22 in the namespace lab; the file says none
             user=lab.user,
             identity=str(lab.key_path),
             jump="none",  # like OpenSSH's ProxyJump none: explicitly no jump host

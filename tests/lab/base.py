@@ -132,6 +132,44 @@ class Lab:
         """One directory as the login user's home on every host (see NamespaceLab)."""
         raise self._unsupported("shared_home")
 
+    # -- TF ports -------------------------------------------------------------------------------
+
+    # Ports of a host's TF tasks in the inventories the lab writes: tasks take port, port+1, ...
+    TF_PORTS_PER_HOST = 16
+
+    def tf_port(self, host: HostRef, base: int = 2222) -> int:
+        """The first TF port of `host` in inventories this lab writes with job port `base`.
+
+        Each namespace host has a network stack of its own, so every host serves on `base`, as
+        on a real fleet. Loopback hosts share this machine's one stack, where two TF servers
+        cannot both listen on one port (they bind every address): each host gets a block of its
+        own, `base + index * TF_PORTS_PER_HOST`.
+        """
+        if self.isolated:
+            return base
+        return base + self.all_hosts.index(self.host(host)) * self.TF_PORTS_PER_HOST
+
+    def _tf_ports(
+        self,
+        hosts: Sequence[LabHost],
+        tasks: Sequence[Sequence[Mapping[str, Any]]],
+        base: int,
+        per_host: Mapping[str, Mapping[str, Any]] | None,
+    ) -> dict[str, dict[str, Any]]:
+        """`per_host` with each host's own `port` added where the stack is shared (loopback)."""
+        merged = {name: dict(extra) for name, extra in (per_host or {}).items()}
+        if self.isolated:
+            return merged
+        for host, host_tasks in zip(hosts, tasks, strict=False):
+            count = sum(int(t.get("count", 1)) for t in host_tasks)
+            if count > self.TF_PORTS_PER_HOST:
+                raise LabError(
+                    f"{host.name} has {count} tasks; a loopback host has "
+                    f"{self.TF_PORTS_PER_HOST} TF ports"
+                )
+            merged.setdefault(host.name, {}).setdefault("port", self.tf_port(host, base))
+        return merged
+
     # -- shared behaviour ------------------------------------------------------------------------
 
     def _proc_state(self, outer: int) -> str:
@@ -224,6 +262,7 @@ class Lab:
 
         `user` logs in as someone else than `self.user` (e.g. `self.login_user`, also through
         the bastion); `per_host` adds keys to a host's entry by name: {"h1": {"python": ...}}.
+        On loopback each host also gets its own `port` (see `tf_port`) unless `per_host` sets it.
         """
         chosen = list(hosts) if hosts is not None else self.hosts[: len(tasks)]
         if len(chosen) < len(tasks):
@@ -251,6 +290,7 @@ class Lab:
             ssh_table["jump"] = f"{user}@{self.bastion.address}:{self.bastion.port}"
         ssh_table.update(ssh or {})
         out = Path(path)
+        per_host = self._tf_ports(chosen, tasks, int(job_table["port"]), per_host)
         text = render_inventory(
             job=job_table, ssh=ssh_table, hosts=chosen, tasks=tasks, per_host=per_host
         )

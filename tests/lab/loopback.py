@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from remote.protocol import HOST_ID_ENV
 from tests.lab import cleanup, procs, sshconf
 from tests.lab.base import HostRef, Lab, wait_until
 from tests.lab.model import LabError, LabHost, Proc
@@ -61,6 +62,10 @@ class LoopbackLab(Lab):
                     pid_file=d / "sshd.pid",
                     listen=f"{address}:{host.port}",
                     allow_users=[self.user],
+                    # One machine, so one computed host identity: the agent's override (the one
+                    # remote/hostid.py has for several hosts on one machine) keeps each host's
+                    # runs, leases and network-check listeners apart, like hosts on a shared home.
+                    set_env=[self._mark(name).decode()],
                 )
             )
             pub = (d / "ssh_host_ed25519_key.pub").read_text()
@@ -74,6 +79,16 @@ class LoopbackLab(Lab):
         )
         for h in self.hosts:
             self.start_sshd(h)
+
+    def _mark(self, name: str) -> bytes:
+        """`TFDEPLOY_HOST_ID=<id>`: the host's own identity for its agent, in every session.
+
+        Unique to this lab, so that `processes` and `stop` never reach another lab's processes.
+        """
+        return f"{HOST_ID_ENV}={self._host_id(name)}".encode()
+
+    def _host_id(self, name: str) -> str:
+        return f"{socket.gethostname()}-lab{self.id}-{name}"
 
     def _pid(self, h: LabHost) -> int | None:
         try:
@@ -90,9 +105,13 @@ class LoopbackLab(Lab):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
     def processes(self, host: HostRef) -> list[Proc]:
-        """The host's sshd and what runs under it (a daemon that detached escapes this view)."""
-        pid = self._pid(self.host(host))
-        return procs.to_procs(procs.descendants(pid), inner=False) if pid else []
+        """The host's sshd and what runs under it, and what carries the host's identity in its
+        environment (the agent's detached supervisors and their tasks, which SSH sessions
+        start); a daemon that detached and dropped that variable escapes this view."""
+        return procs.to_procs(self._raw_processes(self.host(host)), inner=False)
+
+    def _raw_processes(self, h: LabHost) -> list[procs.RawProc]:
+        return procs.descendants(self._pid(h) or -1, marked=self._mark(h.name))
 
     def listening_ports(self, host: HostRef) -> set[int]:
         """Ports bound to exactly the host's address (wildcard ones belong to the machine)."""
@@ -125,10 +144,11 @@ class LoopbackLab(Lab):
             return
         self.stopped = True
         for h in self.hosts:
-            pid = self._pid(h)
-            if pid:
-                # Sessions too: they are sshd's children, and nothing else would end them.
-                for p in reversed(procs.descendants(pid)):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGKILL)
+            # Sessions and detached runs too, as a namespace host's end would: nothing else
+            # would end them, and a later lab's hosts would find them holding ports.
+            for p in reversed(self._raw_processes(h)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+            # What the host kept in the default workdir (a namespace host's home is a tmpfs).
+            shutil.rmtree(Path.home() / ".tfdeploy" / "hosts" / self._host_id(h.name), True)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -73,19 +73,35 @@ def in_pidns(inode: int) -> list[RawProc]:
     return found
 
 
-def descendants(root_pid: int) -> list[RawProc]:
-    """`root_pid` and all its descendants (loopback hosts have no namespace to scan)."""
+def descendants(root_pid: int, *, marked: bytes | None = None) -> list[RawProc]:
+    """`root_pid` and all its descendants (loopback hosts have no namespace to scan).
+
+    With `marked` ("NAME=value"), also every process whose environment holds it, and their
+    descendants: what detached from `root_pid` but carries the host's mark (e.g. a daemon).
+    """
     raws = [r for r in (read_raw(p) for p in all_pids()) if r is not None]
     children: dict[int, list[RawProc]] = {}
     for r in raws:
         children.setdefault(r.ppid, []).append(r)
-    found = [r for r in raws if r.pid == root_pid]
+    found = [r for r in raws if r.pid == root_pid or (marked and _has_env(r.pid, marked))]
+    seen = {r.pid for r in found}
     todo = list(found)
     while todo:
         for child in children.get(todo.pop().pid, []):
-            found.append(child)
-            todo.append(child)
+            if child.pid not in seen:
+                seen.add(child.pid)
+                found.append(child)
+                todo.append(child)
     return found
+
+
+def _has_env(pid: int, assignment: bytes) -> bool:
+    """Whether the process's environment holds `assignment` (unreadable ones: other users')."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return assignment in environ.split(b"\0")
 
 
 def _user(uid: int) -> str:

@@ -30,10 +30,15 @@ def sshd_config(
     pid_file: Path,
     listen: str,
     allow_users: Sequence[str],
+    set_env: Sequence[str] = (),
 ) -> str:
-    """An sshd_config for one lab host; every line here is one the deployer depends on."""
+    """An sshd_config for one lab host; every line here is one the deployer depends on.
+
+    `set_env` ("NAME=value") goes into every session's environment (sshd's SetEnv).
+    """
     return "\n".join(
         [
+            *(f"SetEnv {assignment}" for assignment in set_env),
             f"ListenAddress {listen}",
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
