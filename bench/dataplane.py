@@ -288,10 +288,11 @@ def _row(work: str, tool: str, base: list[Run], ours: list[Run], mb: float) -> s
     t_ours = statistics.median(r.seconds for r in ours)
     c_base = statistics.median(r.cpu for r in base) / mb * 1000
     c_ours = statistics.median(r.cpu for r in ours) / mb * 1000
-    rss = max(r.rss_mb for r in ours)
+    peak = max(r.rss_mb for r in ours)
+    rss = f"{peak:.0f} MB" if peak else "not separated"
     return (
         f"| {work} | {tool} {t_base:.2f} s | tfdeploy {t_ours:.2f} s | {_ratio(t_ours, t_base)} "
-        f"| {c_base:.2f} | {c_ours:.2f} | {_ratio(c_ours, c_base)} | {rss:.0f} MB |"
+        f"| {c_base:.2f} | {c_ours:.2f} | {_ratio(c_ours, c_base)} | {rss} |"
     )
 
 
