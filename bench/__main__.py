@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -18,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import workload
+from bench import report, workload
 from bench.report import tee_to
 from bench.streaming import PACED, StreamResult, stream, terminal_row
 from bench.tools import (
@@ -50,21 +49,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--tools", default="tfdeploy,ansible,pdsh,fabric")
     p.add_argument("--out", type=Path, help="also write the table to this file (docs/bench/)")
     return p.parse_args()
-
-
-def _machine() -> str:
-    cpu = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
-    system = f"Linux {platform.release()}, Python {platform.python_version()}"
-    return f"{os.cpu_count()} CPUs ({cpu}), {mem} GiB RAM, {system}"
-
-
-def _load() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _timed(lab, hosts, fn: Callable[..., int | None], *args: object) -> Sample:
@@ -131,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     started = time.monotonic()
-    load_before = _load()
+    load_before = report.load()
     tmp = make_tmp()
     small = workload.small_tree(tmp / "code5")
     big = workload.big_tree(tmp / "code50")
@@ -212,7 +196,8 @@ def _run(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     print(_table(res, streams, sizes, [t.name for t in tools], args))
     print(
-        f"\nMachine: {_machine()}. Load average before/after: {load_before} / {_load()}. "
+        f"\nMachine: {report.machine()}. "
+        f"Load average before/after: {load_before} / {report.load()}. "
         f"Bench wall time {elapsed / 60:.1f} min; {args.reps} repetitions per tfdeploy cell, "
         f"{args.baseline_reps} per baseline cell (preflight on {args.preflight_hosts} hosts: "
         f"{max(args.reps, 5)}), "

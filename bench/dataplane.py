@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.__main__ import _machine
+from bench import report
 from bench.fanout import RSYNC_DEST, Bench, check_copies, on_all
 from bench.tools import BenchError, make_tmp
 from tests.lab import Lab, LabHost, start_lab
@@ -274,11 +274,6 @@ def _fixed_row(work: str, tool: str, base: list[Run], ours: list[Run]) -> str:
     )
 
 
-def _load() -> str:
-    """The machine's 1-minute load average: other work on the 2 cores skews every cell."""
-    return f"{os.getloadavg()[0]:.2f}"
-
-
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
@@ -309,7 +304,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     started = time.monotonic()
-    load_before = _load()
+    load_before = report.load()
     lab = start_lab(4)
     tmp = make_tmp()
     try:
@@ -366,8 +361,9 @@ def main() -> int:
     text = "\n".join(
         [
             f"Measured by `python -m bench.dataplane --reps {args.reps} --big-mb {args.big_mb}` "
-            f"({minutes:.1f} min; {_machine()}); medians of {args.reps} runs (1 for the big file); "
-            f"load average before/after: {load_before} / {_load()}.",
+            f"({minutes:.1f} min; {report.machine()}); "
+            f"medians of {args.reps} runs (1 for the big file); "
+            f"load average before/after: {load_before} / {report.load()}.",
             "",
             HEADER,
             *rows,

@@ -38,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.__main__ import _fmt_bytes, _load, _machine
+from bench import report
+from bench.__main__ import _fmt_bytes
 from bench.report import tee_to
 from bench.tools import BenchError, make_tmp, wait_gone
 from tests.lab import Lab, LabHost, start_lab
@@ -472,7 +473,7 @@ def _run(args: argparse.Namespace) -> int:
     ]
     scenarios = [s for s in scenarios if s[2]]
     started = time.monotonic()
-    load_before = _load()
+    load_before = report.load()
     tmp = make_tmp()
     lab: Lab | None = None
     res: dict[tuple[str, str, int], list[Sample]] = defaultdict(list)
@@ -535,7 +536,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"\nCap checked before the runs ({PROBE_MB} MB, one TCP stream each): {cap_check}."
             )
     print(
-        f"\nMachine: {_machine()}. Load average before/after: {load_before} / {_load()}. "
+        f"\nMachine: {report.machine()}. "
+        f"Load average before/after: {load_before} / {report.load()}. "
         f"Bench wall time {elapsed / 60:.1f} min; {args.reps} repetition(s) per cell"
         + (", median (min-max)." if args.reps > 1 else ".")
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import io
+import os
+import platform
 import shlex
 import sys
 from collections.abc import Iterator
@@ -49,3 +51,20 @@ def tee_to(out: Path | None, module: str) -> Iterator[None]:
         yield
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(header(module) + "\n" + tee.copy.getvalue().strip("\n") + "\n")
+
+
+def machine() -> str:
+    """The machine a bench ran on, for the line under its table."""
+    cpu = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
+    system = f"Linux {platform.release()}, Python {platform.python_version()}"
+    return f"{os.cpu_count()} CPUs ({cpu}), {mem} GiB RAM, {system}"
+
+
+def load() -> str:
+    """The load averages (1, 5, 15 min): other work on the cores skews every cell."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -204,21 +203,6 @@ def table(res: dict[tuple[str, int], list[Sample]], sizes: list[int]) -> str:
     return md(rows) + "\n\n" + md(slopes) + "\n"
 
 
-def _machine() -> str:
-    cpu = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
-    system = f"Linux {platform.release()}, Python {platform.python_version()}"
-    return f"{os.cpu_count()} CPUs ({cpu}), {mem} GiB RAM, {system}"
-
-
-def _load() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__)
     p.add_argument("--sizes", default="16,64,128,256", help="host counts (16,64,128,256)")
@@ -236,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pdsh is missing: apt-get install pdsh")
         return 2
     sizes = sorted(int(s) for s in args.sizes.split(","))
-    started, load_before = time.monotonic(), _load()
+    started, load_before = time.monotonic(), report.load()
     # SIGTERM ends the bench like Ctrl-C does: through the finally blocks that stop the lab.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
@@ -254,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     res = defaultdict(list, res)
     elapsed = time.monotonic() - started
     text = table(res, sizes) + (
-        f"\nMachine: {_machine()}. Load average before/after: {load_before} / {_load()}. "
+        f"\nMachine: {report.machine()}. "
+        f"Load average before/after: {load_before} / {report.load()}. "
         f"Bench wall time {elapsed / 60:.1f} min; median (min-max) of {args.reps} rounds after "
         "one untimed round (agent installed, code pushed). Controller CPU is user + sys of the "
         "`tfdeploy` process (pdsh: of pdsh and all its ssh clients); the lab's hosts share the "
