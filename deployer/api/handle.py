@@ -26,6 +26,7 @@ from deployer.config.inventory import Inventory
 from deployer.config.plan import Plan, make_plan
 from deployer.config.roles import ROLES
 from deployer.core.errors import HostsFailed, JobFailed, TfdeployError, UsageError
+from deployer.core.text import task_order
 from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.results.archive import archive_ended, damaged
@@ -320,7 +321,5 @@ def _is_awaited(task: str, awaited: frozenset[str] | None) -> bool:
     return role is not None and role.awaited
 
 
-def _task_order(state: TaskState) -> tuple[str, int, str]:
-    """chief:0, evaluator:0, ps:0, worker:0, worker:1 ... worker:10: by role, then index."""
-    role, _, index = state.task.partition(":")
-    return role, int(index) if index.isdigit() else -1, state.host
+def _task_order(state: TaskState) -> tuple[tuple[str, int], str]:
+    return task_order(state.task), state.host

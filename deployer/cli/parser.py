@@ -141,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--all",
         action="store_true",
-        help="one row per task however many there are (on a terminal the table is folded "
-        "to fit the screen: counts, the tasks worth a look, and a line for the rest)",
+        help="one row per task however many there are, ended runs' tasks too (by default a "
+        "terminal's table is folded to fit the screen: counts, the tasks worth a look, and a "
+        "line for the rest; and a run that has ended is one line)",
     )
     status.set_defaults(handler=verbs.status_verb)
 

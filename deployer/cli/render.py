@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +18,9 @@ from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.config.sources import SourceTable
 from deployer.core.errors import HostError
-from deployer.core.fold import fold, more_line, tally_lines
+from deployer.core.fold import counts_text, fold, more_line, tally_lines
 from deployer.core.secrets import masked
-from deployer.core.text import plural
+from deployer.core.text import plural, task_order
 from deployer.hosts.agent import TaskStatus
 from deployer.watch.board import evaluation_failed, failed_evaluator
 from remote import protocol
@@ -161,25 +162,54 @@ def plan_json(plan: Plan) -> str:
     return json.dumps(plan_document(plan), indent=2)
 
 
-def status_table(runs: Sequence[HostRun], height: int | None = None) -> RenderableType:
+def status_table(
+    runs: Sequence[HostRun], height: int | None = None, *, brief_ended: bool = False
+) -> RenderableType:
     """One heading and one table per run, newest first, readable at 80 columns.
 
     The run id (30+ characters) is the heading, not a column, and a task's outcome shares the
     state column in short words, so numbers (pid, start time, restarts) never have to wrap;
-    `restarts` is left out while no task of the run was restarted.
+    `restarts` is left out while no task of the run was restarted. Tasks are in role and index
+    order (worker:2 before worker:10), whatever order the hosts answered in.
 
     With a `height` (a terminal's lines), runs whose tasks do not fit it are folded: counts per
     role and state, the tasks worth a look (failed, frozen, restarted, then running), and one
     line for the rest (`status --all` and `--json` have every task).
+
+    With `brief_ended`, a run with no task left running is one line (its outcome counted): the
+    hosts keep every run, and a table for each old run buries the one that is running.
     """
     by_run: dict[str, list[HostRun]] = {}
     for r in runs:
         by_run.setdefault(r.run_id, []).append(r)
-    at_most = None if height is None else status_rows(height, len(by_run))
+    ended = [k for k, v in by_run.items() if brief_ended and not any(r.active for r in v)]
+    listed = ended if height is None else ended[: max(3, height // 4)]
+    chrome = len(listed) + (len(listed) < len(ended)) + bool(ended)
+    at_most = None if height is None else status_rows(height - chrome, len(by_run) - len(ended))
     parts: list[RenderableType] = []
     for run_id, host_runs in by_run.items():
-        parts += [_run_heading(run_id, host_runs), *_run_tasks(host_runs, at_most), Text("")]
-    return Group(*parts[:-1])
+        if run_id not in ended:
+            parts += [_run_heading(run_id, host_runs), *_run_tasks(host_runs, at_most), Text("")]
+    parts += [_ended_line(run_id, by_run[run_id]) for run_id in listed]
+    if len(listed) < len(ended):
+        parts.append(Text(f"… {plural(len(ended) - len(listed), 'older ended run')}"))
+    if ended:
+        parts.append(Text("`status RUN_ID` or `status --all` lists an ended run's tasks", "dim"))
+    elif parts:
+        parts.pop()  # the gap after the last table
+    return Group(*parts)
+
+
+def _ended_line(run_id: str, host_runs: list[HostRun]) -> Text:
+    """`run ID: ended, counts`, one line at 80 columns: the id already says job and date."""
+    line = Text()
+    line.append(f"run {run_id}", style="bold")
+    counts = Counter(_kind(t) for r in host_runs for t in r.tasks)
+    line.append(f": ended, {counts_text(counts)}")
+    failed = [f"{t.name} {_state_text(t)}" for r in host_runs for t in _failed_evaluators(r)]
+    if failed:  # as in the full heading: the job may have succeeded without its evaluation
+        line.append(f"; evaluator failed: {'; '.join(failed)}", style="bold red")
+    return line
 
 
 RUN_CHROME = 8  # lines of a folded run besides its task rows: heading, tally, table, more, gap
@@ -192,13 +222,17 @@ def status_rows(height: int, runs: int) -> int:
 
 
 def _run_tasks(host_runs: list[HostRun], at_most: int | None) -> list[RenderableType]:
-    rows = [(r.host, t) for r in host_runs for t in r.tasks]
+    rows = sorted(((r.host, t) for r in host_runs for t in r.tasks), key=_row_order)
     if at_most is None or len(rows) <= at_most + 2:  # the 2 lines that folding adds
         return [RunTasks(rows)]
     folded = fold(rows, at_most, _status_interest, lambda row: _kind(row[1]))
     tally = tally_lines((t.name.partition(":")[0], _kind(t)) for _, t in rows)
     more = f"{more_line(folded)} (`status --all` lists every task)"
     return [Text("\n".join(tally)), RunTasks(folded.shown), Text(more, style="dim")]
+
+
+def _row_order(row: tuple[str, TaskStatus]) -> tuple[tuple[str, int], str]:
+    return task_order(row[1].name), row[0]
 
 
 def _kind(task: TaskStatus) -> str:

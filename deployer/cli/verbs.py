@@ -150,7 +150,8 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
         env.raw_out.write(status_json(runs, survey.failures) + "\n")
     elif runs:
         fit = env.out.is_terminal and not args.all  # a pipe or file gets every task
-        env.out.print(status_table(runs, env.out.height if fit else None))
+        brief = not args.all and target.run_id is None  # a run named gets its tasks
+        env.out.print(status_table(runs, env.out.height if fit else None, brief_ended=brief))
     if survey.failures:
         shown = "the other hosts' answers are shown" if runs or args.json else None
         raise HostsFailed(survey.failures, what="listing runs failed", outcome=shown)

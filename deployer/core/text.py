@@ -23,3 +23,9 @@ def join_names(names: list[str]) -> str:
     if len(names) <= 1:
         return "".join(names)
     return f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def task_order(task: str) -> tuple[str, int]:
+    """chief:0, evaluator:0, ps:0, worker:0, worker:1 ... worker:10: by role, then index."""
+    role, _, index = task.partition(":")
+    return role, int(index) if index.isdigit() else -1

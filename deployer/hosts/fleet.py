@@ -21,7 +21,7 @@ CLOSE_WAIT_S = 2.0  # how long close() waits for connections to shut before leav
 
 def open_transport(host: Host) -> Transport:
     """Picks how to reach a host; SSH settings come from the inventory (host overrides [ssh]).
-    The SSH stack (fabric, paramiko: a fifth of a second of imports) loads when a host needs it,
+    The SSH stack (paramiko: a tenth of a second of imports) loads when a host needs it,
     so `plan`, `--help` and local runs start without it."""
     if host.transport == "local":
         return LocalTransport(host.name)

@@ -199,7 +199,7 @@ def configure_client(
 
     With `expected` fingerprints, the server `name` must offer one of them:
     a different key recorded for `name` earlier (an address reused by a new instance) is
-    ignored. fabric's Connection installs AutoAddPolicy in its constructor; this runs after it.
+    ignored.
     """
     if mode not in ("strict", "accept-new"):
         raise ValueError(f"host_keys must be 'strict' or 'accept-new', not {mode!r}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import errno
-import functools
+import getpass
 import logging
 import os
 import socket
@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import fabric
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey, OnDiskPrivateKey
 
@@ -69,10 +68,13 @@ class Endpoint:
 class Hop:
     """One SSH connection of a chain: zero or more jump hosts, then the target."""
 
-    conn: fabric.Connection
+    host: str  # the address to connect to (ssh_config's HostName applied)
+    port: int
+    user: str
     keys: list[str]
     explicit_keys: bool
     label: str  # "" for the target itself, else "jump host SPEC (addr:port)"
+    client: paramiko.SSHClient = field(default_factory=paramiko.SSHClient)
     loaded: list[tuple[str, paramiko.PKey]] = field(default_factory=list)
     encrypted: list[str] = field(default_factory=list)
 
@@ -82,57 +84,84 @@ class Hop:
 
     @property
     def addr(self) -> str:
-        return f"{self.conn.host}:{self.conn.port}"
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """A host spec (`[user@]host[:port]`) after ssh_config: what OpenSSH would connect to."""
+
+    host: str
+    port: int
+    user: str
+    keys: list[str]
+    options: dict[str, Any]  # the ssh_config options for it (lower-case keys)
+
+
+def _resolve(
+    spec: str, config: paramiko.SSHConfig, *, user: str | None = None, port: int | None = None
+) -> _Resolved:
+    """Precedence as OpenSSH's: explicit values, then the spec's user@ and :port, then the
+    file's User/Port/HostName/IdentityFile, then the local user name and port 22."""
+    spec_user, _, rest = spec.rpartition("@")
+    name, spec_port = rest, None
+    if rest.count(":") == 1:  # host:port (a bare IPv6 address has several colons)
+        name, _, tail = rest.partition(":")
+        spec_port = int(tail) if tail.isdigit() else None
+    try:
+        options = dict(config.lookup(name))
+    except ImportError as exc:  # paramiko runs `Match exec` through invoke, when installed
+        raise HostError(
+            name,
+            f"ssh_config has `Match exec`, which paramiko runs with invoke ({exc})",
+            hint="pip install invoke, or set the host's address, user and jump in the inventory",
+        ) from exc
+    file_port = options.get("port")
+    return _Resolved(
+        host=options.get("hostname", name),
+        port=port or spec_port or (int(file_port) if file_port else 22),
+        user=user or spec_user or options.get("user") or getpass.getuser(),
+        keys=[str(k) for k in options.get("identityfile", [])],
+        options=options,
+    )
 
 
 def plan_hops(target: Endpoint) -> list[Hop]:
     """Resolve ssh_config and ProxyJump into the connections to open, first hop first (no I/O)."""
-    # One plan at a time: every connection shares one fabric Config per ssh_config file, and a
-    # Connection writes into it (the same value each time; invoke re-merges its dicts then).
-    with _PLANNING:
-        return _plan_hops(target, _fabric_config(target.settings.ssh_config))
-
-
-def _plan_hops(target: Endpoint, config: fabric.Config) -> list[Hop]:
-    # gateway=False: fabric would build jump Connections itself (with AutoAddPolicy and no
-    # timeouts); we build the chain below from the same ssh_config instead.
-    main = fabric.Connection(
+    config = _ssh_config(target.settings.ssh_config)
+    main = _resolve(
         target.address,
+        config,
         user=target.settings.user,
         port=target.settings.port if target.settings.port != 22 else None,
-        config=config,
-        gateway=False,
     )
     identity = [target.settings.identity] if target.settings.identity else []
-    jump = target.settings.jump or main.ssh_config.get("proxyjump")
-    if not jump and "proxycommand" in main.ssh_config:
+    jump = target.settings.jump or main.options.get("proxyjump")
+    if not jump and "proxycommand" in main.options:
         raise HostError(
             target.name,
             "ssh_config sets ProxyCommand, which tfdeploy does not support",
             hint="use ProxyJump (or the host's `jump` setting) instead",
         )
     hops: list[Hop] = []
-    prev: fabric.Connection | bool = False
     for spec in (jump or "").split(","):
         if not spec.strip() or spec.strip().lower() == "none":
             continue
-        conn = fabric.Connection(spec.strip(), config=config, gateway=prev)
-        keys = _config_keys(conn) + identity
-        label = f"jump host {spec.strip()} ({conn.host}:{conn.port})"
-        hops.append(Hop(conn, keys, bool(keys), label))
-        prev = conn
-    main.gateway = prev
-    keys = identity + _config_keys(main)
-    hops.append(Hop(main, keys, bool(keys), ""))
+        via = _resolve(spec.strip(), config)
+        keys = via.keys + identity
+        label = f"jump host {spec.strip()} ({via.host}:{via.port})"
+        hops.append(Hop(via.host, via.port, via.user, keys, bool(keys), label))
+    keys = identity + main.keys
+    hops.append(Hop(main.host, main.port, main.user, keys, bool(keys), ""))
     for hop in hops:
         hostkeys.configure_client(
             target.name,
-            hop.conn.client,
+            hop.client,
             hostkeys.known_hosts_path(target.settings.known_hosts),
             target.settings.host_keys,
             # fingerprints learnt for the target say nothing about its jump hosts
             expected=target.settings.expected_keys if hop is hops[-1] else (),
-            name=hostkeys.key_name(hop.conn.host, hop.conn.port),
+            name=hostkeys.key_name(hop.host, hop.port),
         )
     return hops
 
@@ -148,7 +177,7 @@ def open_hops(target: Endpoint, hops: list[Hop]) -> None:
             opened.append(hop)
     except BaseException:
         for hop in reversed(opened):
-            hop.conn.client.close()
+            hop.client.close()
         raise
 
 
@@ -170,8 +199,8 @@ class _PerFile(Generic[T]):
     """What a file parses to, kept per process and read again when the file changes.
 
     A fleet's connections all read the same ssh_config and the same key files: parsed once
-    per connection, an ssh_config of N hosts cost N² lines over a fleet of N (and a fabric
-    Config each), a key file a parse each; once is enough.
+    per connection, an ssh_config of N hosts cost N² lines over a fleet of N, a key file a parse
+    each; once is enough.
     """
 
     def __init__(self, parse: Callable[[str], T]) -> None:
@@ -193,12 +222,6 @@ class _PerFile(Generic[T]):
         return value
 
 
-def _parse_ssh_config(path: str) -> fabric.Config:
-    # lazy=True: load no fabric/invoke YAML files and no /etc/ssh/ssh_config; only this file.
-    # Connections only read it (host lookups), so one Config serves every connection.
-    return fabric.Config(ssh_config=paramiko.SSHConfig.from_path(path), lazy=True)
-
-
 def _parse_key(path: str) -> paramiko.PKey | None:
     """The key at path, or None when it needs a passphrase (the ssh-agent may have it)."""
     try:
@@ -208,26 +231,20 @@ def _parse_key(path: str) -> paramiko.PKey | None:
         return None
 
 
-_SSH_CONFIGS = _PerFile(_parse_ssh_config)
-_PLANNING = threading.Lock()
+_SSH_CONFIGS = _PerFile(paramiko.SSHConfig.from_path)
 _KEYS = _PerFile(_parse_key)
 
 
-def _fabric_config(path: str | None) -> fabric.Config:
+def _ssh_config(path: str | None) -> paramiko.SSHConfig:
+    """The user's ssh_config (only that file: not /etc/ssh/ssh_config), parsed once."""
     path = os.path.expanduser(path or "~/.ssh/config")
     try:
         return _SSH_CONFIGS.get(path)
     except FileNotFoundError:  # no ssh_config (the usual case with an inventory's addresses)
-        return _no_ssh_config()
+        return _NO_SSH_CONFIG
 
 
-@functools.cache
-def _no_ssh_config() -> fabric.Config:
-    return fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
-
-
-def _config_keys(conn: fabric.Connection) -> list[str]:
-    return [str(k) for k in conn.connect_kwargs.get("key_filename", [])]
+_NO_SSH_CONFIG = paramiko.SSHConfig()
 
 
 def _load_keys(target: Endpoint, hop: Hop) -> None:
@@ -277,17 +294,17 @@ def _open_socket(target: Endpoint, hop: Hop, prev: Hop | None) -> socket.socket 
     timeout = target.settings.connect_timeout
     if prev is None:
         try:
-            sock = socket.create_connection((hop.conn.host, hop.conn.port), timeout=timeout)
+            sock = socket.create_connection((hop.host, hop.port), timeout=timeout)
         except OSError as exc:
             raise _socket_error(target, hop, exc) from exc
         # Only the first hop has a kernel socket; the others ride inside it, so this covers all.
         set_dead_link_detection(sock)
         return sock
-    transport = prev.conn.client.get_transport()
+    transport = prev.client.get_transport()
     assert transport is not None
     try:
         return transport.open_channel(
-            "direct-tcpip", (hop.conn.host, hop.conn.port), ("", 0), timeout=timeout
+            "direct-tcpip", (hop.host, hop.port), ("", 0), timeout=timeout
         )
     except paramiko.ChannelException as exc:
         raise HostError(
@@ -305,12 +322,12 @@ def _open_socket(target: Endpoint, hop: Hop, prev: Hop | None) -> socket.socket 
 
 def _handshake(target: Endpoint, hop: Hop, sock: socket.socket | paramiko.Channel) -> None:
     timeout = target.settings.connect_timeout
-    strategy = _KeysThenAgent(hop.conn.user, hop.loaded)
+    strategy = _KeysThenAgent(hop.user, hop.loaded)
     try:
-        hop.conn.client.connect(
-            hop.conn.host,
-            port=hop.conn.port,
-            username=hop.conn.user,
+        hop.client.connect(
+            hop.host,
+            port=hop.port,
+            username=hop.user,
             sock=sock,
             # The key exchange wait starts with the banner wait: were they equal, a silent
             # port could end the kex wait first and be reported as "No existing session".
@@ -324,10 +341,9 @@ def _handshake(target: Endpoint, hop: Hop, sock: socket.socket | paramiko.Channe
     except BaseException as exc:
         sock.close()
         raise _handshake_error(target, hop, strategy, exc) from exc
-    transport = hop.conn.client.get_transport()
+    transport = hop.client.get_transport()
     assert transport is not None
     transport.set_keepalive(SSH_KEEPALIVE_S)
-    hop.conn.transport = transport  # fabric's view of the connection stays truthful
 
 
 class _Transport(paramiko.Transport):  # type: ignore[misc]  # paramiko is untyped
@@ -387,14 +403,14 @@ def _socket_error(target: Endpoint, hop: Hop, exc: OSError) -> HostError:
     if isinstance(exc, socket.gaierror):
         return HostError(
             target.name,
-            f"{hop.where}could not resolve hostname {hop.conn.host}",
+            f"{hop.where}could not resolve hostname {hop.host}",
             hint="check the address in the inventory and your DNS",
         )
     if isinstance(exc, ConnectionRefusedError):
         return HostError(
             target.name,
             f"{hop.where}connection refused by {hop.addr}",
-            hint=f"is sshd running and listening on port {hop.conn.port}?",
+            hint=f"is sshd running and listening on port {hop.port}?",
         )
     if isinstance(exc, TimeoutError) or exc.errno == errno.ETIMEDOUT:
         return HostError(
@@ -414,7 +430,7 @@ def _handshake_error(
     target: Endpoint, hop: Hop, strategy: _KeysThenAgent, exc: BaseException
 ) -> BaseException:
     known = hostkeys.known_hosts_path(target.settings.known_hosts)
-    host, port = hop.conn.host, hop.conn.port
+    host, port = hop.host, hop.port
     if isinstance(exc, hostkeys.UnknownHostKey):
         return hostkeys.unknown_key_error(target.name, host, port, known, exc, hop.where)
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -435,7 +451,7 @@ def _handshake_error(
 
 
 def _auth_error(target: Endpoint, hop: Hop, strategy: _KeysThenAgent) -> HostError:
-    who = f"{hop.conn.user}@{hop.conn.host}"
+    who = f"{hop.user}@{hop.host}"
     if hop.encrypted and not strategy.agent_keys:
         key = ", ".join(hop.encrypted)
         return HostError(
@@ -450,7 +466,7 @@ def _auth_error(target: Endpoint, hop: Hop, strategy: _KeysThenAgent) -> HostErr
         keys += f" + {strategy.agent_keys} agent key(s)"
     return HostError(
         target.name,
-        f"{hop.where}authentication failed for {who} (user={hop.conn.user}, key={keys})",
-        hint=f"is the public key in ~{hop.conn.user}/.ssh/authorized_keys on {hop.conn.host}, "
+        f"{hop.where}authentication failed for {who} (user={hop.user}, key={keys})",
+        hint=f"is the public key in ~{hop.user}/.ssh/authorized_keys on {hop.host}, "
         "and is the user name right?",
     )

@@ -88,7 +88,7 @@ class SSHTransport:
     def _live(self) -> paramiko.Transport | None:
         if not self._hops:
             return None
-        transport = self._hops[-1].conn.client.get_transport()
+        transport = self._hops[-1].client.get_transport()
         return transport if transport is not None and transport.is_active() else None
 
     def close(self) -> None:
@@ -101,8 +101,7 @@ class SSHTransport:
                 self._sftp.close()
                 self._sftp = None
         for hop in reversed(self._hops):  # target first, then the jump hosts it rode through
-            hop.conn.client.close()
-            hop.conn.transport = None
+            hop.client.close()
         self._hops = []
 
     def run(

@@ -314,8 +314,8 @@ def kill_leftover(lab: Any, host: Any, cmdline: str) -> None:
 def assert_safe_chain(t: SSHTransport, hops: int) -> None:
     assert len(t._hops) == hops
     for hop in t._hops:
-        assert isinstance(hop.conn.client._policy, hostkeys.StrictPolicy)
-    first = t._hops[0].conn.client.get_transport().sock.wrapped  # under ssh._ReadAhead
+        assert isinstance(hop.client._policy, hostkeys.StrictPolicy)
+    first = t._hops[0].client.get_transport().sock.wrapped  # under ssh._ReadAhead
     assert isinstance(first, socket.socket)
     assert first.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     assert first.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 2

@@ -76,3 +76,38 @@ def test_status_all_is_a_flag() -> None:
     parser = build_parser()
     assert parser.parse_args(["status", "inv.toml", "--all"]).all is True
     assert parser.parse_args(["status", "inv.toml"]).all is False
+
+
+def ended(run_id: str, n: int, created: float) -> list[HostRun]:
+    stopped = [TaskStatus(f"worker:{i}", "exited", 20_000 + i, reason="stopped") for i in range(n)]
+    stopped[1] = TaskStatus("worker:1", "exited", 20_001, exit_code=1, reason="exited")
+    return [
+        HostRun(f"h{i + 1}", run_id, "fleet", created, True, (t,)) for i, t in enumerate(stopped)
+    ]
+
+
+def test_ended_runs_are_one_line_each_after_the_running_ones() -> None:
+    old = [
+        ended(f"fleet-202511{30 - i}T000000Z-00a{i:x}", 64, T0 - 3600 * (i + 1)) for i in range(11)
+    ]
+    runs = fleet(20) + [r for run in old for r in run]
+    console = Console(file=io.StringIO(), width=80, height=40, color_system=None)
+    console.print(status_table(runs, 40, brief_ended=True))
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert lines[0].startswith(f"run {RUN}") and len(tasks_in(lines)) == 20  # the running one
+    briefs = [line for line in lines if line.startswith("run fleet-202511")]
+    assert briefs[0] == "run fleet-20251130T000000Z-00a0: ended, 63 stopped by tfdeploy, 1 exited 1"
+    assert len(briefs) == 40 // 4 and lines[-2] == "… 1 older ended run", lines  # the rest counted
+    assert lines[-1] == "`status RUN_ID` or `status --all` lists an ended run's tasks"
+    assert all(len(line) <= 80 for line in lines) and len(lines) <= 40 - 2
+    # A pipe (no height) lists every ended run; without brief_ended each gets its table again.
+    assert len(shown(runs, height=None)) > 11 * 64
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    console.print(status_table(runs, None, brief_ended=True))
+    piped = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert sum(x.startswith("run fleet-202511") for x in piped) == 11
+
+
+def test_tasks_are_listed_by_role_and_index_whatever_order_hosts_answered() -> None:
+    runs = list(reversed(fleet(12)))
+    assert tasks_in(shown(runs, height=None)) == [f"worker:{i}" for i in range(12)]
