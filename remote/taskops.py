@@ -60,6 +60,8 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
             for task_dir in [layout.make_private_dir(run_dir / "tasks" / dirname)]
         ]
         _wait_started(launched)
+    if params.param(req, "release", bool, False):  # the host's last start: one round trip less
+        reservations.release(layout.workdir_path(req), run_dir.name)
     return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
 
 

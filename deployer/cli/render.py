@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -281,43 +281,49 @@ class RunTasks:
         self.rows = rows  # (host, task)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        dropped: set[str] = set()
-        table = self._table(dropped)
-        natural = options.update_width(1 << 20)  # Measurement.get clamps to the width it gets
+        cells = [self._cells(host, t) for host, t in self.rows]
+        shown = [
+            c for c in self.COLUMNS if c != "restarts" or any(t.restarts for _, t in self.rows)
+        ]
         for column in self.OPTIONAL:
-            if Measurement.get(console, natural, table).maximum <= options.max_width:
+            if self._width(shown, cells) <= options.max_width:
                 break
-            dropped.add(column)
-            table = self._table(dropped)
-        yield table
+            shown.remove(column)
+        yield self._table(shown, cells)
 
-    def _table(self, dropped: set[str]) -> Table:
-        rows = self.rows
-        columns = ["task", "host", "pid", "state", "started", "restarts"]
-        if not any(t.restarts for _, t in rows):
-            dropped = dropped | {"restarts"}
+    COLUMNS = ("task", "host", "pid", "state", "started", "restarts")
+
+    @staticmethod
+    def _cells(host: str, t: TaskStatus) -> dict[str, str]:
+        started = time.strftime("%H:%M:%S", time.localtime(t.started)) if t.started else "-"
+        return {
+            "task": t.name,
+            "host": host,
+            "pid": str(t.pid or "-"),
+            "state": _state_text(t),
+            "started": started,
+            "restarts": str(t.restarts),
+        }
+
+    @staticmethod
+    def _width(shown: list[str], cells: list[dict[str, str]]) -> int:
+        """The table's natural width: each column's widest cell, one space either side, and a
+        border between and around them. Counted from the strings (the cells are plain text):
+        rich's own measuring pass cost as much as drawing the table, per row."""
+        widest = [max([cell_len(name)] + [cell_len(row[name]) for row in cells]) for name in shown]
+        return sum(widest) + 3 * len(shown) + 1
+
+    @staticmethod
+    def _table(shown: list[str], cells: list[dict[str, str]]) -> Table:
         table = Table()
-        for name in columns:
-            if name not in dropped:
-                number = name in ("pid", "restarts")
-                wraps = name in ("host", "state")
-                table.add_column(
-                    name,
-                    no_wrap=not wraps,
-                    overflow="fold",
-                    justify="right" if number else "left",
-                )
-        for host, t in rows:
-            started = time.strftime("%H:%M:%S", time.localtime(t.started)) if t.started else "-"
-            cells: dict[str, RenderableType] = {
-                "task": t.name,
-                "host": Text(host),
-                "pid": str(t.pid or "-"),
-                "state": _state_text(t),
-                "started": started,
-                "restarts": str(t.restarts),
-            }
-            table.add_row(*(cells[c] for c in columns if c not in dropped))
+        for name in shown:
+            number = name in ("pid", "restarts")
+            wraps = name in ("host", "state")
+            table.add_column(
+                name, no_wrap=not wraps, overflow="fold", justify="right" if number else "left"
+            )
+        for row in cells:
+            table.add_row(*(Text(row[name]) if name == "host" else row[name] for name in shown))
         return table
 
 

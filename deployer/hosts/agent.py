@@ -467,8 +467,12 @@ class Agent:
     def missing(self, hashes: Sequence[str]) -> list[str]:
         return list(self.call(protocol.OP_HAVE, hashes=list(hashes))["missing"])
 
-    def start(self, run_id: str, tasks: list[dict[str, Any]], grace: float) -> list[TaskStatus]:
-        reply = self.call(protocol.OP_START, run_id=run_id, tasks=tasks, grace=grace)
+    def start(
+        self, run_id: str, tasks: list[dict[str, Any]], grace: float, *, release: bool = False
+    ) -> list[TaskStatus]:
+        """`release`: then drop the run's port reservations here (as `release` would)."""
+        extra: dict[str, Any] = {"release": True} if release else {}
+        reply = self.call(protocol.OP_START, run_id=run_id, tasks=tasks, grace=grace, **extra)
         return [TaskStatus.from_json(t) for t in reply["tasks"]]
 
     def poll(

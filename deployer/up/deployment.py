@@ -13,7 +13,7 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployer.config.model import NetcheckMode
@@ -265,18 +265,22 @@ class Deployment:
 
     def start(self) -> None:
         deadline = self.clock() + self.plan.job.start_timeout
-        for group in start_groups(self.plan):
-            self._start_group(group)
+        groups = start_groups(self.plan)
+        released = _released_with_start(groups)
+        for group in groups:
+            self._start_group(group, released)
             servers = [t for t in group if t.serves and t.port is not None]
             if servers:
                 self.watching.wait_listening(servers, deadline)
         # Started tasks hold their ports now. A reservation left to its lease could outlive
         # the run: a heartbeat stuck in a cut link arrives when the link heals and renews it.
-        self.fleet.each_settled(lambda m: m.agent.release(self.run_id), self.members)
+        # Most hosts dropped theirs with their last start; the others (a ps waited on) now.
+        rest = [m for m in self.members if m.name not in released]
+        self.fleet.each_settled(lambda m: m.agent.release(self.run_id), rest)
         count = len(self.plan.tasks)
         self.view.step("the task started" if count == 1 else f"all {count} tasks started")
 
-    def _start_group(self, tasks: list[Task]) -> None:
+    def _start_group(self, tasks: list[Task], released: Collection[str] = ()) -> None:
         self.started = True
         for host in by_host(tasks):
             self.poller.watch_host(host)
@@ -294,6 +298,7 @@ class Deployment:
             grace=self.plan.job.stop_grace,
             on_started=started,
             attempt=self.board.attempt,
+            release=released,
         )
 
     def start_and_watch(self) -> None:
@@ -402,3 +407,17 @@ def stop_everywhere(
             lambda m: m.agent.stop(run_id, grace=0), members, urgent=True
         )
     yield from stop_lines(reports, failures, hide)
+
+
+def _released_with_start(groups: Sequence[Sequence[Task]]) -> set[str]:
+    """The hosts that may drop their port reservations with their last start request: those
+    whose last group serves no port that a later step waits on (wait_listening)."""
+    last: dict[str, Sequence[Task]] = {}
+    for group in groups:
+        for task in group:
+            last[task.host] = group
+    return {
+        host
+        for host, group in last.items()
+        if not any(t.host == host and t.serves and t.port is not None for t in group)
+    }

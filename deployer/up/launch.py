@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
@@ -87,10 +87,12 @@ def start_group(
     grace: float,
     on_started: Callable[[str, list[TaskStatus]], None],
     attempt: int = 0,
+    release: Collection[str] = (),
 ) -> None:
     """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
     that answered (on this thread). Any host failing makes a JobFailed naming each such host;
-    what other hosts started is left to the caller's teardown.
+    what other hosts started is left to the caller's teardown. The hosts in `release` drop
+    the run's port reservations in the same request, once their tasks have started.
     """
     grouped = by_host(tasks)
 
@@ -100,7 +102,7 @@ def start_group(
             start_request(t, member.agent, run_id, forwarded, attempt, url)
             for t in grouped[member.name]
         ]
-        return member.agent.start(run_id, requests, grace)
+        return member.agent.start(run_id, requests, grace, release=member.name in release)
 
     started, failures = fleet.each_settled(start_on, [fleet.member(h) for h in grouped])
     for host, statuses in started.items():

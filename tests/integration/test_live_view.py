@@ -100,6 +100,15 @@ def test_a_64_host_job_stays_within_the_terminal_at_every_frame(lab64: Lab, tmp_
         shown.feed(written)
         assert code == 0, written
         assert len(shown.text()) <= rows - 2, shown.text()
+        (ended,) = [line for line in shown.text() if line.startswith("run wide-")]
+        assert ended.endswith(f": ended, {HOSTS} exited 0"), shown.text()  # one line: it ended
+        run_id = ended.split()[1].rstrip(":")
+        named = [sys.executable, "-m", "deployer", "status", run_id, "-i", str(inventory)]
+        code, written = run_in_pty(named, rows, columns, env, timeout=60)
+        shown = Screen(rows, columns)
+        shown.feed(written)
+        assert code == 0, written
+        assert len(shown.text()) <= rows - 2, shown.text()  # the run named: its tasks, folded
         assert f"{HOSTS} tasks (worker): {HOSTS} exited 0" in shown.text()
         code, written = run_in_pty([*status, "--all"], rows, columns, env, timeout=60)
         every = Screen(rows, columns)
