@@ -661,7 +661,7 @@ class Agent:
         listed_size: int | None = None,
     ) -> Fetched:
         """The file's bytes from `offset` to its end, to `sink` as they arrive (raw, after the
-        reply line). With `listed_size` (what collect listed, unhashed), the host hashes the
+        reply line). With `listed_size` (the size collect listed), the host hashes the
         whole file as it sends (its first `offset` bytes too) and says whether it stood still;
         a file whose size is no longer the listed one comes back as not steady. Each wait for
         more bytes may last 60 s."""

@@ -452,29 +452,36 @@ class _Fetch:
     def _into(
         self, out: BinaryIO, agent: Agent, name: str, remote: RemoteFile, dest: Path
     ) -> int | None:
-        """The rest of the content appended to `out`, hashed as it arrives; the bytes fetched,
-        or None when the whole does not match what the host listed (or, listed unhashed, what
-        it read as it sent, or the file did not stand still)."""
+        """The rest of the content appended to `out`; the bytes fetched, or None when the whole
+        does not match what the host listed (or, listed unhashed, what it read as it sent), or
+        the file did not stand still.
+
+        The host hashes the whole file as it sends it. From offset 0 that hash is the check:
+        the bytes came over SSH's authenticated encryption, so what landed is what the host
+        hashed, and hashing it again here cost a third of this machine's CPU per MB. A resumed
+        part is hashed here, its old bytes included: they came from an earlier attempt."""
         offset = os.fstat(out.fileno()).st_size
         if offset > remote.size:
             out.truncate(0)
             offset = 0
-        hasher = _hasher(out, offset)
+        hasher = _hasher(out, offset) if offset else None
 
         def sink(data: bytes | memoryview) -> None:
             if self.cancelled.is_set():
                 raise _Cancelled
             with _writing(dest):
                 _write_all(out, data)
-            hasher.update(data)
+            if hasher is not None:
+                hasher.update(data)
 
-        hashed = remote.sha256 is None
-        listed = remote.size if hashed else None
         got = agent.fetch(
-            self.run_id, name, remote.path, self.patterns, offset, sink, listed_size=listed
+            self.run_id, name, remote.path, self.patterns, offset, sink, listed_size=remote.size
         )
-        want = got.sha256 if hashed else remote.sha256
-        if offset + got.count != remote.size or hasher.hexdigest() != want or not got.steady:
+        want = remote.sha256 or got.sha256
+        landed = got.sha256 if hasher is None else hasher.hexdigest()
+        if offset + got.count != remote.size or not got.steady:
+            return None
+        if want is None or got.sha256 != want or landed != want:
             return None
         return got.count
 

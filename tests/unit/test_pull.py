@@ -80,8 +80,22 @@ def test_a_first_pull_lists_unhashed_and_the_hosts_hash_as_they_send(tmp_path: P
     a = hosts["a"]
     assert [c.get("hash") for c in a.ops("collect")] == [False, False, True]
     json_fetch, ckpt_fetch = a.ops("fetch")
-    assert json_fetch["hash"] and not ckpt_fetch["hash"]
+    assert json_fetch["hash"] and ckpt_fetch["hash"]  # every fetch: the host's hash as it sent
     assert (tmp_path / "out" / "r-1" / "worker-0" / "log.json").read_bytes() == b'{"loss": 1}'
+
+
+def test_a_replica_that_changed_after_its_hashed_listing_is_not_kept(tmp_path: Path) -> None:
+    """Listed hashed (a replica), fetched from offset 0: the host's hash of what it sent is the
+    check, and a file rewritten between the listing and the fetch fails it."""
+    hosts, fleet = fleet_of(tmp_path)
+
+    def rewritten(data: bytes, sink: Callable[[bytes], None], closed: threading.Event) -> None:
+        sink(data[:-65] + b"0" * 64 + data[-1:])  # the trailer: a hash not the listed one
+
+    hosts["a"].deliver = rewritten
+    with fleet, pytest.raises(HostsFailed, match=r"changed while being pulled; pull again"):
+        pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out")
+    assert not list((tmp_path / "out").rglob("model.bin")) and not list(tmp_path.rglob("*.part"))
 
 
 def test_a_file_that_did_not_stand_still_while_sent_is_not_kept(tmp_path: Path) -> None:
