@@ -116,6 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     started = time.monotonic()
     load_before = report.load()
+    report.compile_tfdeploy()
     tmp = make_tmp()
     small = workload.small_tree(tmp / "code5")
     big = workload.big_tree(tmp / "code50")

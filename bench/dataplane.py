@@ -305,6 +305,7 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     load_before = report.load()
+    report.compile_tfdeploy()
     lab = start_lab(4)
     tmp = make_tmp()
     try:
@@ -362,7 +363,7 @@ def main() -> int:
         [
             f"Measured by `python -m bench.dataplane --reps {args.reps} --big-mb {args.big_mb}` "
             f"({minutes:.1f} min; {report.machine()}); "
-            f"medians of {args.reps} runs (1 for the big file); "
+            f"medians of {args.reps} runs (1 for the big file); {report.BYTECODE_NOTE}; "
             f"load average before/after: {load_before} / {report.load()}.",
             "",
             HEADER,

@@ -221,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     sizes = sorted(int(s) for s in args.sizes.split(","))
     started, load_before = time.monotonic(), report.load()
+    report.compile_tfdeploy()
     # SIGTERM ends the bench like Ctrl-C does: through the finally blocks that stop the lab.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
@@ -240,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = table(res, sizes) + (
         f"\nMachine: {report.machine()}. "
         f"Load average before/after: {load_before} / {report.load()}. "
-        f"Bench wall time {elapsed / 60:.1f} min; median (min-max) of {args.reps} rounds after "
+        f"Bench wall time {elapsed / 60:.1f} min; {report.BYTECODE_NOTE}; "
+        f"median (min-max) of {args.reps} rounds after "
         "one untimed round (agent installed, code pushed). Controller CPU is user + sys of the "
         "`tfdeploy` process (pdsh: of pdsh and all its ssh clients); the lab's hosts share the "
         "same cores, so wall time here is bounded by the lab, not the controller.\n"
