@@ -72,6 +72,8 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
         raise params.StreamError(str(exc)) from exc
     lacking = set(_absent(store, sorted({digest for _, digest, _ in entries})))
     missing = [str(rel) for rel, digest, _ in entries if digest in lacking]
+    if missing and params.param(req, "or_missing", bool, False) and not blobs:
+        return {"missing": sorted(lacking)}  # what `have` would say: send these, then again
     if missing:
         count, first = len(missing), missing[0]
         raise params.AgentError(f"the store lacks the content of {count} file(s), {first!r} first")

@@ -15,7 +15,7 @@ from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push import fanout
 from deployer.push.fanout import Spread
-from deployer.push.sync import Manifest, PushResult, push_all
+from deployer.push.sync import Manifest, PushResult, materialize_or_missing, push_all
 
 
 def deliver(
@@ -33,17 +33,22 @@ def deliver(
     spread = None
     run_id = str(run_fields["run_id"])
     known: dict[str, list[str]] = {}  # host -> what it lacks, where that answer still holds
+    done: dict[str, PushResult] = {}  # hosts that had every content: their run dir is built
     if plan.job.fanout:
         firsts = [m for m in members if m.name not in later]
-        hashes = sorted(manifest.by_hash())
         missing = fleet.each(
-            lambda m: m.agent.missing(hashes), firsts, what="pushing the code failed"
+            lambda m: materialize_or_missing(m.agent, manifest, run_fields),
+            firsts,
+            what="pushing the code failed",
         )
+        files = len(manifest.files)
+        done = {h: PushResult(files, 0, 0) for h, lack in missing.items() if not lack}
         spread = fanout.spread(fleet, firsts, plan, manifest, run_id, run_fields, missing)
         # The star push need not ask again (one round trip per host) where nothing changed
-        # since: no chain ran, or the host lacked nothing (a warm re-deploy: every host).
-        known = {h: lack for h, lack in missing.items() if spread is None or not lack}
-    results = push_all(fleet, members, manifest, run_fields, shared, known)
+        # since: no chain ran.
+        known = {h: lack for h, lack in missing.items() if lack} if spread is None else {}
+    rest = [m for m in members if m.name not in done]
+    results = done | push_all(fleet, rest, manifest, run_fields, shared, known)
     return push_summary(results, manifest, run_id, shared, spread)
 
 

@@ -96,16 +96,20 @@ def push(
 ) -> PushResult:
     """Sends the contents the host lacks, then has the agent build the run directory.
 
-    Two agent calls per host: `have` (unless `lacking` is its answer, asked just before), then
-    `materialize`, with the missing contents streamed raw after its request line on a session
-    of their own, read from disk piece by piece: memory stays bounded whatever the files'
-    sizes, and polls of other runs are not held up.
+    `materialize` first (unless `lacking` is the host's answer, asked just before): a host that
+    has every content builds the run directory at once, one call in all (a re-deploy of
+    unchanged code); one that lacks some says which, and gets them in a second `materialize`,
+    streamed raw after its request line on a session of their own, read from disk piece by
+    piece: memory stays bounded whatever the files' sizes, and polls of other runs are not held
+    up.
     """
     by_hash = manifest.by_hash()
-    if lacking is None:
-        lacking = agent.missing(sorted(by_hash))
-    missing = [by_hash[sha] for sha in lacking]
     files = [[f.path, f.sha256, f.mode] for f in manifest.files]
+    if lacking is None:
+        lacking = materialize_or_missing(agent, manifest, run_fields)
+        if not lacking:
+            return PushResult(files=len(files), sent_files=0, sent_bytes=0)
+    missing = [by_hash[sha] for sha in lacking]
     if missing:
         with agent.dedicated() as own:
             _materialize(own, manifest, missing, files, run_fields)
@@ -113,6 +117,16 @@ def push(
         agent.call(protocol.OP_MATERIALIZE, files=files, **run_fields)
     sent = sum(f.size for f in missing)
     return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
+
+
+def materialize_or_missing(
+    agent: Agent, manifest: Manifest, run_fields: dict[str, Any]
+) -> list[str]:
+    """Builds the run directory if the host's store has every content ([]: done); else the
+    hashes it lacks (what `have` answers), and nothing is built."""
+    files = [[f.path, f.sha256, f.mode] for f in manifest.files]
+    reply = agent.call(protocol.OP_MATERIALIZE, files=files, or_missing=True, **run_fields)
+    return [str(sha) for sha in reply.get("missing", [])]
 
 
 def store_contents(

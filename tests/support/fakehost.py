@@ -171,7 +171,13 @@ class FakeHost:
         return {"missing": [h for h in req["hashes"] if h not in self.store]}
 
     def _op_materialize(self, req: dict[str, Any]) -> dict[str, Any]:
-        self.store.update(blob[0] for blob in req.get("blobs", []))
+        blobs = req.get("blobs", [])
+        self.store.update(blob[0] for blob in blobs)
+        lacking = sorted({f[1] for f in req.get("files", [])} - self.store)
+        if lacking and req.get("or_missing") and not blobs:  # as remote/store.py answers
+            return {"missing": lacking}
+        if lacking:
+            return {"ok": False, "error": f"the store lacks the content of {len(lacking)} file(s)"}
         return {}
 
     def _op_setup(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -197,6 +203,8 @@ class FakeHost:
             if self.on_start is not None:
                 self.on_start(task)
             started.append(task.status())
+        if req.get("release"):
+            self._drop_reservations(req["run_id"])
         return {"tasks": started}
 
     def _op_poll(self, req: dict[str, Any]) -> dict[str, Any]:

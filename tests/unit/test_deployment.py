@@ -241,8 +241,9 @@ def test_a_finished_run_leaves_no_reservation(
         a.exit("worker:0")
         b.exit("worker:1")
 
-    def started() -> None:
-        assert a.ops("release") and a.reserved == {}  # the task holds its port now
+    def started() -> None:  # the task holds its port now; its start let the reservation go
+        assert a.ops("start")[-1].get("release") and a.reserved == {}
+        assert not a.ops("release")  # in the same request: no round trip of its own
 
     assert h.run(both(h.at(1, started), h.at(2, finish))) == 0
     assert a.ops("hello")[0]["ports"] == [2222]
@@ -315,11 +316,15 @@ def test_a_push_says_what_was_already_there_only_when_something_was(
         f"pushed 2 files to 2 hosts: {2 * first} bytes sent (4 files) (run "
     )
     h.view = RecordingView()
+    a = h.hosts["a"]
+    asked = (len(a.ops("have")), len(a.ops("materialize")))
     h.run(h.at(1, finish))
-    assert h.hosts["a"].received_bytes == first
+    assert a.received_bytes == first
     assert _pushed(h.view).startswith(
         "pushed 2 files to 2 hosts: 0 bytes sent, every file was already there"
     )
+    # Unchanged code: one materialize builds the run, no `have` before it (one round trip).
+    assert (len(a.ops("have")), len(a.ops("materialize"))) == (asked[0], asked[1] + 1)
     changed = "4 5 6 7\n"
     (tmp_path / "code" / "data.txt").write_text(changed)
     h.view = RecordingView()
