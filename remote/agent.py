@@ -198,7 +198,11 @@ def _read_at(path: Path, offset: int, count: int) -> bytes:
 
 
 def op_runs(req: dict[str, Any]) -> dict[str, Any]:
+    """Every run here. A run's list of all its hosts comes only while it is active, or for the
+    run named by `hosts_of`: each host holds every run it ever ran, and N hosts' lists of N
+    hosts for every old run made `status` and `down` fetch N² x runs of history."""
     root = layout.runs_dir(layout.workdir_path(req))
+    hosts_of = params.param(req, "hosts_of", str, None)
     found = []
     for run_dir in root.iterdir() if root.is_dir() else []:
         if not run_dir.is_dir():
@@ -208,15 +212,18 @@ def op_runs(req: dict[str, Any]) -> dict[str, Any]:
         created = meta.get("created")
         if not isinstance(created, (int, float)):
             created = run_dir.stat().st_mtime  # half-written run: its directory's age will do
+        tasks = procs.run_statuses(run_dir)
+        ended = (protocol.STATE_EXITED, protocol.STATE_LOST)
+        listed = run_dir.name == hosts_of or any(t.get("state") not in ended for t in tasks)
         found.append(
             {
                 "run_id": run_dir.name,
                 "job": meta.get("job"),
                 "created": created,
                 "detached": meta.get("detached"),
-                "hosts": meta.get("hosts"),
-                "hosts_at": meta.get("hosts_at"),
-                "tasks": procs.run_statuses(run_dir),
+                "hosts": meta.get("hosts") if listed else None,
+                "hosts_at": meta.get("hosts_at") if listed else None,
+                "tasks": tasks,
             }
         )
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}

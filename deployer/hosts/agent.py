@@ -293,6 +293,7 @@ class Agent:
         lease_seconds: float | None = None,
         look_only: bool = False,
         runs: bool = False,
+        hosts_of: str | None = None,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
 
@@ -312,7 +313,7 @@ class Agent:
         if run_id is not None:
             request.update(run_id=run_id, lease_seconds=lease_seconds)
         if runs:
-            request.update(runs=True)
+            request.update(runs=True, **({"hosts_of": hosts_of} if hosts_of else {}))
         payload = {
             "workdir": self.workdir,
             "look_only": look_only,
@@ -705,13 +706,15 @@ class Agent:
         reply = self.call(protocol.OP_FIREWALL, action=protocol.FIREWALL_REMOVE, run_id=run_id)
         return int(reply.get("removed") or 0)
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self, hosts_of: str | None = None) -> list[dict[str, Any]]:
         """The runs on the host; the first call of a connection asks in its hello (one round
-        trip for both), without creating anything on the host."""
+        trip for both), without creating anything on the host. A run's `hosts` come while it is
+        active, and for the run `hosts_of` whatever its state."""
         if self.home is None:
-            reply = self.install(look_only=True, runs=True)
+            reply = self.install(look_only=True, runs=True, hosts_of=hosts_of)
             return [] if self.absent else list(reply["runs"])
-        return [] if self.absent else list(self.call(protocol.OP_RUNS)["runs"])
+        extra: dict[str, Any] = {"hosts_of": hosts_of} if hosts_of else {}
+        return [] if self.absent else list(self.call(protocol.OP_RUNS, **extra)["runs"])
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,8 @@ def survey_runs(fleet: Fleet, target: Target) -> Survey:
 
     def runs_on(member: Member) -> list[HostRun]:
         # runs() asks in the hello when there was none yet: read-only, like look()
-        return [_host_run(member.name, r, lists) for r in member.agent.runs()]
+        runs = member.agent.runs(hosts_of=target.run_id)
+        return [_host_run(member.name, r, lists) for r in runs]
 
     results, failures = fleet.each_settled(runs_on)
     found = [r for host_runs in results.values() for r in host_runs]

@@ -363,6 +363,24 @@ def test_runs_lists_newest_first_and_tolerates_half_written_runs(workdir: Path) 
     assert broken_entry["tasks"][0]["state"] == "starting"
 
 
+def test_runs_send_a_run_s_host_list_only_while_it_is_active_or_when_named(
+    workdir: Path,
+) -> None:
+    """Every host keeps every run: an ended run's list of all hosts is history nobody reads,
+    and N hosts each sending N-host lists for every old run grew with hosts² x runs."""
+    hosts = [["h1", "10.0.0.1"], ["h2", "10.0.0.2"]]
+    new_run(workdir, "ended", hosts=hosts, hosts_at=1.0)
+    start(workdir, {"name": "worker:0", "command": "exit 0"}, run_id="ended")
+    wait_for(lambda: status(workdir, "worker:0", run_id="ended")["state"] == "exited")
+    new_run(workdir, "live", hosts=hosts, hosts_at=2.0)
+    start(workdir, {"name": "worker:0", "command": "sleep 30"}, run_id="live")
+    listed = {r["run_id"]: r for r in ok(call(workdir, "runs"))["runs"]}
+    assert listed["live"]["hosts"] == hosts and listed["live"]["hosts_at"] == 2.0
+    assert listed["ended"]["hosts"] is None and listed["ended"]["hosts_at"] is None
+    named = {r["run_id"]: r for r in ok(call(workdir, "runs", hosts_of="ended"))["runs"]}
+    assert named["ended"]["hosts"] == hosts and named["live"]["hosts"] == hosts
+
+
 def test_stop_of_a_run_that_never_reached_the_host_is_a_no_op(workdir: Path) -> None:
     # Ctrl-C during push: teardown asks hosts that may not have the run yet.
     assert ok(call(workdir, "stop", run_id="absent", tasks=None, grace=0))["tasks"] == []
