@@ -43,7 +43,13 @@ def op_hello(req: dict[str, Any]) -> dict[str, Any]:
     else:
         busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable)
     # `runs`: the reply carries what op_runs would (status, down): one round trip less.
-    extra = {"runs": op_runs(req)["runs"]} if with_runs else {}
+    extra: dict[str, Any] = {"runs": op_runs(req)["runs"]} if with_runs else {}
+    listen = params.param(req, "listen", dict, None)
+    if listen is not None and run_id is not None and not busy:
+        # The network check's stand-ins, started here instead of in a round of their own.
+        import netcheck
+
+        extra["listening"] = netcheck.listen_as_asked(layout.netcheck_record(req, run_id), listen)
     return {
         **extra,
         "hostname": socket.gethostname(),
@@ -230,7 +236,14 @@ def op_runs(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_release(req: dict[str, Any]) -> dict[str, Any]:
+    """Nothing of the run starts here now: its port reservations go, and so do the network
+    check's stand-ins if a failed preflight left them (one round trip for both)."""
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
+    record = layout.netcheck_record(req, run_id)
+    if record.exists():
+        import netcheck  # only then: its imports are not free
+
+        netcheck.close(record)
     return {"released": reservations.release(layout.workdir_path(req), run_id)}
 
 

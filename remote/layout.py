@@ -34,6 +34,11 @@ def host_dir(workdir: Path) -> Path:
     return workdir / "hosts" / hostid.identity()
 
 
+def netcheck_record(req: dict[str, Any], run_id: str) -> Path:
+    """Where a run's network-check stand-in listener is recorded (close and release stop it)."""
+    return host_dir(workdir_path(req)) / "netcheck" / f"{run_id}.json"
+
+
 def runs_dir(workdir: Path) -> Path:
     return host_dir(workdir) / "runs"
 

@@ -42,11 +42,9 @@ _NO_ROUTE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETD
 def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
     action = params.param(req, "action", str)
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
-    record = layout.host_dir(layout.workdir_path(req)) / "netcheck" / f"{run_id}.json"
+    record = layout.netcheck_record(req, run_id)
     if action == protocol.NETCHECK_LISTEN:
-        ports = params.param(req, "ports", list)
-        seconds = min(float(params.param(req, "seconds", (int, float), 30.0)), MAX_LISTEN_S)
-        return {"pid": listen(record, [_port(p) for p in ports], seconds)}
+        return {"pid": listen_as_asked(record, req)}
     if action == protocol.NETCHECK_PROBE:
         targets = params.param(req, "targets", list)
         timeout = float(params.param(req, "wait", (int, float), 3.0))
@@ -54,6 +52,14 @@ def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
     if action == protocol.NETCHECK_CLOSE:
         return {"closed": close(record)}
     raise params.AgentError(f"netcheck action must be listen, probe or close, not {action!r}")
+
+
+def listen_as_asked(record: Path, req: dict[str, Any]) -> int:
+    """`listen` with the request's `ports` and `seconds` (the netcheck op's, or the `listen`
+    table of a hello)."""
+    ports = params.param(req, "ports", list)
+    seconds = min(float(params.param(req, "seconds", (int, float), 30.0)), MAX_LISTEN_S)
+    return listen(record, [_port(p) for p in ports], seconds)
 
 
 def _port(value: Any) -> int:

@@ -294,6 +294,7 @@ class Agent:
         look_only: bool = False,
         runs: bool = False,
         hosts_of: str | None = None,
+        listen: tuple[Sequence[int], float] | None = None,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
 
@@ -312,6 +313,8 @@ class Agent:
         }
         if run_id is not None:
             request.update(run_id=run_id, lease_seconds=lease_seconds)
+            if listen is not None:  # the network check's stand-ins, when no port is busy
+                request.update(listen={"ports": list(listen[0]), "seconds": listen[1]})
         if runs:
             request.update(runs=True, **({"hosts_of": hosts_of} if hosts_of else {}))
         payload = {

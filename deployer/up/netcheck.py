@@ -10,7 +10,8 @@ pair fails preflight naming source, destination and verdict.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from deployer.config.model import NetcheckMode
@@ -40,36 +41,61 @@ WHY = {
 }
 
 
+@dataclass(frozen=True)
+class Listen:
+    """What one host listens on for its peers' probes, and for how long at most."""
+
+    ports: tuple[int, ...]
+    seconds: float
+
+
+def listeners(
+    plan: Plan, mode: NetcheckMode = NetcheckMode.AUTO, timeout: float = PROBE_TIMEOUT_S
+) -> dict[str, Listen]:
+    """Per destination host, the stand-ins `check` needs. Preflight's hello starts them
+    (one round trip less); `check` starts those a hello did not."""
+    probes = choose(plan, mode)
+    return _listens(probes, timeout) if probes.count else {}
+
+
+def _listens(probes: Probes, timeout: float) -> dict[str, Listen]:
+    ports = _by_host((link.dest, link.port) for link in probes.links())
+    longest = max(map(len, probes.by_source.values()))
+    seconds = max(LISTEN_S, protocol.probe_budget(longest, timeout) + LISTEN_S)
+    return {host: Listen(tuple(found), seconds) for host, found in ports.items()}
+
+
 def check(
     fleet: Fleet,
     plan: Plan,
     run_id: str,
     mode: NetcheckMode = NetcheckMode.AUTO,
     timeout: float = PROBE_TIMEOUT_S,
+    listening: Mapping[str, Listen] | None = None,
 ) -> Probes | None:
     """Listens on the destinations' ports, probes from every source, closes; returns what was
     tried (None: nothing to try), or raises NetworkBlocked naming every pair that failed.
 
-    Three parallel rounds (listen, probe, close): one round trip each. Each host probes its
-    destinations a pool at a time (remote/netcheck.py), so the probe round takes at most
+    Three parallel rounds (listen, probe, close): one round trip each, two where preflight's
+    hellos already listen (`listening`: what each started). Each host probes its destinations
+    a pool at a time (remote/netcheck.py), so the probe round takes at most
     protocol.probe_budget for the longest list, and the stand-ins listen that long.
     """
     probes = choose(plan, mode)
     if not probes.count:
         return None
     wanted = probes.links()
-    ports = _by_host((link.dest, link.port) for link in wanted)
     targets = {
         source: [(link.address, link.port) for link in found]
         for source, found in probes.by_source.items()
     }
-    longest = max(map(len, targets.values()))
-    listen_s = max(LISTEN_S, protocol.probe_budget(longest, timeout) + LISTEN_S)
-    listeners = [fleet.member(h) for h in ports]
+    needed = _listens(probes, timeout)
+    started = listening or {}
+    stand_ins = [fleet.member(h) for h in needed]
     try:
         fleet.each(
-            lambda m: m.agent.listen(run_id, ports[m.name], listen_s),
-            listeners,
+            lambda m: m.agent.listen(run_id, needed[m.name].ports, needed[m.name].seconds),
+            [m for m in stand_ins if started.get(m.name) != needed[m.name]],
             what="the network check could not listen on the TF ports",
         )
         verdicts = fleet.each(
@@ -79,9 +105,9 @@ def check(
         )
     except BaseException as exc:  # Ctrl-C: close without waiting for the usual slots
         urgent = isinstance(exc, KeyboardInterrupt)
-        fleet.each_settled(lambda m: m.agent.unlisten(run_id), listeners, urgent=urgent)
+        fleet.each_settled(lambda m: m.agent.unlisten(run_id), stand_ins, urgent=urgent)
         raise
-    fleet.each_settled(lambda m: m.agent.unlisten(run_id), listeners)
+    fleet.each_settled(lambda m: m.agent.unlisten(run_id), stand_ins)
     verdict = {
         (host, target): said
         for host, said_all in verdicts.items()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,19 +129,23 @@ def preflight(
     """
     members = [fleet.member(h.name) for h in plan.hosts]
     scanning = _Scan(plan.job.code)
-    claimed: set[str] = set()  # hosts whose hello answered: they may hold a reservation
+    mode = network or plan.job.netcheck
+    listens = netcheck.listeners(plan, mode) if mode is not NetcheckMode.OFF else {}
+    greeted = _Greeted(claim, listens)
     try:
-        settled = _settle(plan, fleet, claim, members, claimed, scanning, forwarded)
-        mode = network or plan.job.netcheck
+        settled = _settle(plan, fleet, greeted, members, scanning, forwarded)
         if mode is not NetcheckMode.OFF:
-            tried = netcheck.check(fleet, settled.plan, claim.run_id, mode)
+            tried = netcheck.check(
+                fleet, settled.plan, claim.run_id, mode, listening=greeted.listening
+            )
             if tried:
                 summary = f"{settled.summary}; {tried.summary()}"
                 settled = dataclasses.replace(settled, summary=summary)
         return settled
     except BaseException as exc:
         # Only hosts that answered: an unreachable one would make Ctrl-C wait for its timeout.
-        holders = [m for m in members if m.name in claimed]
+        # `release` also stops the stand-ins a hello started.
+        holders = [m for m in members if m.name in greeted.claimed]
         fleet.each_settled(
             lambda m: m.agent.release(claim.run_id),
             holders,
@@ -175,16 +180,37 @@ class _Scan:
         return self._manifest
 
 
+class _Greeted:
+    """What the hellos asked for and did: the claim, the network check's stand-ins each host
+    is to start, and which hosts answered (they may hold a reservation) or listen now."""
+
+    def __init__(self, claim: Claim, listens: Mapping[str, netcheck.Listen]) -> None:
+        self.claim = claim
+        self.listens = listens
+        self.claimed: set[str] = set()
+        self._listening: dict[str, tuple[netcheck.Listen, float]] = {}  # and since when
+
+    def listened(self, host: str, listen: netcheck.Listen) -> None:
+        self._listening[host] = (listen, time.monotonic())
+
+    @property
+    def listening(self) -> dict[str, netcheck.Listen]:
+        """The stand-ins that still have their probe budget ahead: each lives its budget plus
+        netcheck.LISTEN_S from its hello, and a long preflight (a large code directory to
+        hash) may have used up part of that margin; `check` starts the others anew."""
+        fresh = time.monotonic() - netcheck.LISTEN_S / 2
+        return {h: listen for h, (listen, at) in self._listening.items() if at > fresh}
+
+
 def _settle(
     plan: Plan,
     fleet: Fleet,
-    claim: Claim,
+    greeted: _Greeted,
     members: list[Member],
-    claimed: set[str],
     scanning: _Scan,
     forwarded: Sequence[str],
 ) -> Settled:
-    facts = fleet.each(lambda m: _hello(plan, m, claim, claimed), members, what="preflight failed")
+    facts = fleet.each(lambda m: _hello(plan, m, greeted), members, what="preflight failed")
     manifest = scanning.result()
     tf_versions = agreed_tensorflow(facts)
     problems = [
@@ -269,10 +295,18 @@ def shared_workdirs(
     return tuple(tuple(g) for g in groups.values())
 
 
-def _hello(plan: Plan, member: Member, claim: Claim, claimed: set[str]) -> dict[str, object]:
+def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
     ports = [t.port for t in plan.tasks_on(member.name) if t.port is not None]
-    facts = member.agent.install(ports, run_id=claim.run_id, lease_seconds=claim.lease_seconds)
-    claimed.add(member.name)
+    claim, listen = greeted.claim, greeted.listens.get(member.name)
+    facts = member.agent.install(
+        ports,
+        run_id=claim.run_id,
+        lease_seconds=claim.lease_seconds,
+        listen=(listen.ports, listen.seconds) if listen is not None else None,
+    )
+    greeted.claimed.add(member.name)  # one set.add per thread: safe under the GIL
+    if listen is not None and facts.get("listening"):
+        greeted.listened(member.name, listen)
     if wants_gpus(member.host):
         facts["gpus"] = member.agent.gpus()
     return facts

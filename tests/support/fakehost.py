@@ -155,10 +155,14 @@ class FakeHost:
         busy = sorted(set(facts["busy_ports"]) | set(held))
         if not busy:  # all or nothing, as on a real host
             self.reserved.update(dict.fromkeys(ports, run_id))
+        if not busy and req.get("listen"):  # the network check's stand-ins, as remote/ starts
+            self.stand_ins = set(req["listen"]["ports"])
+            facts["listening"] = 1
         return {**facts, "busy_ports": busy, "reserved_by": {str(p): r for p, r in held.items()}}
 
     def _op_release(self, req: dict[str, Any]) -> dict[str, Any]:
         self._drop_reservations(req["run_id"])
+        self.stand_ins = set()  # release stops them too
         return {}
 
     def _drop_reservations(self, run_id: str) -> None:

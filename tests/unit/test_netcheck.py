@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from deployer.config.model import NetcheckMode
-from deployer.core.errors import NetworkBlocked
+from deployer.core.errors import HostsFailed, NetworkBlocked
 from deployer.hosts.agent import Agent
 from deployer.hosts.local_transport import LocalTransport
 from deployer.up.netcheck import blocked
@@ -139,8 +139,21 @@ def test_a_healthy_cluster_says_how_many_connections_were_tried(
     assert any(
         "; network check: 2 TF connections between 2 hosts tried (all)" in s for s in h.view.steps
     )
-    assert [r["action"] for r in h.hosts["b"].ops("netcheck")] == ["listen", "probe", "close"]
-    assert h.hosts["b"].ops("netcheck")[0]["ports"] == [2222]
+    # The stand-ins start with the hello (one round trip less), then probe and close.
+    assert h.hosts["b"].ops("hello")[0]["listen"]["ports"] == [2222]
+    assert [r["action"] for r in h.hosts["b"].ops("netcheck")] == ["probe", "close"]
+
+
+def test_a_hello_that_found_a_port_busy_starts_no_stand_in_and_release_stops_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path, hosts(("a", W), ("b", W)), monkeypatch)
+    h.hosts["b"].facts["busy_ports"] = [2222]
+    with pytest.raises(HostsFailed, match=r"b: TF port\(s\) 2222 already in use"):
+        h.run(finish_all(h))
+    a, b = h.hosts["a"], h.hosts["b"]
+    assert not b.stand_ins and not b.ops("netcheck") and b.ops("hello")[0]["listen"]
+    assert a.ops("release") and not a.stand_ins  # a's stand-ins went with its release
 
 
 @pytest.mark.parametrize("how", ["flag", "inventory"])
