@@ -72,12 +72,15 @@ def check(
     mode: NetcheckMode = NetcheckMode.AUTO,
     timeout: float = PROBE_TIMEOUT_S,
     listening: Mapping[str, Listen] | None = None,
+    close: bool = True,
 ) -> Probes | None:
     """Listens on the destinations' ports, probes from every source, closes; returns what was
     tried (None: nothing to try), or raises NetworkBlocked naming every pair that failed.
 
     Three parallel rounds (listen, probe, close): one round trip each, two where preflight's
-    hellos already listen (`listening`: what each started). Each host probes its destinations
+    hellos already listen (`listening`: what each started), one where the caller's next
+    request stops the stand-ins anyway (`close=False`: `check` releases the run, and release
+    stops them; a failed check closes them here). Each host probes its destinations
     a pool at a time (remote/netcheck.py), so the probe round takes at most
     protocol.probe_budget for the longest list, and the stand-ins listen that long.
     """
@@ -107,7 +110,8 @@ def check(
         urgent = isinstance(exc, KeyboardInterrupt)
         fleet.each_settled(lambda m: m.agent.unlisten(run_id), stand_ins, urgent=urgent)
         raise
-    fleet.each_settled(lambda m: m.agent.unlisten(run_id), stand_ins)
+    if close:
+        fleet.each_settled(lambda m: m.agent.unlisten(run_id), stand_ins)
     verdict = {
         (host, target): said
         for host, said_all in verdicts.items()

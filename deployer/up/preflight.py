@@ -120,12 +120,14 @@ def preflight(
     *,
     forwarded: Sequence[str] = (),
     network: NetcheckMode | None = None,
+    keep_stand_ins: bool = False,
 ) -> Settled:
     """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
 
     The hello reserves each host's TF ports for `claim.run_id`; if any check fails they are
     released again, since nothing of the run will start. Last, the TF connections between hosts
     are tried as `network` says (None: as the job's `netcheck` says; netcheck.py).
+    `keep_stand_ins`: the caller releases the run next, which stops the check's listeners.
     """
     members = [fleet.member(h.name) for h in plan.hosts]
     scanning = _Scan(plan.job.code)
@@ -136,7 +138,12 @@ def preflight(
         settled = _settle(plan, fleet, greeted, members, scanning, forwarded)
         if mode is not NetcheckMode.OFF:
             tried = netcheck.check(
-                fleet, settled.plan, claim.run_id, mode, listening=greeted.listening
+                fleet,
+                settled.plan,
+                claim.run_id,
+                mode,
+                listening=greeted.listening,
+                close=not keep_stand_ins,
             )
             if tried:
                 summary = f"{settled.summary}; {tried.summary()}"

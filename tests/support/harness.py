@@ -48,6 +48,15 @@ class Harness:
             self.deployment = deployment
             return deployment.run()
 
+    def check(self, **options: object) -> int:
+        """`tfdeploy check` of the plan on the fake hosts."""
+        opts = UpOptions(poll_interval=1.0, poll_wait=0.05, **options)  # type: ignore[arg-type]
+        with Fleet(self.plan.hosts, connect=self.hosts.connect) as fleet:
+            self.deployment = Deployment(
+                self.plan, fleet, self.view, opts, clock=self.clock, sleep=self.clock.sleep
+            )
+            return self.deployment.check()
+
     def at(self, t: float, action: Callable[[], None]) -> Callable[[float], None]:
         """A script doing `action` once, when the clock first reaches start + t."""
         start, done = self.clock.now, []

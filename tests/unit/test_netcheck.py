@@ -144,6 +144,17 @@ def test_a_healthy_cluster_says_how_many_connections_were_tried(
     assert [r["action"] for r in h.hosts["b"].ops("netcheck")] == ["probe", "close"]
 
 
+def test_check_probes_then_releases_which_stops_the_stand_ins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check`: hello (listening), probe, release: no close round of its own."""
+    h = Harness(tmp_path, hosts(("a", W), ("b", W)), monkeypatch)
+    assert h.check() == 0
+    b = h.hosts["b"]
+    assert [r["action"] for r in b.ops("netcheck")] == ["probe"]
+    assert b.ops("release") and not b.stand_ins and b.reserved == {}
+
+
 def test_a_hello_that_found_a_port_busy_starts_no_stand_in_and_release_stops_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -89,3 +89,18 @@ def test_proxycommand_is_refused_with_the_alternative(tmp_path: Path) -> None:
     with pytest.raises(HostError, match="ProxyCommand") as caught:
         plan_hops(_endpoint("legacy", ssh_config=str(path)))
     assert "ProxyJump" in str(caught.value.hint)
+
+
+def test_match_exec_without_invoke_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """paramiko runs `Match exec` through invoke, which fabric used to bring along."""
+    import paramiko.config
+
+    monkeypatch.setattr(paramiko.config, "invoke", None)
+    monkeypatch.setattr(paramiko.config, "invoke_import_error", ImportError("no invoke"))
+    path = tmp_path / "ssh_config"
+    path.write_text("Match exec true\n  User ubuntu\n")
+    with pytest.raises(HostError, match="Match exec") as caught:
+        plan_hops(_endpoint("web", ssh_config=str(path)))
+    assert "pip install invoke" in str(caught.value.hint)
