@@ -241,9 +241,9 @@ def op_release(req: dict[str, Any]) -> dict[str, Any]:
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
     record = layout.netcheck_record(req, run_id)
     if record.exists():
-        import netcheck  # only then: its imports are not free
+        import daemon
 
-        netcheck.close(record)
+        daemon.stop(record)
     return {"released": reservations.release(layout.workdir_path(req), run_id)}
 
 

@@ -175,6 +175,7 @@ class FakeHost:
         return {"missing": [h for h in req["hashes"] if h not in self.store]}
 
     def _op_materialize(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.stand_ins = set()  # the run's code arriving ends its network check (remote/store.py)
         blobs = req.get("blobs", [])
         self.store.update(blob[0] for blob in blobs)
         lacking = sorted({f[1] for f in req.get("files", [])} - self.store)
@@ -236,6 +237,7 @@ class FakeHost:
         names = req.get("tasks")
         if names is None:  # a whole-run stop ends the run's reservations too, and the run
             self._drop_reservations(req.get("run_id", ""))
+            self.stand_ins = set()
             self.stopped_runs.add(req.get("run_id", ""))
         for task in self.tasks.values():
             if task.state == "running" and (names is None or task.name in names):

@@ -530,3 +530,37 @@ def test_an_existing_workdir_keeps_its_mode(tmp_path: Path) -> None:
     ok(call(shared, "hello"))
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     assert stat.S_IMODE((shared / "hosts").stat().st_mode) == 0o700  # what it made is private
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_network_check_stand_ins_go_with_the_run_s_code_or_its_release(
+    workdir: Path,
+) -> None:
+    """The hello starts them; the push's first materialize (up) or release (check, a failed
+    preflight) stops them, each in a request the controller makes anyway."""
+    for ends in ("materialize", "release"):
+        port = _free_port()
+        hello = call(
+            workdir,
+            "hello",
+            ports=[port],
+            run_id=f"r-{ends}",
+            lease_seconds=60,
+            listen={"ports": [port], "seconds": 60},
+        )
+        assert ok(hello)["listening"] and wait_for(lambda p=port: _listening(p))
+        if ends == "materialize":
+            new_run(workdir, f"r-{ends}")
+        else:
+            ok(call(workdir, "release", run_id=f"r-{ends}"))
+        assert not _listening(port), ends

@@ -139,9 +139,11 @@ def test_a_healthy_cluster_says_how_many_connections_were_tried(
     assert any(
         "; network check: 2 TF connections between 2 hosts tried (all)" in s for s in h.view.steps
     )
-    # The stand-ins start with the hello (one round trip less), then probe and close.
-    assert h.hosts["b"].ops("hello")[0]["listen"]["ports"] == [2222]
-    assert [r["action"] for r in h.hosts["b"].ops("netcheck")] == ["probe", "close"]
+    # The stand-ins start with the hello and go with the push's first request: one round.
+    b = h.hosts["b"]
+    assert b.ops("hello")[0]["listen"]["ports"] == [2222]
+    assert [r["action"] for r in b.ops("netcheck")] == ["probe"]
+    assert b.ops("materialize") and not b.stand_ins
 
 
 def test_check_probes_then_releases_which_stops_the_stand_ins(
