@@ -75,8 +75,8 @@ BYTECODE_NOTE = "deployer/ and remote/ compiled to bytecode first, as an install
 
 def compile_tfdeploy() -> None:
     """Bytecode for deployer/ and remote/, as pip leaves an installed tfdeploy: a checkout run
-    under PYTHONDONTWRITEBYTECODE=1 (CI images set it) would otherwise compile about 70 modules,
-    a tenth of a second, in every command a bench times."""
+    under PYTHONDONTWRITEBYTECODE=1 (container images often set it) would otherwise compile
+    about 70 modules, a tenth of a second, in every command a bench times."""
     import compileall
 
     root = Path(__file__).resolve().parent.parent
