@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import textwrap
 from io import StringIO
 from pathlib import Path
@@ -93,3 +94,10 @@ HOSTILE_STRINGS = [
     "-n",
     "'\"'\"'",
 ]
+
+
+def free_port() -> int:
+    """A TCP port nothing on 127.0.0.1 holds right now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

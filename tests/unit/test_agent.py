@@ -36,6 +36,7 @@ from tests.support.agent import (
     wait_for,
     wait_state,
 )
+from tests.support.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -532,12 +533,6 @@ def test_an_existing_workdir_keeps_its_mode(tmp_path: Path) -> None:
     assert stat.S_IMODE((shared / "hosts").stat().st_mode) == 0o700  # what it made is private
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -549,7 +544,7 @@ def test_the_network_check_stand_ins_go_with_the_run_s_code_or_its_release(
     """The hello starts them; the push's first materialize (up) or release (check, a failed
     preflight) stops them, each in a request the controller makes anyway."""
     for ends in ("materialize", "release"):
-        port = _free_port()
+        port = free_port()
         hello = call(
             workdir,
             "hello",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,14 +14,9 @@ from typing import Any
 import pytest
 
 from deployer import api
+from tests.support.helpers import free_port
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job(tmp: Path, command: str, **extra: Any) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from deployer.cli.render import status_table
 from deployer.hosts.agent import TaskStatus
 from deployer.results.runs import HostRun
 from deployer.sources.aws.settings import INSTALL_HINT
-from tests.support.helpers import run_cli
+from tests.support.helpers import free_port, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,12 +32,6 @@ INVENTORIES = Path(__file__).parent.parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"
 LINES = 20_000  # more than a pipe buffer holds, so a closed reader is noticed
 LONG = "L" * 2000  # longer than the 512 bytes per line the old --tail guessed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local_inventory(tmp: Path, command: str, *, env: str = "", hosts: str = "") -> Path:

@@ -23,7 +23,7 @@ from deployer.up.netcheck import blocked
 from deployer.up.netplan import Link, links
 from remote import protocol
 from tests.support.harness import Harness
-from tests.support.helpers import JOB, plan
+from tests.support.helpers import JOB, free_port, plan
 
 
 def hosts(*specs: tuple[str, str]) -> str:
@@ -183,12 +183,6 @@ def test_the_check_can_be_skipped(
 
 
 # ---- the host side, on this machine -------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bindable(port: int) -> bool:

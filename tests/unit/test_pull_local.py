@@ -6,21 +6,14 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import one_line, run_cli
+from tests.support.helpers import free_port, one_line, run_cli
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local_job(tmp: Path, command: str, job: str = "") -> Path:
