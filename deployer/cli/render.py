@@ -206,9 +206,7 @@ def _ended_line(run_id: str, host_runs: list[HostRun]) -> Text:
     line.append(f"run {run_id}", style="bold")
     counts = Counter(_kind(t) for r in host_runs for t in r.tasks)
     line.append(f": ended, {counts_text(counts)}")
-    failed = [f"{t.name} {_state_text(t)}" for r in host_runs for t in _failed_evaluators(r)]
-    if failed:  # as in the full heading: the job may have succeeded without its evaluation
-        line.append(f"; evaluator failed: {'; '.join(failed)}", style="bold red")
+    _note_failed_evaluators(line, host_runs)
     return line
 
 
@@ -261,10 +259,15 @@ def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
         facts.append("detached")
     if facts:
         heading.append(f" ({', '.join(facts)})")
-    failed = [f"{t.name} {_state_text(t)}" for r in host_runs for t in _failed_evaluators(r)]
-    if failed:  # the job may have succeeded without the evaluation it was asked for
-        heading.append(f"; evaluator failed: {'; '.join(failed)}", style="bold red")
+    _note_failed_evaluators(heading, host_runs)
     return heading
+
+
+def _note_failed_evaluators(line: Text, host_runs: list[HostRun]) -> None:
+    """The job may have succeeded without the evaluation it was asked for: say so in red."""
+    failed = [f"{t.name} {_state_text(t)}" for r in host_runs for t in _failed_evaluators(r)]
+    if failed:
+        line.append(f"; evaluator failed: {'; '.join(failed)}", style="bold red")
 
 
 def _failed_evaluators(host_run: HostRun) -> list[TaskStatus]:
