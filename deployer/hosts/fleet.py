@@ -66,6 +66,7 @@ class Fleet:
         # connect: how to reach a host; tests pass scripted hosts (tests/support/fakehost.py) here.
         self._connect = connect or open_transport
         self.members = [self._member(h) for h in hosts]
+        self._by_name = {m.name: m for m in reversed(self.members)}  # the first of a name wins
         self._limit = max(1, concurrency)
         self._queue: deque[Callable[[], None]] = deque()
         self._queued = threading.Condition()  # guards _queue, _idle, _workers
@@ -81,13 +82,11 @@ class Fleet:
         """A host that joins while the job runs (a replacement for a lost or preempted one)."""
         member = self._member(host)
         self.members.append(member)
+        self._by_name.setdefault(member.name, member)
         return member
 
     def member(self, name: str) -> Member:
-        for m in self.members:
-            if m.name == name:
-                return m
-        raise KeyError(name)
+        return self._by_name[name]
 
     def each(
         self,

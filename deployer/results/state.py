@@ -115,7 +115,7 @@ def save(record: RunRecord) -> None:
     folder = state_dir() / "runs"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = folder / f".{record.run_id}.json.part"
-    tmp.write_text(json.dumps(dataclasses.asdict(record), indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps(dataclasses.asdict(record)), encoding="utf-8")
     tmp.replace(folder / f"{record.run_id}.json")
 
 

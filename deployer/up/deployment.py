@@ -416,12 +416,9 @@ def stop_everywhere(
 def _released_with_start(groups: Sequence[Sequence[Task]]) -> set[str]:
     """The hosts that may drop their port reservations with their last start request: those
     whose last group serves no port that a later step waits on (wait_listening)."""
-    last: dict[str, Sequence[Task]] = {}
+    last_serving: dict[str, bool] = {}  # host -> its last group serves a port on it
     for group in groups:
+        serving = {t.host for t in group if t.serves and t.port is not None}
         for task in group:
-            last[task.host] = group
-    return {
-        host
-        for host, group in last.items()
-        if not any(t.host == host and t.serves and t.port is not None for t in group)
-    }
+            last_serving[task.host] = task.host in serving
+    return {host for host, serves in last_serving.items() if not serves}
