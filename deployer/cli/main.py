@@ -9,6 +9,7 @@ torn down what it started.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import select
 import signal
@@ -82,7 +83,18 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+def _fewer_collections() -> None:
+    """The cyclic garbage collector, run less often in this process (not in a program using
+    the API). Every SSH round allocates thousands of short-lived containers, so the default
+    threshold of 700 ran a collection every few hosts, and the longer a fleet the larger each
+    full one: ~0.3 ms of controller CPU per host for `up` at 128 hosts (gc.callbacks timed).
+    What the imports made is frozen out of every collection; cycles are still freed."""
+    gc.freeze()
+    gc.set_threshold(20_000, 10, 10)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _fewer_collections()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)  # teardown as with Ctrl-C, exit 128 + signum
     env = Env(out=console_for(sys.stdout), err=console_for(sys.stderr), raw_out=sys.stdout)
