@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -180,8 +181,19 @@ class Fleet:
         return [m.name for m in busy]
 
     def close(self) -> None:
-        """Closes every connection; one stuck behind a transfer is left to die with the process."""
-        self._close_all(self.members)
+        """Closes every connection; one stuck behind a transfer is left to die with the process.
+
+        Idle connections close on the fleet's own workers: a thread started for each cost more
+        CPU than its close (~0.15 ms per host, every verb). One with a call still in flight
+        (an exception or Ctrl-C left it) gets a thread of its own, as interrupt() does."""
+        with self._busy_lock:
+            busy = {m.name for m in self.members if self._busy.get(m.name) or m.agent.busy}
+        closing = [self.submit(_close_quietly, m) for m in self.members if m.name not in busy]
+        self._close_all([m for m in self.members if m.name in busy])
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for pending in closing:
+            if not pending.wait(max(0.0, deadline - time.monotonic())):
+                break
 
     @staticmethod
     def _close_all(members: list[Member]) -> None:

@@ -362,6 +362,12 @@ class _Transport(paramiko.Transport):  # type: ignore[misc]  # paramiko is untyp
         super().__init__(*args, **kwargs)
         self.packetizer.__class__ = _Packetizer
 
+    def _parse_debug(self, m: paramiko.Message) -> None:
+        # sshd sends two per login (the key's options); paramiko escapes each byte in Python
+        # (~0.1 ms per login) only to log the text at DEBUG, which is normally off.
+        if self.logger.isEnabledFor(logging.DEBUG):
+            super()._parse_debug(m)
+
 
 class _Packetizer(paramiko.Packetizer):  # type: ignore[misc]  # paramiko is untyped
     """paramiko's Packetizer with its handshake deadline kept as a time, not a thread.
