@@ -14,7 +14,10 @@ Bulk bytes against the OpenSSH tools, side by side in one run on the same lab ho
 
 Every tfdeploy push starts from hosts without a workdir (all bytes travel); every pull into an
 empty folder. Times are wall clock; CPU is user + system of this machine's processes of the
-command (rsync/scp and their ssh, or tfdeploy); peak RSS is tfdeploy's own. Copies are
+command (rsync/scp and their ssh, or tfdeploy); peak RSS is tfdeploy's own. Machine CPU is
+what every core spent busy meanwhile (/proc/stat), the lab's sshd, agents and relays included:
+they share this machine's cores, so that over the core count is the least wall time the cell
+could take here, whatever the tool (a real fleet gives each host its own). Copies are
 checked by sha256 after each run. The table goes to stdout and, with --out, to that file, which
 the docs include as it is.
 """
@@ -48,6 +51,7 @@ class Run:
     seconds: float
     cpu: float
     rss_mb: float
+    machine_cpu: float = 0.0  # CPU seconds of every process here (the lab's hosts included)
 
 
 def make_files(root: Path, count: int, size_mb: int, seed: int) -> dict[str, str]:
@@ -95,14 +99,25 @@ def _usage() -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def machine_busy() -> float:
+    """CPU seconds this machine has spent busy since boot, all cores (/proc/stat): the lab's
+    hosts share these cores, so a cell's busy time over the core count bounds its wall time
+    from below, whatever the tool."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(fn: Callable[[], object]) -> Run:
     """Wall and CPU of `fn`'s child processes; the peak RSS `fn` returns (tfdeploy's), if any."""
     cpu0, _ = _usage()
+    busy0 = machine_busy()
     began = time.monotonic()
     peak = fn()
     seconds = time.monotonic() - began
+    busy = machine_busy() - busy0
     cpu1, _ = _usage()
-    return Run(seconds, cpu1 - cpu0, peak if isinstance(peak, float) else 0.0)
+    return Run(seconds, cpu1 - cpu0, peak if isinstance(peak, float) else 0.0, busy)
 
 
 class Cells:
@@ -193,12 +208,12 @@ class Cells:
             self.bench.env,
             ("job succeeded", "artifacts: pulled"),
         )
-        (t0, cpu0), (t1, cpu1) = marks
+        (t0, cpu0, busy0), (t1, cpu1, busy1) = marks
         [run_dir] = dest.iterdir()
         for h, task in zip(hosts, range(len(hosts)), strict=True):
             self._check_tree(run_dir / f"worker-{task}", h)
         self.bench._reset_tfdeploy(hosts)
-        return Run(t1 - t0, cpu1 - cpu0, 0.0)
+        return Run(t1 - t0, cpu1 - cpu0, 0.0, busy1 - busy0)
 
     def _check_local(self, dest: Path, hosts: list[LabHost]) -> None:
         for h in hosts:
@@ -213,21 +228,22 @@ class Cells:
 
 def _marked_lines(
     argv: list[str], env: dict[str, str], marks: tuple[str, ...]
-) -> list[tuple[float, float]]:
-    """Runs argv; for each of `marks`, when the first output line holding it came and the
-    process's CPU seconds (user + system, from /proc) at that moment."""
+) -> list[tuple[float, float, float]]:
+    """Runs argv; for each of `marks`, when the first output line holding it came, the
+    process's CPU seconds (user + system, from /proc) and the machine's busy seconds then."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | env
     )
     assert proc.stdout is not None
     tick = os.sysconf("SC_CLK_TCK")
-    seen: list[tuple[float, float]] = []
+    seen: list[tuple[float, float, float]] = []
     out = []
     for line in proc.stdout:
         out.append(line)
         if len(seen) < len(marks) and marks[len(seen)] in line:
             fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            seen.append((time.monotonic(), (int(fields[11]) + int(fields[12])) / tick))
+            cpu = (int(fields[11]) + int(fields[12])) / tick
+            seen.append((time.monotonic(), cpu, machine_busy()))
     if proc.wait() != 0 or len(seen) < len(marks):
         raise BenchError(f"{argv[3:]} failed (exit {proc.returncode}):\n{''.join(out)[-1500:]}")
     return seen
@@ -287,14 +303,25 @@ def _row(work: str, tool: str, base: list[Run], ours: list[Run], mb: float) -> s
     rss = f"{peak:.0f} MB" if peak else "not separated"
     return (
         f"| {work} | {tool} {t_base:.2f} s | tfdeploy {t_ours:.2f} s | {_ratio(t_ours, t_base)} "
-        f"| {c_base:.2f} | {c_ours:.2f} | {_ratio(c_ours, c_base)} | {rss} |"
+        f"| {c_base:.2f} | {c_ours:.2f} | {_ratio(c_ours, c_base)} | {rss} "
+        f"| {_busy(base)} | {_busy(ours)} |"
     )
+
+
+def _busy(runs: list[Run]) -> str:
+    """The whole machine's busy CPU seconds (median), and the wall time they allow at best."""
+    if not all(r.machine_cpu for r in runs):
+        return "not separated"
+    busy = statistics.median(r.machine_cpu for r in runs)
+    return f"{busy:.2f} s (≥ {busy / CORES:.2f} s)"
 
 
 HEADER = (
     "| work | OpenSSH tool | tfdeploy | time ÷ tool | tool CPU ms/MB | tfdeploy CPU ms/MB "
-    "| CPU ÷ tool | tfdeploy peak RSS |\n|---|---|---|---|---|---|---|---|"
+    "| CPU ÷ tool | tfdeploy peak RSS | machine CPU, tool (wall floor) "
+    "| machine CPU, tfdeploy (wall floor) |\n|---|---|---|---|---|---|---|---|---|---|"
 )
+CORES = os.cpu_count() or 1
 
 
 def main() -> int:
@@ -342,19 +369,20 @@ def main() -> int:
         shutil.rmtree(tmp / "tree")
         big = tmp / "tree"
         cells.sums = make_files(big, 1, args.big_mb, seed=2)
-        base, ours = [cells.rsync(hosts1)], []
-        run, run_id, inventory = cells._push(hosts1, down=False)
-        ours.append(run)
-        rows.append(
-            _row(f"push one {args.big_mb} MB file to 1 host", "rsync", base, ours, args.big_mb)
-        )
-        code = f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"
-        base = [cells.scp_from(hosts1, code)]
-        ours = [cells.pull(run_id, inventory, hosts1)]
-        rows.append(
-            _row(f"pull one {args.big_mb} MB file from 1 host", "scp", base, ours, args.big_mb)
-        )
-        cells.bench._cli("down", str(inventory))
+        pushes: tuple[list[Run], list[Run]] = ([], [])
+        pulls: tuple[list[Run], list[Run]] = ([], [])
+        # As many reps as the other cells: one alone ran cold (a 1 GB pull 1.76x, then 1.39x).
+        for _ in range(args.reps):
+            pushes[0].append(cells.rsync(hosts1))
+            run, run_id, inventory = cells._push(hosts1, down=False)
+            pushes[1].append(run)
+            code = f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"
+            pulls[0].append(cells.scp_from(hosts1, code))
+            pulls[1].append(cells.pull(run_id, inventory, hosts1))
+            cells.bench._cli("down", str(inventory))
+        one_file = f"one {args.big_mb} MB file"
+        rows.append(_row(f"push {one_file} to 1 host", "rsync", *pushes, args.big_mb))
+        rows.append(_row(f"pull {one_file} from 1 host", "scp", *pulls, args.big_mb))
     finally:
         lab.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -363,7 +391,7 @@ def main() -> int:
         [
             f"Measured by `python -m bench.dataplane --reps {args.reps} --big-mb {args.big_mb}` "
             f"({minutes:.1f} min; {report.machine()}); "
-            f"medians of {args.reps} runs (1 for the big file); {report.BYTECODE_NOTE}; "
+            f"medians of {args.reps} runs; {report.BYTECODE_NOTE}; "
             f"load average before/after: {load_before} / {report.load()}.",
             "",
             HEADER,
