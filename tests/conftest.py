@@ -1,6 +1,7 @@
-"""What both tiers share: the markers (`lab` by fixture or by folder, `tf`, `isolated`, `vagrant`),
-the in-process tier's default workers, the lab-leftover check after a session, moto's EC2 and the
-host agent's workdir. The lab's own fixtures are in tests/integration/conftest.py.
+"""What both tiers share: a private state folder, the markers (`lab` by fixture or by folder,
+`tf`, `isolated`, `vagrant`), the in-process tier's default workers, the lab-leftover check after
+a session, moto's EC2 and the host agent's workdir. The lab's own fixtures are in
+tests/integration/conftest.py.
 
 tests/unit/ runs in-process (no sshd, no root); every test in tests/integration/ is marked `lab`.
 """
@@ -25,6 +26,16 @@ import pytest
 import tests.lab
 from tests.lab import cleanup
 from tests.support.agent import call, ticks
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test writes the developer's own state folder (run records, the code's hash cache);
+    a test that needs its own sets TFDEPLOY_STATE_DIR over this one."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    yield
+    patch.undo()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from deployer.core.errors import HostError, InventoryError
 from deployer.core.secrets import mask_text
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
+from deployer.push.hashcache import HashCache, stamp_of
 from remote import protocol
 
 IGNORE_FILES = (".gitignore", ".tfdeployignore")
@@ -65,8 +67,10 @@ def _ignore_spec(root: Path) -> pathspec.GitIgnoreSpec:
 
 
 def scan(root: Path) -> Manifest:
-    """Lists and hashes the code directory, honouring .gitignore and .tfdeployignore at its top."""
+    """Lists and hashes the code directory, honouring .gitignore and .tfdeployignore at its top;
+    a file unchanged since an earlier scan keeps its hash without being read (push/hashcache)."""
     spec = _ignore_spec(root)
+    cache = HashCache(root)
     files: list[CodeFile] = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root).as_posix()
@@ -78,14 +82,26 @@ def scan(root: Path) -> Manifest:
             if spec.match_file(rel) or not full.is_file():
                 continue
             try:
-                with full.open("rb") as f:  # in pieces: a 1 GB file must not be 1 GB of RSS
-                    digest = hashlib.file_digest(f, "sha256")
-                    size = f.tell()
+                files.append(_hashed(full, rel, cache))
             except OSError as exc:
                 raise InventoryError(str(root), "job.code", f"cannot read {rel}: {exc}") from None
-            mode = full.stat().st_mode & 0o777
-            files.append(CodeFile(path=rel, sha256=digest.hexdigest(), mode=mode, size=size))
+    cache.save()
     return Manifest(root=root, files=tuple(files))
+
+
+def _hashed(full: Path, rel: str, cache: HashCache) -> CodeFile:
+    opened_at = time.time()
+    with full.open("rb") as f:  # stamps read through the open file: NFS revalidates them
+        st = os.fstat(f.fileno())
+        stamp, mode = stamp_of(st), st.st_mode & 0o777
+        known = cache.lookup(rel, stamp)
+        if known is not None:
+            return CodeFile(path=rel, sha256=known, mode=mode, size=st.st_size)
+        digest = hashlib.file_digest(f, "sha256").hexdigest()  # in pieces: bounded memory
+        size = f.tell()
+    if size == st.st_size:  # else it grew or shrank while being read: hashed again next time
+        cache.remember(rel, stamp, digest, opened_at)
+    return CodeFile(path=rel, sha256=digest, mode=mode, size=size)
 
 
 def push(

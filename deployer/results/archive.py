@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deployer.core.lines import LineAssembler
-from deployer.results.state import state_dir
+from deployer.core.statedir import state_dir
 
 LIMIT_BYTES = 64 * 1024 * 1024
 INDEX = "archive.json"

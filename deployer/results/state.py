@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployer.config.model import Host, SSHSettings
 from deployer.core.errors import UsageError
+from deployer.core.statedir import state_dir
 
 if TYPE_CHECKING:
     from deployer.config.plan import Plan
@@ -31,14 +30,6 @@ def new_run_id(job: str, now: float | None = None) -> str:
     """<job>-<UTC timestamp>-<4 hex>: sortable by time, unique when two people start at once."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     return f"{job}-{stamp}-{secrets.token_hex(2)}"
-
-
-def state_dir() -> Path:
-    override = os.environ.get("TFDEPLOY_STATE_DIR")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "tfdeploy"
 
 
 @dataclass(frozen=True)
