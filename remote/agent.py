@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import platform
 import shutil
@@ -341,6 +342,25 @@ def _error(message: str) -> dict[str, Any]:
     return {"v": protocol.PROTOCOL_VERSION, "ok": False, "error": message}
 
 
+F_SETPIPE_SZ = 1031  # Linux's fcntl; the module names it only from Python 3.10
+PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size for unprivileged users
+
+
+def widen_pipes() -> None:
+    """sshd hands a session its stdin and stdout as pipes of 64 KiB. Bulk bytes go through
+    them in 1 MiB pieces, each hashed: while this process hashed one, sshd could pass on only
+    64 KiB more, and the stream stalled on both sides (a pull ran at ~70% of what the cores
+    allowed). With 1 MiB pipes sshd keeps sending while the next piece is hashed. Not a
+    pipe, not Linux, or over the user's pipe quota: they stay as they are."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    for fd in (0, 1):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+
+
 def serve(first: bytes | None = None) -> int:
     """`agent.py serve`: many requests on one channel, one JSON line in, one JSON line out.
 
@@ -351,6 +371,7 @@ def serve(first: bytes | None = None) -> int:
     import caller
 
     caller.serving = True  # stdin stays open between requests: its end means the caller left
+    widen_pipes()
     idle = _IdleExit()
     raw = first
     while True:
