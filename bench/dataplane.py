@@ -13,13 +13,13 @@ Bulk bytes against the OpenSSH tools, side by side in one run on the same lab ho
   1 kB, 1 host    one small file the same ways: what a command costs around its bytes
 
 Every tfdeploy push starts from hosts without a workdir (all bytes travel); every pull into an
-empty folder. Times are wall clock; CPU is user + system of this machine's processes of the
-command (rsync/scp and their ssh, or tfdeploy); peak RSS is tfdeploy's own. Machine CPU is
-what every core spent busy meanwhile (/proc/stat), the lab's sshd, agents and relays included:
-they share this machine's cores, so that over the core count is the least wall time the cell
-could take here, whatever the tool (a real fleet gives each host its own). Copies are
-checked by sha256 after each run. The table goes to stdout and, with --out, to that file, which
-the docs include as it is.
+empty folder; every cell runs once untimed before its timed runs. Times are wall clock; CPU is
+user + system of this machine's processes of the command (rsync/scp and their ssh, or tfdeploy);
+peak RSS is tfdeploy's own. Machine CPU is what every core spent busy meanwhile (/proc/stat),
+the lab's sshd, agents and relays included: they share this machine's cores, so that over the
+core count is the least wall time the cell could take here, whatever the tool (a real fleet
+gives each host its own). Copies are checked by sha256 after each run. The table goes to stdout
+and, with --out, to that file, which the docs include as it is.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ from bench.tools import BenchError, make_tmp
 from tests.lab import Lab, LabHost, start_lab
 
 MB = 1_000_000
+# Every cell runs once untimed first, tool and tfdeploy alike. In five trials of five 1 GB
+# pulls each, the first pull after the lab started spent ~1.9 s of system time, the others
+# ~0.5-1.0 s (sync before each made no difference): a cold start, not the steady state.
+WARMUP = 1
 
 
 @dataclass
@@ -264,7 +268,7 @@ def _fixed_cost(cells: Cells, tree: Path, hosts: list[LabHost], reps: int) -> li
     cells.tree, cells.sums = tree, {"data/small.bin": hashlib.sha256(data).hexdigest()}
     cells.bench.tree = tree
     push_base, push_ours, pull_base, pull_ours = [], [], [], []
-    for _ in range(reps):
+    for _ in range(WARMUP + reps):
         push_base.append(cells.rsync(hosts))
         run, run_id, inventory = cells._push(hosts, down=False)
         push_ours.append(run)
@@ -280,6 +284,7 @@ def _fixed_cost(cells: Cells, tree: Path, hosts: list[LabHost], reps: int) -> li
 
 
 def _fixed_row(work: str, tool: str, base: list[Run], ours: list[Run]) -> str:
+    base, ours = base[WARMUP:], ours[WARMUP:]
     t_base = statistics.median(r.seconds for r in base)
     t_ours = statistics.median(r.seconds for r in ours)
     c_base = statistics.median(r.cpu for r in base)
@@ -295,6 +300,7 @@ def _ratio(a: float, b: float) -> str:
 
 
 def _row(work: str, tool: str, base: list[Run], ours: list[Run], mb: float) -> str:
+    base, ours = base[WARMUP:], ours[WARMUP:]
     t_base = statistics.median(r.seconds for r in base)
     t_ours = statistics.median(r.seconds for r in ours)
     c_base = statistics.median(r.cpu for r in base) / mb * 1000
@@ -344,7 +350,7 @@ def main() -> int:
         results: dict[str, tuple[list[Run], list[Run]]] = {}
         for name, hosts in (("push 300 MB to 1 host", hosts1), ("push 300 MB to 4 hosts", hosts4)):
             base, ours = [], []
-            for _ in range(args.reps):
+            for _ in range(WARMUP + args.reps):
                 base.append(cells.rsync(hosts))
                 ours.append(cells.push(hosts))
             results[name] = (base, ours)
@@ -352,13 +358,13 @@ def main() -> int:
         _, run_id, inventory = cells._push(hosts2, down=False)
         code = f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"
         base, ours = [], []
-        for _ in range(args.reps):
+        for _ in range(WARMUP + args.reps):
             base.append(cells.scp_from(hosts2, code))
             ours.append(cells.pull(run_id, inventory, hosts2))
         rows.append(_row("pull 300 MB from each of 2 hosts", "scp", base, ours, 600))
         cells.bench._cli("down", str(inventory))
         base, ours = [], []
-        for _ in range(args.reps):
+        for _ in range(WARMUP + args.reps):
             _, run_id, inventory = cells._push(hosts2, down=False)
             base.append(cells.scp_from(hosts2, f"/root/.tfdeploy/hosts/*/runs/{run_id}/code"))
             cells.bench._cli("down", str(inventory))
@@ -371,8 +377,8 @@ def main() -> int:
         cells.sums = make_files(big, 1, args.big_mb, seed=2)
         pushes: tuple[list[Run], list[Run]] = ([], [])
         pulls: tuple[list[Run], list[Run]] = ([], [])
-        # As many reps as the other cells: one alone ran cold (a 1 GB pull 1.76x, then 1.39x).
-        for _ in range(args.reps):
+        # As many reps as the other cells: one alone, cold, measured a 1 GB pull at 1.76x scp.
+        for _ in range(WARMUP + args.reps):
             pushes[0].append(cells.rsync(hosts1))
             run, run_id, inventory = cells._push(hosts1, down=False)
             pushes[1].append(run)
@@ -391,7 +397,7 @@ def main() -> int:
         [
             f"Measured by `python -m bench.dataplane --reps {args.reps} --big-mb {args.big_mb}` "
             f"({minutes:.1f} min; {report.machine()}); "
-            f"medians of {args.reps} runs; {report.BYTECODE_NOTE}; "
+            f"medians of {args.reps} runs after one untimed run; {report.BYTECODE_NOTE}; "
             f"load average before/after: {load_before} / {report.load()}.",
             "",
             HEADER,
