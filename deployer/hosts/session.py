@@ -42,6 +42,15 @@ class StreamSession:
             return line
         return self._line(deadline, timeout)
 
+    def send(self, data: bytes) -> None:
+        """A request sent ahead of its turn: its reply comes after those of the requests
+        before it (`reply`), as the host answers them in order."""
+        self._send(data)
+
+    def reply(self, timeout: float | None) -> bytes:
+        """The next reply line, of the oldest request not yet answered here."""
+        return self._line(None if timeout is None else time.monotonic() + timeout, timeout)
+
     def read_raw(self, size: int, sink: Callable[[bytes], None], timeout: float | None) -> None:
         """The `size` raw bytes that follow a reply line (remote/protocol.py RAW_BODY), handed to
         `sink` as they arrive; `timeout` bounds each wait for more, not the whole transfer."""

@@ -45,6 +45,14 @@ class Session(Protocol):
         the command exited."""
         ...
 
+    def send(self, data: bytes) -> None:
+        """A request sent without waiting: pipelined, its reply read later by `reply`."""
+        ...
+
+    def reply(self, timeout: float | None) -> bytes:
+        """The next reply line, in the order the requests were sent."""
+        ...
+
     def read_raw(self, size: int, sink: Callable[[bytes], None], timeout: float | None) -> None:
         """The `size` raw bytes after the last reply line, to `sink` as they arrive."""
         ...

@@ -18,6 +18,7 @@ host. Ctrl-C stops the transfers at once, keeping what arrived.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -43,7 +44,7 @@ from deployer.core.errors import (
     UsageError,
 )
 from deployer.core.text import plural
-from deployer.hosts.agent import Agent, Collected, RemoteFile
+from deployer.hosts.agent import Agent, Collected, Fetched, FetchOrder, RemoteFile
 from deployer.hosts.fleet import Fleet, Member, Pending
 
 NO_RUN = "there is no run"  # remote/layout.py's words for a host that does not hold the run
@@ -397,31 +398,51 @@ class _Fetch:
             pending.wait(max(0.0, deadline - time.monotonic()))
 
     def _host(self, member: Member, items: list[tuple[str, RemoteFile, Path]]) -> None:
+        landings: collections.deque[_Landing] = collections.deque()  # requested, not yet done
         try:
             with member.agent.dedicated() as agent:  # bulk bytes: a session of their own
                 with self._lock:
                     if self.cancelled.is_set():
                         return
                     self._open.append(agent)
-                for name, remote, dest in items:
-                    if self.cancelled.is_set():
-                        return
-                    fetched = self._content(agent, member.name, name, remote, dest)
+                orders = self._orders(member.name, items, landings)
+                for _, got in agent.fetch_each(self.run_id, self.patterns, orders):
+                    landing = landings.popleft()
+                    fetched = landing.finish(member.name, got)
                     with self._lock:
-                        self.sent += fetched or 0
-                        self.fetched += fetched is not None
+                        self.sent += fetched
+                        self.fetched += 1
         except _Cancelled:
             return
         except LocalError as exc:  # a full disk fails every host's transfers: stop them all
             with self._lock:
                 self.local.append(exc)
             self.cancelled.set()
+        finally:
+            for landing in landings:  # requested, never fetched: their parts stay to resume
+                landing.out.close()
 
-    def _content(
-        self, agent: Agent, host: str, name: str, remote: RemoteFile, dest: Path
-    ) -> int | None:
-        """One content into `dest`: its part file resumed, locked, fetched, checked, renamed.
-        Returns the bytes fetched (None: another pull put it there meanwhile)."""
+    def _orders(
+        self,
+        host: str,
+        items: list[tuple[str, RemoteFile, Path]],
+        landings: collections.deque[_Landing],
+    ) -> Iterator[FetchOrder]:
+        """Each content's fetch, its part file resumed and locked just before it is requested
+        (a content another pull put in place meanwhile is skipped)."""
+        for name, remote, dest in items:
+            if self.cancelled.is_set():
+                raise _Cancelled
+            landing = self._landing(name, remote, dest)
+            if landing is None:
+                continue
+            landings.append(landing)
+            listed = remote.size
+            yield FetchOrder(name, remote.path, landing.offset, landing.sink, listed_size=listed)
+
+    def _landing(self, name: str, remote: RemoteFile, dest: Path) -> _Landing | None:
+        """The content's part file, open, locked and ready to append to; None when another
+        pull brought the content meanwhile."""
         with _writing(dest.parent):
             dest.parent.mkdir(parents=True, exist_ok=True)
         part = self.parts / f"{_content_key(remote, dest)}.part"
@@ -434,55 +455,63 @@ class _Fetch:
                 break
             if _arrived(dest, remote.sha256):  # the pull we waited for brought it
                 return None
-        with out:
-            if self.cancelled.is_set():
-                raise _Cancelled
-            fetched = self._into(out, agent, name, remote, dest)
-            if fetched is None:
+        return _Landing(out, part, name, remote, dest, self.cancelled)
+
+
+class _Landing:
+    """Where one fetched content lands: its part file, appended to, then checked and renamed.
+
+    The host hashes the whole file as it sends it. From offset 0 that hash is the check: the
+    bytes came over SSH's authenticated encryption, so what landed is what the host hashed, and
+    hashing it again here cost a third of this machine's CPU per MB. A resumed part is hashed
+    here, its old bytes included: they came from an earlier attempt."""
+
+    def __init__(
+        self,
+        out: BinaryIO,
+        part: Path,
+        name: str,
+        remote: RemoteFile,
+        dest: Path,
+        cancelled: threading.Event,
+    ) -> None:
+        self.out, self.part, self.name, self.remote, self.dest = out, part, name, remote, dest
+        self.cancelled = cancelled
+        try:
+            self.offset = os.fstat(out.fileno()).st_size
+            if self.offset > remote.size:
+                out.truncate(0)
+                self.offset = 0
+            self.hasher = _hasher(out, self.offset) if self.offset else None
+        except BaseException:
+            out.close()
+            raise
+
+    def sink(self, data: bytes | memoryview) -> None:
+        if self.cancelled.is_set():
+            raise _Cancelled
+        with _writing(self.dest):
+            _write_all(self.out, data)
+        if self.hasher is not None:
+            self.hasher.update(data)
+
+    def finish(self, host: str, got: Fetched) -> int:
+        """Checks what arrived against what the host listed and hashed; renames it into place.
+        Returns the bytes fetched."""
+        remote = self.remote
+        with self.out:
+            want = remote.sha256 or got.sha256
+            landed = got.sha256 if self.hasher is None else self.hasher.hexdigest()
+            whole = self.offset + got.count == remote.size and got.steady
+            if not whole or want is None or got.sha256 != want or landed != want:
                 with contextlib.suppress(OSError):
-                    os.unlink(part)
+                    os.unlink(self.part)
                 raise HostError(
-                    host, f"{name}: {remote.path} changed while being pulled; pull again"
+                    host, f"{self.name}: {remote.path} changed while being pulled; pull again"
                 )
-            with _writing(dest):
-                os.fchmod(out.fileno(), remote.mode or 0o644)
-                os.replace(part, dest)
-        return fetched
-
-    def _into(
-        self, out: BinaryIO, agent: Agent, name: str, remote: RemoteFile, dest: Path
-    ) -> int | None:
-        """The rest of the content appended to `out`; the bytes fetched, or None when the whole
-        does not match what the host listed (or, listed unhashed, what it read as it sent), or
-        the file did not stand still.
-
-        The host hashes the whole file as it sends it. From offset 0 that hash is the check:
-        the bytes came over SSH's authenticated encryption, so what landed is what the host
-        hashed, and hashing it again here cost a third of this machine's CPU per MB. A resumed
-        part is hashed here, its old bytes included: they came from an earlier attempt."""
-        offset = os.fstat(out.fileno()).st_size
-        if offset > remote.size:
-            out.truncate(0)
-            offset = 0
-        hasher = _hasher(out, offset) if offset else None
-
-        def sink(data: bytes | memoryview) -> None:
-            if self.cancelled.is_set():
-                raise _Cancelled
-            with _writing(dest):
-                _write_all(out, data)
-            if hasher is not None:
-                hasher.update(data)
-
-        got = agent.fetch(
-            self.run_id, name, remote.path, self.patterns, offset, sink, listed_size=remote.size
-        )
-        want = remote.sha256 or got.sha256
-        landed = got.sha256 if hasher is None else hasher.hexdigest()
-        if offset + got.count != remote.size or not got.steady:
-            return None
-        if want is None or got.sha256 != want or landed != want:
-            return None
+            with _writing(self.dest):
+                os.fchmod(self.out.fileno(), remote.mode or 0o644)
+                os.replace(self.part, self.dest)
         return got.count
 
 

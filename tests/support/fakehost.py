@@ -271,7 +271,9 @@ class FakeHost:
         return {"tasks": found}
 
     def _op_fetch(self, req: dict[str, Any]) -> dict[str, Any]:
-        data = self.files[req["task"]][req["path"]]
+        data = self.files[req["task"]].get(req["path"])
+        if data is None:  # gone since it was listed: the agent's words for it
+            return {"ok": False, "error": f"{req['path']}: not a file of task {req['task']}"}
         chunk = data[req["offset"] :]
         if req.get("hash"):  # the whole file's sha256 and "stood still" follow the bytes
             chunk += hashlib.sha256(data).hexdigest().encode() + b"1"
@@ -311,9 +313,17 @@ class FakeSession:
         self.lock = threading.Lock()
         self.closed = threading.Event()
         self._raw = b""
+        self._answers: list[bytes] = []  # answers to requests sent ahead (send), in order
 
     def request(self, data: bytes, timeout: float | None, body: Iterable[bytes] = ()) -> bytes:
         line, _, self._raw = self.host.answer(data + b"".join(body), timeout).partition(b"\n")
+        return line + b"\n"
+
+    def send(self, data: bytes) -> None:
+        self._answers.append(self.host.answer(data, None))
+
+    def reply(self, timeout: float | None) -> bytes:
+        line, _, self._raw = self._answers.pop(0).partition(b"\n")
         return line + b"\n"
 
     def read_raw(self, size: int, sink: Callable[[bytes], None], timeout: float | None) -> None:

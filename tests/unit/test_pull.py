@@ -26,6 +26,7 @@ from deployer.core.errors import (
     JobFailed,
     TfdeployError,
 )
+from deployer.hosts.agent import FETCH_AHEAD
 from deployer.hosts.fleet import Fleet
 from deployer.results.pull import PullResult, pull
 from tests.support.fakehost import FakeClock, FakeFleetHosts
@@ -415,3 +416,49 @@ def test_a_pull_that_matched_nothing_says_so(tmp_path: Path) -> None:
     assert result.summary() == (
         "no file matched nothing/*, *.h5 on worker:0@a, worker:1@b; nothing was pulled"
     )
+
+
+def test_a_host_is_asked_for_its_next_files_before_the_first_has_arrived(
+    tmp_path: Path,
+) -> None:
+    """No round trip between files: the host holds FETCH_AHEAD requests while one streams."""
+    hosts, fleet = fleet_of(tmp_path)
+    files = {f"ckpt/shard-{i}.bin": bytes([i]) * 100_000 for i in range(7)}
+    hosts["a"].files = {"worker:0": files}
+    asked_when_streaming: list[int] = []
+
+    def deliver(data: bytes, sink: Callable[[bytes], None], closed: threading.Event) -> None:
+        asked_when_streaming.append(len(hosts["a"].ops("fetch")))
+        sink(data)
+
+    hosts["a"].deliver = deliver
+    with fleet:
+        result = pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out", tasks=["worker:0"])
+    base = tmp_path / "out" / "r-1" / "worker-0"
+    assert {f"ckpt/{p.name}": p.read_bytes() for p in (base / "ckpt").iterdir()} == files
+    assert result.fetched_files == 7
+    # While the first file streamed, the host had FETCH_AHEAD requests; then one more per file
+    # until none was left to ask for.
+    assert asked_when_streaming == [4, 5, 6, 7, 7, 7, 7]
+    assert FETCH_AHEAD == 4
+
+
+def test_a_failed_file_mid_stream_stops_the_host_and_leaves_no_part_open(tmp_path: Path) -> None:
+    """Files requested ahead of a failure are neither counted nor left open (their parts stay
+    to resume)."""
+    hosts, fleet = fleet_of(tmp_path)
+    files = {f"ckpt/shard-{i}.bin": bytes([i]) * 100_000 for i in range(5)}
+    hosts["a"].files = {"worker:0": files}
+
+    def deliver(data: bytes, sink: Callable[[bytes], None], closed: threading.Event) -> None:
+        if data.startswith(b"\x00"):  # the first file streams: the fifth is not asked for yet
+            del hosts["a"].files["worker:0"]["ckpt/shard-4.bin"]
+        sink(data)
+
+    hosts["a"].deliver = deliver
+    before = len(os.listdir("/proc/self/fd"))
+    with fleet, pytest.raises(HostsFailed, match=r"shard-4\.bin"):
+        pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out", tasks=["worker:0"])
+    assert len(os.listdir("/proc/self/fd")) <= before
+    landed = sorted(p.name for p in (tmp_path / "out" / "r-1" / "worker-0" / "ckpt").iterdir())
+    assert landed == [f"shard-{i}.bin" for i in range(4)]
