@@ -405,7 +405,7 @@ class _Fetch:
                     if self.cancelled.is_set():
                         return
                     self._open.append(agent)
-                orders = self._orders(member.name, items, landings)
+                orders = self._orders(items, landings)
                 for _, got in agent.fetch_each(self.run_id, self.patterns, orders):
                     landing = landings.popleft()
                     fetched = landing.finish(member.name, got)
@@ -423,14 +423,15 @@ class _Fetch:
                 landing.out.close()
 
     def _orders(
-        self,
-        host: str,
-        items: list[tuple[str, RemoteFile, Path]],
-        landings: collections.deque[_Landing],
+        self, items: list[tuple[str, RemoteFile, Path]], landings: collections.deque[_Landing]
     ) -> Iterator[FetchOrder]:
         """Each content's fetch, its part file resumed and locked just before it is requested
-        (a content another pull put in place meanwhile is skipped)."""
-        for name, remote, dest in items:
+        (a content another pull put in place meanwhile is skipped).
+
+        A host's fetches hold several part locks at once (those requested ahead), so every pull
+        takes them in one order, by content: two pulls into one folder wait for each other's
+        parts, never in a circle."""
+        for name, remote, dest in sorted(items, key=lambda i: _content_key(i[1], i[2])):
             if self.cancelled.is_set():
                 raise _Cancelled
             landing = self._landing(name, remote, dest)
