@@ -13,7 +13,7 @@ import json
 import signal
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -661,7 +661,7 @@ class Agent:
 
     def fetch_each(
         self, run_id: str, patterns: Sequence[str], orders: Iterable[FetchOrder]
-    ) -> Iterator[tuple[FetchOrder, Fetched]]:
+    ) -> Generator[tuple[FetchOrder, Fetched], None, None]:
         """Each order's file, from its offset to its end, to its sink as the bytes arrive (raw,
         after the reply line). With a listed size (what collect listed), the host hashes the
         whole file as it sends (its first `offset` bytes too) and says whether it stood still;

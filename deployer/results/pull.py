@@ -406,12 +406,13 @@ class _Fetch:
                         return
                     self._open.append(agent)
                 orders = self._orders(items, landings)
-                for _, got in agent.fetch_each(self.run_id, self.patterns, orders):
-                    landing = landings.popleft()
-                    fetched = landing.finish(member.name, got)
-                    with self._lock:
-                        self.sent += fetched
-                        self.fetched += 1
+                fetches = agent.fetch_each(self.run_id, self.patterns, orders)
+                with contextlib.closing(fetches):  # an error here ends the session at once
+                    for _, got in fetches:
+                        fetched = landings.popleft().finish(member.name, got)
+                        with self._lock:
+                            self.sent += fetched
+                            self.fetched += 1
         except _Cancelled:
             return
         except LocalError as exc:  # a full disk fails every host's transfers: stop them all
