@@ -20,6 +20,7 @@ import pathspec
 from deployer.config.model import Job
 from deployer.core.errors import HostError, InventoryError
 from deployer.core.secrets import mask_text
+from deployer.core.statedir import state_dir
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.hashcache import HashCache, stamp_of
@@ -71,11 +72,16 @@ def scan(root: Path) -> Manifest:
     a file unchanged since an earlier scan keeps its hash without being read (push/hashcache)."""
     spec = _ignore_spec(root)
     cache = HashCache(root)
+    private = _state_inside(root)
     files: list[CodeFile] = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root).as_posix()
         prefix = "" if rel_dir == "." else rel_dir + "/"
-        dirnames[:] = sorted(d for d in dirnames if not spec.match_file(prefix + d + "/"))
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if prefix + d + "/" != private and not spec.match_file(prefix + d + "/")
+        )
         for name in sorted(filenames):
             rel = prefix + name
             full = Path(dirpath) / name
@@ -87,6 +93,18 @@ def scan(root: Path) -> Manifest:
                 raise InventoryError(str(root), "job.code", f"cannot read {rel}: {exc}") from None
     cache.save()
     return Manifest(root=root, files=tuple(files))
+
+
+def _state_inside(root: Path) -> str | None:
+    """This controller's state folder as a path relative to the code directory ("x/y/"), when
+    it lies inside it (a code directory that is the home folder; a test's tmp dir): run records
+    and the hash cache are not code, and the cache, written at the end of each scan, would
+    read as a file that changed while it was pushed."""
+    try:
+        inside = state_dir().resolve().relative_to(root.resolve()).as_posix()
+    except (ValueError, OSError):
+        return None
+    return inside + "/" if inside != "." else None
 
 
 def _hashed(full: Path, rel: str, cache: HashCache) -> CodeFile:

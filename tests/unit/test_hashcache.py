@@ -113,3 +113,18 @@ def test_the_cache_is_kept_per_code_directory(
     _tree(tmp_path / "two", {"m.py": b"two\n"})
     assert _hashes(tmp_path / "one") != _hashes(tmp_path / "two")
     assert HashCache(tmp_path / "one").path != HashCache(tmp_path / "two").path
+
+
+def test_the_state_folder_inside_the_code_directory_is_not_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code directory holding the state folder (code = "~"; a test's tmp dir): the cache the
+    scan writes at its end must not be a file of the next push, where it would have changed."""
+    code = tmp_path / "code"
+    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(code / "nested" / "state"))
+    _tree(code, {"train.py": b"x\n", "nested/notes.txt": b"kept\n"})
+    first = _hashes(code)
+    second = _hashes(code)  # the cache now exists inside the tree
+    assert first == second
+    assert set(second) == {"train.py", "nested/notes.txt"}
+    assert HashCache(code).path.is_file()
