@@ -45,7 +45,14 @@ def pytest_configure(config: pytest.Config) -> None:
     nothing, and a third of its time is real agent processes, leases and watchdogs waiting,
     which a spare worker overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on
     3). Anything else (the lab tier: one lab per run) stays serial; `-n 0` or `-p no:xdist`
-    turns it off."""
+    turns it off.
+
+    And SIGINT is heard: a shell that starts a command in the background (`cmd &` in a script)
+    starts it with SIGINT ignored, which stays ignored across exec, so every tfdeploy the tests
+    start would shrug off the SIGINT that stands for Ctrl-C (a pull left running filled a
+    disk). A handler here is reset to the default in each child, as in a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     cores = os.cpu_count() or 1
     if (
         _in_process_only(config)

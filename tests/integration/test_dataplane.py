@@ -285,15 +285,20 @@ def test_ctrl_c_while_the_host_hashes_stops_its_agent(
         text=True,
         env=_env(tmp_path / "state"),
     )
-    deadline = time.monotonic() + 30
-    while not _agents(clean_lab, host):
-        assert time.monotonic() < deadline, "the pull never reached the host"
-        time.sleep(0.1)
-    time.sleep(2)  # hashing
-    assert pull.poll() is None, pull.communicate()[0]
-    pull.send_signal(signal.SIGINT)
-    out, _ = pull.communicate(timeout=30)
-    assert pull.returncode == 130, out
+    try:
+        deadline = time.monotonic() + 30
+        while not _agents(clean_lab, host):
+            assert time.monotonic() < deadline, "the pull never reached the host"
+            time.sleep(0.1)
+        time.sleep(2)  # hashing
+        assert pull.poll() is None, pull.communicate()[0]
+        pull.send_signal(signal.SIGINT)
+        out, _ = pull.communicate(timeout=30)
+        assert pull.returncode == 130, out
+    finally:
+        if pull.poll() is None:  # left running, it would write 64 GB of zeros here
+            pull.kill()
+            pull.wait()
     deadline = time.monotonic() + 5
     while _agents(clean_lab, host):
         assert time.monotonic() < deadline, f"the host still hashes: {_agents(clean_lab, host)}"
