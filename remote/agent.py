@@ -240,11 +240,7 @@ def op_release(req: dict[str, Any]) -> dict[str, Any]:
     """Nothing of the run starts here now: its port reservations go, and so do the network
     check's stand-ins if a failed preflight left them (one round trip for both)."""
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
-    record = layout.netcheck_record(req, run_id)
-    if record.exists():
-        import daemon
-
-        daemon.stop(record)
+    layout.stop_stand_ins(req, run_id)
     return {"released": reservations.release(layout.workdir_path(req), run_id)}
 
 

@@ -55,11 +55,7 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     run_dir = layout.run_path(req, must_exist=False)
     # The run's code arriving ends its network check: the stand-ins go now, not in a round of
     # their own (the fan-out's relay and the tasks bind these ports next).
-    record = layout.netcheck_record(req, run_dir.name)
-    if record.exists():
-        import daemon
-
-        daemon.stop(record)
+    layout.stop_stand_ins(req, run_dir.name)
     entries = [_file_entry(item) for item in params.param(req, "files", list)]
     store = layout.make_private_dir(workdir / "store")
     blobs = params.param(req, "blobs", list, [])

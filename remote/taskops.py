@@ -256,7 +256,7 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
         if names:
             raise params.AgentError(f"there is no run {run_dir.name!r} on this host")
         reservations.release(layout.workdir_path(req), run_dir.name)
-        daemon.stop(layout.netcheck_record(req, run_dir.name))  # a check's stand-ins, if any
+        layout.stop_stand_ins(req, run_dir.name)
         return {"tasks": [], "escaped": []}
     now = time.time()
     stops: list[_Stop | _SetupStop] = []

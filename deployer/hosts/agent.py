@@ -360,8 +360,7 @@ class Agent:
     ) -> dict[str, Any]:
         """One op. `body`: raw bytes sent after the request line, piece by piece (materialize's
         contents); `sink`: where the raw bytes after the reply line go (fetch's)."""
-        request = {"v": protocol.PROTOCOL_VERSION, "op": op, "workdir": self.workdir, **params}
-        line = json.dumps(request).encode() + b"\n"
+        line = self._request_line(op, params)
         session = self._session
         if session is not None and session.lock.acquire(blocking=False):
             try:
@@ -422,11 +421,7 @@ class Agent:
         sink: Callable[[bytes], None] | None = None,
     ) -> dict[str, Any]:
         try:
-            line = session.request(data, timeout, body)
-            reply = self._reply(0, line, b"")
-            if "raw" in reply:
-                session.read_raw(int(reply["raw"]), sink or _discard, timeout)
-            return reply
+            return self._answer(session, session.request(data, timeout, body), timeout, sink)
         except SessionEnded as exc:
             self._session = None
             if exc.exit_code == protocol.SERVE_IDLE_EXIT:
@@ -438,6 +433,23 @@ class Agent:
             self._session = None
             session.close()
             raise
+
+    def _request_line(self, op: str, params: Mapping[str, Any]) -> bytes:
+        request = {"v": protocol.PROTOCOL_VERSION, "op": op, "workdir": self.workdir, **params}
+        return json.dumps(request).encode() + b"\n"
+
+    def _answer(
+        self,
+        session: Session,
+        line: bytes,
+        timeout: float | None,
+        sink: Callable[[bytes], None] | None,
+    ) -> dict[str, Any]:
+        """A session's reply line as a reply, and the raw bytes after it to `sink`."""
+        reply = self._reply(0, line, b"")
+        if "raw" in reply:
+            session.read_raw(int(reply["raw"]), sink or _discard, timeout)
+        return reply
 
     def _reply(self, exit_code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
         if exit_code == 127 or exit_code == TOO_OLD_EXIT:
@@ -686,20 +698,13 @@ class Agent:
                         order = next(upcoming, None)
                         if order is None:
                             break
-                        request = {
-                            "v": protocol.PROTOCOL_VERSION,
-                            "op": protocol.OP_FETCH,
-                            "workdir": self.workdir,
-                            **order.params(run_id, patterns),
-                        }
-                        session.send(json.dumps(request).encode() + b"\n")
+                        params = order.params(run_id, patterns)
+                        session.send(self._request_line(protocol.OP_FETCH, params))
                         pending.append(_FetchReading(order))
                     if not pending:
                         return
                     reading = pending.popleft()
-                    reply = self._reply(0, session.reply(60), b"")
-                    if "raw" in reply:
-                        session.read_raw(int(reply["raw"]), reading.sink, 60)
+                    reply = self._answer(session, session.reply(60), 60, reading.sink)
                     yield reading.order, reading.fetched(reply)
             except SessionEnded as exc:  # the agent exited: its stderr says why
                 self._session = None

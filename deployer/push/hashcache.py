@@ -44,11 +44,11 @@ class HashCache:
     """The hashes of one code directory, keyed by path relative to it."""
 
     def __init__(self, root: Path) -> None:
-        key = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:32]
-        self.path = state_dir() / "hashes" / f"{key}.json"
-        self._known = _load(self.path, str(root.resolve()))
-        self._seen: dict[str, list[Any]] = {}
         self._root = str(root.resolve())
+        key = hashlib.sha256(os.fsencode(self._root)).hexdigest()[:32]
+        self.path = state_dir() / "hashes" / f"{key}.json"
+        self._known = _load(self.path, self._root)
+        self._seen: dict[str, list[Any]] = {}
 
     def lookup(self, rel: str, stamp: Stamp) -> str | None:
         """The sha256 hashed for this path when it had exactly this stamp, if any."""
