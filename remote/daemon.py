@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import layout
 import params
@@ -58,6 +58,20 @@ def detach(body: Callable[[], None]) -> int:
     if pid <= 0:
         raise params.AgentError("the detached process could not be started")
     return pid
+
+
+class Stopped(Exception):
+    """SIGTERM to a detached server (`stop`), raised where it was: a blocking accept or select
+    ends at once instead of at its next timeout, and the unwinding closes what it holds."""
+
+
+def stop_on_sigterm() -> None:
+    """From here on SIGTERM raises `Stopped` in this process's main thread."""
+
+    def raise_stopped(signum: int, frame: Any) -> None:
+        raise Stopped
+
+    signal.signal(signal.SIGTERM, raise_stopped)
 
 
 def stop(record: Path) -> bool:

@@ -16,9 +16,7 @@ import contextlib
 import errno
 import resource
 import selectors
-import signal
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -117,30 +115,31 @@ def _bound(port: int) -> socket.socket:
 def _serve(sockets: list[socket.socket], deadline: float) -> None:
     """Accepts connections until SIGTERM or the deadline; each is closed once its prober has
     closed it (EOF), so TIME_WAIT stays on the prober's side, never on the TF port. A selector
-    (epoll), not select(): hundreds of probers may be connected at once, past select's 1,024."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    (epoll), not select(): hundreds of probers may be connected at once, past select's 1,024.
+    SIGTERM ends the wait at once: the request that stops the check (the push's first, a
+    release) waits until these ports are free."""
+    daemon.stop_on_sigterm()
     _raise_open_files()
     listening = set(sockets)
     with selectors.DefaultSelector() as selector:
-        for sock in sockets:
-            sock.setblocking(False)
-            selector.register(sock, selectors.EVENT_READ)
-        while not stop.is_set() and time.monotonic() < deadline:
-            try:
-                events = selector.select(0.2)
-            except InterruptedError:
-                continue
-            for key, _ in events:
-                sock = key.fileobj
-                assert isinstance(sock, socket.socket)
-                if sock in listening:
-                    _accept(selector, sock)
-                else:
-                    selector.unregister(sock)
-                    sock.close()
-        for key in list(selector.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
+        try:
+            for sock in sockets:
+                sock.setblocking(False)
+                selector.register(sock, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if sock in listening:
+                        _accept(selector, sock)
+                    else:
+                        selector.unregister(sock)
+                        sock.close()
+        except daemon.Stopped:
+            pass
+        finally:
+            for key in list(selector.get_map().values()):
+                key.fileobj.close()  # type: ignore[union-attr]
 
 
 def _raise_open_files() -> None:

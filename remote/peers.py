@@ -24,7 +24,6 @@ import hashlib
 import hmac
 import json
 import os
-import signal
 import socket
 import time
 from pathlib import Path
@@ -129,7 +128,7 @@ def _accept(
     SIGTERM (`close`, a stop of the run) ends it at once, mid-stream too: the exception unwinds
     through the store's writer, which removes its partial file.
     """
-    signal.signal(signal.SIGTERM, _stopped)
+    daemon.stop_on_sigterm()
     sock.settimeout(0.2)
     try:
         while time.monotonic() < deadline:
@@ -144,18 +143,10 @@ def _accept(
                 pass  # the sender sees the connection end and its hosts get the star push
             finally:
                 conn.close()
-    except _Stopped:
+    except daemon.Stopped:
         pass
     finally:
         sock.close()
-
-
-class _Stopped(Exception):
-    """SIGTERM to the listener."""
-
-
-def _stopped(signum: int, frame: Any) -> None:
-    raise _Stopped
 
 
 def _relay_one(

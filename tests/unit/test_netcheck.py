@@ -213,6 +213,19 @@ def test_stand_ins_answer_probes_and_leave_nothing(tmp_path: Path) -> None:
     assert not _alive(pid)
 
 
+def test_a_stand_in_stops_at_once_on_sigterm_whatever_its_deadline(tmp_path: Path) -> None:
+    """The request that ends the check (the push's first, a release) waits until the ports are
+    free: SIGTERM must end the stand-in's wait, not its deadline nor daemon.stop's SIGKILL."""
+    agent = Agent(LocalTransport("here"), python=sys.executable, workdir=str(tmp_path / "wd"))
+    agent.install()
+    port = free_port()
+    agent.listen("r5", [port], 60)
+    began = time.monotonic()
+    agent.unlisten("r5")
+    assert time.monotonic() - began < 1.0  # daemon.stop sends SIGKILL only after 2 s
+    assert bindable(port)
+
+
 def test_a_queue_longer_than_the_pool_is_slower_never_falsely_blocked(tmp_path: Path) -> None:
     """Dropped SYNs (a listener whose accept queue is full) fill the pool for two rounds; the
     open port queued behind them is still `ok`, and the op takes its budget, not one timeout."""
