@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import base64
+import binascii
 import contextlib
 import json
-import platform
-import shutil
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -14,14 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import hostid
-import jobsetup
 import layout
 import params
 import procs
 import protocol
 import reservations
-import store
-import taskops
 
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 CONNECT_TIMEOUT = 0.2
@@ -54,16 +50,22 @@ def op_hello(req: dict[str, Any]) -> dict[str, Any]:
     return {
         **extra,
         "hostname": socket.gethostname(),
-        "python": platform.python_version(),
+        "python": sys.version.split()[0],
         "tensorflow": _tensorflow_version(),
         "workdir": str(workdir),
-        "disk_free": shutil.disk_usage(workdir).free,
+        "disk_free": _free_bytes(workdir),
         "busy_ports": busy,
         "reserved_by": {str(port): holder for port, holder in held.items()},
         "agent_id": layout.agent_id(),
         "host_id": hostid.identity(),
         "shared_with": others,
     }
+
+
+def _free_bytes(path: Path) -> int:
+    """What shutil.disk_usage says is free, without shutil's imports (bz2, lzma, fnmatch)."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def _tensorflow_version() -> str | None:
@@ -92,7 +94,6 @@ def _dist_info_version() -> str | None:
     importlib.metadata answers the same but costs ~35 ms of host CPU in its imports and scans, more
     than the rest of hello; on 100 hosts that is most of preflight.
     """
-    import os
     import site
 
     wanted = {d.replace("-", "_") for d in TF_DISTRIBUTIONS}
@@ -181,7 +182,10 @@ def _read_logs(run_dir: Path, offsets: dict[str, Any], max_bytes: int) -> dict[s
     logs = {}
     for name, path, start, share in zip(offsets, paths, starts, fair_shares(wants, max_bytes)):
         data = _read_at(path, start, share)
-        logs[name] = {"offset": start + len(data), "data": base64.b64encode(data).decode()}
+        logs[name] = {
+            "offset": start + len(data),
+            "data": binascii.b2a_base64(data, newline=False).decode(),
+        }
     return logs
 
 
@@ -280,6 +284,36 @@ def op_peers(req: dict[str, Any]) -> dict[str, Any]:
     return peers.op_peers(req)
 
 
+def op_have(req: dict[str, Any]) -> dict[str, Any]:
+    import store  # the ops below: hello, poll and the rest pay nothing for their imports
+
+    return store.op_have(req)
+
+
+def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
+    import store
+
+    return store.op_materialize(req)
+
+
+def op_setup(req: dict[str, Any]) -> dict[str, Any]:
+    import jobsetup
+
+    return jobsetup.op_setup(req)
+
+
+def op_start(req: dict[str, Any]) -> dict[str, Any]:
+    import taskops
+
+    return taskops.op_start(req)
+
+
+def op_stop(req: dict[str, Any]) -> dict[str, Any]:
+    import taskops
+
+    return taskops.op_stop(req)
+
+
 def op_idle(req: dict[str, Any]) -> dict[str, Any]:
     import idle  # only arming the idle watchdog pays for its imports
 
@@ -288,12 +322,12 @@ def op_idle(req: dict[str, Any]) -> dict[str, Any]:
 
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_HELLO: op_hello,
-    protocol.OP_HAVE: store.op_have,
-    protocol.OP_MATERIALIZE: store.op_materialize,
-    protocol.OP_SETUP: jobsetup.op_setup,
-    protocol.OP_START: taskops.op_start,
+    protocol.OP_HAVE: op_have,
+    protocol.OP_MATERIALIZE: op_materialize,
+    protocol.OP_SETUP: op_setup,
+    protocol.OP_START: op_start,
     protocol.OP_POLL: op_poll,
-    protocol.OP_STOP: taskops.op_stop,
+    protocol.OP_STOP: op_stop,
     protocol.OP_RUNS: op_runs,
     protocol.OP_RELEASE: op_release,
     protocol.OP_GPUS: op_gpus,
@@ -400,7 +434,6 @@ class _IdleExit:
     """
 
     def __init__(self) -> None:
-        import os
         import threading
         import time
 
@@ -423,7 +456,6 @@ class _IdleExit:
         return held()
 
     def _watch(self) -> None:
-        import os
         import time
 
         while True:
@@ -436,7 +468,6 @@ class _IdleExit:
 
 def _reap() -> None:
     """Supervisors started by this long-lived process must not linger as zombies."""
-    import os
 
     while True:
         try:
@@ -448,10 +479,6 @@ def _reap() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 1 and argv[1] == "supervise":
-        import supervisor  # only supervisors need it; keeps every request's startup lean
-
-        return supervisor.main(argv[2:])
     if len(argv) > 1 and argv[1] == "idle-watch":
         import idle  # the detached idle watchdog (idle.py), started by the idle op
 

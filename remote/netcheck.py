@@ -17,10 +17,10 @@ import errno
 import resource
 import selectors
 import socket
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import daemon
 import layout
@@ -34,6 +34,7 @@ MAX_LISTEN_S = 600.0
 # accept queue would drop SYNs, each costing a retransmission second (the kernel caps it at
 # net.core.somaxconn).
 BACKLOG = 4096
+T = TypeVar("T")
 _NO_ROUTE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
 
 
@@ -176,14 +177,44 @@ def probe(targets: list[tuple[str, int]], timeout: float) -> list[str]:
     SYN lost in a burst of first contacts (ARP, a busy softirq, a full accept queue) is not a
     firewall. A real drop costs two timeouts; the whole op at most protocol.probe_budget.
     """
-    if not targets:
-        return []
-    with ThreadPoolExecutor(min(protocol.PROBE_WORKERS, len(targets))) as pool:
-        results = list(pool.map(lambda t: connect(t, timeout), targets))
-        again = [i for i, said in enumerate(results) if said == protocol.PROBE_TIMED_OUT]
-        retried = pool.map(lambda i: connect(targets[i], timeout), again)
-        for i, said in zip(again, retried):
-            results[i] = said
+    results = _bounded_map(lambda t: connect(t, timeout), targets)
+    again = [i for i, said in enumerate(results) if said == protocol.PROBE_TIMED_OUT]
+    retried = _bounded_map(lambda i: connect(targets[i], timeout), again)
+    for i, said in zip(again, retried):
+        results[i] = said
+    return results
+
+
+def _bounded_map(fn: Callable[[T], str], items: list[T]) -> list[str]:
+    """`fn` of each item, PROBE_WORKERS threads at a time, in order: ThreadPoolExecutor.map
+    without concurrent.futures, whose imports (logging among them) were a third of this
+    module's, paid by every hello that starts stand-ins."""
+    results = [""] * len(items)
+    failed: list[BaseException] = []
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # re-raised in the caller, as map() would
+                failed.append(exc)
+                return
+
+    threads = [
+        threading.Thread(target=work) for _ in range(min(protocol.PROBE_WORKERS, len(items)))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
     return results
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,6 @@ import protocol
 import reservations
 import strays
 
-AGENT = layout.AGENT_DIR / "agent.py"
 START_TIMEOUT = 10.0
 STOP_SLACK = 5.0  # after SIGKILL, how long a supervisor gets to record the exit
 POLL = 0.05
@@ -138,9 +135,7 @@ def cpu_list(text: str, name: str) -> set[int]:
     return cpus
 
 
-def _launch(
-    run_dir: Path, task_dir: Path, spec: dict[str, Any], grace: float
-) -> subprocess.Popen[bytes]:
+def _launch(run_dir: Path, task_dir: Path, spec: dict[str, Any], grace: float) -> int:
     # Starting a task that already ran is a restart (failure policy "restart"): count it, so
     # `status` shows it long after the controller that decided it is gone.
     old = layout.read_json(task_dir / "spec.json")
@@ -151,36 +146,46 @@ def _launch(
         (task_dir / stale).unlink(missing_ok=True)
     record = {**spec, "grace": grace, "restarts": restarts}
     layout.write_json(task_dir / "spec.json", record, mode=0o600)
+    import supervisor  # only starts pay for its imports
+
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    with os.fdopen(os.open(task_dir / "supervisor.log", flags, 0o600), "ab") as err:
-        # A new session and no inherited stdio: the supervisor must outlive the SSH channel
-        # and must not hold its pipes open (sshd would wait for them).
-        return subprocess.Popen(
-            # -S: the supervisor needs no site-packages, and skipping them halves its startup.
-            [sys.executable, "-S", str(AGENT), "supervise", str(run_dir), str(task_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
+    log_fd = os.open(task_dir / "supervisor.log", flags, 0o600)
+    try:
+        return supervisor.fork(run_dir, task_dir, log_fd)
+    finally:
+        os.close(log_fd)
 
 
-def _wait_started(launched: list[tuple[Path, subprocess.Popen[bytes]]]) -> None:
+def _wait_started(launched: list[tuple[Path, int]]) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     pending = list(launched)
     while pending and time.monotonic() < deadline:
         still = []
-        for task_dir, sup in pending:
+        for task_dir, pid in pending:
             if (task_dir / "pid.json").exists() or (task_dir / "exit.json").exists():
                 continue
-            if sup.poll() is not None:
+            status = _ended(pid)
+            if status is not None:
                 log = (task_dir / "supervisor.log").read_text(errors="replace").strip()
-                last = log.splitlines()[-1] if log else f"exit status {sup.returncode}"
+                last = log.splitlines()[-1] if log else status
                 raise params.AgentError(f"the supervisor of task {task_dir.name} died: {last}")
-            still.append((task_dir, sup))
+            still.append((task_dir, pid))
         pending = still
         if pending:
             time.sleep(0.005)
+
+
+def _ended(pid: int) -> str | None:
+    """How the supervisor `pid` (our child) ended; None while it runs."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return "it ended"
+    if not done:
+        return None
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit status {os.WEXITSTATUS(status)}"
 
 
 class _Stop:

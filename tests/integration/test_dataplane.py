@@ -182,13 +182,16 @@ def test_a_pull_from_a_host_whose_key_is_unknown_is_refused(
     assert not home.exists() or not list(home.rglob("*.bin*"))
 
 
+SUPERVISOR_NAME = "tfd-supervisor"  # remote/supervisor.py COMM
+
+
 def _agents(lab: Lab, host: Any) -> list[str]:
     """The host's tfdeploy agents that serve a controller (a pull's sessions), not the run's
-    supervisors."""
+    supervisors (forks of an agent: the same command line, their own name)."""
     return [
         p.cmdline
         for p in lab.processes(host)
-        if ("agent.py" in p.cmdline or "agent.serve" in p.cmdline) and "supervise" not in p.cmdline
+        if ("agent.py" in p.cmdline or "agent.serve" in p.cmdline) and p.comm != SUPERVISOR_NAME
     ]
 
 

@@ -36,3 +36,4 @@ class Proc:
     user: str
     cmdline: str
     state: str = "?"
+    comm: str = ""  # the kernel's name for it (a tfdeploy supervisor's is tfd-supervisor)

@@ -24,6 +24,7 @@ class RawProc:
     uid: int
     state: str
     cmdline: str
+    comm: str = ""
 
 
 def all_pids() -> list[int]:
@@ -59,6 +60,7 @@ def read_raw(pid: int) -> RawProc | None:
         uid=int(fields["Uid"].split()[0]),
         state=rest[0],
         cmdline=cmdline,
+        comm=comm,
     )
 
 
@@ -116,7 +118,7 @@ def to_procs(raws: Iterable[RawProc], *, inner: bool) -> list[Proc]:
     raws = list(raws)
     if not inner:
         return sorted(
-            (Proc(r.pid, r.ppid, r.pgid, _user(r.uid), r.cmdline, r.state) for r in raws),
+            (Proc(r.pid, r.ppid, r.pgid, _user(r.uid), r.cmdline, r.state, r.comm) for r in raws),
             key=lambda p: p.pid,
         )
     outer_to_inner = {r.pid: r.inner_pid for r in raws}
@@ -130,6 +132,7 @@ def to_procs(raws: Iterable[RawProc], *, inner: bool) -> list[Proc]:
                 _user(r.uid),
                 r.cmdline,
                 r.state,
+                r.comm,
             )
             for r in raws
         ),
