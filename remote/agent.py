@@ -54,12 +54,24 @@ def op_hello(req: dict[str, Any]) -> dict[str, Any]:
         "tensorflow": _tensorflow_version(),
         "workdir": str(workdir),
         "disk_free": _free_bytes(workdir),
+        "store_empty": _store_empty(workdir),
         "busy_ports": busy,
         "reserved_by": {str(port): holder for port, holder in held.items()},
         "agent_id": layout.agent_id(),
         "host_id": hostid.identity(),
         "shared_with": others,
     }
+
+
+def _store_empty(workdir: Path) -> bool:
+    """No content stored here yet (a first deploy): such a host lacks every content, and the
+    push need not ask it which (a round trip less). Anything in the store, a partial file
+    too, counts as not empty."""
+    try:
+        with os.scandir(workdir / "store") as entries:
+            return next(entries, None) is None
+    except FileNotFoundError:
+        return True
 
 
 def _free_bytes(path: Path) -> int:

@@ -59,6 +59,9 @@ def op_peers(req: dict[str, Any]) -> dict[str, Any]:
         seconds = min(float(params.param(req, "seconds", (int, float), 120.0)), MAX_SERVE_S)
         store_dir = layout.make_private_dir(workdir / "store")
         secret = secret_of(req)
+        # The relay listens on a TF port, where the network check's stand-in may still be: a
+        # host whose store was empty gets this as its first request after preflight.
+        layout.stop_stand_ins(req, run_id)
         return {"pid": listen(record, store_dir, address, port, secret, next_hop, seconds)}
     if action == protocol.PEERS_CLOSE:
         return {"closed": daemon.stop(record)}

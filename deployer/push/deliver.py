@@ -7,7 +7,7 @@ which must not know each other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from deployer.config.plan import Plan
@@ -25,20 +25,26 @@ def deliver(
     manifest: Manifest,
     run_fields: dict[str, Any],
     groups: Sequence[Sequence[str]] = (),
+    empty_stores: Collection[str] = (),
 ) -> list[str]:
     """Code to `members`; hosts sharing a workdir (`groups`) get each content once, via the
-    first of each group, which alone takes part in the fan-out. Returns what to print."""
+    first of each group, which alone takes part in the fan-out. Hosts whose store was empty at
+    the hello (`empty_stores`: a first deploy) lack every content: nobody asks them which, so
+    their first request after preflight is the push itself. Returns what to print."""
     shared = [g for g in groups if len(g) > 1]
     later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
     spread = None
     run_id = str(run_fields["run_id"])
-    known: dict[str, list[str]] = {}  # host -> what it lacks, where that answer still holds
+    every = sorted(manifest.by_hash())
+    # host -> what it lacks, where that answer still holds. A group's later hosts find what
+    # its first stored; an empty code directory builds the run dir in the asking materialize.
+    firsts = [m for m in members if m.name not in later]
+    known = {m.name: every for m in firsts if m.name in empty_stores} if every else {}
     done: dict[str, PushResult] = {}  # hosts that had every content: their run dir is built
     if plan.job.fanout:
-        firsts = [m for m in members if m.name not in later]
-        missing = fleet.each(
+        missing = dict(known) | fleet.each(
             lambda m: materialize_or_missing(m.agent, manifest, run_fields),
-            firsts,
+            [m for m in firsts if m.name not in known],
             what="pushing the code failed",
         )
         files = len(manifest.files)

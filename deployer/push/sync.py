@@ -246,7 +246,8 @@ def push_all(
     known: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, PushResult]:
     """Pushes to `members`; hosts sharing a workdir (`groups`) get each content once. `known`:
-    what some hosts lack, as they answered `have` just before (they are not asked again).
+    what some hosts lack, as they answered just before or as their hello said (an empty
+    store): they are not asked again.
 
     The first host of each group pushes in the first wave, the rest of the group in a second
     wave and find in the shared store what their first host just put there.

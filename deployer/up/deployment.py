@@ -133,7 +133,7 @@ class Deployment:
             # stop of the run does, should it fail before): one round trip less.
             settled = self.preflight(keep_stand_ins=True)
             self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
-            self.push(settled.manifest, settled.workdir_groups)
+            self.push(settled.manifest, settled.workdir_groups, settled.empty_stores)
             self.setup(settled.manifest)
             self.recovery.arm_idle_stop()
             self.firewall_up()
@@ -213,11 +213,12 @@ class Deployment:
         self,
         manifest: Manifest,
         groups: Sequence[Sequence[str]] = (),
+        empty_stores: Collection[str] = (),
         *,
         only: Sequence[Member] | None = None,
     ) -> None:
         """Code to every host (or `only` to these); hosts sharing a workdir get each content
-        once, via the first."""
+        once, via the first; hosts with `empty_stores` are not asked what they lack."""
         members = self.members if only is None else list(only)
         save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
@@ -234,7 +235,8 @@ class Deployment:
             "hosts_at": time.time(),
         }
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
-        for line in deliver(self.fleet, members, self.plan, manifest, fields, groups):
+        pushing = deliver(self.fleet, members, self.plan, manifest, fields, groups, empty_stores)
+        for line in pushing:
             self.view.step(line)
 
     def setup(self, manifest: Manifest, *, only: Sequence[Member] | None = None) -> None:

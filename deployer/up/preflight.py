@@ -103,6 +103,9 @@ class Settled:
     # Hosts that see one workdir (an NFS home), in plan order; a host alone is a group of one.
     # The push sends each content to the first host of a group only.
     workdir_groups: tuple[tuple[str, ...], ...] = ()
+    # Hosts whose store holds nothing yet: they lack every content, and the push knows it
+    # without asking them.
+    empty_stores: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,7 @@ def _settle(
         warnings=tuple(warnings),
         summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
         workdir_groups=shared_workdirs([m.name for m in members], facts),
+        empty_stores=frozenset(name for name, f in facts.items() if f.get("store_empty") is True),
     )
 
 

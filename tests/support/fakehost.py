@@ -147,7 +147,7 @@ class FakeHost:
         return json.dumps(reply).encode() + b"\n" + raw
 
     def _op_hello(self, req: dict[str, Any]) -> dict[str, Any]:
-        facts = dict(self.facts)
+        facts = {**self.facts, "store_empty": not self.store}  # as remote/agent.py answers
         run_id, ports = req.get("run_id"), req.get("ports", [])
         if run_id is None:
             return facts

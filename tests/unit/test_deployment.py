@@ -295,6 +295,30 @@ def _pushed(view: RecordingView) -> str:
     return next(s for s in view.steps if s.startswith("pushed "))
 
 
+def test_a_first_push_sends_at_once_to_hosts_whose_store_is_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host whose hello said its store is empty lacks every content: its first request after
+    preflight carries them, with no `materialize or_missing` round trip before. Once it holds
+    something it is asked again (a re-deploy of unchanged code is that one request)."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
+
+    def finish() -> None:
+        for host, task in (("a", "worker:0"), ("b", "worker:1")):
+            h.hosts[host].exit(task)
+
+    h.run(h.at(1, finish))
+    for host in ("a", "b"):
+        [first] = h.hosts[host].ops("materialize")
+        assert first.get("blobs") and not first.get("or_missing"), first
+        assert not h.hosts[host].ops("have")
+    h.run(h.at(1, finish))
+    again = h.hosts["a"].ops("materialize")[1]
+    assert again.get("or_missing") and not again.get("blobs"), again
+
+
 def test_a_push_says_what_was_already_there_only_when_something_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
