@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from deployer.cli import verbs
 from deployer.config.model import NetcheckMode
@@ -87,10 +87,23 @@ DISTRIBUTION = "tfdeploy-cluster"
 
 
 def _version() -> str:
+    import importlib.metadata  # here: its imports and lookup were ~15 ms of every command
+
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
         return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """argparse's "version" action, with the version looked up only when --version is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(f"tfdeploy {_version()}")  # on stdout, as argparse's own action prints it
+        parser.exit()
 
 
 @functools.cache  # building it costs ~14 ms (argparse's gettext lookups); parsing reuses it
@@ -102,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--traceback", action="store_true", help="show Python tracebacks (for debugging tfdeploy)"
     )
-    parser.add_argument("--version", action="version", version=f"tfdeploy {_version()}")
+    parser.add_argument("--version", action=_Version, help="show tfdeploy's version and exit")
     subparsers = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     plan = subparsers.add_parser("plan", help="show every task, its address, GPUs and TF_CONFIG")
     plan.add_argument("inventory", help="inventory TOML file")

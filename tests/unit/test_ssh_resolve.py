@@ -10,6 +10,8 @@ from __future__ import annotations
 import getpass
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import paramiko
@@ -18,6 +20,8 @@ import pytest
 from deployer.config.model import SSHSettings
 from deployer.core.errors import HostError
 from deployer.hosts.ssh import Endpoint, _resolve, plan_hops
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
 Host web
@@ -89,6 +93,27 @@ def test_proxycommand_is_refused_with_the_alternative(tmp_path: Path) -> None:
     with pytest.raises(HostError, match="ProxyCommand") as caught:
         plan_hops(_endpoint("legacy", ssh_config=str(path)))
     assert "ProxyJump" in str(caught.value.hint)
+
+
+def test_invoke_loads_only_at_a_match_exec_line(tmp_path: Path) -> None:
+    """paramiko imports invoke (~40 ms) for `Match exec` only: tfdeploy's commands start without
+    it (deployer/hosts/__init__.py), and such a line still runs through it. In a process of its
+    own: this module imported paramiko, and invoke with it, before deployer.hosts."""
+    path = tmp_path / "ssh_config"
+    path.write_text("Match exec true\n  User matched\n")
+    script = f"""
+import sys
+from deployer.hosts.ssh import _resolve
+import paramiko
+assert "invoke.tasks" not in sys.modules, "invoke was imported at start"
+config = paramiko.SSHConfig.from_path({str(path)!r})
+print(_resolve("web", config).user, "invoke.tasks" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["matched", "True"]
 
 
 def test_match_exec_without_invoke_says_what_to_do(
