@@ -371,7 +371,11 @@ def _cell_time(samples: list[Sample]) -> str:
 
 
 def _cell_ratio(a: list[Sample], b: list[Sample]) -> str:
-    return f"{_median(a) / _median(b):.2f}x" if a and b else "-"
+    """Two decimals, three below 0.1: a target such as 0.08x must not read as met at 0.084."""
+    if not (a and b):
+        return "-"
+    ratio = _median(a) / _median(b)
+    return f"{ratio:.3f}x" if ratio < 0.1 else f"{ratio:.2f}x"
 
 
 def _cell_uplink(samples: list[Sample], tree_bytes: int) -> str:
