@@ -293,7 +293,18 @@ def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
 def op_peers(req: dict[str, Any]) -> dict[str, Any]:
     import peers  # only a fan-out push pays for its imports
 
-    return peers.op_peers(req)
+    reply = peers.op_peers(req)
+    if req.get("action") == protocol.PEERS_RELAY:
+        reply[THEN] = _ready_to_start
+    return reply
+
+
+def _ready_to_start() -> None:
+    """A relay's host is idle while the fan-out's stream passes through its listener, and the
+    run's start comes next: what the start op imports is imported now, not in that round
+    (on hosts that share CPUs, as the lab's do, every host's imports were in it at once)."""
+    import supervisor  # noqa: F401
+    import taskops  # noqa: F401
 
 
 def op_have(req: dict[str, Any]) -> dict[str, Any]:
@@ -378,6 +389,7 @@ def handle(raw: bytes) -> dict[str, Any]:
 
 
 END_SESSION = "_end_session"  # never sent: a reply after which `serve` stops reading stdin
+THEN = "_then"  # never sent: what a session does once the reply is out (a one-shot call: nothing)
 
 
 def _error(message: str) -> dict[str, Any]:
@@ -428,7 +440,11 @@ def serve(first: bytes | None = None) -> int:
             except Exception as exc:  # a one-shot call would crash; a session must go on
                 reply = _error(f"the agent failed: {type(exc).__name__}: {exc}")
             ends = reply.pop(END_SESSION, False)
+            then = reply.pop(THEN, None)
             answered = _answer(reply)
+            if answered and then is not None:
+                with contextlib.suppress(Exception):  # a head start only: the op that needs
+                    then()  # it fails there, with its own words, if this did
             _reap()
         if ends or not answered:
             return 1
@@ -503,6 +519,7 @@ def main(argv: list[str]) -> int:
         raw += sys.stdin.buffer.read()
     reply = handle(raw)
     reply.pop(END_SESSION, None)
+    reply.pop(THEN, None)
     _answer(reply)
     return 0
 
