@@ -13,7 +13,9 @@ Bulk bytes against the OpenSSH tools, side by side in one run on the same lab ho
   1 kB, 1 host    one small file the same ways: what a command costs around its bytes
 
 Every tfdeploy push starts from hosts without a workdir (all bytes travel); every pull into an
-empty folder; every cell runs once untimed before its timed runs. Times are wall clock; CPU is
+empty folder; every cell runs once untimed before its timed runs; every timed run, tool and
+tfdeploy alike, starts with this machine's page cache written back and dropped (`settle`).
+Times are wall clock; CPU is
 user + system of this machine's processes of the command (rsync/scp and their ssh, or tfdeploy);
 peak RSS is tfdeploy's own. Machine CPU is what every core spent busy meanwhile (/proc/stat),
 the lab's sshd, agents and relays included: they share this machine's cores, so that over the
@@ -112,8 +114,19 @@ def machine_busy() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def settle() -> None:
+    """Writes back and drops the page cache, so each run writes into memory the cache already
+    used. On this VM (Firecracker) a cache that had grown over a bench made writes of memory
+    it had never used cost several times more: the same artifacts pull took 2.4-2.7 s (2.0-2.3
+    s of CPU) with 13 GB cached and 0.97-1.0 s (0.55 s) after a drop, whichever version of
+    tfdeploy ran, and a cell's runs flipped between the two."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def timed(fn: Callable[[], object]) -> Run:
     """Wall and CPU of `fn`'s child processes; the peak RSS `fn` returns (tfdeploy's), if any."""
+    settle()
     cpu0, _ = _usage()
     busy0 = machine_busy()
     began = time.monotonic()
@@ -207,6 +220,7 @@ class Cells:
         inventory = self.lab.write_inventory(
             self.tmp / "artifacts.toml", tasks=tasks, hosts=hosts, job=job
         )
+        settle()
         marks = _marked_lines(
             [sys.executable, "-m", "deployer", "up", str(inventory)],
             self.bench.env,
