@@ -260,34 +260,15 @@ def op_release(req: dict[str, Any]) -> dict[str, Any]:
     return {"released": reservations.release(layout.workdir_path(req), run_id)}
 
 
-def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
-    import firewall  # only firewall calls pay for its imports
+def _deferred(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The op `name` of `module`, imported when that op first runs: a hello, every
+    connection's first request, pays for none of these modules' imports."""
 
-    return firewall.op_firewall(req)
+    def op(req: dict[str, Any]) -> dict[str, Any]:
+        function: Callable[[dict[str, Any]], dict[str, Any]] = getattr(__import__(module), name)
+        return function(req)
 
-
-def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
-    import netcheck  # only network checks pay for its imports
-
-    return netcheck.op_netcheck(req)
-
-
-def op_collect(req: dict[str, Any]) -> dict[str, Any]:
-    import results  # only pulls pay for its imports
-
-    return results.op_collect(req)
-
-
-def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
-    import results
-
-    return results.op_fetch(req)
-
-
-def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
-    import gpuinfo  # only GPU queries pay for its imports
-
-    return gpuinfo.op_gpus(req)
+    return op
 
 
 def op_peers(req: dict[str, Any]) -> dict[str, Any]:
@@ -307,58 +288,22 @@ def _ready_to_start() -> None:
     import taskops  # noqa: F401
 
 
-def op_have(req: dict[str, Any]) -> dict[str, Any]:
-    import store  # the ops below: hello, poll and the rest pay nothing for their imports
-
-    return store.op_have(req)
-
-
-def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
-    import store
-
-    return store.op_materialize(req)
-
-
-def op_setup(req: dict[str, Any]) -> dict[str, Any]:
-    import jobsetup
-
-    return jobsetup.op_setup(req)
-
-
-def op_start(req: dict[str, Any]) -> dict[str, Any]:
-    import taskops
-
-    return taskops.op_start(req)
-
-
-def op_stop(req: dict[str, Any]) -> dict[str, Any]:
-    import taskops
-
-    return taskops.op_stop(req)
-
-
-def op_idle(req: dict[str, Any]) -> dict[str, Any]:
-    import idle  # only arming the idle watchdog pays for its imports
-
-    return idle.op_idle(req)
-
-
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_HELLO: op_hello,
-    protocol.OP_HAVE: op_have,
-    protocol.OP_MATERIALIZE: op_materialize,
-    protocol.OP_SETUP: op_setup,
-    protocol.OP_START: op_start,
+    protocol.OP_HAVE: _deferred("store", "op_have"),
+    protocol.OP_MATERIALIZE: _deferred("store", "op_materialize"),
+    protocol.OP_SETUP: _deferred("jobsetup", "op_setup"),
+    protocol.OP_START: _deferred("taskops", "op_start"),
     protocol.OP_POLL: op_poll,
-    protocol.OP_STOP: op_stop,
+    protocol.OP_STOP: _deferred("taskops", "op_stop"),
     protocol.OP_RUNS: op_runs,
     protocol.OP_RELEASE: op_release,
-    protocol.OP_GPUS: op_gpus,
-    protocol.OP_FIREWALL: op_firewall,
-    protocol.OP_NETCHECK: op_netcheck,
-    protocol.OP_COLLECT: op_collect,
-    protocol.OP_FETCH: op_fetch,
-    protocol.OP_IDLE: op_idle,
+    protocol.OP_GPUS: _deferred("gpuinfo", "op_gpus"),
+    protocol.OP_FIREWALL: _deferred("firewall", "op_firewall"),
+    protocol.OP_NETCHECK: _deferred("netcheck", "op_netcheck"),
+    protocol.OP_COLLECT: _deferred("results", "op_collect"),
+    protocol.OP_FETCH: _deferred("results", "op_fetch"),
+    protocol.OP_IDLE: _deferred("idle", "op_idle"),
     protocol.OP_PEERS: op_peers,
 }
 
