@@ -295,6 +295,16 @@ def _pushed(view: RecordingView) -> str:
     return next(s for s in view.steps if s.startswith("pushed "))
 
 
+def _both_exit(h: Harness) -> Callable[[], None]:
+    """What makes the job on TWO_WORKERS succeed: both workers exit 0."""
+
+    def finish() -> None:
+        for host, task in (("a", "worker:0"), ("b", "worker:1")):
+            h.hosts[host].exit(task)
+
+    return finish
+
+
 def test_a_first_push_sends_at_once_to_hosts_whose_store_is_empty(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,9 +315,7 @@ def test_a_first_push_sends_at_once_to_hosts_whose_store_is_empty(
     (tmp_path / "code" / "train.py").write_text("print('hi')\n")
     h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
 
-    def finish() -> None:
-        for host, task in (("a", "worker:0"), ("b", "worker:1")):
-            h.hosts[host].exit(task)
+    finish = _both_exit(h)
 
     h.run(h.at(1, finish))
     for host in ("a", "b"):
@@ -329,9 +337,7 @@ def test_a_push_says_what_was_already_there_only_when_something_was(
     (tmp_path / "code" / "data.txt").write_text("1 2 3\n")
     h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
 
-    def finish() -> None:
-        for host, task in (("a", "worker:0"), ("b", "worker:1")):
-            h.hosts[host].exit(task)
+    finish = _both_exit(h)
 
     h.run(h.at(1, finish))
     first = h.hosts["a"].received_bytes
