@@ -74,7 +74,8 @@ def _other_host(me: str) -> Callable[[bytes], bool]:
 
 
 def _is_agent(argv: list[str]) -> bool:
-    """The agent itself (serve, one-shot, supervise, the bootstrap) may carry the variable too."""
+    """The agent itself (serve, one-shot, the bootstrap, and the supervisors forked from them,
+    which keep its command line) may carry the variable too."""
     if "-c" in argv[1:3]:  # the bootstrap: PYTHON -S -c "...import agent...serve..."
         return any("import agent" in arg for arg in argv)
     script = str(layout.AGENT_DIR / "agent.py")
