@@ -42,7 +42,7 @@ from pathlib import Path
 
 from bench import report
 from bench.fanout import RSYNC_DEST, Bench, check_copies, on_all
-from bench.tools import BenchError, make_tmp
+from bench.tools import BenchError, make_tmp, settle
 from tests.lab import Lab, LabHost, start_lab
 
 MB = 1_000_000
@@ -112,16 +112,6 @@ def machine_busy() -> float:
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def settle() -> None:
-    """Writes back and drops the page cache, so each run writes into memory the cache already
-    used. On this VM (Firecracker) a cache that had grown over a bench made writes of memory
-    it had never used cost several times more: the same artifacts pull took 2.4-2.7 s (2.0-2.3
-    s of CPU) with 13 GB cached and 0.97-1.0 s (0.55 s) after a drop, whichever version of
-    tfdeploy ran, and a cell's runs flipped between the two."""
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def timed(fn: Callable[[], object]) -> Run:

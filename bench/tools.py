@@ -268,5 +268,18 @@ class FabricLoop(Tool):
         self._loop(hosts, "down")
 
 
+def settle() -> None:
+    """Writes back and drops the page cache, so each run writes into memory the cache already
+    used. On this VM (Firecracker) a cache that had grown over a bench made writes of memory
+    it had never used cost several times more: the same artifacts pull took 2.4-2.7 s (2.0-2.3
+    s of CPU) with 13 GB cached and 0.97-1.0 s (0.55 s) after a drop, whichever version of
+    tfdeploy ran, and a cell's runs flipped between the two. The price: every timed command
+    starts with its own files read from disk again, tfdeploy's hundreds of Python modules more
+    than rsync's one binary (bench.fanout, uplink-bound, does not settle: a settled run read its
+    16-host preflight 1.03 s against 0.88 s)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def make_tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="tfdeploy-bench-"))
