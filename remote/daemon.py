@@ -24,7 +24,7 @@ def spawn(record: Path, serve: Callable[[], None]) -> int:
     """Runs `serve` in a detached grandchild, records it, returns its pid."""
 
     def body() -> None:
-        _quiet_stdio()
+        quiet_stdio()
         serve()
 
     pid = detach(body)
@@ -102,8 +102,11 @@ def ticks_of(pid: int) -> int | None:
     return None
 
 
-def _quiet_stdio() -> None:
+def quiet_stdio(stderr_fd: int | None = None) -> None:
+    """stdin and stdout to /dev/null, stderr to `stderr_fd` (/dev/null too when None): a
+    detached process must hold none of the SSH channel's pipes (sshd would wait for them)."""
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(null if stderr_fd is None else stderr_fd, 2)
     os.close(null)

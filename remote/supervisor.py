@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import daemon
 import hostid
 import layout
 import params
@@ -309,9 +310,10 @@ def fork(run_dir: Path, task_dir: Path, log_fd: int) -> int:
         with contextlib.suppress(OSError):
             Path("/proc/self/comm").write_bytes(COMM)
         code = _supervise(run_dir, task_dir)
-    except SystemExit as exc:
+    except SystemExit as exc:  # _Supervisor's "no readable spec.json"
         if not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
         import traceback  # only a supervisor that failed pays for its imports
 
@@ -323,10 +325,7 @@ def fork(run_dir: Path, task_dir: Path, log_fd: int) -> int:
 
 
 def _own_files(log_fd: int) -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
-    os.dup2(log_fd, 2)
+    daemon.quiet_stdio(log_fd)
     for name in os.listdir("/proc/self/fd"):
         if int(name) > 2:
             with contextlib.suppress(OSError):
