@@ -59,17 +59,8 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     entries = [_file_entry(item) for item in params.param(req, "files", list)]
     store = layout.make_private_dir(workdir / "store")
     blobs = params.param(req, "blobs", list, [])
-    relay = req.get("relay")  # the fan-out: forward every piece to the chain's next host
-    chain: dict[str, Any] = {}
     try:
-        if relay is not None:
-            import peers  # only the fan-out's first host pays for it
-
-            secret, hop = peers.secret_of(relay), peers.hop_of(relay.get("next"))
-            chain = peers.receive(store, blobs, sys.stdin.buffer, secret, hop)
-            if chain["chain"][0]["error"]:
-                raise params.AgentError(chain["chain"][0]["error"])
-        elif blobs:
+        if blobs:
             receive(store, blobs, sys.stdin.buffer)
     except (params.AgentError, OSError) as exc:
         raise params.StreamError(str(exc)) from exc
@@ -88,21 +79,28 @@ def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
     checked: set[Path] = set()  # directories already known to lie inside code/
     for rel, digest, mode in entries:
         _place(store, digest, code, rel, mode, checked)
-    return {"files": len(entries), **chain}
+    return {"files": len(entries)}
 
 
 CHUNK = 1 << 20  # bytes read from the stream at a time: memory stays bounded whatever the size
 
 
 def receive(
-    store: Path, blobs: list[Any], stream: BinaryIO, tee: Callable[[bytes], None] | None = None
+    store: Path,
+    blobs: list[Any],
+    stream: BinaryIO,
+    tee: Callable[[bytes], None] | None = None,
+    source: Callable[[Path], None] | None = None,
 ) -> None:
     """Stores contents sent raw after the request line, each checked against its hash.
 
     One stream per host instead of one SFTP open/write/close/rename per file: with hundreds of
     small files the round trips, not the bytes, were the cost. Each content is copied through
     in CHUNK pieces and hashed as it arrives, so a 1 GB file needs 1 MB of memory here; `tee`
-    gets every piece too (the fan-out's next host), contents already here included.
+    gets every piece too (the fan-out's next host), contents already here included. `source`
+    is told, as each content begins, the file from which its bytes can be read back as they
+    arrive (every piece `tee` got is in it): the fan-out's seed replays them from there to a
+    next host named mid-stream (peers.py).
     """
     for item in blobs:
         if not (
@@ -116,10 +114,12 @@ def receive(
         digest, size = params.check_hash(item[0]), item[1]
         mode = _mode(item[2]) if len(item) == 3 else DEFAULT_MODE
         if (store / digest).is_file():  # stored meanwhile (another host): read, not written
+            if source is not None:
+                source(store / digest)
             _copy_through(stream, size, digest, None, tee)
         else:
             fill = functools.partial(
-                _fill, stream=stream, size=size, digest=digest, mode=mode, tee=tee
+                _fill, stream=stream, size=size, digest=digest, mode=mode, tee=tee, source=source
             )
             _store(store, digest, store / digest, fill)
 
@@ -131,9 +131,13 @@ def _fill(
     digest: str,
     mode: int,
     tee: Callable[[bytes], None] | None,
+    source: Callable[[Path], None] | None,
 ) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
+    if source is not None:
+        source(path)
+    # Unbuffered: a piece is in the file before `tee` sees it (source's promise).
+    with os.fdopen(fd, "wb", buffering=0) as f:
         _copy_through(stream, size, digest, f, tee)
         os.fchmod(f.fileno(), mode)
 
@@ -142,11 +146,12 @@ def _copy_through(
     stream: BinaryIO,
     size: int,
     digest: str,
-    out: BinaryIO | None,
+    out: Any,
     tee: Callable[[bytes], None] | None,
 ) -> None:
-    """Reads exactly `size` bytes of `stream` into `out` (or nowhere); their hash must be
-    `digest`. A short or damaged content is an error, and nothing of it is published."""
+    """Reads exactly `size` bytes of `stream` into `out` (an unbuffered file, or nowhere);
+    their hash must be `digest`. A short or damaged content is an error, and nothing of it is
+    published."""
     hasher = hashlib.sha256()
     left = size
     while left:
@@ -155,12 +160,19 @@ def _copy_through(
             break
         hasher.update(chunk)
         if out is not None:
-            out.write(chunk)
+            _write_all(out, chunk)
         if tee is not None:
             tee(chunk)
         left -= len(chunk)
     if left or hasher.hexdigest() != digest:
         raise params.AgentError(f"the content of {digest[:12]} arrived damaged or short")
+
+
+def _write_all(out: Any, data: bytes) -> None:
+    """An unbuffered write may take less than it was given (a signal, a full pipe)."""
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view) :]
 
 
 def _store(store: Path, digest: str, final: Path, fill: Callable[[Path], None]) -> None:

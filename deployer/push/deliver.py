@@ -49,7 +49,7 @@ def deliver(
         )
         files = len(manifest.files)
         done = {h: PushResult(files, 0, 0) for h, lack in missing.items() if not lack}
-        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, run_fields, missing)
+        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, missing)
         # The star push need not ask again (one round trip per host) where nothing changed
         # since: no chain ran.
         known = {h: lack for h, lack in missing.items() if lack} if spread is None else {}

@@ -23,13 +23,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from deployer.config.plan import Plan
 from deployer.core.errors import HostError
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
-from deployer.push.sync import CodeFile, Manifest, store_contents
+from deployer.push.seed import SeedStream
+from deployer.push.sync import CodeFile, Manifest
 
 MIN_BYTES = 1 << 20  # less than this to send: a star push costs less than setting up a chain
 LISTEN_S = 600.0  # a listener's own deadline, should the controller vanish mid-push
@@ -61,14 +61,13 @@ def spread(
     plan: Plan,
     manifest: Manifest,
     run_id: str,
-    run_fields: dict[str, Any],
     missing: Mapping[str, Sequence[str]],
 ) -> Spread | None:
     """Fills the members' stores with what they lack (`missing`: each member's answer to
     `have`) along a relay chain; None when a star push is the better deal (one host, little to
     send, fewer than two hosts able to listen)."""
     by_hash = manifest.by_hash()
-    ports = {m.name: p for m in members if (p := _serving_port(plan, m.name)) is not None}
+    ports = {m.name: p for m in members if (p := serving_port(plan, m.name)) is not None}
     chain = [m for m in members if missing[m.name] and m.name in ports]
     contents = [by_hash[s] for s in sorted({s for m in chain for s in missing[m.name]})]
     if len(chain) < 2 or sum(f.size for f in contents) < MIN_BYTES:
@@ -78,7 +77,7 @@ def spread(
         relay.listen()
         if len(relay.hosts) < 2:
             return None  # no host after the first can listen: the star push does it all
-        outcomes = relay.stream(manifest, contents, run_fields)
+        outcomes = relay.stream(manifest, contents)
     finally:
         relay.close()
     sent = sum(f.size for f in contents)
@@ -95,7 +94,11 @@ class _Chain:
     """The hosts of one fan-out in chain order, their listeners, and the stream through them."""
 
     def __init__(
-        self, fleet: Fleet, run_id: str, hosts: Sequence[Member], ports: dict[str, int]
+        self,
+        fleet: Fleet,
+        run_id: str,
+        hosts: Sequence[Member],
+        ports: dict[str, int],
     ) -> None:
         self.fleet, self.run_id, self.ports = fleet, run_id, ports
         self.hosts = list(hosts)
@@ -125,16 +128,14 @@ class _Chain:
         address, port = self._hop(member)
         member.agent.relay(self.run_id, address, port, self.secret, then, LISTEN_S)
 
-    def stream(
-        self, manifest: Manifest, contents: Sequence[CodeFile], run_fields: dict[str, Any]
-    ) -> list[str]:
+    def stream(self, manifest: Manifest, contents: Sequence[CodeFile]) -> list[str]:
         """Streams the contents into the first host, relayed along the chain; each host's
         error ("" when it stored everything), in chain order. A first host that fails takes
         the chain with it: every host then gets the star push."""
-        first = self.hosts[0]
-        relay = {"secret": self.secret, "next": list(self._hop(self.hosts[1]))}
+        first, hop = self.hosts[0], self._hop(self.hosts[1])
         try:
-            reply = store_contents(first.agent, manifest, contents, run_fields, relay=relay)
+            seed = SeedStream(first, manifest, contents, self.run_id, hop, self.secret)
+            reply = seed.outcome()
         except HostError as exc:
             return [exc.cause] * len(self.hosts)
         chain = reply.get("chain", [])
@@ -150,7 +151,7 @@ class _Chain:
         self.fleet.each_settled(lambda m: m.agent.stop_serving(self.run_id), members, urgent=True)
 
 
-def _serving_port(plan: Plan, host: str) -> int | None:
+def serving_port(plan: Plan, host: str) -> int | None:
     """A TF port of the run on `host`: reserved for it, free until its task starts, and one the
     network check proved open between the hosts."""
     ports = [t.port for t in plan.tasks_on(host) if t.port is not None]

@@ -163,19 +163,30 @@ def materialize_or_missing(
     return [str(sha) for sha in reply.get("missing", [])]
 
 
-def store_contents(
+def send_contents(
     agent: Agent,
     manifest: Manifest,
     contents: Sequence[CodeFile],
-    run_fields: dict[str, Any],
+    op: str,
     *,
-    relay: dict[str, Any] | None = None,
+    wait: float = 0,
+    **params: Any,
 ) -> dict[str, Any]:
-    """Streams `contents` into the host's store (and, with `relay`, along the fan-out's chain:
-    fanout.py); the run's code dir comes later. Returns the agent's reply."""
-    extra = {"relay": relay} if relay is not None else {}
-    with agent.dedicated() as own:
-        return _materialize(own, manifest, contents, [], {**run_fields, **extra})
+    """One `op` request with `contents` streamed raw after its line (its `blobs`), read from disk
+    piece by piece; the reply. `wait`: seconds the host may spend beyond the transfer itself."""
+    try:
+        return agent.call(
+            op,
+            timeout=_timeout(contents) + wait,
+            blobs=[[f.sha256, f.size] for f in contents],
+            body=_contents(manifest.root, contents),
+            **params,
+        )
+    except HostError as exc:
+        changed = _changed(manifest.root, contents, exc.cause)
+        if changed is None:
+            raise
+        raise changed from None
 
 
 def _materialize(
@@ -185,20 +196,9 @@ def _materialize(
     files: list[list[Any]],
     run_fields: dict[str, Any],
 ) -> dict[str, Any]:
-    try:
-        return agent.call(
-            protocol.OP_MATERIALIZE,
-            timeout=_timeout(contents),
-            files=files,
-            blobs=[[f.sha256, f.size] for f in contents],
-            body=_contents(manifest.root, contents),
-            **run_fields,
-        )
-    except HostError as exc:
-        changed = _changed(manifest.root, contents, exc.cause)
-        if changed is None:
-            raise
-        raise changed from None
+    return send_contents(
+        agent, manifest, contents, protocol.OP_MATERIALIZE, files=files, **run_fields
+    )
 
 
 def _contents(root: Path, contents: Sequence[CodeFile]) -> Iterator[bytes]:
