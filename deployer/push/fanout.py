@@ -9,6 +9,9 @@ contents flow while the chain fills, so the last host is done about one uplink t
 few pieces' time after the first byte left: no round waits for whole files. The controller only
 sets the chain up and reads its outcome.
 
+On a first deploy the seed's stream has usually begun already, during preflight (seed.py): the
+chain is built around it and the seed is told where to forward once the chain listens.
+
 What fails falls back, never the deploy: a host whose copy broke (it, or a host before it,
 died or stalled mid-stream; a security group between two hosts) is left to the star push that
 follows, which sends it what it still lacks, and the output says so. Relay streams are
@@ -62,22 +65,33 @@ def spread(
     manifest: Manifest,
     run_id: str,
     missing: Mapping[str, Sequence[str]],
+    head_start: SeedStream | None = None,
 ) -> Spread | None:
     """Fills the members' stores with what they lack (`missing`: each member's answer to
     `have`) along a relay chain; None when a star push is the better deal (one host, little to
-    send, fewer than two hosts able to listen)."""
+    send, fewer than two hosts able to listen). `head_start`: a stream of every content into
+    one member, begun during preflight; it heads the chain if there is one (else the caller
+    settles it)."""
     by_hash = manifest.by_hash()
     ports = {m.name: p for m in members if (p := serving_port(plan, m.name)) is not None}
     chain = [m for m in members if missing[m.name] and m.name in ports]
+    if head_start is not None:  # its seed first; sorted() keeps the others' order
+        chain = sorted(chain, key=lambda m: m.name != head_start.seed)
     contents = [by_hash[s] for s in sorted({s for m in chain for s in missing[m.name]})]
     if len(chain) < 2 or sum(f.size for f in contents) < MIN_BYTES:
         return None
-    relay = _Chain(fleet, run_id, chain, ports)
+    if head_start is not None and chain[0].name != head_start.seed:
+        return None  # its seed turned out to share a workdir with an earlier host
+    relay = _Chain(fleet, run_id, chain, ports, head_start)
     try:
         relay.listen()
         if len(relay.hosts) < 2:
             return None  # no host after the first can listen: the star push does it all
         outcomes = relay.stream(manifest, contents)
+    except BaseException:
+        if head_start is not None:  # first: any request to the seed waits behind its bytes
+            head_start.cancel()
+        raise
     finally:
         relay.close()
     sent = sum(f.size for f in contents)
@@ -99,10 +113,13 @@ class _Chain:
         run_id: str,
         hosts: Sequence[Member],
         ports: dict[str, int],
+        head_start: SeedStream | None,
     ) -> None:
         self.fleet, self.run_id, self.ports = fleet, run_id, ports
         self.hosts = list(hosts)
-        self.secret = secrets.token_hex(32)  # in requests over SSH only: never argv, never a log
+        self.head_start = head_start
+        # The run's secret: the one the head start's seed proves to the next host, or new.
+        self.secret = head_start.secret if head_start is not None else secrets.token_hex(32)
         self.listening: list[Member] = []  # asked to listen: every one is told to stop
 
     def _hop(self, member: Member) -> tuple[str, int]:
@@ -134,8 +151,12 @@ class _Chain:
         the chain with it: every host then gets the star push."""
         first, hop = self.hosts[0], self._hop(self.hosts[1])
         try:
-            seed = SeedStream(first, manifest, contents, self.run_id, hop, self.secret)
-            reply = seed.outcome()
+            if self.head_start is not None:
+                self.head_start.onward(hop)
+                reply = self.head_start.outcome()
+            else:
+                seed = SeedStream(first, manifest, contents, self.run_id, hop, self.secret)
+                reply = seed.outcome()
         except HostError as exc:
             return [exc.cause] * len(self.hosts)
         chain = reply.get("chain", [])
@@ -144,7 +165,9 @@ class _Chain:
         return errors[: len(self.hosts)]
 
     def close(self) -> None:
-        self._close(self.listening)
+        # The head start's seed too: a notice its stream ended before reading goes.
+        seed = [self.hosts[0]] if self.head_start is not None else []
+        self._close([*seed, *self.listening])
 
     def _close(self, members: Sequence[Member]) -> None:
         # urgent: fresh threads, also after Ctrl-C abandoned the calls holding the slots

@@ -1,10 +1,16 @@
 """The fan-out's uplink copy: every content streamed once, into the chain's first host (its seed).
 
-The stream runs on a session and a thread of its own. It may begin before the chain exists:
-without a next host the seed only stores what arrives, and once `onward` names one, it replays
-what it already has to it before forwarding the rest as it comes (remote/peers.py). `cancel`
-stops it wherever it is: a content arrived in part is never published, and what did arrive is a
-cache the next push does not send again.
+On a first deploy (the seed's hello says its store is empty) the stream begins during
+preflight, as soon as that host is greeted and its own checks pass, while the controller's
+uplink would otherwise idle: greeting and checking the other hosts, the network check and the
+chain's listeners take a second or more on a fleet. The seed stores what arrives; once the
+chain is set up, `onward` names the host it forwards to, and the seed replays what it already
+has to it before forwarding the rest as it comes (remote/peers.py). A preflight that fails, or
+Ctrl-C, cancels the stream: a content arrived in part is never published, and what did arrive
+is a cache the next push does not send again. Nothing is started anywhere.
+
+A fan-out without such a head start uses the same stream with its next host known from the
+start.
 """
 
 from __future__ import annotations
