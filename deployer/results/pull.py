@@ -308,9 +308,20 @@ def _content_key(remote: RemoteFile, dest: Path) -> str:
 
 
 def _one_source_per_content(missing: list[Wanted]) -> dict[str, Wanted]:
-    sources: dict[str, Wanted] = {}
+    """Each content once, from one of the hosts that have it: replicas' identical checkpoints
+    are shared out, so every host sends a part at once instead of one host sending it all.
+    A content only one host has goes to that host; the others go, largest first, to the host
+    with the fewest bytes to send so far (the earliest in the listing on a tie)."""
+    holders: dict[str, list[Wanted]] = {}
     for item in missing:
-        sources.setdefault(_content_key(item[2], item[3]), item)
+        holders.setdefault(_content_key(item[2], item[3]), []).append(item)
+    load = {item[0].name: 0 for item in missing}
+    sources: dict[str, Wanted] = {}
+    shared = sorted(holders.items(), key=lambda kv: (len(kv[1]) > 1, -kv[1][0][2].size))
+    for key, items in shared:
+        source = min(items, key=lambda item: load[item[0].name])  # min keeps the first on ties
+        load[source[0].name] += source[2].size
+        sources[key] = source
     return sources
 
 

@@ -59,6 +59,28 @@ def test_a_pull_brings_each_content_once_and_a_second_pull_nothing(tmp_path: Pat
     assert not list(base.rglob("*.part"))
 
 
+def test_replicas_content_is_shared_out_among_the_hosts_that_have_it(tmp_path: Path) -> None:
+    """Contents both hosts have travel once each, and not all from one host: each host sends a
+    part at once (over a real network, each over its own link). A content only one host has
+    comes from it."""
+    hosts, fleet = fleet_of(tmp_path)
+    other = b"\x02" * len(CKPT)  # a second checkpoint shard of the same size, on both
+    for host, task in (("a", "worker:0"), ("b", "worker:1")):
+        hosts[host].files[task]["ckpt/shard.bin"] = other
+    with fleet:
+        result = pull(fleet, "r-1", ["ckpt/*", "*.json"], tmp_path / "out")
+    fetched = {h: sorted(f["path"] for f in hosts[h].ops("fetch")) for h in ("a", "b")}
+    assert fetched == {
+        "a": ["ckpt/model.bin", "log.json"],
+        "b": ["ckpt/shard.bin", "log.json"],
+    }, fetched
+    assert result.fetched_bytes == 2 * len(CKPT) + 11 + 11
+    for task in ("worker-0", "worker-1"):
+        shards = tmp_path / "out" / "r-1" / task / "ckpt"
+        assert (shards / "model.bin").read_bytes() == CKPT
+        assert (shards / "shard.bin").read_bytes() == other
+
+
 def test_a_first_pull_does_not_say_anything_was_already_here(tmp_path: Path) -> None:
     _, fleet = fleet_of(tmp_path)
     with fleet:
