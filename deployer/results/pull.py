@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -139,8 +139,9 @@ def pull(
     check_destination(to)
     base = to / run_id
     listed = _collect(fleet, run_id, patterns, tasks, members, hashed=base.exists())
-    if _replicas(listed):  # listed unhashed, but likely copies of one content: hash them
-        listed = _collect(fleet, run_id, patterns, tasks, members, hashed=True)
+    # Listed unhashed, but likely copies of one content: each travels once, and the hosts
+    # hash their copies while it does (_Replicas).
+    replicas = _Replicas(fleet, run_id, patterns, tasks, members) if _replicas(listed) else None
     if not any(listed.values()):
         raise UsageError(
             f"no host of the inventory knows run {run_id}"
@@ -156,11 +157,19 @@ def pull(
     for _, _, _, dest in wanted:
         _in_the_way(dest, top)
     missing = [w for w in wanted if not _has(w[3], w[2].sha256)]  # all when unhashed
-    sources = _one_source_per_content(missing)
+    key = replicas.key if replicas is not None else _content_key
+    sources = _one_source_per_content(missing, key)
     fetch = _Fetch(run_id, patterns, base / PARTS)
     sent = fetch.all(fleet, sources) if sources else 0
-    for _, _, remote, dest in missing:
-        first = sources[_content_key(remote, dest)][3]
+    copies = missing
+    if replicas is not None:
+        copies, again = replicas.sorted_out(missing, sources, fetch.landed)
+        if again:  # copies that turned out to differ: each from its own host
+            again_fetch = _Fetch(run_id, patterns, base / PARTS)
+            sent += again_fetch.all(fleet, _one_source_per_content(again, _content_key))
+            fetch.fetched += again_fetch.fetched
+    for _, _, remote, dest in copies:
+        first = sources[key(remote, dest)][3]
         if dest != first:  # the same content for another task: copied here, not sent again
             _copy(first, dest, remote.mode, base / PARTS)
     with contextlib.suppress(OSError):
@@ -307,21 +316,97 @@ def _content_key(remote: RemoteFile, dest: Path) -> str:
     return remote.sha256 or "dest-" + hashlib.sha256(os.fsencode(dest)).hexdigest()[:40]
 
 
-def _one_source_per_content(missing: list[Wanted]) -> dict[str, Wanted]:
+class _Replicas:
+    """Replicas' files, listed unhashed, checked while they travel instead of before.
+
+    Tasks that list a file at one path with one size (replicas' identical checkpoints) likely
+    hold one content: each such group is fetched once, from one of its hosts, while every host
+    hashes its copies (a hashed listing, on a thread of its own). Hashing first held the first
+    byte back by a whole pass over the files on the hosts. Once both are done, a copy whose
+    hash is the fetched one is copied here; one that differs is fetched from its own host; and
+    a fetched file that is not what its own host listed changed while it was pulled."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        run_id: str,
+        patterns: Sequence[str],
+        tasks: Sequence[str] | None,
+        members: Sequence[Member] | None,
+    ) -> None:
+        self._listed: dict[str, dict[str, Collected]] = {}
+        self._error: BaseException | None = None
+
+        def hash_them() -> None:
+            try:
+                self._listed = _collect(fleet, run_id, patterns, tasks, members, hashed=True)
+            except BaseException as exc:  # the copies are then fetched, not trusted
+                self._error = exc
+
+        self._thread = threading.Thread(target=hash_them, name="replica hashes", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def key(remote: RemoteFile, dest: Path) -> str:
+        """One group per path and size, for the files listed unhashed."""
+        if remote.sha256 is not None:
+            return remote.sha256
+        return f"{remote.size}:{remote.path}"
+
+    def sorted_out(
+        self, missing: list[Wanted], sources: dict[str, Wanted], landed: dict[Path, str]
+    ) -> tuple[list[Wanted], list[Wanted]]:
+        """(the files to copy from their group's fetched one, those to fetch themselves)."""
+        self._thread.join()
+        hashes = {
+            (host, task, remote.path): (remote.size, remote.sha256)
+            for host, by_task in (self._listed if self._error is None else {}).items()
+            for task, collected in by_task.items()
+            for remote in collected.files
+        }
+        copies: list[Wanted] = []
+        again: list[Wanted] = []
+        failed: list[HostError] = []
+        for item in missing:
+            member, name, remote, dest = source = sources[self.key(item[2], item[3])]
+            # Not in `landed`: another pull into this folder brought it meanwhile.
+            fetched = (remote.size, landed.get(dest) or (_sha256(dest) if dest.is_file() else ""))
+            if hashes.get((member.name, name, remote.path)) not in (None, fetched):
+                if item is source:  # rewritten between the listing and the fetch
+                    with contextlib.suppress(OSError):
+                        dest.unlink()
+                    failed.append(_changed(member.name, name, remote))
+                continue  # its group's content is unknown: nothing is copied from it
+            if item is source or hashes.get((item[0].name, item[1], item[2].path)) == fetched:
+                copies.append(item)
+            else:
+                again.append(item)
+        if failed:
+            raise HostsFailed(failed, what="pulling files failed", outcome=None)
+        return copies, again
+
+
+def _changed(host: str, name: str, remote: RemoteFile) -> HostError:
+    return HostError(host, f"{name}: {remote.path} changed while being pulled; pull again")
+
+
+def _one_source_per_content(
+    missing: list[Wanted], key: Callable[[RemoteFile, Path], str]
+) -> dict[str, Wanted]:
     """Each content once, from one of the hosts that have it: replicas' identical checkpoints
     are shared out, so every host sends a part at once instead of one host sending it all.
     A content only one host has goes to that host; the others go, largest first, to the host
     with the fewest bytes to send so far (the earliest in the listing on a tie)."""
     holders: dict[str, list[Wanted]] = {}
     for item in missing:
-        holders.setdefault(_content_key(item[2], item[3]), []).append(item)
+        holders.setdefault(key(item[2], item[3]), []).append(item)
     load = {item[0].name: 0 for item in missing}
     sources: dict[str, Wanted] = {}
     shared = sorted(holders.items(), key=lambda kv: (len(kv[1]) > 1, -kv[1][0][2].size))
-    for key, items in shared:
+    for content, items in shared:
         source = min(items, key=lambda item: load[item[0].name])  # min keeps the first on ties
         load[source[0].name] += source[2].size
-        sources[key] = source
+        sources[content] = source
     return sources
 
 
@@ -358,6 +443,7 @@ class _Fetch:
         self.cancelled = threading.Event()
         self.sent = 0  # bytes that travelled
         self.fetched = 0  # contents this pull fetched (not those another pull brought meanwhile)
+        self.landed: dict[Path, str] = {}  # where each fetched content is, and its sha256
         self.local: list[LocalError] = []
         self._lock = threading.Lock()
         self._open: list[Agent] = []  # the sessions carrying bytes now
@@ -420,10 +506,12 @@ class _Fetch:
                 fetches = agent.fetch_each(self.run_id, self.patterns, orders)
                 with contextlib.closing(fetches):  # an error here ends the session at once
                     for _, got in fetches:
-                        fetched = landings.popleft().finish(member.name, got)
+                        landing = landings.popleft()
+                        fetched = landing.finish(member.name, got)
                         with self._lock:
                             self.sent += fetched
                             self.fetched += 1
+                            self.landed[landing.dest] = landing.sha256
         except _Cancelled:
             return
         except LocalError as exc:  # a full disk fails every host's transfers: stop them all
@@ -490,6 +578,7 @@ class _Landing:
     ) -> None:
         self.out, self.part, self.name, self.remote, self.dest = out, part, name, remote, dest
         self.cancelled = cancelled
+        self.sha256 = ""  # the whole content's, once it is in place
         try:
             self.offset = os.fstat(out.fileno()).st_size
             if self.offset > remote.size:
@@ -519,9 +608,8 @@ class _Landing:
             if not whole or want is None or got.sha256 != want or landed != want:
                 with contextlib.suppress(OSError):
                     os.unlink(self.part)
-                raise HostError(
-                    host, f"{self.name}: {remote.path} changed while being pulled; pull again"
-                )
+                raise _changed(host, self.name, remote)
+            self.sha256 = want
             with _writing(self.dest):
                 os.fchmod(self.out.fileno(), remote.mode or 0o644)
                 os.replace(self.part, self.dest)

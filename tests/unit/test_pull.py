@@ -81,6 +81,25 @@ def test_replicas_content_is_shared_out_among_the_hosts_that_have_it(tmp_path: P
         assert (shards / "shard.bin").read_bytes() == other
 
 
+def test_a_replica_that_only_looked_alike_is_fetched_from_its_own_host(tmp_path: Path) -> None:
+    """Same path, same size, other bytes: the hosts' hashes (taken while the first copy
+    travelled) tell the copies apart, and the other one comes from its own host."""
+    hosts, fleet = fleet_of(tmp_path)
+    diverged = b"\x03" * len(CKPT)
+    hosts["b"].files["worker:1"]["ckpt/model.bin"] = diverged
+    with fleet:
+        result = pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out")
+    base = tmp_path / "out" / "r-1"
+    assert (base / "worker-0" / "ckpt" / "model.bin").read_bytes() == CKPT
+    assert (base / "worker-1" / "ckpt" / "model.bin").read_bytes() == diverged
+    assert [f["path"] for f in hosts["a"].ops("fetch")] == ["ckpt/model.bin"]
+    assert [f["path"] for f in hosts["b"].ops("fetch")] == ["ckpt/model.bin"]
+    assert (result.fetched_files, result.fetched_bytes) == (2, 2 * len(CKPT))
+    # Both hosts listed twice: first unhashed, then hashed while the content travelled.
+    assert [c.get("hash") for c in hosts["b"].ops("collect")] == [False, True]
+    assert not list(base.rglob("*.part"))
+
+
 def test_a_first_pull_does_not_say_anything_was_already_here(tmp_path: Path) -> None:
     _, fleet = fleet_of(tmp_path)
     with fleet:
