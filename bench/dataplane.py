@@ -1,11 +1,15 @@
 """`sudo /opt/tfdeploy/venv/bin/python -m bench.dataplane [--reps 3] [--big-mb 1024]
 [--out docs/bench/dataplane.md]`
 
-Bulk bytes against the OpenSSH tools, side by side in one run on the same lab hosts (uncapped):
+Bulk bytes against the OpenSSH tools, side by side in one run on the same lab hosts (uncapped
+but for one cell):
 
   push 1 host     30 files of 10 MB: `rsync -a` over ssh  vs  `tfdeploy up --detach`
   push 4 hosts    the same tree: 4 parallel rsync         vs  `tfdeploy up --detach` (fan-out)
   pull 2 hosts    the 300 MB each host holds: 2 parallel `scp -r`  vs  `tfdeploy pull`
+  ... links capped  the same with each host's link shaped to HOST_LINK both ways: the hosts
+                  hold the same tree (replicas' checkpoints), which scp copies from each and
+                  tfdeploy fetches once, shared out between them
   artifacts       the same 300 MB from each of 2 hosts: 2 parallel scp vs the pull `up` runs
                   when its tasks exit (wall and CPU from its "job succeeded" line to its
                   "artifacts:" line; its peak RSS is not separated from the rest of `up`'s)
@@ -50,6 +54,7 @@ MB = 1_000_000
 # pulls each, the first pull after the lab started spent ~1.9 s of system time, the others
 # ~0.5-1.0 s (sync before each made no difference): a cold start, not the steady state.
 WARMUP = 1
+HOST_LINK = "400mbit"  # the replicas cell: what each host may send (tbf on its side of the lab)
 
 
 @dataclass
@@ -366,6 +371,20 @@ def main() -> int:
             base.append(cells.scp_from(hosts2, code))
             ours.append(cells.pull(run_id, inventory, hosts2))
         rows.append(_row("pull 300 MB from each of 2 hosts", "scp", base, ours, 600))
+        # The same tree on both hosts (replicas' checkpoints), each host's own link the limit,
+        # as from a cloud fleet: what travels from each host is what counts.
+        base, ours = [], []
+        for h in hosts2:
+            lab.cap_bandwidth(h, HOST_LINK)
+        try:
+            for _ in range(WARMUP + args.reps):
+                base.append(cells.scp_from(hosts2, code))
+                ours.append(cells.pull(run_id, inventory, hosts2))
+        finally:
+            for h in hosts2:
+                lab.uncap_bandwidth(h)
+        work = f"pull 300 MB from each of 2 hosts, each host's link at {HOST_LINK}"
+        rows.append(_row(work, "scp", base, ours, 600))
         cells.bench._cli("down", str(inventory))
         base, ours = [], []
         for _ in range(WARMUP + args.reps):
