@@ -334,14 +334,11 @@ class _Replicas:
         tasks: Sequence[str] | None,
         members: Sequence[Member] | None,
     ) -> None:
-        self._listed: dict[str, dict[str, Collected]] = {}
-        self._error: BaseException | None = None
+        self._listed: dict[str, dict[str, Collected]] = {}  # stays empty if the listing fails
 
         def hash_them() -> None:
-            try:
+            with contextlib.suppress(BaseException):  # no hashes: every copy is fetched
                 self._listed = _collect(fleet, run_id, patterns, tasks, members, hashed=True)
-            except BaseException as exc:  # the copies are then fetched, not trusted
-                self._error = exc
 
         self._thread = threading.Thread(target=hash_them, name="replica hashes", daemon=True)
         self._thread.start()
@@ -360,17 +357,20 @@ class _Replicas:
         self._thread.join()
         hashes = {
             (host, task, remote.path): (remote.size, remote.sha256)
-            for host, by_task in (self._listed if self._error is None else {}).items()
+            for host, by_task in self._listed.items()
             for task, collected in by_task.items()
             for remote in collected.files
         }
         copies: list[Wanted] = []
         again: list[Wanted] = []
         failed: list[HostError] = []
+        contents: dict[Path, tuple[int, str]] = {}  # each group's fetched file: size, sha256
         for item in missing:
             member, name, remote, dest = source = sources[self.key(item[2], item[3])]
-            # Not in `landed`: another pull into this folder brought it meanwhile.
-            fetched = (remote.size, landed.get(dest) or (_sha256(dest) if dest.is_file() else ""))
+            if dest not in contents:  # not in `landed`: another pull here brought it meanwhile
+                sha256 = landed.get(dest) or (_sha256(dest) if dest.is_file() else "")
+                contents[dest] = (remote.size, sha256)
+            fetched = contents[dest]
             if hashes.get((member.name, name, remote.path)) not in (None, fetched):
                 if item is source:  # rewritten between the listing and the fetch
                     with contextlib.suppress(OSError):

@@ -361,24 +361,22 @@ class _HeadStarter:
         self._stream: SeedStream | None = None
 
     def offer(self, member: Member, facts: Mapping[str, object]) -> None:
-        manifest = self._scanning.ready()
         if (
             not self._open
             or self._stream is not None
-            or manifest is None
             or facts.get("store_empty") is not True
             or fanout.serving_port(self._plan, member.name) is None
-            or manifest.total_bytes < fanout.MIN_BYTES
-            or host_problems(
-                member.name,
-                facts,
-                python=member.agent.python,
-                job=self._plan.job,
-                manifest=manifest,
-            )
         ):
             return
-        contents = [manifest.by_hash()[s] for s in sorted(manifest.by_hash())]
+        manifest = self._scanning.ready()
+        if manifest is None:
+            return
+        by_hash = manifest.by_hash()
+        if sum(f.size for f in by_hash.values()) < fanout.MIN_BYTES or host_problems(
+            member.name, facts, python=member.agent.python, job=self._plan.job, manifest=manifest
+        ):
+            return  # too little to be worth a chain (as spread counts), or this host fails
+        contents = [by_hash[s] for s in sorted(by_hash)]
         with self._lock:
             if self._open and self._stream is None:
                 self._stream = SeedStream(member, manifest, contents, self._run_id)
