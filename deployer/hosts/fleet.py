@@ -211,10 +211,13 @@ class Fleet:
 
 
 def _close_quietly(member: Member) -> None:
-    with contextlib.suppress(Exception):
-        member.agent.close_session()
+    # The connection first: closing a session sends a message, which on a connection still
+    # busy with a stream's bytes (the fan-out seed's) waits behind them, past _close_all's
+    # join; the late close then dropped the fresh connection the stop had opened meanwhile.
     with contextlib.suppress(Exception):
         member.agent.transport.close()
+    with contextlib.suppress(Exception):
+        member.agent.close_session()
 
 
 class Pending(Generic[T]):
