@@ -16,26 +16,76 @@ the CLI prints to a pipe).
 
 from __future__ import annotations
 
-from deployer.api.deploy import check, plan, up
-from deployer.api.handle import LogLine, Result, Run, TaskState, attach
-from deployer.api.inventories import InventoryLike
-from deployer.api.views import View
-from deployer.config.plan import Plan, Task
-from deployer.core.errors import (
-    ExitStatus,
-    HostError,
-    HostsFailed,
-    Interrupted,
-    InventoryError,
-    JobFailed,
-    LocalError,
-    NetworkBlocked,
-    TfdeployError,
-    UsageError,
-)
-from deployer.results.pull import PullResult
-from deployer.watch.board import TaskRow
-from deployer.watch.view import PlainView
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getattr__ below
+    from deployer.api.deploy import check, plan, up
+    from deployer.api.handle import LogLine, Result, Run, TaskState, attach
+    from deployer.api.inventories import InventoryLike
+    from deployer.api.views import View
+    from deployer.config.plan import Plan, Task
+    from deployer.core.errors import (
+        ExitStatus,
+        HostError,
+        HostsFailed,
+        Interrupted,
+        InventoryError,
+        JobFailed,
+        LocalError,
+        NetworkBlocked,
+        TfdeployError,
+        UsageError,
+    )
+    from deployer.results.pull import PullResult
+    from deployer.watch.board import TaskRow
+    from deployer.watch.view import PlainView
+
+# Each name's module, imported at the name's first use: `up` needs the whole deploy machinery
+# (SSH, the push, the live view: ~100 ms of imports), while `tfdeploy pull` and a notebook's
+# `from deployer.api import PullResult` need none of it. Every `deployer.api.*` import goes
+# through this package, so an eager one here would make each command pay for all of them.
+_HOMES = {
+    "check": "deployer.api.deploy",
+    "plan": "deployer.api.deploy",
+    "up": "deployer.api.deploy",
+    "LogLine": "deployer.api.handle",
+    "Result": "deployer.api.handle",
+    "Run": "deployer.api.handle",
+    "TaskState": "deployer.api.handle",
+    "attach": "deployer.api.handle",
+    "InventoryLike": "deployer.api.inventories",
+    "View": "deployer.api.views",
+    "Plan": "deployer.config.plan",
+    "Task": "deployer.config.plan",
+    "ExitStatus": "deployer.core.errors",
+    "HostError": "deployer.core.errors",
+    "HostsFailed": "deployer.core.errors",
+    "Interrupted": "deployer.core.errors",
+    "InventoryError": "deployer.core.errors",
+    "JobFailed": "deployer.core.errors",
+    "LocalError": "deployer.core.errors",
+    "NetworkBlocked": "deployer.core.errors",
+    "TfdeployError": "deployer.core.errors",
+    "UsageError": "deployer.core.errors",
+    "PullResult": "deployer.results.pull",
+    "TaskRow": "deployer.watch.board",
+    "PlainView": "deployer.watch.view",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next use is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
+
 
 __all__ = [
     "ExitStatus",
