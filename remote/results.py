@@ -42,25 +42,39 @@ def op_collect(req: dict[str, Any]) -> dict[str, Any]:
     patterns = [p for p in params.param(req, "patterns", list) if isinstance(p, str)]
     names = params.param(req, "tasks", list, None)
     hashed = params.param(req, "hash", bool, True)
+    only = params.param(req, "hash_only", dict, None)
     found: dict[str, Any] = {}
     for task_dir in layout.task_dirs(run_dir):
         spec = layout.read_json(task_dir / "spec.json")
         if not isinstance(spec, dict) or (names is not None and spec.get("name") not in names):
             continue
+        name = str(spec["name"])
         cwd = layout.task_cwd(run_dir, spec.get("cwd"))
-        files, refused = collect(cwd, patterns, hashed)
-        found[str(spec["name"])] = {"files": files, "refused": refused}
+        which = _paths(only, name) if only is not None else None
+        files, refused = collect(cwd, patterns, hashed, which)
+        found[name] = {"files": files, "refused": refused}
     return {"tasks": found}
 
 
+def _paths(only: dict[str, Any], task: str) -> frozenset[str]:
+    paths = only.get(task, [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise params.AgentError(f"hash_only's {task!r} must be a list of paths as listed")
+    return frozenset(paths)
+
+
 def collect(
-    cwd: Path, patterns: list[str], hashed: bool = True
+    cwd: Path,
+    patterns: list[str],
+    hashed: bool = True,
+    only: frozenset[str] | None = None,
 ) -> tuple[list[list[Any]], list[str]]:
     """([[path, size, mode, sha256]], [refusals]) for `patterns` under `cwd`: every pattern
     walked (within the limits) before anything is hashed. Unhashed (sha256 null) when the
     controller has nothing to compare with: `fetch` hashes as it sends instead, so a first pull
     reads each file once, not twice (for a checkpoint no longer in the page cache, the time of
-    a whole extra pass over the disk)."""
+    a whole extra pass over the disk). With `only`, just those paths (as listed) are hashed:
+    replicas' copies, whose contents the controller compares with what another host sent."""
     walk = _Walk(cwd)
     listed: dict[str, Path] = {}
     refused: list[str] = []
@@ -76,7 +90,7 @@ def collect(
     for shown, path in sorted(listed.items()):
         try:
             info = path.stat()
-            digest = _sha256(path) if hashed else None
+            digest = _sha256(path) if hashed and (only is None or shown in only) else None
             files.append([shown, info.st_size, info.st_mode & 0o777, digest])
         except OSError as exc:  # gone or unreadable since the walk: the others still come
             refused.append(f"{shown}: could not be read ({exc.strerror or exc}); not pulled")

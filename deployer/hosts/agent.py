@@ -655,19 +655,23 @@ class Agent:
         tasks: Sequence[str] | None = None,
         *,
         hashed: bool = True,
+        hash_only: Mapping[str, Sequence[str]] | None = None,
     ) -> dict[str, Collected]:
         """The files each task's `patterns` name on this host, hashed there unless not
-        `hashed` (remote/results)."""
+        `hashed`, or only the paths `hash_only` names for each task (remote/results)."""
         self.look()
         if self.absent:
             return {}
+        params: dict[str, Any] = {"hash": hashed}
+        if hash_only is not None:
+            params["hash_only"] = {task: list(paths) for task, paths in hash_only.items()}
         reply = self.call(
             protocol.OP_COLLECT,
             timeout=600,  # hashing gigabytes of checkpoints takes a while
             run_id=run_id,
             patterns=list(patterns),
             tasks=list(tasks) if tasks is not None else None,
-            hash=hashed,
+            **params,
         )
         return {name: Collected.from_json(t) for name, t in reply.get("tasks", {}).items()}
 

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -139,9 +139,6 @@ def pull(
     check_destination(to)
     base = to / run_id
     listed = _collect(fleet, run_id, patterns, tasks, members, hashed=base.exists())
-    # Listed unhashed, but likely copies of one content: each travels once, and the hosts
-    # hash their copies while it does (_Replicas).
-    replicas = _Replicas(fleet, run_id, patterns, tasks, members) if _replicas(listed) else None
     if not any(listed.values()):
         raise UsageError(
             f"no host of the inventory knows run {run_id}"
@@ -157,8 +154,12 @@ def pull(
     for _, _, _, dest in wanted:
         _in_the_way(dest, top)
     missing = [w for w in wanted if not _has(w[3], w[2].sha256)]  # all when unhashed
-    key = replicas.key if replicas is not None else _content_key
+    # Listed unhashed, but likely copies of one content: each travels once, and the hosts
+    # hash their other copies while it does (_Replicas).
+    likely_replicas = _replicas(listed)
+    key = _Replicas.key if likely_replicas else _content_key
     sources = _one_source_per_content(missing, key)
+    replicas = _Replicas(fleet, run_id, patterns, missing, sources) if likely_replicas else None
     fetch = _Fetch(run_id, patterns, base / PARTS)
     sent = fetch.all(fleet, sources) if sources else 0
     copies = missing
@@ -193,13 +194,18 @@ def _collect(
     members: Sequence[Member] | None,
     *,
     hashed: bool,
+    hash_only: Mapping[str, Mapping[str, list[str]]] | None = None,
 ) -> dict[str, dict[str, Collected]]:
-    """What each host lists. Ctrl-C drops the connections of the hosts still walking and
-    hashing, which ends their agents (remote/caller.py)."""
+    """What each host lists (hashing, with `hash_only`, just the paths it names for the host's
+    tasks). Ctrl-C drops the connections of the hosts still walking and hashing, which ends
+    their agents (remote/caller.py)."""
+
+    def one(m: Member) -> dict[str, Collected]:
+        only = hash_only.get(m.name, {}) if hash_only is not None else None
+        return m.agent.collect(run_id, patterns, tasks, hashed=hashed, hash_only=only)
+
     try:
-        listed, failures = fleet.each_settled(
-            lambda m: m.agent.collect(run_id, patterns, tasks, hashed=hashed), members
-        )
+        listed, failures = fleet.each_settled(one, members)
     except KeyboardInterrupt:
         fleet.interrupt()
         raise
@@ -320,28 +326,38 @@ class _Replicas:
     """Replicas' files, listed unhashed, checked while they travel instead of before.
 
     Tasks that list a file at one path with one size (replicas' identical checkpoints) likely
-    hold one content: each such group is fetched once, from one of its hosts, while every host
-    hashes its copies (a hashed listing, on a thread of its own). Hashing first held the first
-    byte back by a whole pass over the files on the hosts. Once both are done, a copy whose
-    hash is the fetched one is copied here; one that differs is fetched from its own host; and
-    a fetched file that is not what its own host listed changed while it was pulled."""
+    hold one content: each such group is fetched once, from one of its hosts, while the hosts
+    hash their other copies (a listing that hashes just those, on a thread of its own; what a
+    host sends it hashes as it sends). Hashing first held the first byte back by a whole pass
+    over the files on the hosts, and hashing every file read the sent ones twice. Once both
+    are done, a copy whose hash is the fetched one is copied here, and one that differs is
+    fetched from its own host."""
 
     def __init__(
         self,
         fleet: Fleet,
         run_id: str,
         patterns: Sequence[str],
-        tasks: Sequence[str] | None,
-        members: Sequence[Member] | None,
+        missing: list[Wanted],
+        sources: dict[str, Wanted],
     ) -> None:
         self._listed: dict[str, dict[str, Collected]] = {}  # stays empty if the listing fails
+        sent = {id(item) for item in sources.values()}
+        copies: dict[str, dict[str, list[str]]] = {}  # host -> task -> the paths to hash
+        for member, name, remote, _ in (item for item in missing if id(item) not in sent):
+            copies.setdefault(member.name, {}).setdefault(name, []).append(remote.path)
+        holders = [fleet.member(host) for host in copies]
+        tasks = sorted({name for by_task in copies.values() for name in by_task})
 
         def hash_them() -> None:
             with contextlib.suppress(BaseException):  # no hashes: every copy is fetched
-                self._listed = _collect(fleet, run_id, patterns, tasks, members, hashed=True)
+                self._listed = _collect(
+                    fleet, run_id, patterns, tasks, holders, hashed=True, hash_only=copies
+                )
 
         self._thread = threading.Thread(target=hash_them, name="replica hashes", daemon=True)
-        self._thread.start()
+        if copies:
+            self._thread.start()
 
     @staticmethod
     def key(remote: RemoteFile, dest: Path) -> str:
@@ -354,7 +370,8 @@ class _Replicas:
         self, missing: list[Wanted], sources: dict[str, Wanted], landed: dict[Path, str]
     ) -> tuple[list[Wanted], list[Wanted]]:
         """(the files to copy from their group's fetched one, those to fetch themselves)."""
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
         hashes = {
             (host, task, remote.path): (remote.size, remote.sha256)
             for host, by_task in self._listed.items()
@@ -363,26 +380,20 @@ class _Replicas:
         }
         copies: list[Wanted] = []
         again: list[Wanted] = []
-        failed: list[HostError] = []
         contents: dict[Path, tuple[int, str]] = {}  # each group's fetched file: size, sha256
         for item in missing:
-            member, name, remote, dest = source = sources[self.key(item[2], item[3])]
+            source = sources[self.key(item[2], item[3])]
+            dest = source[3]
             if dest not in contents:  # not in `landed`: another pull here brought it meanwhile
                 sha256 = landed.get(dest) or (_sha256(dest) if dest.is_file() else "")
-                contents[dest] = (remote.size, sha256)
-            fetched = contents[dest]
-            if hashes.get((member.name, name, remote.path)) not in (None, fetched):
-                if item is source:  # rewritten between the listing and the fetch
-                    with contextlib.suppress(OSError):
-                        dest.unlink()
-                    failed.append(_changed(member.name, name, remote))
-                continue  # its group's content is unknown: nothing is copied from it
-            if item is source or hashes.get((item[0].name, item[1], item[2].path)) == fetched:
+                contents[dest] = (source[2].size, sha256)
+            if (
+                item is source
+                or hashes.get((item[0].name, item[1], item[2].path)) == contents[dest]
+            ):
                 copies.append(item)
             else:
                 again.append(item)
-        if failed:
-            raise HostsFailed(failed, what="pulling files failed", outcome=None)
         return copies, again
 
 
@@ -419,13 +430,29 @@ def _copy(first: Path, dest: Path, mode: int, parts: Path) -> None:
         fd, tmp = tempfile.mkstemp(dir=parts, suffix=".copy")  # mode 0600
         try:
             with os.fdopen(fd, "wb") as out, first.open("rb") as src:
-                shutil.copyfileobj(src, out, 1 << 20)
+                _copy_contents(src, out)
                 os.fchmod(out.fileno(), mode or 0o644)
             os.replace(tmp, dest)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+def _copy_contents(src: BinaryIO, out: BinaryIO) -> None:
+    """In the kernel where it can (copy_file_range: a reflink on XFS or btrfs, which costs
+    neither time nor disk space for a checkpoint of gigabytes); through this process where the
+    file systems cannot (two of them, an old kernel)."""
+    copied = 0
+    try:
+        while n := os.copy_file_range(src.fileno(), out.fileno(), 1 << 30):
+            copied += n
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        src.seek(copied)
+        out.seek(copied)
+        shutil.copyfileobj(src, out, 1 << 20)
 
 
 class _Cancelled(Exception):

@@ -257,12 +257,15 @@ class FakeHost:
             if req.get("tasks") is not None and task not in req["tasks"]:
                 continue
             hashed = req.get("hash", True)  # remote/results.py: null when not asked
+            only = req.get("hash_only")  # ... or not among the paths named for the task
             listed = [
                 [
                     path,
                     len(data),
                     self.modes.get(path, 0o644),
-                    hashlib.sha256(data).hexdigest() if hashed else None,
+                    hashlib.sha256(data).hexdigest()
+                    if hashed and (only is None or path in only.get(task, []))
+                    else None,
                 ]
                 for path, data in sorted(files.items())
                 if any(fnmatch.fnmatch(path, p) for p in req["patterns"])

@@ -7,6 +7,7 @@ tests/integration/test_results.py."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -59,6 +60,24 @@ def test_a_pull_brings_each_content_once_and_a_second_pull_nothing(tmp_path: Pat
     assert not list(base.rglob("*.part"))
 
 
+def test_a_copy_is_made_without_copy_file_range_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicas' second copy is made in the kernel (copy_file_range); a file system or kernel
+    without it (ENOSYS, EXDEV: not something this machine has) falls back to reading here."""
+
+    def unsupported(*_: object) -> int:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported)
+    _, fleet = fleet_of(tmp_path)
+    with fleet:
+        result = pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out")
+    assert result.fetched_files == 1
+    for task in ("worker-0", "worker-1"):
+        assert (tmp_path / "out" / "r-1" / task / "ckpt" / "model.bin").read_bytes() == CKPT
+
+
 def test_replicas_content_is_shared_out_among_the_hosts_that_have_it(tmp_path: Path) -> None:
     """Contents both hosts have travel once each, and not all from one host: each host sends a
     part at once (over a real network, each over its own link). A content only one host has
@@ -95,7 +114,7 @@ def test_a_replica_that_only_looked_alike_is_fetched_from_its_own_host(tmp_path:
     assert [f["path"] for f in hosts["a"].ops("fetch")] == ["ckpt/model.bin"]
     assert [f["path"] for f in hosts["b"].ops("fetch")] == ["ckpt/model.bin"]
     assert (result.fetched_files, result.fetched_bytes) == (2, 2 * len(CKPT))
-    # Both hosts listed twice: first unhashed, then hashed while the content travelled.
+    # b listed twice: first unhashed, then its copy hashed while a's content travelled.
     assert [c.get("hash") for c in hosts["b"].ops("collect")] == [False, True]
     assert not list(base.rglob("*.part"))
 
@@ -119,25 +138,39 @@ def test_a_first_pull_lists_unhashed_and_the_hosts_hash_as_they_send(tmp_path: P
     with fleet:
         pull(fleet, "r-1", ["*.json"], tmp_path / "out")
         pull(fleet, "r-1", ["ckpt/*"], tmp_path / "fresh")
-    a = hosts["a"]
-    assert [c.get("hash") for c in a.ops("collect")] == [False, False, True]
+    a, b = hosts["a"], hosts["b"]
+    # The checkpoint's content comes from a, which hashes it as it sends; only b's copy is
+    # hashed in a listing, to be compared with what a sent.
+    assert [c.get("hash") for c in a.ops("collect")] == [False, False]
+    assert [(c.get("hash"), c.get("hash_only")) for c in b.ops("collect")] == [
+        (False, None),
+        (False, None),
+        (True, {"worker:1": ["ckpt/model.bin"]}),
+    ]
     json_fetch, ckpt_fetch = a.ops("fetch")
     assert json_fetch["hash"] and ckpt_fetch["hash"]  # every fetch: the host's hash as it sent
     assert (tmp_path / "out" / "r-1" / "worker-0" / "log.json").read_bytes() == b'{"loss": 1}'
 
 
-def test_a_replica_that_changed_after_its_hashed_listing_is_not_kept(tmp_path: Path) -> None:
-    """Listed hashed (a replica), fetched from offset 0: the host's hash of what it sent is the
-    check, and a file rewritten between the listing and the fetch fails it."""
+def test_a_replica_rewritten_before_it_was_sent_leaves_each_task_its_own_content(
+    tmp_path: Path,
+) -> None:
+    """The host that sends a group's content hashes it as it sends (never in a listing
+    before): rewritten after the listing, it sends the new bytes with their hash. The other
+    host's copy, hashed while they travelled, no longer matches and comes from its own host."""
     hosts, fleet = fleet_of(tmp_path)
+    rewritten = b"\x04" * len(CKPT)
 
-    def rewritten(data: bytes, sink: Callable[[bytes], None], closed: threading.Event) -> None:
-        sink(data[:-65] + b"0" * 64 + data[-1:])  # the trailer: a hash not the listed one
+    def send_rewritten(data: bytes, sink: Callable[[bytes], None], _: threading.Event) -> None:
+        sink(rewritten + hashlib.sha256(rewritten).hexdigest().encode() + b"1")
 
-    hosts["a"].deliver = rewritten
-    with fleet, pytest.raises(HostsFailed, match=r"changed while being pulled; pull again"):
-        pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out")
-    assert not list((tmp_path / "out").rglob("model.bin")) and not list(tmp_path.rglob("*.part"))
+    hosts["a"].deliver = send_rewritten
+    with fleet:
+        result = pull(fleet, "r-1", ["ckpt/*"], tmp_path / "out")
+    base = tmp_path / "out" / "r-1"
+    assert (base / "worker-0" / "ckpt" / "model.bin").read_bytes() == rewritten
+    assert (base / "worker-1" / "ckpt" / "model.bin").read_bytes() == CKPT
+    assert (result.fetched_files, result.fetched_bytes) == (2, 2 * len(CKPT))
 
 
 def test_a_file_that_did_not_stand_still_while_sent_is_not_kept(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ The same over SSH, with `tfdeploy pull` and Ctrl-C: tests/integration/test_datap
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -120,6 +121,23 @@ def test_an_absolute_match_is_never_confused_with_a_relative_one(
     assert sorted(f[0] for f in listed["files"]) == [str(outside), relative]
     assert fetch(workdir, str(outside), str(outside)) == b"the host's"
     assert fetch(workdir, relative, relative) == b"the task's own"
+
+
+def test_hash_only_hashes_the_named_paths_and_lists_the_rest(
+    workdir: Path, task_dir: Path
+) -> None:
+    """A replica's copies are hashed, the files its host sends are not (they are hashed as they
+    are sent): `hash_only` names the copies per task. A path it names that no pattern matches
+    is not hashed or listed; a malformed one is refused."""
+    (task_dir / "ckpt").mkdir()
+    (task_dir / "ckpt" / "a.bin").write_bytes(b"a" * 1000)
+    (task_dir / "ckpt" / "b.bin").write_bytes(b"b" * 1000)
+    only = {"worker:0": ["ckpt/b.bin", "elsewhere.bin"]}
+    reply = ok(call(workdir, "collect", run_id="r1", patterns=["ckpt/*"], hash_only=only))
+    listed = {f[0]: f[3] for f in reply["tasks"]["worker:0"]["files"]}
+    assert listed == {"ckpt/a.bin": None, "ckpt/b.bin": hashlib.sha256(b"b" * 1000).hexdigest()}
+    bad = call(workdir, "collect", run_id="r1", patterns=["ckpt/*"], hash_only={"worker:0": 1})
+    assert not bad["ok"] and "hash_only" in bad["error"], bad
 
 
 def test_a_collect_stops_when_its_caller_goes_away(workdir: Path, task_dir: Path) -> None:
