@@ -123,9 +123,7 @@ def test_an_absolute_match_is_never_confused_with_a_relative_one(
     assert fetch(workdir, relative, relative) == b"the task's own"
 
 
-def test_hash_only_hashes_the_named_paths_and_lists_the_rest(
-    workdir: Path, task_dir: Path
-) -> None:
+def test_hash_only_hashes_the_named_paths_and_lists_the_rest(workdir: Path, task_dir: Path) -> None:
     """A replica's copies are hashed, the files its host sends are not (they are hashed as they
     are sent): `hash_only` names the copies per task. A path it names that no pattern matches
     is not hashed or listed; a malformed one is refused."""
