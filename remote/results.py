@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Iterator
 
 import caller
+import hashing
 import layout
 import params
 import protocol
@@ -321,7 +322,8 @@ CHUNK = 1 << 20
 
 def _send_range(out: BinaryIO, path: Path, offset: int, length: int, digest: Any = None) -> None:
     """Exactly `length` bytes: a file that shrank meanwhile is padded with zeros, which the
-    controller's hash check then reports as a file that changed while being pulled."""
+    controller's hash check then reports as a file that changed while being pulled. `digest`
+    gets every piece sent."""
     with path.open("rb") as f:
         f.seek(offset)
         left = length
@@ -329,9 +331,9 @@ def _send_range(out: BinaryIO, path: Path, offset: int, length: int, digest: Any
             chunk = f.read(min(CHUNK, left))
             if not chunk:
                 chunk = bytes(min(CHUNK, left))
-            out.write(chunk)
             if digest is not None:
-                digest.update(chunk)
+                digest.update(chunk)  # first: on hashing.Sha256's thread while it is written
+            out.write(chunk)
             left -= len(chunk)
 
 
@@ -342,19 +344,20 @@ def _send_hashed(out: BinaryIO, path: Path, offset: int, length: int) -> None:
     controller checks its own hash of the same bytes against it; a file written to while it
     was read is reported as changed, never taken."""
     before = _identity(path)
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        left = offset
-        while left:
-            chunk = f.read(min(CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            left -= len(chunk)
-            caller.check()
-    _send_range(out, path, offset, length, digest)
+    with hashing.Sha256(offset + length) as digest:
+        with path.open("rb") as f:
+            left = offset
+            while left:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                digest.update(chunk)
+                left -= len(chunk)
+                caller.check()
+        _send_range(out, path, offset, length, digest)
+        hexdigest = digest.hexdigest()
     steady = before == _identity(path) and before[0] == offset + length
-    out.write(digest.hexdigest().encode() + (b"1" if steady else b"0"))
+    out.write(hexdigest.encode() + (b"1" if steady else b"0"))
 
 
 def _identity(path: Path) -> tuple[int, int, int, int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import hashlib
 import os
 import shutil
 import sys
@@ -18,6 +17,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable
 
+import hashing
 import hostid
 import layout
 import params
@@ -152,19 +152,20 @@ def _copy_through(
     """Reads exactly `size` bytes of `stream` into `out` (an unbuffered file, or nowhere);
     their hash must be `digest`. A short or damaged content is an error, and nothing of it is
     published."""
-    hasher = hashlib.sha256()
     left = size
-    while left:
-        chunk = stream.read(min(CHUNK, left))
-        if not chunk:
-            break
-        hasher.update(chunk)
-        if out is not None:
-            _write_all(out, chunk)
-        if tee is not None:
-            tee(chunk)
-        left -= len(chunk)
-    if left or hasher.hexdigest() != digest:
+    with hashing.Sha256(size) as hasher:
+        while left:
+            chunk = stream.read(min(CHUNK, left))
+            if not chunk:
+                break
+            hasher.update(chunk)
+            if out is not None:
+                _write_all(out, chunk)
+            if tee is not None:
+                tee(chunk)
+            left -= len(chunk)
+        damaged = left or hasher.hexdigest() != digest
+    if damaged:
         raise params.AgentError(f"the content of {digest[:12]} arrived damaged or short")
 
 

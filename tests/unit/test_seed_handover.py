@@ -96,7 +96,7 @@ def litter(workdir: Path) -> list[str]:
 
 def test_a_next_host_named_mid_content_gets_every_byte_from_the_start(tmp_path: Path) -> None:
     seed_dir, next_dir = tmp_path / "seed", tmp_path / "next"
-    first, second = contents(3 << 20, 2 << 20)
+    first, second = contents(5 << 20, 6 << 20)  # both hashed beside the stream (hashing.py)
     port = relay(next_dir)
     seed = start_seed(seed_dir, [first, second])
     send(seed.stdin, first + second[: 1 << 20])
@@ -134,7 +134,7 @@ def test_a_seed_told_there_is_no_chain_only_stores(tmp_path: Path) -> None:
 
 def test_a_seed_whose_stream_breaks_publishes_nothing_of_it(tmp_path: Path) -> None:
     seed_dir = tmp_path / "seed"
-    [whole] = contents(2 << 20)
+    [whole] = contents(6 << 20)
     seed = start_seed(seed_dir, [whole])
     send(seed.stdin, whole[: 1 << 20])
     assert seed.stdin is not None
