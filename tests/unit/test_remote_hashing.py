@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from remote import hashing
 
 MB = 1 << 20
+REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
 
 def threads() -> int:
@@ -46,3 +50,37 @@ def test_a_stream_that_fails_half_way_leaves_no_thread() -> None:
             hasher.update(os.urandom(MB))
         raise OSError("the stream broke")
     assert threads() == 0
+
+
+def test_a_store_hashing_beside_keeps_a_whole_content_and_refuses_a_damaged_one(
+    tmp_path: Path,
+) -> None:
+    """store.receive with the hash on its thread (as on a host with cores to spare, which this
+    machine may not be): the content is published, a damaged one is not, and no part is left.
+    In a process of its own, with the agent's directory on sys.path as on a host."""
+    script = f"""
+import hashlib, io, os, sys, threading
+sys.path.insert(0, {str(REMOTE)!r})
+import hashing, store
+from pathlib import Path
+hashing.SPARE_CORES = True
+data = os.urandom(9 << 20)
+digest = hashlib.sha256(data).hexdigest()
+root = Path({str(tmp_path)!r})
+pieces, beside = [], set()
+def tee(piece):
+    pieces.append(piece)
+    beside.add(any(t.name == "sha256" for t in threading.enumerate()))
+store.receive(root, [[digest, len(data)]], io.BytesIO(data), tee)
+print(os.path.isfile(os.path.join(root, digest)), b"".join(pieces) == data, beside == {{True}})
+os.unlink(os.path.join(root, digest))
+damaged = data[:-1] + bytes([data[-1] ^ 1])
+try:
+    store.receive(root, [[digest, len(data)]], io.BytesIO(damaged))
+except Exception as exc:
+    print(type(exc).__name__, "damaged" in str(exc))
+print(sorted(os.listdir(root)))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["True True True", "AgentError True", "[]"], done.stdout

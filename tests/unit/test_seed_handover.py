@@ -96,7 +96,7 @@ def litter(workdir: Path) -> list[str]:
 
 def test_a_next_host_named_mid_content_gets_every_byte_from_the_start(tmp_path: Path) -> None:
     seed_dir, next_dir = tmp_path / "seed", tmp_path / "next"
-    first, second = contents(5 << 20, 6 << 20)  # both hashed beside the stream (hashing.py)
+    first, second = contents(5 << 20, 6 << 20)  # large enough to be hashed beside, given cores
     port = relay(next_dir)
     seed = start_seed(seed_dir, [first, second])
     send(seed.stdin, first + second[: 1 << 20])
