@@ -477,9 +477,14 @@ def _handshake_error(
         return _socket_error(target, hop, exc)
     if isinstance(exc, paramiko.SSHException | EOFError):
         text = str(exc) or type(exc).__name__
+        wait = target.settings.connect_timeout
         if "banner" in text:
-            wait = target.settings.connect_timeout
             text = f"no SSH banner within {wait:g} s (is it an SSH server?)"
+        elif text == "No existing session":  # paramiko's words for a key exchange never done
+            text = (
+                f"it sent an SSH banner, then nothing for {2 * wait:g} s: the key exchange never "
+                "finished (a hung sshd, or a firewall dropping packets after the first?)"
+            )
         return HostError(target.name, f"{hop.where}SSH handshake with {hop.addr} failed: {text}")
     return exc  # KeyboardInterrupt and programming errors pass through unchanged
 

@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tokenize
 from pathlib import Path
@@ -182,6 +183,47 @@ def test_a_port_that_never_speaks_ssh_gives_one_clean_error_and_no_paramiko_log(
     assert done.returncode == 3, output  # a host could not be reached: nothing started
     assert "mute" in output and "no SSH banner within 1 s" in output, output
     assert "Traceback" not in output and "Exception (client)" not in output, output
+
+
+def test_a_port_that_sends_a_banner_then_nothing_says_the_key_exchange_never_finished(
+    tmp_path: Path,
+) -> None:
+    """A hung sshd (or a firewall that drops what follows the first packets) sends its banner
+    and goes silent: paramiko's "No existing session" named nothing the user could act on."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        accepted: list[socket.socket] = []
+
+        def banner_then_nothing() -> None:
+            conn, _ = server.accept()
+            accepted.append(conn)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+        threading.Thread(target=banner_then_nothing, daemon=True).start()
+        inventory = tmp_path / "inv.toml"
+        (tmp_path / "code").mkdir()
+        inventory.write_text(
+            '[job]\nname = "hung"\ncode = "code"\ncommand = "true"\n'
+            f'[ssh]\nconnect_timeout = 1\nssh_config = "{os.devnull}"\n'
+            f'known_hosts = "{tmp_path / "known_hosts"}"\nhost_keys = "accept-new"\n'
+            f'[[hosts]]\nname = "hung"\naddress = "127.0.0.1"\nssh = {{ port = {port} }}\n'
+            'tasks = [{ role = "worker" }]\n'
+        )
+        env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
+        done = subprocess.run(
+            [sys.executable, "-m", "deployer", "check", str(inventory)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        for conn in accepted:
+            conn.close()
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output
+    assert "hung: SSH handshake with 127.0.0.1" in output, output
+    assert "sent an SSH banner, then nothing for 2 s" in output, output
+    assert "No existing session" not in output and "Traceback" not in output, output
 
 
 def test_an_empty_home_is_not_the_root_directory(
