@@ -155,6 +155,28 @@ def test_local_commands_get_a_login_environment_not_the_controllers(
         session.close()
 
 
+def _one_host_at(
+    tmp_path: Path, name: str, port: int, verb: str
+) -> subprocess.CompletedProcess[str]:
+    """`tfdeploy VERB` of a one-worker job on a host at 127.0.0.1:port, waiting 1 s to connect."""
+    inventory = tmp_path / "inv.toml"
+    (tmp_path / "code").mkdir()
+    inventory.write_text(
+        f'[job]\nname = "{name}"\ncode = "code"\ncommand = "true"\n'
+        f'[ssh]\nconnect_timeout = 1\nssh_config = "{os.devnull}"\n'
+        f'known_hosts = "{tmp_path / "known_hosts"}"\nhost_keys = "accept-new"\n'
+        f'[[hosts]]\nname = "{name}"\naddress = "127.0.0.1"\nssh = {{ port = {port} }}\n'
+        'tasks = [{ role = "worker" }]\n'
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "deployer", verb, str(inventory)],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")},
+        timeout=60,
+    )
+
+
 def test_a_port_that_never_speaks_ssh_gives_one_clean_error_and_no_paramiko_log(
     tmp_path: Path,
 ) -> None:
@@ -162,23 +184,7 @@ def test_a_port_that_never_speaks_ssh_gives_one_clean_error_and_no_paramiko_log(
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        port = silent.getsockname()[1]
-        inventory = tmp_path / "inv.toml"
-        (tmp_path / "code").mkdir()
-        inventory.write_text(
-            '[job]\nname = "nobanner"\ncode = "code"\ncommand = "true"\n'
-            f'[ssh]\nconnect_timeout = 1\nssh_config = "{os.devnull}"\n'
-            f'[[hosts]]\nname = "mute"\naddress = "127.0.0.1"\nssh = {{ port = {port} }}\n'
-            'tasks = [{ role = "worker" }]\n'
-        )
-        env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
-        done = subprocess.run(
-            [sys.executable, "-m", "deployer", "up", str(inventory)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        done = _one_host_at(tmp_path, "mute", silent.getsockname()[1], "up")
     output = done.stdout + done.stderr
     assert done.returncode == 3, output  # a host could not be reached: nothing started
     assert "mute" in output and "no SSH banner within 1 s" in output, output
@@ -200,23 +206,7 @@ def test_a_port_that_sends_a_banner_then_nothing_says_the_key_exchange_never_fin
             conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
 
         threading.Thread(target=banner_then_nothing, daemon=True).start()
-        inventory = tmp_path / "inv.toml"
-        (tmp_path / "code").mkdir()
-        inventory.write_text(
-            '[job]\nname = "hung"\ncode = "code"\ncommand = "true"\n'
-            f'[ssh]\nconnect_timeout = 1\nssh_config = "{os.devnull}"\n'
-            f'known_hosts = "{tmp_path / "known_hosts"}"\nhost_keys = "accept-new"\n'
-            f'[[hosts]]\nname = "hung"\naddress = "127.0.0.1"\nssh = {{ port = {port} }}\n'
-            'tasks = [{ role = "worker" }]\n'
-        )
-        env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
-        done = subprocess.run(
-            [sys.executable, "-m", "deployer", "check", str(inventory)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        done = _one_host_at(tmp_path, "hung", port, "check")
         for conn in accepted:
             conn.close()
     output = done.stdout + done.stderr
