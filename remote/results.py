@@ -279,7 +279,7 @@ def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
 
     The bytes follow the reply line as they are (the reply's "raw" counts them), read and
     written in CHUNK pieces: no base64, and no whole range in memory on either side. With
-    `hash`, protocol.FETCH_TRAILER follows them, counted in "raw" (see _send_range).
+    `hash`, protocol.FETCH_TRAILER follows them, counted in "raw" (see send_range).
     """
     path = _fetchable(req)
     offset = params.param(req, "offset", int, 0)
@@ -290,7 +290,7 @@ def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
     if params.param(req, "hash", bool, False):
         send = functools.partial(_send_hashed, path=path, offset=offset, length=length)
         return {"size": size, "raw": length + protocol.FETCH_TRAILER, protocol.RAW_BODY: send}
-    send = functools.partial(_send_range, path=path, offset=offset, length=length)
+    send = functools.partial(send_range, path=path, offset=offset, length=length)
     return {"size": size, "raw": length, protocol.RAW_BODY: send}
 
 
@@ -320,7 +320,7 @@ def _fetchable(req: dict[str, Any]) -> Path:
 CHUNK = 1 << 20
 
 
-def _send_range(out: BinaryIO, path: Path, offset: int, length: int, digest: Any = None) -> None:
+def send_range(out: BinaryIO, path: Path, offset: int, length: int, digest: Any = None) -> None:
     """Exactly `length` bytes: a file that shrank meanwhile is padded with zeros, which the
     controller's hash check then reports as a file that changed while being pulled. `digest`
     gets every piece sent."""
@@ -354,7 +354,7 @@ def _send_hashed(out: BinaryIO, path: Path, offset: int, length: int) -> None:
                 digest.update(chunk)
                 left -= len(chunk)
                 caller.check()
-        _send_range(out, path, offset, length, digest)
+        send_range(out, path, offset, length, digest)
         hexdigest = digest.hexdigest()
     steady = before == _identity(path) and before[0] == offset + length
     out.write(hexdigest.encode() + (b"1" if steady else b"0"))

@@ -6,7 +6,6 @@ never appear on a command line and a call costs one round trip.
 
 from __future__ import annotations
 
-import base64
 import collections
 import contextlib
 import json
@@ -507,19 +506,22 @@ class Agent:
         heartbeat: bool = True,
         timeout: float = 30,
     ) -> Poll:
+        raw: list[bytes] = []  # every task's new bytes, in the order `logs` lists them
         reply = self.call(
             protocol.OP_POLL,
             timeout=timeout,
+            sink=raw.append,
             run_id=run_id,
             offsets=offsets,
             max_bytes=max_bytes,
             ports=list(ports),
             heartbeat=heartbeat,
         )
-        logs = {
-            name: (int(entry["offset"]), base64.b64decode(entry["data"]))
-            for name, entry in reply.get("logs", {}).items()
-        }
+        data, at, logs = b"".join(raw), 0, {}
+        for entry in reply.get("logs", []):
+            count = int(entry["bytes"])
+            logs[str(entry["task"])] = (int(entry["offset"]), data[at : at + count])
+            at += count
         return Poll(
             tasks=tuple(TaskStatus.from_json(t) for t in reply["tasks"]),
             logs=logs,

@@ -302,7 +302,7 @@ def stop_runs(
 def follow_logs(
     fleet: Fleet,
     run_id: str,
-    emit: Callable[[str, str], None],
+    emit: Callable[[str, list[str]], None],
     *,
     task: str | None = None,
     tail: int | None = None,
@@ -329,8 +329,8 @@ def follow_logs(
                     offsets[key] = _tail_start(member, run_id, s, tail) if start else 0
                     assemblers[key] = LineAssembler()
             for label, lines in _read_logs(member, run_id, wanted, offsets, assemblers).items():
-                for line in lines:
-                    emit(label, line)
+                if lines:
+                    emit(label, lines)
             seen = seen or bool(wanted)
             active = active or any(not s.finished for s in wanted)
         first = False
@@ -382,7 +382,7 @@ def _statuses(member: Member, run_id: str) -> list[TaskStatus] | None:
 
 NEWLINE = re.compile(b"\n")
 TAIL_WINDOW = 4096  # bytes read back from a log's end at first; grows until N lines fit
-READ_CHUNK = 4 << 20  # bytes per poll
+READ_CHUNK = 32 << 20  # bytes per poll
 
 
 def _tail_start(member: Member, run_id: str, status: TaskStatus, tail: int | None) -> int:

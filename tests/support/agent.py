@@ -41,8 +41,12 @@ def raw_call(payload: bytes, *, host: str | None = None, python: str = PYTHON) -
     )
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stderr == b"", proc.stderr.decode()
-    reply: dict[str, Any] = json.loads(proc.stdout)
+    line, _, rest = proc.stdout.partition(b"\n")
+    reply: dict[str, Any] = json.loads(line)
     assert reply["v"] == 1
+    assert len(rest) == reply.get("raw", 0), "the raw bytes after the reply are not as many as said"
+    if "raw" in reply:
+        reply["_raw"] = rest  # what poll and fetch send after the reply line
     return reply
 
 

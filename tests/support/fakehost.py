@@ -214,19 +214,20 @@ class FakeHost:
 
     def _op_poll(self, req: dict[str, Any]) -> dict[str, Any]:
         budget = int(req.get("max_bytes", 1 << 20))
-        logs = {}
+        logs, raw = [], b""
         for name, offset in req.get("offsets", {}).items():
             data = bytes(self.tasks[name].log[offset : offset + budget])
             budget -= len(data)
-            if data:
-                logs[name] = {"offset": offset + len(data), "data": _b64(data)}
+            logs.append({"task": name, "offset": offset + len(data), "bytes": len(data)})
+            raw += data  # after the reply line, as the agent's poll sends them
         ports = set(req.get("ports", []))
         listening = [p for p in ports if self._listening(p)]
-        return {
+        reply = {
             "tasks": [t.status() for t in self.tasks.values()],
             "logs": logs,
             "listening": listening,
         }
+        return reply | ({"raw": len(raw), "_raw": raw} if raw else {})
 
     def _listening(self, port: int) -> bool:
         return any(
@@ -299,12 +300,6 @@ def _port(task: FakeTask) -> int | None:
     endpoints = config.get("cluster", {}).get(own.get("type"), [])
     index = own.get("index", 0)
     return int(endpoints[index].rsplit(":", 1)[1]) if index < len(endpoints) else None
-
-
-def _b64(data: bytes) -> str:
-    import base64
-
-    return base64.b64encode(data).decode()
 
 
 class FakeSession:

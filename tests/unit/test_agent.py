@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -267,6 +266,16 @@ def test_stop_without_supervisor_records_the_stop(workdir: Path) -> None:
     assert not alive(task["pid"])
 
 
+def logs_of(reply: dict[str, Any]) -> dict[str, bytes]:
+    """Each task's bytes of a poll: raw after the reply line, in the order `logs` lists them."""
+    raw, at, out = reply.get("_raw", b""), 0, {}
+    for entry in reply["logs"]:
+        out[entry["task"]] = raw[at : at + entry["bytes"]]
+        at += entry["bytes"]
+    assert at == len(raw)
+    return out
+
+
 def test_poll_returns_logs_by_offset_without_loss(workdir: Path) -> None:
     new_run(workdir)
     lines = 'i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; sleep 0.3'
@@ -276,11 +285,11 @@ def test_poll_returns_logs_by_offset_without_loss(workdir: Path) -> None:
     while True:
         reply = ok(call(workdir, "poll", run_id="r1", offsets=offsets, max_bytes=4000))
         chunk = 0
-        for name, entry in reply["logs"].items():
-            data = base64.b64decode(entry["data"])
-            assert entry["offset"] == offsets[name] + len(data)
+        for name, data in logs_of(reply).items():
+            offset = next(e["offset"] for e in reply["logs"] if e["task"] == name)
+            assert offset == offsets[name] + len(data)
             got[name] += data
-            offsets[name] = entry["offset"]
+            offsets[name] = offset
             chunk += len(data)
         assert chunk <= 4000
         tasks = reply["tasks"]
@@ -300,8 +309,12 @@ def test_poll_shares_max_bytes_fairly_and_reports_listening_ports(workdir: Path)
         port = server.getsockname()[1]
         offsets = {"a": 0, "b": 0}
         reply = ok(call(workdir, "poll", run_id="r1", offsets=offsets, max_bytes=100, ports=[port]))
-    assert reply["logs"]["b"] == {"offset": 3, "data": base64.b64encode(b"hi\n").decode()}
-    assert reply["logs"]["a"]["offset"] == 97
+    assert reply["logs"] == [
+        {"task": "a", "offset": 97, "bytes": 97},
+        {"task": "b", "offset": 3, "bytes": 3},
+    ]
+    seq = "".join(f"{i}\n" for i in range(1, 5001)).encode()
+    assert logs_of(reply) == {"a": seq[:97], "b": b"hi\n"}
     assert reply["listening"] == [port]
 
 
