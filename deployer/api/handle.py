@@ -163,7 +163,9 @@ class Run:
             lines = archived_lines(self.id, task, tail)
             return [LogLine(label, hide(text)) for label, text in lines]
         got: list[LogLine] = []
-        self._read_logs(lambda label, text: got.append(LogLine(label, hide(text))), task, tail)
+        self._read_logs(
+            lambda label, texts: got.extend(LogLine(label, hide(t)) for t in texts), task, tail
+        )
         return got
 
     def follow(
@@ -176,11 +178,16 @@ class Run:
         """Calls `on_line` for each line the tasks print, from the start (or each task's last
         `tail` lines), until every task of the run has ended."""
         hide = inventory_masker(self._target.inventory)
-        self._read_logs(lambda label, text: on_line(LogLine(label, hide(text))), task, tail, True)
+
+        def each(label: str, texts: list[str]) -> None:
+            for text in texts:
+                on_line(LogLine(label, hide(text)))
+
+        self._read_logs(each, task, tail, True)
 
     def _read_logs(
         self,
-        emit: Callable[[str, str], None],
+        emit: Callable[[str, list[str]], None],
         task: str | None,
         tail: int | None,
         follow: bool = False,

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
+import operator
 import os
 import shlex
 import time
+from collections.abc import Iterable, Iterator
 
 from rich.text import Text
 
@@ -32,7 +35,14 @@ from deployer.core.errors import (
 )
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import Fleet, Member
-from deployer.results.archive import LogArchive, archive_ended, damaged, has_archive
+from deployer.results.archive import (
+    LIMIT_BYTES,
+    LogArchive,
+    archive_ended,
+    damaged,
+    has_archive,
+    let_go,
+)
 from deployer.results.runs import (
     Target,
     archived_lines,
@@ -186,8 +196,10 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
             say(note)
         for what in _damage_notes(args.run_id, args.task):
             say(what)
-        for label, line in lines:
-            view.lines(label, [line])
+        for what in _let_go_notes(args.run_id, args.task):
+            say(what)
+        for label, run in _runs_of_one_label(lines):
+            view.lines(label, run)
         return ExitStatus.OK
 
     if STATE_RUN_ID.match(args.run_id) and not args.sync and archive_ended(args.run_id):
@@ -208,7 +220,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
             found = follow_logs(
                 fleet,
                 target.run_id,
-                lambda label, line: view.lines(label, [line]),
+                view.lines,
                 task=args.task,
                 tail=args.tail,
                 follow=args.follow,
@@ -220,6 +232,26 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
     if not found:
         raise _unknown_task(target.run_id, args.task)
     return ExitStatus.OK
+
+
+def _runs_of_one_label(
+    lines: Iterable[tuple[str, str]], most: int = 4096
+) -> Iterator[tuple[str, list[str]]]:
+    """Consecutive lines of one task, `most` at a time: a view writes (and flushes) each run
+    once. Line by line, printing an archive of a million lines took longer than fetching it."""
+    for label, group in itertools.groupby(lines, key=operator.itemgetter(0)):
+        texts = (text for _, text in group)
+        while run := list(itertools.islice(texts, most)):
+            yield label, run
+
+
+def _let_go_notes(run_id: str, task: str | None) -> list[str]:
+    kept = f"{LIMIT_BYTES >> 20}-{2 * LIMIT_BYTES >> 20} MiB"
+    return [
+        f"{name}: the local archive keeps a task's last {kept}; the first {gone} bytes of its "
+        f"log are not here (`tfdeploy logs {run_id}` without --sync reads the hosts' whole log)"
+        for name, gone in let_go(run_id, task).items()
+    ]
 
 
 def _damage_notes(run_id: str, task: str | None) -> list[str]:

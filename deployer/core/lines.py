@@ -22,6 +22,8 @@ MAX_LINE = 4000  # a runaway line without newlines is cut, not buffered forever
 
 def clean(line: str) -> str:
     """The text a terminal would finally show for one line."""
+    if line.isprintable():  # most lines: no escape, no \r or \b, no control (C-speed check)
+        return line.rstrip()
     line = _ANSI.sub("", line)
     if "\r" in line:
         parts = [p for p in line.split("\r") if p]

@@ -72,9 +72,20 @@ class LogArchive:
             self._save()
         path = self.dir / _file_name(task)
         if offset + len(data) - entry.base > self.limit and offset > entry.base:
+            # Where a line begins: the file kept after the next rotation then starts with a
+            # whole line, not with the end of one whose start was let go.
+            cut = 0 if _line_starts(path, offset - entry.base) else data.find(b"\n") + 1
+            if cut:
+                self._put(entry, path, offset, data[:cut])
+                offset, data = offset + cut, data[cut:]
+            if not data:
+                return  # it ended a line: the next write begins one, and rotates there
             os.replace(path, path.with_suffix(".log.1"))  # the previous rotation is dropped
             entry.base = offset
             self._save()
+        self._put(entry, path, offset, data)
+
+    def _put(self, entry: _File, path: Path, offset: int, data: bytes) -> None:
         position = offset - entry.base
         if position < 0:  # already rotated past these bytes
             data, position = data[-position:], 0
@@ -146,6 +157,18 @@ class LogArchive:
         tmp.replace(self.dir / INDEX)
 
 
+def _line_starts(path: Path, position: int) -> bool:
+    """Whether `position` of the file is the start of a line (or past what the file holds)."""
+    if position <= 0:
+        return True
+    try:
+        with path.open("rb") as f:
+            f.seek(position - 1)
+            return f.read(1) in (b"\n", b"")
+    except FileNotFoundError:
+        return True
+
+
 def _size_of(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -188,6 +211,27 @@ def read_lines(run_id: str, task: str | None = None) -> Iterator[tuple[str, str]
                 yield label, line
         for line in assembler.flush():
             yield label, line
+
+
+def let_go(run_id: str, task: str | None = None) -> dict[str, int]:
+    """Per task (or `task`), the bytes of its log the archive let go to stay within its bound
+    (the oldest, once a file rotated twice), when any were."""
+    directory = run_dir(run_id)
+    found = {}
+    for name, entry in _tasks(directory).items():
+        if task is None or name == task:
+            kept_from = _kept_from(_File.from_json(entry), directory / _file_name(name))
+            if kept_from > 0:
+                found[name] = kept_from
+    return found
+
+
+def _kept_from(entry: _File, path: Path) -> int:
+    """The host log offset of the first byte the archive still holds of a task (0: all of it;
+    what a removed file lost is `damage`, not this)."""
+    if entry.lost:
+        return 0
+    return max(0, entry.base - _size_of(path.with_suffix(".log.1")))
 
 
 def _chunks(path: Path, assembler: LineAssembler) -> Iterator[str]:

@@ -7,10 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from deployer.results.archive import LogArchive, archive_ended, damaged, read_lines, run_dir
+from deployer.results.archive import (
+    LogArchive,
+    archive_ended,
+    damaged,
+    let_go,
+    read_lines,
+    run_dir,
+)
 from deployer.results.runs import archived_lines
 from tests.support.harness import TWO_WORKERS, Harness
-from tests.support.helpers import run_cli
+from tests.support.helpers import one_line, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +50,25 @@ def test_a_long_log_is_rotated_once_and_stays_bounded() -> None:
     assert lines[-1] == "line 059" and len(lines) <= 200 // 9
     assert lines == [f"line {i:03d}" for i in range(60 - len(lines), 60)]  # contiguous
     assert LogArchive("r-2").size("worker:1") == offset  # the index survives a new process
+
+
+def test_a_rotated_archive_starts_with_a_whole_line_and_logs_says_what_it_let_go() -> None:
+    """Polls end mid-line. A file rotated there, two rotations later, was the oldest kept, and
+    it began with the tail of a line whose start was gone: printed as a line, without a word."""
+    log = b"".join(f"line {i:03d} of the task\n".encode() for i in range(200))
+    archive = LogArchive("r-6", limit=300)
+    for offset in range(0, len(log), 37):  # cuts that fall mid-line
+        archive.write("worker:0", "h1", offset, log[offset : offset + 37])
+    archive.end()
+    lines = [line for _, line in read_lines("r-6")]
+    first = int(lines[0].split()[1])
+    assert first > 0 and lines == [f"line {i:03d} of the task" for i in range(first, 200)]
+    gone = log.index(f"line {first:03d}".encode())
+    assert let_go("r-6") == {"worker:0": gone}
+    code, out, err = run_cli("logs", "r-6")
+    assert code == 0 and out.splitlines()[0] == f"worker:0@h1 | line {first:03d} of the task"
+    assert "worker:0: the local archive keeps" in one_line(err), err
+    assert f"the first {gone} bytes of its log are not here" in one_line(err), err
 
 
 def test_up_archives_every_line_and_logs_reads_it_without_hosts(
