@@ -34,7 +34,7 @@ from deployer.results.pull import PullResult
 from deployer.results.runs import (
     HostRun,
     Target,
-    archived_lines,
+    archived_runs,
     follow_logs,
     resolve,
     survey_runs,
@@ -160,8 +160,8 @@ class Run:
         (the hosts may be gone), else from the hosts."""
         hide = inventory_masker(self._target.inventory)
         if archive_ended(self.id) and not damaged(self.id, task):
-            lines = archived_lines(self.id, task, tail)
-            return [LogLine(label, hide(text)) for label, text in lines]
+            runs = archived_runs(self.id, task, tail)
+            return [LogLine(label, hide(text)) for label, lines in runs for text in lines]
         got: list[LogLine] = []
         self._read_logs(
             lambda label, texts: got.extend(LogLine(label, hide(t)) for t in texts), task, tail

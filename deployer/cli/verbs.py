@@ -9,11 +9,9 @@ import argparse
 import dataclasses
 import functools
 import itertools
-import operator
 import os
 import shlex
 import time
-from collections.abc import Iterable, Iterator
 
 from rich.text import Text
 
@@ -45,7 +43,7 @@ from deployer.results.archive import (
 )
 from deployer.results.runs import (
     Target,
-    archived_lines,
+    archived_runs,
     find_runs,
     follow_logs,
     resolve,
@@ -59,6 +57,11 @@ from deployer.results.state import load as load_record
 from deployer.results.tunnel import Tunnel, allow_many_files
 from deployer.sources import load_inventory
 from deployer.watch.view import PlainView, make_view, masked_view
+
+# Lines a view writes (and flushes) at once. Each line alone cost more than reading the archive;
+# a whole MB of them in one write hid a closed pipe (`| head`): the kernel takes part of a large
+# write and Python drops the rest without an error, so nothing told `logs` to stop (exit 141).
+PRINTED_AT_ONCE = 256
 
 
 def _inventory(path: str) -> Inventory:
@@ -177,6 +180,10 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
         raise UsageError("--sync copies what the hosts have and prints it; it does not follow")
     view = masked_view(PlainView(env.raw_out), _logs_masker(args.run_id, args.inventory))
 
+    def emit(label: str, lines: list[str]) -> None:
+        for at in range(0, len(lines), PRINTED_AT_ONCE):
+            view.lines(label, lines[at : at + PRINTED_AT_ONCE])
+
     said: list[str] = []
 
     def say(note: str) -> None:
@@ -185,8 +192,9 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
             env.err.print(Text(note), style="yellow")
 
     def archived(note: str | None = None) -> int:
-        lines = archived_lines(args.run_id, args.task, args.tail)
-        if not lines and args.task:
+        runs = archived_runs(args.run_id, args.task, args.tail)
+        first = next(runs, None)
+        if first is None and args.task:
             raise UsageError(
                 f"the local archive has no line of task {args.task} of run {args.run_id} (it "
                 "printed nothing, or the run has no such task)",
@@ -198,8 +206,8 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
             say(what)
         for what in _let_go_notes(args.run_id, args.task):
             say(what)
-        for label, run in _runs_of_one_label(lines):
-            view.lines(label, run)
+        for label, lines in itertools.chain([first] if first else [], runs):
+            emit(label, lines)
         return ExitStatus.OK
 
     if STATE_RUN_ID.match(args.run_id) and not args.sync and archive_ended(args.run_id):
@@ -220,7 +228,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
             found = follow_logs(
                 fleet,
                 target.run_id,
-                view.lines,
+                emit,
                 task=args.task,
                 tail=args.tail,
                 follow=args.follow,
@@ -232,17 +240,6 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
     if not found:
         raise _unknown_task(target.run_id, args.task)
     return ExitStatus.OK
-
-
-def _runs_of_one_label(
-    lines: Iterable[tuple[str, str]], most: int = 4096
-) -> Iterator[tuple[str, list[str]]]:
-    """Consecutive lines of one task, `most` at a time: a view writes (and flushes) each run
-    once. Line by line, printing an archive of a million lines took longer than fetching it."""
-    for label, group in itertools.groupby(lines, key=operator.itemgetter(0)):
-        texts = (text for _, text in group)
-        while run := list(itertools.islice(texts, most)):
-            yield label, run
 
 
 def _let_go_notes(run_id: str, task: str | None) -> list[str]:

@@ -18,6 +18,14 @@ _ANSI = re.compile(
 )
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 MAX_LINE = 4000  # a runaway line without newlines is cut, not buffered forever
+# _CONTROL's characters as bytes: in UTF-8 no byte of a longer character is below 0x80, so the
+# raw bytes tell whether a chunk has any (bytes.translate runs at memcpy speed; the regex's
+# search took a third of `logs` on a 100 MB log).
+_CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F])
+
+
+def _controls_in(data: bytes) -> bool:
+    return len(data.translate(None, _CONTROL_BYTES)) != len(data)
 
 
 def clean(line: str) -> str:
@@ -48,11 +56,14 @@ class LineAssembler:
         self._partial = ""
 
     def feed(self, data: bytes) -> list[str]:
-        text = self._partial + self._decoder.decode(data)
+        partial = self._partial  # the start of the first line, from an earlier chunk
+        text = partial + self._decoder.decode(data)
         *complete, self._partial = text.split("\n")
         if len(self._partial) > MAX_LINE:
             complete.append(self._partial)
             self._partial = ""
+        if not _controls_in(data) and _CONTROL.search(partial) is None:
+            return [line.rstrip() for line in complete]  # all clean() would do to them
         return [clean(line) for line in complete]
 
     def flush(self) -> list[str]:

@@ -197,8 +197,9 @@ def archive_ended(run_id: str) -> bool:
     return bool(_read_index(run_dir(run_id)).get("ended"))
 
 
-def read_lines(run_id: str, task: str | None = None) -> Iterator[tuple[str, str]]:
-    """(label, line) for every archived line, task by task in the order they were archived."""
+def read_runs(run_id: str, task: str | None = None) -> Iterator[tuple[str, list[str]]]:
+    """The archived lines as (label, lines) runs, a MB of the file at a time: what a printer
+    wants (a million lines one by one cost more than reading them), in bounded memory."""
     directory = run_dir(run_id)
     for name, entry in _tasks(directory).items():
         if task is not None and name != task:
@@ -207,10 +208,11 @@ def read_lines(run_id: str, task: str | None = None) -> Iterator[tuple[str, str]
         label = f"{name}@{entry['host']}"
         path = directory / _file_name(name)
         for part in (path.with_suffix(".log.1"), path):
-            for line in _chunks(part, assembler):
-                yield label, line
-        for line in assembler.flush():
-            yield label, line
+            for lines in _chunks(part, assembler):
+                if lines:
+                    yield label, lines
+        if rest := assembler.flush():
+            yield label, rest
 
 
 def let_go(run_id: str, task: str | None = None) -> dict[str, int]:
@@ -234,11 +236,11 @@ def _kept_from(entry: _File, path: Path) -> int:
     return max(0, entry.base - _size_of(path.with_suffix(".log.1")))
 
 
-def _chunks(path: Path, assembler: LineAssembler) -> Iterator[str]:
+def _chunks(path: Path, assembler: LineAssembler) -> Iterator[list[str]]:
     try:
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):
-                yield from assembler.feed(chunk)
+                yield assembler.feed(chunk)
     except FileNotFoundError:
         return
 

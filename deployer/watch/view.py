@@ -99,7 +99,9 @@ class PlainView:
         """Nothing: a pipe gets events, and the step that ends a phase says how it went."""
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
-        self._write("".join(f"{label} | {line}\n" for line in lines))
+        if lines:
+            prefix = f"{label} | "
+            self._write(prefix + f"\n{prefix}".join(lines) + "\n")
 
     def tasks(self, rows: Sequence[TaskRow]) -> None:
         for row in rows:

@@ -12,12 +12,16 @@ from deployer.results.archive import (
     archive_ended,
     damaged,
     let_go,
-    read_lines,
+    read_runs,
     run_dir,
 )
-from deployer.results.runs import archived_lines
+from deployer.results.runs import archived_runs
 from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import one_line, run_cli
+
+
+def read_lines(run_id: str) -> list[tuple[str, str]]:
+    return [(label, line) for label, lines in read_runs(run_id) for line in lines]
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +90,7 @@ def test_up_archives_every_line_and_logs_reads_it_without_hosts(
     assert h.run(h.at(3, finish)) == 0
     run_id = h.deployment.run_id
     assert archive_ended(run_id)
-    assert archived_lines(run_id, None, None) == [
+    assert [(label, x) for label, lines in archived_runs(run_id, None, None) for x in lines] == [
         ("worker:0@a", "epoch 1 done"),
         ("worker:1@b", "héllo"),
         ("worker:1@b", "no newline"),

@@ -8,6 +8,7 @@ push is batched, when a setup re-runs.
 from __future__ import annotations
 
 import dataclasses
+import random
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,25 @@ def test_utf8_split_across_reads_is_assembled() -> None:
     lines = LineAssembler()
     got = [line for byte in data for line in lines.feed(bytes([byte]))]
     assert got == ["é€😀"]
+
+
+def test_lines_cut_anywhere_come_out_as_clean_makes_them() -> None:
+    """The assembler skips clean()'s work on chunks without control characters; whatever the
+    chunking, each line is what clean() makes of it (escapes, \r, \b, tabs, é, NBSP, 😀)."""
+    pieces = ["plain ", "é\u00a0😀", "\x1b[1mbold\x1b[0m", "50%\r100%", "ab\bc", "\t", "  ", "\n"]
+    rng = random.Random(7)
+    weights = [400, 100, 1, 1, 1, 1, 50, 100]  # most chunks have no control character at all
+    text = "".join(rng.choices(pieces, weights, k=20_000)) + "\n"
+    data = text.encode()
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(data)), 40))
+        lines = LineAssembler()
+        got = [
+            x
+            for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)
+            for x in lines.feed(data[a:b])
+        ]
+        assert got == [clean(line) for line in text.split("\n")[:-1]]
 
 
 def test_unterminated_and_runaway_lines() -> None:
