@@ -528,6 +528,21 @@ class Agent:
             listening=frozenset(reply.get("listening", [])),
         )
 
+    def read_log(
+        self, run_id: str, task: str, offset: int, max_bytes: int, sink: Callable[[bytes], None]
+    ) -> int:
+        """One task's log from `offset` (at most `max_bytes`) to `sink` as it arrives, without
+        holding it here; returns the offset after it."""
+        reply = self.call(
+            protocol.OP_POLL,
+            sink=sink,
+            run_id=run_id,
+            offsets={task: offset},
+            max_bytes=max_bytes,
+            heartbeat=False,
+        )
+        return int(reply["logs"][0]["offset"])
+
     def stop(
         self,
         run_id: str,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from deployer.core.lines import LineAssembler
 from deployer.core.text import join_names, plural
 from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
-from deployer.results.archive import LogArchive, read_lines
+from deployer.results.archive import LogArchive, read_runs
 from deployer.results.state import RunRecord, load
 from deployer.sources import load_inventory
 
@@ -351,25 +351,32 @@ def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
                 archive.reset(status.name)
             offset = archive.size(status.name)
             while offset < status.log_bytes:
-                end = min(status.log_bytes, offset + READ_CHUNK)
-                data = _read_range(member, run_id, status.name, offset, end)
-                if not data:
-                    break
-                archive.write(status.name, member.name, offset, data)
-                offset += len(data)
+                with _Appending(archive, status.name, member.name, offset) as into:
+                    end = member.agent.read_log(run_id, status.name, offset, READ_CHUNK, into)
+                if end <= offset:
+                    break  # the log shrank: what was read is all there is
+                offset = end
             if status.finished and offset >= status.log_bytes:
                 archive.settle(status.name)
     return seen
 
 
-def archived_lines(run_id: str, task: str | None, tail: int | None) -> list[tuple[str, str]]:
-    """The archive's lines of a run (or one task); with `tail`, each task's last `tail`."""
+def archived_runs(
+    run_id: str, task: str | None, tail: int | None
+) -> Iterator[tuple[str, list[str]]]:
+    """The archive's lines of a run (or one task) as (label, lines) runs, read as they are
+    wanted; with `tail`, each task's last `tail`."""
     if tail is None:
-        return list(read_lines(run_id, task))
-    last: dict[str, deque[tuple[str, str]]] = {}
-    for label, line in read_lines(run_id, task):
-        last.setdefault(label, deque(maxlen=tail)).append((label, line))
-    return [item for lines in last.values() for item in lines]
+        yield from read_runs(run_id, task)
+        return
+    if tail == 0:
+        return  # nothing to print: no need to read it
+    last: dict[str, deque[str]] = {}
+    for label, lines in read_runs(run_id, task):
+        last.setdefault(label, deque(maxlen=tail)).extend(lines)
+    for label, kept in last.items():
+        if kept:
+            yield label, list(kept)
 
 
 def _statuses(member: Member, run_id: str) -> list[TaskStatus] | None:
@@ -405,16 +412,43 @@ def _tail_start(member: Member, run_id: str, status: TaskStatus, tail: int | Non
 
 
 def _read_range(member: Member, run_id: str, name: str, start: int, end: int) -> bytes:
-    chunks, offset = [], start
+    got: list[bytes] = []
+    offset = start
     while offset < end:
-        want = min(end - offset, READ_CHUNK)
-        poll = member.agent.poll(run_id, {name: offset}, max_bytes=want, heartbeat=False)
-        new, data = poll.logs.get(name, (offset, b""))
+        new = member.agent.read_log(run_id, name, offset, min(end - offset, READ_CHUNK), got.append)
         if new <= offset:
             break  # the log shrank: what was read is all there is
-        chunks.append(data[: end - offset])
         offset = new
-    return b"".join(chunks)
+    return b"".join(got)[: end - start]
+
+
+class _Appending:
+    """A sink that writes a task's log bytes into the archive as they arrive, a MB at a time
+    (each write of the archive opens its file)."""
+
+    def __init__(self, archive: LogArchive, task: str, host: str, offset: int) -> None:
+        self.archive, self.task, self.host, self.offset = archive, task, host, offset
+        self.pending: list[bytes] = []
+        self.size = 0
+
+    def __enter__(self) -> _Appending:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+    def __call__(self, data: bytes) -> None:
+        self.pending.append(data)
+        self.size += len(data)
+        if self.size >= 1 << 20:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            data = b"".join(self.pending)
+            self.archive.write(self.task, self.host, self.offset, data)
+            self.offset += len(data)
+            self.pending, self.size = [], 0
 
 
 def _read_logs(
