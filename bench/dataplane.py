@@ -13,6 +13,9 @@ but for one cell):
   artifacts       the same 300 MB from each of 2 hosts: 2 parallel scp vs the pull `up` runs
                   when its tasks exit (wall and CPU from its "job succeeded" line to its
                   "artifacts:" line; its peak RSS is not separated from the rest of `up`'s)
+  logs --sync     a detached task's log of LOG_MB MB of training-like lines: scp of the file vs
+                  `tfdeploy logs RUN --sync --tail 0` into an empty local archive (the bytes
+                  alone), and vs the same without --tail 0 (then every line printed to a pipe)
   1 GB, 1 host    one file of --big-mb MB: rsync vs `up --detach`, then scp vs `pull`
   1 kB, 1 host    one small file the same ways: what a command costs around its bytes
 
@@ -46,7 +49,7 @@ from pathlib import Path
 
 from bench import report
 from bench.fanout import RSYNC_DEST, Bench, check_copies, on_all
-from bench.tools import BenchError, make_tmp, settle
+from bench.tools import BenchError, make_tmp, run, settle
 from tests.lab import Lab, LabHost, start_lab
 
 MB = 1_000_000
@@ -54,6 +57,7 @@ MB = 1_000_000
 # pulls each, the first pull after the lab started spent ~1.9 s of system time, the others
 # ~0.5-1.0 s (sync before each made no difference): a cold start, not the steady state.
 WARMUP = 1
+LOG_MB = 100  # the log catch-up cell: the archive keeps all of it (up to 128 MiB a task)
 HOST_LINK = "400mbit"  # the replicas cell: what each host may send (tbf on its side of the lab)
 
 
@@ -103,6 +107,25 @@ def tfdeploy(env: dict[str, str], *args: str) -> tuple[str, float]:
     if done.returncode != 0:
         raise BenchError(f"tfdeploy {args[0]} failed (exit {done.returncode}):\n{out[-1500:]}")
     return out, int(peak.split()[0]) / 1024
+
+
+def training_log(mb: int) -> bytes:
+    """`mb` MB of lines such as a training loop prints (~60 bytes each)."""
+    lines, size, i = [], 0, 0
+    while size < mb * MB:
+        line = f"step {i:08d} - loss: {(i % 9973) / 9973:.4f} - accuracy: {(i % 997) / 997:.4f}\n"
+        lines.append(line)
+        size += len(line)
+        i += 1
+    return "".join(lines).encode()
+
+
+def wait_until_true(check: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise BenchError("the task's log never reached its size")
+        time.sleep(0.2)
 
 
 def _usage() -> tuple[float, float]:
@@ -227,6 +250,48 @@ class Cells:
             self._check_tree(run_dir / f"worker-{task}", h)
         self.bench._reset_tfdeploy(hosts)
         return Run(t1 - t0, cpu1 - cpu0, 0.0, busy1 - busy0)
+
+    def log_catchup(self, host: LabHost, reps: int, *extra: str) -> tuple[list[Run], list[Run]]:
+        """A detached run whose task printed LOG_MB of training-like lines and exited: `scp` of
+        its log file against `tfdeploy logs RUN --sync EXTRA` (every byte into an empty local
+        archive; printed to a pipe unless `--tail 0`). The archive keeps up to 128 MiB a task:
+        LOG_MB stays below."""
+        tree = self.tmp / "logtree"
+        tree.mkdir(exist_ok=True)
+        log = training_log(LOG_MB)
+        (tree / "log.txt").write_bytes(log)
+        job = {"code": str(tree), "name": "logbench", "command": "cat log.txt"}
+        job["require_tensorflow"] = False
+        inventory = self.lab.write_inventory(
+            self.tmp / "logs.toml", tasks=[[{"role": "worker"}]], hosts=[host], job=job
+        )
+        self.bench._reset_tfdeploy([host])
+        out, _ = tfdeploy(self.bench.env, "up", "--detach", str(inventory))
+        m = re.search(r"run (\S+) is running detached", out)
+        if not m:
+            raise BenchError(f"no run id in tfdeploy up's output:\n{out[-1500:]}")
+        run_id, remote = m.group(1), f"/root/.tfdeploy/hosts/*/runs/{m.group(1)}/tasks/worker-0"
+        size = f"stat -c %s {remote}/output.log"
+        wait_until_true(lambda: self.lab.run(host, size).stdout.strip() == str(len(log)))
+        state = Path(self.bench.env["TFDEPLOY_STATE_DIR"])
+        copy = self.tmp / "log.scp"
+        scp = ["scp", "-q", "-F", str(self.lab.ssh_config), f"{host.name}:{remote}/output.log"]
+        argv = ("logs", run_id, "-i", str(inventory), "--sync", *extra)
+        base, ours = [], []
+        for _ in range(WARMUP + reps):
+            base.append(timed(lambda: run([*scp, str(copy)])))
+            if copy.read_bytes() != log:
+                raise BenchError("scp's copy of the log differs from it")
+            shutil.rmtree(state / "runs" / run_id, ignore_errors=True)  # every byte travels
+            ours.append(timed(lambda: tfdeploy(self.bench.env, *argv)[1]))
+            archived = state / "runs" / run_id / "worker-0.log"
+            older = archived.with_suffix(".log.1")
+            kept = (older.read_bytes() if older.exists() else b"") + archived.read_bytes()
+            if kept != log:
+                raise BenchError("the local archive differs from the task's log")
+        self.bench._cli("down", str(inventory))
+        self.bench._reset_tfdeploy([host])
+        return base, ours
 
     def _check_local(self, dest: Path, hosts: list[LabHost]) -> None:
         for h in hosts:
@@ -393,6 +458,10 @@ def main() -> int:
             cells.bench._cli("down", str(inventory))
             ours.append(cells.artifacts(hosts2))
         rows.append(_row("artifacts: 300 MB from each of 2 hosts", "scp", base, ours, 600))
+        for extra, what in ((("--tail", "0"), "into the local archive"), ((), "then printed")):
+            base, ours = cells.log_catchup(hosts1[0], args.reps, *extra)
+            work = f"`logs --sync {' '.join(extra)}`: a {LOG_MB} MB log from 1 host, {what}"
+            rows.append(_row(work.replace("  ", " "), "scp", base, ours, LOG_MB))
         shutil.rmtree(tree)
         fixed = _fixed_cost(cells, tmp / "tree", hosts1, args.reps)
         shutil.rmtree(tmp / "tree")
