@@ -460,8 +460,9 @@ def main() -> int:
         rows.append(_row("artifacts: 300 MB from each of 2 hosts", "scp", base, ours, 600))
         for extra, what in ((("--tail", "0"), "into the local archive"), ((), "then printed")):
             base, ours = cells.log_catchup(hosts1[0], args.reps, *extra)
-            work = f"`logs --sync {' '.join(extra)}`: a {LOG_MB} MB log from 1 host, {what}"
-            rows.append(_row(work.replace("  ", " "), "scp", base, ours, LOG_MB))
+            command = " ".join(("logs --sync", *extra))
+            work = f"`{command}`: a {LOG_MB} MB log from 1 host, {what}"
+            rows.append(_row(work, "scp", base, ours, LOG_MB))
         shutil.rmtree(tree)
         fixed = _fixed_cost(cells, tmp / "tree", hosts1, args.reps)
         shutil.rmtree(tmp / "tree")
