@@ -376,10 +376,13 @@ class Agent:
         argv = [self.python, "-S", f"{self.agent_dir}/agent.py"]
         with self._request():
             result = self.transport.run(argv, stdin=line + b"".join(body), timeout=timeout)
-        reply = self._reply(result.exit_code, result.stdout, result.stderr)
+        # The reply is the first line; raw bytes may follow it (a poll's logs, a fetch). What
+        # is no reply at all (a crash) is reported from the whole output.
+        first, _, rest = result.stdout.partition(b"\n")
+        said = first if first.startswith(b"{") else result.stdout
+        reply = self._reply(result.exit_code, said, result.stderr)
         if "raw" in reply:
-            start = result.stdout.index(b"\n") + 1
-            (sink or _discard)(result.stdout[start : start + int(reply["raw"])])
+            (sink or _discard)(rest[: int(reply["raw"])])
         return reply
 
     @contextlib.contextmanager

@@ -187,3 +187,22 @@ def test_agent_stop_reports_escaped_processes(tmp_path: Path, run_id: str) -> No
     assert [(e.pid, e.cmd, e.signal) for e in report.escaped] == [(stray, "sleep 600", 15)]
     assert [t.reason for t in report.tasks] == ["stopped"]
     agent.close_session()
+
+
+def test_a_poll_answered_by_a_one_shot_agent_reads_its_raw_logs(
+    tmp_path: Path, run_id: str
+) -> None:
+    """A poll goes one-shot while the session is busy (or lost: a reconnect). The logs come
+    raw after its reply line, which the one-shot path fed whole to the JSON parser: `up` lost
+    a host after a dropped connection ("the tfdeploy agent failed: n 1355", seen in CI)."""
+    agent = Agent(LocalTransport("here"), python=sys.executable, workdir=str(tmp_path / "wd"))
+    agent.install()
+    ok(call(tmp_path / "wd", "materialize", run_id=run_id, job="j", files=[], lease_seconds=None))
+    env = {"TFDEPLOY_RUN_ID": run_id}
+    agent.start(run_id, [{"name": "w", "command": "printf 'a\\nb\\n'", "env": env}], grace=1)
+    agent.close_session()  # no session: every call from here on is one-shot
+    poll = agent.poll(run_id, {"w": 0}, heartbeat=False)
+    while poll.logs["w"][0] < 4:
+        poll = agent.poll(run_id, {"w": 0}, heartbeat=False)
+    assert poll.logs == {"w": (4, b"a\nb\n")}
+    agent.stop(run_id, grace=1)
