@@ -389,7 +389,8 @@ def _statuses(member: Member, run_id: str) -> list[TaskStatus] | None:
 
 NEWLINE = re.compile(b"\n")
 TAIL_WINDOW = 4096  # bytes read back from a log's end at first; grows until N lines fit
-READ_CHUNK = 32 << 20  # bytes per poll
+READ_CHUNK = 32 << 20  # bytes per poll into the archive (written as they arrive)
+PRINT_CHUNK = 8 << 20  # bytes per poll of lines to print (held here as bytes, text and lines)
 
 
 def _tail_start(member: Member, run_id: str, status: TaskStatus, tail: int | None) -> int:
@@ -463,7 +464,7 @@ def _read_logs(
     finished = {s.name for s in statuses if s.finished}
     while statuses:
         request = {s.name: offsets[(member.name, s.name)] for s in statuses}
-        poll = member.agent.poll(run_id, request, max_bytes=READ_CHUNK, heartbeat=False)
+        poll = member.agent.poll(run_id, request, max_bytes=PRINT_CHUNK, heartbeat=False)
         progressed = False
         for name, (offset, data) in poll.logs.items():
             key = (member.name, name)
