@@ -58,11 +58,6 @@ from deployer.results.tunnel import Tunnel, allow_many_files
 from deployer.sources import load_inventory
 from deployer.watch.view import PlainView, make_view, masked_view
 
-# Lines a view writes (and flushes) at once. Each line alone cost more than reading the archive;
-# a whole MB of them in one write hid a closed pipe (`| head`): the kernel takes part of a large
-# write and Python drops the rest without an error, so nothing told `logs` to stop (exit 141).
-PRINTED_AT_ONCE = 256
-
 
 def _inventory(path: str) -> Inventory:
     """Loads (pure), then discovers the host sources' hosts: the one place the CLI does that I/O."""
@@ -180,10 +175,6 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
         raise UsageError("--sync copies what the hosts have and prints it; it does not follow")
     view = masked_view(PlainView(env.raw_out), _logs_masker(args.run_id, args.inventory))
 
-    def emit(label: str, lines: list[str]) -> None:
-        for at in range(0, len(lines), PRINTED_AT_ONCE):
-            view.lines(label, lines[at : at + PRINTED_AT_ONCE])
-
     said: list[str] = []
 
     def say(note: str) -> None:
@@ -207,7 +198,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
         for what in _let_go_notes(args.run_id, args.task):
             say(what)
         for label, lines in itertools.chain([first] if first else [], runs):
-            emit(label, lines)
+            view.lines(label, lines)
         return ExitStatus.OK
 
     if STATE_RUN_ID.match(args.run_id) and not args.sync and archive_ended(args.run_id):
@@ -228,7 +219,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
             found = follow_logs(
                 fleet,
                 target.run_id,
-                emit,
+                view.lines,
                 task=args.task,
                 tail=args.tail,
                 follow=args.follow,

@@ -510,16 +510,7 @@ class Agent:
         timeout: float = 30,
     ) -> Poll:
         raw: list[bytes] = []  # every task's new bytes, in the order `logs` lists them
-        reply = self.call(
-            protocol.OP_POLL,
-            timeout=timeout,
-            sink=raw.append,
-            run_id=run_id,
-            offsets=offsets,
-            max_bytes=max_bytes,
-            ports=list(ports),
-            heartbeat=heartbeat,
-        )
+        reply = self._poll(run_id, offsets, max_bytes, raw.append, ports, heartbeat, timeout)
         data, at, logs = b"".join(raw), 0, {}
         for entry in reply.get("logs", []):
             count = int(entry["bytes"])
@@ -536,15 +527,29 @@ class Agent:
     ) -> int:
         """One task's log from `offset` (at most `max_bytes`) to `sink` as it arrives, without
         holding it here; returns the offset after it."""
-        reply = self.call(
+        reply = self._poll(run_id, {task: offset}, max_bytes, sink)
+        return int(reply["logs"][0]["offset"])
+
+    def _poll(
+        self,
+        run_id: str,
+        offsets: dict[str, int],
+        max_bytes: int,
+        sink: Callable[[bytes], None],
+        ports: Sequence[int] = (),
+        heartbeat: bool = False,
+        timeout: float = 30,
+    ) -> dict[str, Any]:
+        return self.call(
             protocol.OP_POLL,
+            timeout=timeout,
             sink=sink,
             run_id=run_id,
-            offsets={task: offset},
+            offsets=offsets,
             max_bytes=max_bytes,
-            heartbeat=False,
+            ports=list(ports),
+            heartbeat=heartbeat,
         )
-        return int(reply["logs"][0]["offset"])
 
     def stop(
         self,

@@ -355,8 +355,9 @@ class _Replicas:
                     fleet, run_id, patterns, tasks, holders, hashed=True, hash_only=copies
                 )
 
-        self._thread = threading.Thread(target=hash_them, name="replica hashes", daemon=True)
+        self._thread: threading.Thread | None = None  # none when no host holds a copy
         if copies:
+            self._thread = threading.Thread(target=hash_them, name="replica hashes", daemon=True)
             self._thread.start()
 
     @staticmethod
@@ -370,7 +371,7 @@ class _Replicas:
         self, missing: list[Wanted], sources: dict[str, Wanted], landed: dict[Path, str]
     ) -> tuple[list[Wanted], list[Wanted]]:
         """(the files to copy from their group's fetched one, those to fetch themselves)."""
-        if self._thread.ident is not None:
+        if self._thread is not None:
             self._thread.join()
         hashes = {
             (host, task, remote.path): (remote.size, remote.sha256)

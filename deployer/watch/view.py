@@ -79,6 +79,9 @@ class LogBlock:
         yield Segment("".join(parts))  # no style: written as it is
 
 
+LINES_AT_ONCE = 256  # what PlainView writes (and flushes) at a time
+
+
 class PlainView:
     """For pipes: every log line and every step as one plain, prefixed line.
 
@@ -99,9 +102,12 @@ class PlainView:
         """Nothing: a pipe gets events, and the step that ends a phase says how it went."""
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
-        if lines:
-            prefix = f"{label} | "
-            self._write(prefix + f"\n{prefix}".join(lines) + "\n")
+        """LINES_AT_ONCE lines a write: one write each cost `logs` of a large archive more than
+        reading it, and a whole MB in one write hid a closed pipe (`| head`): the kernel takes
+        part of a large write, Python drops the rest without an error, and nothing said stop."""
+        prefix = f"{label} | "
+        for at in range(0, len(lines), LINES_AT_ONCE):
+            self._write(prefix + f"\n{prefix}".join(lines[at : at + LINES_AT_ONCE]) + "\n")
 
     def tasks(self, rows: Sequence[TaskRow]) -> None:
         for row in rows:
