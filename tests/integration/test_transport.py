@@ -86,11 +86,14 @@ def test_hostile_argv_arrives_byte_for_byte_and_runs_nothing(transport: SSHTrans
 def test_run_timeout_raises_and_the_connection_stays_usable(transport: SSHTransport) -> None:
     started = time.monotonic()
     error = expect_host_error(
-        lambda: transport.run(["sleep", "30"], timeout=1), r"sleep 30 timed out after 1 s"
+        lambda: transport.run(["sleep", "30.25"], timeout=1), r"sleep 30\.25 timed out after 1 s"
     )
     assert time.monotonic() - started < 3
     assert error.host == transport.name
     assert transport.run(["echo", "ok"]).stdout == b"ok\n"
+    # Without a pty the host's sleep outlives its closed channel (as under OpenSSH's ssh): ended
+    # here, or a later test's check of the lab finds it.
+    assert transport.run(["pkill", "-x", "-f", "sleep 30.25"]).exit_code == 0
 
 
 @pytest.mark.lab
