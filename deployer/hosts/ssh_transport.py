@@ -48,6 +48,7 @@ class SSHTransport:
         conn = self._transport()
         try:
             chan = conn.open_session(timeout=self.target.settings.connect_timeout)
+            ssh.keep_pieces(chan)
             chan.exec_command(render(argv).encode("utf-8", "surrogateescape"))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise _session_lost(self.name, exc) from exc
@@ -270,9 +271,7 @@ class SSHSession(StreamSession):
         chan = self._chan
         # A timed recv waits on paramiko's own condition: no fileno(), whose pipe paramiko
         # would then write and read once per packet for as long as the channel lives.
-        # All that is buffered comes in one piece: paramiko's buffer drops what a read took by
-        # moving the rest to its front, so small reads of a full 8 MiB window copy it over and
-        # over (a 1 GB pull spent more CPU on that than on decrypting).
+        # One packet's payload a read, as it came (ssh.keep_pieces: no copy on the way).
         chan.settimeout(max(wait, 0.001))
         try:
             data = chan.recv(ssh.CHANNEL_WINDOW)
