@@ -134,6 +134,21 @@ class LogArchive:
         path.with_suffix(".log.1").unlink(missing_ok=True)
         self._save()
 
+    def kept(self) -> int:
+        """Bytes of a task's log this archive holds at least, once it holds that much: a
+        copy of more rotates past the oldest (see `write`)."""
+        return 2 * self.limit
+
+    def skip_to(self, task: str, host: str, offset: int) -> None:
+        """Starts a task's archive afresh at host log `offset`, a line's start: what copying
+        everything before it would have let go by rotating (let_go says so, as it would)."""
+        path = self.dir / _file_name(task)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.with_suffix(".log.1").unlink(missing_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        self.files[task] = _File(host, base=offset)
+        self._save()
+
     def end(self) -> None:
         """`up` saw the run to its end: the archive holds all there is, hosts need not be asked
         (unless a file of it is damaged later: each task's end offset is kept to tell)."""

@@ -20,7 +20,7 @@ from deployer.config.inventory import Inventory
 from deployer.config.model import Host
 from deployer.config.roles import LEAD_TASKS
 from deployer.core.errors import HostError, HostsFailed, UsageError
-from deployer.core.lines import LineAssembler
+from deployer.core.lines import MAX_LINE, LineAssembler
 from deployer.core.text import join_names, plural
 from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
@@ -342,6 +342,8 @@ def follow_logs(
 def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
     """Fills the local archive with what the hosts wrote since it was last filled (a detached
     run, or one `up` lost sight of); a task whose archive is damaged is fetched again whole.
+    Of a log larger than the archive keeps, only the part it keeps travels: the rest would be
+    let go as it rotated (a week's 10 GB log over a laptop's link took its whole size in time).
     False when no host knows the run."""
     seen = False
     for member in fleet.members:
@@ -350,6 +352,9 @@ def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
             if archive.damage(status.name):
                 archive.reset(status.name)
             offset = archive.size(status.name)
+            if status.log_bytes - offset > archive.kept():  # copy only what it would keep
+                offset = _line_after(member, run_id, status.name, status.log_bytes - archive.kept())
+                archive.skip_to(status.name, member.name, offset)
             while offset < status.log_bytes:
                 with _Appending(archive, status.name, member.name, offset) as into:
                     end = member.agent.read_log(run_id, status.name, offset, READ_CHUNK, into)
@@ -414,6 +419,16 @@ def _tail_start(member: Member, run_id: str, status: TaskStatus, tail: int | Non
         if len(starts) >= tail or start == 0:
             return start + starts[-tail] if len(starts) >= tail else 0
         window *= 4
+
+
+def _line_after(member: Member, run_id: str, name: str, at: int) -> int:
+    """Where the first line that begins at or after `at` begins (`at` itself when none ends
+    within a line's bound: MAX_LINE cuts such a line anyway)."""
+    if at <= 0:
+        return 0
+    data = _read_range(member, run_id, name, at - 1, at - 1 + 4 * MAX_LINE + 1)
+    newline = data.find(b"\n")
+    return at if newline < 0 else at + newline
 
 
 def _read_range(member: Member, run_id: str, name: str, start: int, end: int) -> bytes:

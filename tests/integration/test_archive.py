@@ -9,6 +9,11 @@ from typing import Any
 
 import pytest
 
+from deployer.core.lines import MAX_LINE
+from deployer.hosts.agent import Agent
+from deployer.hosts.fleet import Fleet
+from deployer.results.archive import LogArchive, let_go, read_runs
+from deployer.results.runs import resolve, sync_archive
 from tests.lab import Lab
 from tests.support.faults import Up
 from tests.support.lab_cli import tfdeploy
@@ -150,3 +155,61 @@ def test_a_damaged_archive_is_never_read_mid_stream_and_sync_repairs_it(
 
 def expected_n(name: str, count: int) -> list[str]:
     return [f"{name} {i}" for i in range(count)]
+
+
+LONG = """\
+import sys
+for i in range(20000):
+    print(sys.argv[1], i, "x" * 40)
+"""
+
+
+def test_sync_of_a_log_longer_than_the_archive_keeps_copies_only_the_kept_part(
+    clean_lab: Lab,
+    lab_inventory: Any,
+    code: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 1 MB log and an archive that keeps 128 kB: --sync moves the last 128 kB (from a line's
+    start), not the whole log only to let most of it go. In this process, with a small bound."""
+    (code / "long.py").write_text(LONG)
+    inventory = lab_inventory(
+        [[{"role": "worker"}]], code=code, job={"name": "long", "command": "python3 long.py w"}
+    )
+    state = tmp_path / "state"
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    run_id = up.stdout.split("(run ")[1].split(")")[0]
+    deadline = time.monotonic() + 30
+    while "exited" not in tfdeploy("status", run_id, state=state).stdout:
+        assert time.monotonic() < deadline, "the detached run did not finish"
+        time.sleep(0.5)
+    lines = [f"w {i} {'x' * 40}\n".encode() for i in range(20000)]
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(state))
+    moved: list[int] = []
+    real_read_log = Agent.read_log
+
+    def counted(self: Agent, run_id: str, task: str, offset: int, most: int, sink: Any) -> int:
+        def into(data: bytes) -> None:
+            moved.append(len(data))
+            sink(data)
+
+        return real_read_log(self, run_id, task, offset, most, into)
+
+    monkeypatch.setattr(Agent, "read_log", counted)
+    archive = LogArchive(run_id, limit=64 << 10)
+    with Fleet(resolve(run_id).hosts) as fleet:
+        assert sync_archive(fleet, run_id, archive)
+        assert sum(moved) < archive.kept() + 5 * MAX_LINE  # the part kept, and a line found
+        first = starts.index(let_go(run_id)["worker:0"])  # a line's start, where it skipped to
+        assert starts[-1] - starts[first] <= archive.kept() < starts[-1] - starts[first - 1]
+        kept = [line for _, chunk in read_runs(run_id) for line in chunk]
+        assert kept == [x.decode().rstrip() for x in lines[first:]]
+        moved.clear()
+        assert sync_archive(fleet, run_id, LogArchive(run_id, limit=64 << 10))
+        assert sum(moved) == 0  # all there: nothing travels twice
+    tfdeploy("down", run_id, state=state, check_rc=0)
