@@ -12,13 +12,14 @@ import json
 import signal
 import threading
 import zlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from deployer.core.errors import HostError
+from deployer.hosts.replies import Edge, mode, text
 from deployer.hosts.transport import Session, SessionEnded, Transport
 from remote import protocol
 
@@ -101,18 +102,25 @@ class TaskStatus:
     frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> TaskStatus:
+    def from_json(cls, raw: object, edge: Edge, known: Collection[str] | None = None) -> TaskStatus:
+        """One task of a host's reply, checked (deployer/hosts/replies.py): its name becomes
+        file names here and its texts are printed. `known`: the task names the run asked for."""
+        d = edge.obj(raw, "a task")
+        name = edge.task(edge.get(d, "name", "a task's name"), "a task's name", known)
+        reason = d.get("reason")
         return cls(
-            name=d["name"],
-            state=d["state"],
-            pid=d.get("pid"),
-            exit_code=d.get("exit_code"),
-            signal=d.get("signal"),
-            reason=d.get("reason"),
-            started=d.get("started"),
-            ended=d.get("ended"),
-            log_bytes=d.get("log_bytes") or 0,
-            restarts=d.get("restarts") or 0,
+            name=name,
+            state=edge.choice(
+                edge.get(d, "state", f"{name}'s state"), "state", protocol.TASK_STATES
+            ),
+            pid=edge.integer(d.get("pid"), f"{name}'s pid", optional=True),
+            exit_code=edge.integer(d.get("exit_code"), f"{name}'s exit_code", optional=True),
+            signal=edge.integer(d.get("signal"), f"{name}'s signal", optional=True),
+            reason=None if reason is None else text(reason),
+            started=edge.number(d.get("started"), f"{name}'s started"),
+            ended=edge.number(d.get("ended"), f"{name}'s ended"),
+            log_bytes=edge.count(d.get("log_bytes") or 0, f"{name}'s log_bytes"),
+            restarts=edge.count(d.get("restarts") or 0, f"{name}'s restarts"),
             frozen=bool(d.get("frozen")),
         )
 
@@ -171,7 +179,7 @@ class RemoteFile:
 
     path: str  # relative to the task's directory, or absolute (an absolute pattern's match)
     size: int
-    mode: int
+    mode: int  # permission bits only (0o777): a host never sets setuid here
     sha256: str | None  # None: listed unhashed, the fetch hashes (Agent.collect's `hashed`)
 
 
@@ -181,9 +189,27 @@ class Collected:
     refused: tuple[str, ...]  # patterns or matches not pulled, and why
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Collected:
-        files = tuple(RemoteFile(str(p), int(n), int(m), h and str(h)) for p, n, m, h in d["files"])
-        return cls(files, tuple(str(r) for r in d.get("refused", [])))
+    def from_json(cls, raw: object, edge: Edge, task: str) -> Collected:
+        """A task's listing, checked: each path stays inside its task's folder (or is one
+        absolute pattern's match), each mode keeps its permission bits, each refusal is text."""
+        d = edge.obj(raw, task)
+        files = []
+        for entry in edge.items(edge.get(d, "files", f"{task}'s files"), f"{task}'s files"):
+            if not isinstance(entry, list) or len(entry) != 4:
+                raise edge.error(
+                    f"{task}'s files", f"hold {entry!r:.60}, not [path, size, mode, sha]"
+                )
+            path = edge.path(entry[0], f"{task}'s file", absolute=True)
+            field = f"{task}'s file {path!r}"
+            files.append(
+                RemoteFile(
+                    path,
+                    edge.count(entry[1], f"{field} size"),
+                    mode(edge.count(entry[2], f"{field} mode")),
+                    edge.sha256(entry[3], f"{field} sha256"),
+                )
+            )
+        return cls(tuple(files), edge.texts(d.get("refused", []), f"{task}'s refused"))
 
 
 @dataclass(frozen=True)
@@ -342,6 +368,9 @@ class Agent:
             reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
             if reply.get(protocol.BOOTSTRAP_NEEDS_FILES):  # a host without this agent version
                 reply = self._over(session, _agent_files_message(), 60)
+        # The hello's facts (versions, host names, ids, problems) are printed by preflight and
+        # status: cleaned here; the runs it may carry are parsed by their reader.
+        reply = {k: v if k == "runs" else cleaned_texts(v) for k, v in reply.items()}
         self.home = reply["workdir"]
         self.absent = bool(reply.get("absent"))
         if self.absent:
@@ -461,9 +490,9 @@ class Agent:
         except ValueError:
             detail = (stderr or stdout).decode(errors="replace").strip()
             last = detail.splitlines()[-1] if detail else f"exit code {exit_code}"
-            raise HostError(self.host, f"the tfdeploy agent failed: {last}") from None
-        if not reply.get("ok"):
-            raise HostError(self.host, str(reply.get("error", "the agent refused the request")))
+            raise HostError(self.host, f"the tfdeploy agent failed: {text(last)}") from None
+        if not reply.get("ok"):  # the host's words: cleaned before they can reach a terminal
+            raise HostError(self.host, text(reply.get("error", "the agent refused the request")))
         return reply
 
     def _no_interpreter(self, exit_code: int, stderr: str) -> HostError:
@@ -473,11 +502,11 @@ class Agent:
             need = ".".join(map(str, MIN_HOST_PYTHON))
             return HostError(
                 self.host,
-                f"{self.python!r} is Python {stderr.strip()}; "
+                f"{self.python!r} is Python {text(stderr).strip()}; "
                 f"the tfdeploy agent needs Python {need} or newer",
                 hint=hint + " (python3.8 to python3.13)",
             )
-        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        lines = [text(line).strip() for line in stderr.splitlines() if line.strip()]
         loader = any("shared librar" in line for line in lines)  # exits 127 too
         if not lines or (
             not loader and all("not found" in x or "No such file" in x for x in lines)
@@ -497,7 +526,11 @@ class Agent:
         """`release`: then drop the run's port reservations here (as `release` would)."""
         extra: dict[str, Any] = {"release": True} if release else {}
         reply = self.call(protocol.OP_START, run_id=run_id, tasks=tasks, grace=grace, **extra)
-        return [TaskStatus.from_json(t) for t in reply["tasks"]]
+        edge = Edge(self.host, protocol.OP_START)
+        named = {str(t.get("name")) for t in tasks}
+        return [
+            TaskStatus.from_json(t, edge, named) for t in edge.items(reply.get("tasks"), "tasks")
+        ]
 
     def poll(
         self,
@@ -511,15 +544,22 @@ class Agent:
     ) -> Poll:
         raw: list[bytes] = []  # every task's new bytes, in the order `logs` lists them
         reply = self._poll(run_id, offsets, max_bytes, raw.append, ports, heartbeat, timeout)
+        edge = Edge(self.host, protocol.OP_POLL)
         data, at, logs = b"".join(raw), 0, {}
-        for entry in reply.get("logs", []):
-            count = int(entry["bytes"])
-            logs[str(entry["task"])] = (int(entry["offset"]), data[at : at + count])
+        for entry in edge.items(reply.get("logs", []), "logs"):
+            entry = edge.obj(entry, "a log")
+            count = edge.count(edge.get(entry, "bytes", "a log's bytes"), "a log's bytes")
+            name = edge.task(edge.get(entry, "task", "a log's task"), "a log's task", offsets)
+            offset = edge.count(edge.get(entry, "offset", f"{name}'s log offset"), "offset")
+            logs[name] = (offset, data[at : at + count])
             at += count
+        listening = edge.items(reply.get("listening", []), "listening")
         return Poll(
-            tasks=tuple(TaskStatus.from_json(t) for t in reply["tasks"]),
+            tasks=tuple(
+                TaskStatus.from_json(t, edge) for t in edge.items(reply.get("tasks"), "tasks")
+            ),
             logs=logs,
-            listening=frozenset(reply.get("listening", [])),
+            listening=frozenset(edge.count(p, "a listening port") for p in listening),
         )
 
     def read_log(
@@ -528,7 +568,11 @@ class Agent:
         """One task's log from `offset` (at most `max_bytes`) to `sink` as it arrives, without
         holding it here; returns the offset after it."""
         reply = self._poll(run_id, {task: offset}, max_bytes, sink)
-        return int(reply["logs"][0]["offset"])
+        edge = Edge(self.host, protocol.OP_POLL)
+        logs = edge.items(reply.get("logs"), "logs")
+        if not logs:
+            raise edge.error("logs", f"lack {task}'s")
+        return edge.count(edge.obj(logs[0], "a log").get("offset"), f"{task}'s log offset")
 
     def _poll(
         self,
@@ -570,11 +614,24 @@ class Agent:
             tasks=list(tasks) if tasks is not None else None,
             escaped=escaped,
         )
+        edge = Edge(self.host, protocol.OP_STOP)
+        gone = [
+            edge.obj(e, "an escaped process")
+            for e in edge.items(reply.get("escaped", []), "escaped")
+        ]
         return StopReport(
-            tasks=tuple(TaskStatus.from_json(t) for t in reply.get("tasks", [])),
+            tasks=tuple(
+                TaskStatus.from_json(t, edge) for t in edge.items(reply.get("tasks", []), "tasks")
+            ),
             escaped=tuple(
-                Escaped(pid=int(e["pid"]), cmd=str(e.get("cmd", "")), signal=e.get("signal"))
-                for e in reply.get("escaped", [])
+                Escaped(
+                    pid=edge.count(e.get("pid"), "an escaped process's pid"),
+                    cmd=text(e.get("cmd", "")),  # its command line, printed by `down`
+                    signal=edge.integer(
+                        e.get("signal"), "an escaped process's signal", optional=True
+                    ),
+                )
+                for e in gone
             ),
         )
 
@@ -611,12 +668,14 @@ class Agent:
         return SetupResult(
             code=int(reply.get("code") or 0),
             ran=bool(reply.get("ran")),
-            tail=tuple(str(line) for line in reply.get("tail") or ()),
+            tail=tuple(text(line) for line in reply.get("tail") or ()),
         )
 
     def gpus(self) -> dict[str, Any]:
-        """The raw `gpus` reply; deployer.hosts.gpus.GpuReport.from_json reads it."""
-        return self.call(protocol.OP_GPUS)
+        """The `gpus` reply, its texts cleaned (GPU names, driver words are printed);
+        deployer.hosts.gpus.GpuReport.from_json reads it."""
+        cleaned: dict[str, Any] = cleaned_texts(self.call(protocol.OP_GPUS))
+        return cleaned
 
     def listen(self, run_id: str, ports: Sequence[int], seconds: float) -> None:
         """Stand-in listeners on the planned TF ports, for peers' probes (remote/netcheck.py)."""
@@ -638,7 +697,7 @@ class Agent:
             targets=[list(t) for t in targets],
             wait=timeout,
         )
-        return [str(r) for r in reply["results"]]
+        return [text(r) for r in reply["results"]]
 
     def unlisten(self, run_id: str) -> None:
         self.call(protocol.OP_NETCHECK, action=protocol.NETCHECK_CLOSE, run_id=run_id)
@@ -698,7 +757,12 @@ class Agent:
             tasks=list(tasks) if tasks is not None else None,
             **params,
         )
-        return {name: Collected.from_json(t) for name, t in reply.get("tasks", {}).items()}
+        edge = Edge(self.host, protocol.OP_COLLECT)
+        listed = edge.obj(reply.get("tasks", {}), "tasks")
+        return {
+            edge.task(name, "a task", tasks): Collected.from_json(t, edge, name)
+            for name, t in listed.items()
+        }
 
     def fetch_each(
         self, run_id: str, patterns: Sequence[str], orders: Iterable[FetchOrder]
@@ -747,7 +811,7 @@ class Agent:
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
         problem = self.call(protocol.OP_FIREWALL, action=protocol.FIREWALL_CHECK).get("problem")
-        return str(problem) if problem else None
+        return text(problem) if problem else None
 
     def firewall_add(self, run_id: str, ports: Sequence[int], allowed: Sequence[str]) -> None:
         self.call(
@@ -844,6 +908,18 @@ class _Trailing:
         room = protocol.FETCH_TRAILER + 1 - len(self.trailer)  # one more tells it overflowed
         if room > 0 and take < len(data):
             self.trailer += data[take : take + room]  # a file grown by gigabytes: not kept
+
+
+def cleaned_texts(value: Any) -> Any:
+    """Every string in a reply's JSON (keys too) cleaned as replies.text cleans it: for the
+    loosely shaped replies (hello facts, gpus) whose texts reach the terminal in many places."""
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, list):
+        return [cleaned_texts(v) for v in value]
+    if isinstance(value, dict):
+        return {text(k): cleaned_texts(v) for k, v in value.items()}
+    return value
 
 
 def _discard(data: bytes) -> None:

@@ -31,8 +31,10 @@ from deployer.config.plan import Plan
 from deployer.core.errors import HostError
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.replies import Edge, text
 from deployer.push.seed import SeedStream
 from deployer.push.sync import CodeFile, Manifest
+from remote import protocol
 
 MIN_BYTES = 1 << 20  # less than this to send: a star push costs less than setting up a chain
 LISTEN_S = 600.0  # a listener's own deadline, should the controller vanish mid-push
@@ -157,10 +159,14 @@ class _Chain:
             else:
                 seed = SeedStream(first, manifest, contents, self.run_id, hop, self.secret)
                 reply = seed.outcome()
+            edge = Edge(first.name, protocol.OP_PEERS)
+            chain = [
+                edge.obj(e, "a chain entry") for e in edge.items(reply.get("chain", []), "chain")
+            ]
         except HostError as exc:
             return [exc.cause] * len(self.hosts)
-        chain = reply.get("chain", [])
-        errors = [str(entry.get("error") or "") for entry in chain]
+        # The hosts' own words, printed where the push falls back: cleaned (replies.text).
+        errors = [text(entry.get("error") or "") for entry in chain]
         errors += ["the stream did not reach it"] * (len(self.hosts) - len(errors))
         return errors[: len(self.hosts)]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from deployer.core.lines import LineAssembler
 from deployer.core.statedir import state_dir
+from deployer.hosts.replies import task_name_ok
 
 LIMIT_BYTES = 64 * 1024 * 1024
 INDEX = "archive.json"
@@ -70,7 +71,7 @@ class LogArchive:
         if entry is None:
             entry = self.files[task] = _File(host)
             self._save()
-        path = self.dir / _file_name(task)
+        path = self._writable(task)
         if offset + len(data) - entry.base > self.limit and offset > entry.base:
             # Where a line begins: the file kept after the next rotation then starts with a
             # whole line, not with the end of one whose start was let go.
@@ -129,7 +130,7 @@ class LogArchive:
         """Forgets a damaged task's archive, so it is filled again from the log's first byte."""
         if self.files.pop(task, None) is None:
             return
-        path = self.dir / _file_name(task)
+        path = self._writable(task)
         path.unlink(missing_ok=True)
         path.with_suffix(".log.1").unlink(missing_ok=True)
         self._save()
@@ -142,8 +143,8 @@ class LogArchive:
     def skip_to(self, task: str, host: str, offset: int) -> None:
         """Starts a task's archive afresh at host log `offset`, a line's start: what copying
         everything before it would have let go by rotating (let_go says so, as it would)."""
-        path = self.dir / _file_name(task)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self._writable(task)
         path.with_suffix(".log.1").unlink(missing_ok=True)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         self.files[task] = _File(host, base=offset)
@@ -163,6 +164,15 @@ class LogArchive:
         if entry is not None:
             entry.end = self.size(task)
             self._save()
+
+    def _writable(self, task: str) -> Path:
+        """The task's file, checked right before it is written, truncated, rotated or removed:
+        the name is a task name (it came from a host) and the file, links resolved, is in this
+        run's folder, whatever the name or the folder holds."""
+        path = self.dir / _file_name(task)
+        if path.resolve().parent != self.dir.resolve():
+            raise ValueError(f"{path} is not a file of the run's archive {self.dir}")
+        return path
 
     def _save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -261,12 +271,20 @@ def _chunks(path: Path, assembler: LineAssembler) -> Iterator[list[str]]:
 
 
 def _file_name(task: str) -> str:
+    """`worker-0.log` of `worker:0`; a name that is not a task's (a host's reply is checked at
+    deployer/hosts/replies.py, this is the second check) names no file."""
+    if not task_name_ok(task):
+        raise ValueError(f"{task!r} is not a task name: no archive file is named after it")
     return task.replace(":", "-") + ".log"
 
 
 def _tasks(directory: Path) -> dict[str, dict[str, object]]:
+    """The index's tasks; an entry whose name is no task name (an index written by hand, or
+    damaged file) names no file and is left out."""
     tasks = _read_index(directory).get("tasks")
-    return tasks if isinstance(tasks, dict) else {}
+    if not isinstance(tasks, dict):
+        return {}
+    return {n: e for n, e in tasks.items() if task_name_ok(n) and isinstance(e, dict)}
 
 
 def _read_index(directory: Path) -> dict[str, object]:

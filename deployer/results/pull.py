@@ -46,6 +46,7 @@ from deployer.core.errors import (
 from deployer.core.text import plural
 from deployer.hosts.agent import Agent, Collected, Fetched, FetchOrder, RemoteFile
 from deployer.hosts.fleet import Fleet, Member, Pending
+from deployer.hosts.replies import PERMISSIONS, task_name_ok
 
 NO_RUN = "there is no run"  # remote/layout.py's words for a host that does not hold the run
 PARTS = ".partial"  # DIR/<run-id>/.partial/: contents on their way (no task folder is so named)
@@ -111,6 +112,10 @@ def resume_command(
 
 
 def task_folder(name: str) -> str:
+    """`worker-0` of `worker:0`. Task names come from hosts: checked at the edge
+    (deployer/hosts/replies.py) and again here, so a name never climbs out of the run."""
+    if not task_name_ok(name):
+        raise ValueError(f"{name!r} is not a task name: no folder is named after it")
     return name.replace(":", "-")
 
 
@@ -283,13 +288,25 @@ def _in_the_way(dest: Path, base: Path) -> None:
 
 def _destinations(member: Member, name: str, collected: Collected, base: Path) -> list[Wanted]:
     out = []
+    top = base.resolve()
     for remote in collected.files:
         folder, dest = landing(base, name, remote.path)
         dest = dest.resolve()
-        if not dest.is_relative_to(folder.resolve()):  # a host's path must not climb out here
+        # A host's path must not climb out of its task's folder, nor (links resolved) the run's.
+        if not dest.is_relative_to(folder.resolve()) or not dest.is_relative_to(top):
             raise HostError(member.name, f"{name}: {remote.path!r} would land outside {folder}")
         out.append((member, name, remote, dest))
     return out
+
+
+def _inside_run(dest: Path, root: Path) -> None:
+    """Right before a file is written from a host's data: it is in the run's folder
+    (`DIR/<run-id>`), links resolved, whatever folder was derived from the host's names."""
+    if not dest.parent.resolve().is_relative_to(root.resolve()):
+        raise LocalError(
+            f"refusing to write {dest}: it is outside the run's folder {root}",
+            hint="a link in that folder leads out of it, or a host sent a name that climbs out",
+        )
 
 
 def _has(dest: Path, sha256: str | None) -> bool:
@@ -426,13 +443,15 @@ def _copy(first: Path, dest: Path, mode: int, parts: Path) -> None:
     """A content already here, copied to another task's file: through a private temporary
     file in `parts` (never a longer name beside `dest`), renamed into place."""
     with _writing(dest):
+        _inside_run(dest, parts.parent)
         dest.parent.mkdir(parents=True, exist_ok=True)
         parts.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=parts, suffix=".copy")  # mode 0600
         try:
             with os.fdopen(fd, "wb") as out, first.open("rb") as src:
                 _copy_contents(src, out)
-                os.fchmod(out.fileno(), mode or 0o644)
+                os.fchmod(out.fileno(), (mode & PERMISSIONS) or 0o644)
+            _inside_run(dest, parts.parent)
             os.replace(tmp, dest)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -572,6 +591,7 @@ class _Fetch:
     def _landing(self, name: str, remote: RemoteFile, dest: Path) -> _Landing | None:
         """The content's part file, open, locked and ready to append to; None when another
         pull brought the content meanwhile."""
+        _inside_run(dest, self.parts.parent)
         with _writing(dest.parent):
             dest.parent.mkdir(parents=True, exist_ok=True)
         part = self.parts / f"{_content_key(remote, dest)}.part"
@@ -584,7 +604,7 @@ class _Fetch:
                 break
             if _arrived(dest, remote.sha256):  # the pull we waited for brought it
                 return None
-        return _Landing(out, part, name, remote, dest, self.cancelled)
+        return _Landing(out, part, name, remote, dest, self.cancelled, self.parts.parent)
 
 
 class _Landing:
@@ -603,9 +623,10 @@ class _Landing:
         remote: RemoteFile,
         dest: Path,
         cancelled: threading.Event,
+        root: Path,
     ) -> None:
         self.out, self.part, self.name, self.remote, self.dest = out, part, name, remote, dest
-        self.cancelled = cancelled
+        self.cancelled, self.root = cancelled, root
         self.sha256 = ""  # the whole content's, once it is in place
         try:
             self.offset = os.fstat(out.fileno()).st_size
@@ -639,7 +660,8 @@ class _Landing:
                 raise _changed(host, self.name, remote)
             self.sha256 = want
             with _writing(self.dest):
-                os.fchmod(self.out.fileno(), remote.mode or 0o644)
+                os.fchmod(self.out.fileno(), (remote.mode & PERMISSIONS) or 0o644)
+                _inside_run(self.dest, self.root)
                 os.replace(self.part, self.dest)
         return got.count
 

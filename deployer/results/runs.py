@@ -24,8 +24,9 @@ from deployer.core.lines import MAX_LINE, LineAssembler
 from deployer.core.text import join_names, plural
 from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.replies import Edge, text
 from deployer.results.archive import LogArchive, read_runs
-from deployer.results.state import RunRecord, load
+from deployer.results.state import RUN_ID, RunRecord, load
 from deployer.sources import load_inventory
 
 
@@ -202,7 +203,7 @@ class _HostLists:
         if hit is not None and hit[0] == listed:
             return hit[1]
         pairs = tuple(
-            (str(item[0]), str(item[1]))
+            (text(item[0]), text(item[1]))  # printed when a host is not in the inventory
             for item in listed
             if isinstance(item, list) and len(item) == 2
         )
@@ -210,17 +211,22 @@ class _HostLists:
         return pairs
 
 
-def _host_run(host: str, r: dict[str, object], lists: _HostLists) -> HostRun:
-    pairs = lists.pairs(str(r["run_id"]), r.get("hosts"))
+def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
+    """One run of a host's `runs` reply, checked at the edge (deployer/hosts/replies.py): its
+    run id is printed and named in later requests, its task names become archive files."""
+    edge = Edge(host, "runs")
+    r = edge.obj(raw, "a run")
+    run_id = _run_id(edge, r)
+    pairs = lists.pairs(run_id, r.get("hosts"))
     tasks = r.get("tasks")
     created, hosts_at = r.get("created"), r.get("hosts_at")
     return HostRun(
         host=host,
-        run_id=str(r["run_id"]),
-        job=str(r.get("job") or ""),
+        run_id=run_id,
+        job=text(r.get("job") or ""),
         created=float(created) if isinstance(created, int | float) else 0.0,
         detached=bool(r.get("detached")),
-        tasks=tuple(TaskStatus.from_json(t) for t in (tasks if isinstance(tasks, list) else [])),
+        tasks=tuple(TaskStatus.from_json(t, edge) for t in edge.items(tasks or [], "tasks")),
         hosts=pairs,
         hosts_at=float(hosts_at) if isinstance(hosts_at, int | float) else 0.0,
     )
@@ -386,10 +392,21 @@ def archived_runs(
 
 def _statuses(member: Member, run_id: str) -> list[TaskStatus] | None:
     _ensure_agent(member)
-    for r in member.agent.runs():
-        if r["run_id"] == run_id:
-            return [TaskStatus.from_json(t) for t in r.get("tasks", [])]
+    edge = Edge(member.name, "runs")
+    for raw in member.agent.runs():
+        r = edge.obj(raw, "a run")
+        if _run_id(edge, r) == run_id:
+            return [TaskStatus.from_json(t, edge) for t in edge.items(r.get("tasks", []), "tasks")]
     return None
+
+
+def _run_id(edge: Edge, r: dict[str, object]) -> str:
+    """A run id as the hosts' run folders are named (RUN_ID): it is printed, and a local run
+    folder is named by the one the user gave."""
+    run_id = edge.get(r, "run_id", "a run's run_id")
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise edge.error("a run's run_id", f"{run_id!r:.60} is not a run id")
+    return run_id
 
 
 NEWLINE = re.compile(b"\n")

@@ -180,7 +180,7 @@ def test_agent_stop_reports_escaped_processes(tmp_path: Path, run_id: str) -> No
     agent.install()
     ok(call(tmp_path / "wd", "materialize", run_id=run_id, job="j", files=[], lease_seconds=None))
     env = {"TFDEPLOY_RUN_ID": run_id}
-    [task] = agent.start(run_id, [{"name": "w", "command": ESCAPE, "env": env}], grace=1)
+    [task] = agent.start(run_id, [{"name": "worker:0", "command": ESCAPE, "env": env}], grace=1)
     assert task.pid is not None
     stray = escaped_pid(runs_dir(tmp_path / "wd") / run_id, task.pid)
     report = agent.stop(run_id, grace=1)
@@ -199,10 +199,10 @@ def test_a_poll_answered_by_a_one_shot_agent_reads_its_raw_logs(
     agent.install()
     ok(call(tmp_path / "wd", "materialize", run_id=run_id, job="j", files=[], lease_seconds=None))
     env = {"TFDEPLOY_RUN_ID": run_id}
-    agent.start(run_id, [{"name": "w", "command": "printf 'a\\nb\\n'", "env": env}], grace=1)
+    agent.start(run_id, [{"name": "worker:0", "command": "printf 'a\\nb\\n'", "env": env}], grace=1)
     agent.close_session()  # no session: every call from here on is one-shot
-    poll = agent.poll(run_id, {"w": 0}, heartbeat=False)
-    while poll.logs["w"][0] < 4:
-        poll = agent.poll(run_id, {"w": 0}, heartbeat=False)
-    assert poll.logs == {"w": (4, b"a\nb\n")}
+    poll = agent.poll(run_id, {"worker:0": 0}, heartbeat=False)
+    while poll.logs["worker:0"][0] < 4:
+        poll = agent.poll(run_id, {"worker:0": 0}, heartbeat=False)
+    assert poll.logs == {"worker:0": (4, b"a\nb\n")}
     agent.stop(run_id, grace=1)

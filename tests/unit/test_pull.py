@@ -21,7 +21,6 @@ import pytest
 from deployer.cli.main import _raise_terminated
 from deployer.core.errors import (
     ExitStatus,
-    HostError,
     HostsFailed,
     Interrupted,
     JobFailed,
@@ -207,9 +206,12 @@ def test_an_interrupted_pull_resumes_where_it_stopped(tmp_path: Path) -> None:
 def test_a_host_path_cannot_land_outside_the_destination(tmp_path: Path) -> None:
     hosts, fleet = fleet_of(tmp_path)
     hosts["a"].files["worker:0"]["../../escaped"] = b"x"
-    with fleet, pytest.raises(HostError) as info:
+    with fleet, pytest.raises(HostsFailed) as info:  # refused where the reply is parsed
         pull(fleet, "r-1", ["*"], tmp_path / "out")
-    assert "would land outside" in info.value.message
+    assert (
+        "collect reply is not valid: worker:0's file '../../escaped' has an empty, '.' or '..'"
+        in (info.value.message)
+    )
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "out" / "escaped").exists()
 
 

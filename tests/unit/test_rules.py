@@ -181,6 +181,12 @@ def test_tasks_start_in_tensorflows_order(tmp_path: Path) -> None:
         ("\x1b]0;a title\x07text", "text"),  # a terminal-title escape (OSC) vanishes whole
         ("tab\there  ", "tab\there"),
         ("\r", ""),
+        ("\u009d0;PWNED-TITLE\u009ctext", "text"),  # OSC ... ST in their C1 forms
+        ("a\u009b2Jb", "ab"),  # C1 CSI: clear the screen
+        ("\u0090q payload\u009c!", "!"),  # C1 DCS
+        ("x\x1b]52;c;aGk=\x1b\\y\x1b[2J", "xy"),  # OSC 52 writes the clipboard
+        ("\u0085nel\u0080", "nel"),  # any other C1 control goes alone
+        ("30\u00b0C \u00b11 \u00a0\u00e9", "30\u00b0C \u00b11 \u00a0\u00e9"),  # 0xC2-led, printable
     ],
 )
 def test_clean_keeps_what_a_terminal_finally_shows(raw: str, shown: str) -> None:
@@ -211,6 +217,19 @@ def test_lines_cut_anywhere_come_out_as_clean_makes_them() -> None:
             for x in lines.feed(data[a:b])
         ]
         assert got == [clean(line) for line in text.split("\n")[:-1]]
+
+
+def test_c1_controls_never_pass_the_assembler_in_any_chunking() -> None:
+    """Issue 39 item 4: U+009B/U+009D/U+009C/U+0090 in UTF-8 (0xC2 0x80-0x9F) have no byte
+    below 0x20, so the fast path let them through; split between two chunks the 0xC2 sits in
+    the decoder and the next chunk starts with the bare 0x9D."""
+    text = "a\u009d0;PWNED-TITLE\u009cb \u009b2J\u0090dcs\u009c end \u00b0\n" * 3
+    data = text.encode()
+    for cut in range(1, len(data)):
+        lines = LineAssembler()
+        got = lines.feed(data[:cut]) + lines.feed(data[cut:])
+        assert got == ["ab  end \u00b0"] * 3, cut
+        assert not any("\x80" <= ch <= "\x9f" for line in got for ch in line)
 
 
 def test_unterminated_and_runaway_lines() -> None:

@@ -1,0 +1,150 @@
+"""The edge where what a host says becomes typed values: a host is untrusted input.
+
+Whoever owns the login account of one fleet machine can change the agent installed there and
+answer anything. So every name, path, mode and text of a reply is checked here, once, before
+the rest of the control side sees it: a task name is `ROLE:INDEX` of a known role (and one the
+run asked for, where the caller knows them), a relative path stays inside its folder, a mode
+keeps only its permission bits, and a text is cleaned of control characters and escape
+sequences before it can be printed. A reply that breaks the protocol (a wrong type, a missing
+field, a bad name) is a HostError naming the host, the op and the field, never a traceback.
+The writers add their own check against the run's folder right before each write
+(deployer/results/pull.py, archive.py): two checks, so one mistake is not a hole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployer.config.roles import ROLES
+from deployer.core.errors import HostError
+from deployer.core.lines import clean
+
+# A decimal index without sign, leading zeros or more digits than any plan has.
+TASK_NAME = re.compile(r"([a-z]+):(0|[1-9][0-9]{0,8})")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+PERMISSIONS = 0o777  # no setuid, setgid or sticky bit from a host
+
+
+def task_name_ok(name: object) -> bool:
+    """Whether `name` is a task name a plan can have: `ROLE:INDEX`, a known role."""
+    if not isinstance(name, str):
+        return False
+    match = TASK_NAME.fullmatch(name)
+    return match is not None and match.group(1) in ROLES
+
+
+def text(value: object) -> str:
+    """A host's text as it may be printed: split on newlines, each line cleaned of C0 (but
+    tab) and C1 controls and escape sequences (deployer/core/lines.py)."""
+    said = value if isinstance(value, str) else str(value)
+    return "\n".join(clean(line) for line in said.split("\n"))
+
+
+def mode(value: int) -> int:
+    """A file mode from a host, as a local file may get it: permission bits only."""
+    return value & PERMISSIONS
+
+
+def path_problem(path: str, *, absolute: bool = False) -> str | None:
+    """Why `path` could leave the folder it is relative to, or None. With `absolute`, one
+    leading / is allowed (an absolute pattern's match, which lands in its own folder)."""
+    if not path:
+        return "is empty"
+    if "\0" in path:
+        return "holds a NUL byte"
+    rest = path[1:] if absolute and path.startswith("/") else path
+    if rest.startswith("/"):
+        return "is absolute"
+    parts = rest.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "has an empty, '.' or '..' component"
+    return None
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Reads one reply of one host's op; each check's error names both and the field."""
+
+    host: str
+    op: str
+
+    def error(self, field: str, why: str) -> HostError:
+        return HostError(
+            self.host,
+            f"its agent's {self.op} reply is not valid: {field} {text(why)}",
+            hint="the tfdeploy agent on that host was changed or damaged: remove its agent "
+            "folder (WORKDIR/agent) so the next `up` installs it again, and find out who can "
+            "write to that account",
+        )
+
+    def obj(self, value: object, field: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(field, f"is {type(value).__name__}, not an object")
+        return value
+
+    def items(self, value: object, field: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.error(field, f"is {type(value).__name__}, not a list")
+        return value
+
+    def get(self, reply: Mapping[str, Any], key: str, field: str | None = None) -> Any:
+        if key not in reply:
+            raise self.error(field or key, "is missing")
+        return reply[key]
+
+    def integer(self, value: object, field: str, *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.error(field, f"is {value!r:.40}, not an integer")
+        return value
+
+    def count(self, value: object, field: str) -> int:
+        """A size or an offset: a non-negative integer."""
+        number: int = self.integer(value, field)
+        if number < 0:
+            raise self.error(field, f"is negative ({number})")
+        return number
+
+    def number(self, value: object, field: str) -> float | None:
+        if value is None:
+            return None
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise self.error(field, f"is {value!r:.40}, not a number")
+        return float(value)
+
+    def choice(self, value: object, field: str, allowed: Collection[str]) -> str:
+        if not isinstance(value, str) or value not in allowed:
+            raise self.error(field, f"is {value!r:.40}, not one of {', '.join(allowed)}")
+        return value
+
+    def task(self, value: object, field: str, known: Collection[str] | None = None) -> str:
+        """A task name: `ROLE:INDEX` of a known role, and one of `known` when given (the run's
+        own tasks, or those the request named). It becomes a folder and a file name here."""
+        if not task_name_ok(value):
+            raise self.error(field, f"{value!r:.60} is not a task name (ROLE:INDEX)")
+        assert isinstance(value, str)
+        if known is not None and value not in known:
+            raise self.error(field, f"{value!r} is not a task this run asked for")
+        return value
+
+    def path(self, value: object, field: str, *, absolute: bool = False) -> str:
+        if not isinstance(value, str):
+            raise self.error(field, f"is {value!r:.40}, not a path")
+        problem = path_problem(value, absolute=absolute)
+        if problem is not None:
+            raise self.error(field, f"{value!r:.120} {problem}")
+        return value
+
+    def sha256(self, value: object, field: str) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not _SHA256.fullmatch(value):
+            raise self.error(field, f"is {value!r:.80}, not a sha256")
+        return value
+
+    def texts(self, value: object, field: str) -> tuple[str, ...]:
+        return tuple(text(t) for t in self.items(value, field))
