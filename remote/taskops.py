@@ -162,17 +162,25 @@ def _wait_started(launched: list[tuple[Path, int]]) -> None:
     while pending and time.monotonic() < deadline:
         still = []
         for task_dir, pid in pending:
-            if (task_dir / "pid.json").exists() or (task_dir / "exit.json").exists():
+            if _recorded(task_dir):
                 continue
             status = _ended(pid)
-            if status is not None:
+            if status is None:
+                still.append((task_dir, pid))
+            elif not _recorded(task_dir):
+                # Looked at again: a quick task's supervisor may have written both records and
+                # exited since the first look. Only one gone without a record died.
                 log = (task_dir / "supervisor.log").read_text(errors="replace").strip()
                 last = log.splitlines()[-1] if log else status
                 raise params.AgentError(f"the supervisor of task {task_dir.name} died: {last}")
-            still.append((task_dir, pid))
         pending = still
         if pending:
             time.sleep(0.005)
+
+
+def _recorded(task_dir: Path) -> bool:
+    """The supervisor started the task (pid.json) or recorded why it could not (exit.json)."""
+    return (task_dir / "pid.json").exists() or (task_dir / "exit.json").exists()
 
 
 def _ended(pid: int) -> str | None:
