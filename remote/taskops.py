@@ -58,7 +58,7 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         ]
         _wait_started(launched)
     if params.param(req, "release", bool, False):  # the host's last start: one round trip less
-        reservations.release(layout.workdir_path(req), run_dir.name)
+        reservations.hand_over(layout.workdir_path(req), run_dir.name)
     return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
 
 
