@@ -114,7 +114,8 @@ def hand_over(workdir: Path, run_id: str) -> int:
             record = layout.read_json(path)
             if isinstance(record, dict) and record.get("run_id") == run_id:
                 if _tasks_run(layout.runs_dir(workdir) / run_id):
-                    layout.write_json(path, {**record, "until_bound": True})
+                    with contextlib.suppress(OSError):  # a full disk: it lapses with its lease
+                        layout.write_json(path, {**record, "until_bound": True})
                 else:  # nothing started (check, a failed preflight), or all ended already
                     path.unlink()
                 handed += 1
