@@ -14,8 +14,8 @@ class ExitStatus(enum.IntEnum):
     JOB_FAILED = 1
     USAGE = 2
     UNREACHABLE = 3
-    # `pull`: every file it could bring arrived, but some were refused, each named (one that
-    # changed while it was sent, one the host would not give): a retry may get them.
+    # `pull`: every other file arrived, but some it listed did not, each named (they changed
+    # while they were sent: a task still writing them): pulling again may get them.
     INCOMPLETE = 4
     INTERRUPTED = 130
     # stdout was a pipe whose reader went away (`tfdeploy logs RUN | head -1`): 128 + SIGPIPE,

@@ -63,6 +63,9 @@ class PullResult:
     destination: Path
     patterns: tuple[str, ...] = ()
     places: tuple[str, ...] = ()  # "worker:0@h1": the tasks that were asked
+    # Files listed to come that did not (they changed while sent; in `refused` too): a pull
+    # again may get them. A pattern or link the host refused is not counted: it never comes.
+    not_kept: int = 0
 
     def summary(self) -> str:
         if not self.files:
@@ -186,6 +189,7 @@ def pull(
         (base / PARTS).rmdir()  # empty once everything arrived
     return PullResult(
         files=len(wanted) - not_kept,
+        not_kept=not_kept,
         fetched_bytes=sent,
         fetched_files=fetch.fetched,
         refused=tuple(refused),
