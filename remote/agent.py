@@ -258,11 +258,12 @@ def op_runs(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_release(req: dict[str, Any]) -> dict[str, Any]:
-    """Nothing of the run starts here now: its port reservations go, and so do the network
-    check's stand-ins if a failed preflight left them (one round trip for both)."""
+    """Nothing more of the run starts here now: its port reservations go to its tasks until they
+    bind (gone at once where none runs), and the network check's stand-ins go if a failed
+    preflight left them (one round trip for both)."""
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
     layout.stop_stand_ins(req, run_id)
-    return {"released": reservations.release(layout.workdir_path(req), run_id)}
+    return {"released": reservations.hand_over(layout.workdir_path(req), run_id)}
 
 
 def _deferred(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:

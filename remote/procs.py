@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,17 @@ def process_alive(pid: Any, ticks: Any) -> bool:
         return False
     stat = proc_stat(pid)
     return stat is not None and stat[1] == ticks and stat[0] not in {"Z", "X"}
+
+
+def signal_process(pid: Any, ticks: Any, sig: int = signal.SIGTERM) -> bool:
+    """Signal exactly the recorded process (not a recycled pid); False when it is gone."""
+    if not process_alive(pid, ticks):
+        return False
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def signal_group(pgid: Any, ticks: Any, sig: int) -> bool:
@@ -143,6 +155,7 @@ def task_status(task_dir: Path) -> dict[str, Any]:
         "signal": ended.get("signal"),
         "reason": ended.get("reason"),
         "notice": ended.get("notice"),  # a spot interruption notice that stopped it
+        "disk_full": ended.get("disk_full"),  # the file system that was full when it ended
         "log_bytes": log_bytes,
     }
 

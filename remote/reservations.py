@@ -5,9 +5,16 @@ seconds later: two `up` of one inventory started together both saw free ports an
 bind. A hello carrying a run id therefore records the run's ports under
 WORKDIR/hosts/<id>/ports (per host: a shared workdir must not mix hosts' ports), checked and
 written under one flock, and a later hello of another run finds them busy. A reservation lives
-while its run does: it ends when the run is stopped (stop marker, whole-run stop, `release`) and
-lapses when neither the reservation nor the run's lease was renewed for `lease_seconds` (a
-crashed controller). Only runs sharing this workdir see each other's reservations.
+while its run does: it ends when the run is stopped (stop marker, whole-run stop) and lapses
+when neither the reservation nor the run's lease was renewed for `lease_seconds` (a crashed
+controller). Only runs sharing this workdir see each other's reservations.
+
+Once the run's tasks are started here (`release`, or `start` with `release`), a TF task still
+binds its port seconds later, after `import tensorflow`. So a released reservation is handed
+over instead of dropped: it lasts until its port is seen bound or no task of the run runs on
+this host, whichever comes first. Whoever looks at it next decides (a later hello), so a
+detached run, which no controller will release, needs nobody to end it; heartbeats no longer
+matter to it (a detached run has none).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import layout
+import procs
 import protocol
 
 
@@ -43,7 +51,7 @@ def reserve(
         held = {}
         for port in ports:
             path = directory / f"{port}.json"
-            holder = _holder(workdir, path, now)
+            holder = _holder(workdir, path, now, port, bindable)
             if holder is None:
                 path.unlink(missing_ok=True)  # ended or lapsed: leave nothing behind
             elif holder != run_id:
@@ -56,7 +64,9 @@ def reserve(
     return busy, held
 
 
-def _holder(workdir: Path, path: Path, now: float) -> str | None:
+def _holder(
+    workdir: Path, path: Path, now: float, port: int, bindable: Callable[[int], bool]
+) -> str | None:
     """The run holding a reservation file, or None when there is none or it ended or lapsed."""
     record: Any = layout.read_json(path)
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
@@ -64,6 +74,10 @@ def _holder(workdir: Path, path: Path, now: float) -> str | None:
     run_dir = layout.runs_dir(workdir) / record["run_id"]
     if layout.run_stopped(run_dir):
         return None
+    if record.get("until_bound"):
+        # Handed over to the run's tasks: a bound port needs no reservation (the bind check
+        # sees it busy), and one whose tasks all ended here has nobody left to bind it.
+        return record["run_id"] if bindable(port) and _tasks_run(run_dir) else None
     beat = float(record.get("reserved") or 0)
     # Renewed by the run's heartbeats; before materialize only the reservation's own time counts.
     with contextlib.suppress(OSError):
@@ -85,3 +99,32 @@ def release(workdir: Path, run_id: str) -> int:
                 path.unlink()
                 released += 1
     return released
+
+
+def hand_over(workdir: Path, run_id: str) -> int:
+    """The run's tasks are started here: each of its reservations now lasts until its port is
+    seen bound or no task of the run runs here (see the module's docstring); how many."""
+    directory = _ports_dir(workdir)
+    if not directory.is_dir():
+        return 0
+    handed = 0
+    with layout.open_lock(directory / ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for path in directory.glob("*.json"):
+            record = layout.read_json(path)
+            if isinstance(record, dict) and record.get("run_id") == run_id:
+                if _tasks_run(layout.runs_dir(workdir) / run_id):
+                    with contextlib.suppress(OSError):  # a full disk: it lapses with its lease
+                        layout.write_json(path, {**record, "until_bound": True})
+                else:  # nothing started (check, a failed preflight), or all ended already
+                    path.unlink()
+                handed += 1
+    return handed
+
+
+def _tasks_run(run_dir: Path) -> bool:
+    """A task of the run is running on this host (it, or its restart, may still bind)."""
+    return any(
+        procs.task_state(task_dir)[0] == protocol.STATE_RUNNING
+        for task_dir in layout.task_dirs(run_dir)
+    )

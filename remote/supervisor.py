@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import daemon
+import exits
 import hostid
 import layout
 import params
@@ -66,9 +67,10 @@ class _Supervisor:
             record["escaped"] = self._stop_strays()
         if self.notice is not None:
             record["notice"] = {"action": self.notice.action, "time": self.notice.time}
-        layout.write_json(self.task_dir / "exit.json", record)
+        exits.write(self.task_dir, record)
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
+        exits.reserve(self.task_dir)  # while the disk has room: the task may fill it
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         log_fd = os.open(self.task_dir / "output.log", flags, 0o600)
         # The host identity lets a whole-run stop tell this host's strays from another host's
@@ -92,9 +94,7 @@ class _Supervisor:
         except (OSError, params.AgentError) as exc:
             # Nothing ran; say why in the task's own log, where the user will look.
             os.write(log_fd, f"tfdeploy: cannot start the task: {exc}\n".encode())
-            layout.write_json(
-                self.task_dir / "exit.json", procs.exit_record(127, None, time.time())
-            )
+            exits.write(self.task_dir, procs.exit_record(127, None, time.time()))
             return None
         finally:
             os.close(log_fd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import daemon
+import exits
 import layout
 import params
 import procs
@@ -58,7 +60,7 @@ def op_start(req: dict[str, Any]) -> dict[str, Any]:
         ]
         _wait_started(launched)
     if params.param(req, "release", bool, False):  # the host's last start: one round trip less
-        reservations.release(layout.workdir_path(req), run_dir.name)
+        reservations.hand_over(layout.workdir_path(req), run_dir.name)
     return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
 
 
@@ -162,17 +164,25 @@ def _wait_started(launched: list[tuple[Path, int]]) -> None:
     while pending and time.monotonic() < deadline:
         still = []
         for task_dir, pid in pending:
-            if (task_dir / "pid.json").exists() or (task_dir / "exit.json").exists():
+            if _recorded(task_dir):
                 continue
             status = _ended(pid)
-            if status is not None:
+            if status is None:
+                still.append((task_dir, pid))
+            elif not _recorded(task_dir):
+                # Looked at again: a quick task's supervisor may have written both records and
+                # exited since the first look. Only one gone without a record died.
                 log = (task_dir / "supervisor.log").read_text(errors="replace").strip()
                 last = log.splitlines()[-1] if log else status
                 raise params.AgentError(f"the supervisor of task {task_dir.name} died: {last}")
-            still.append((task_dir, pid))
         pending = still
         if pending:
             time.sleep(0.005)
+
+
+def _recorded(task_dir: Path) -> bool:
+    """The supervisor started the task (pid.json) or recorded why it could not (exit.json)."""
+    return (task_dir / "pid.json").exists() or (task_dir / "exit.json").exists()
 
 
 def _ended(pid: int) -> str | None:
@@ -209,8 +219,10 @@ class _Stop:
             self._signal(signal.SIGKILL)
             self.kill_at = None
         elif state == protocol.STATE_LOST and self.last_signal is not None:
-            # We signalled it and no supervisor is left to write the record: write it ourselves.
-            layout.write_json(self.task_dir / "exit.json", procs.stopped_record(self.last_signal))
+            # We signalled it and no supervisor is left to write the record: write it ourselves
+            # (into the supervisor's reserved blocks on a full disk; never failing the stop).
+            with contextlib.suppress(OSError):
+                exits.write(self.task_dir, procs.stopped_record(self.last_signal))
             self.done = True
         elif state != protocol.STATE_RUNNING:
             self.done = True
@@ -224,7 +236,13 @@ class _Stop:
 
     def _begin(self, pids: dict[str, Any], now: float) -> None:
         self.pids = pids
-        layout.write_json(self.task_dir / "stop", {"requested": time.time(), "grace": self.grace})
+        try:
+            marker = {"requested": time.time(), "grace": self.grace}
+            layout.write_json(self.task_dir / "stop", marker)
+        except OSError:
+            # A full disk must not keep a task running: SIGTERM tells its supervisor instead
+            # (it records the stop and keeps the SIGKILL deadline, as the marker would).
+            procs.signal_process(pids.get("supervisor"), pids.get("supervisor_ticks"))
         self._signal(signal.SIGTERM)
         self.kill_at = now + self.grace
 
@@ -252,6 +270,16 @@ class _SetupStop:
             self.kill_at = None
 
 
+def _mark_stopped(run_dir: Path, marker: dict[str, Any]) -> None:
+    """The run's stop marker; on a full disk an empty one (a name, no block), or none: the
+    stop itself must go on whatever the disk says."""
+    try:
+        layout.write_json(run_dir / "stop", marker)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.close(os.open(run_dir / "stop", os.O_WRONLY | os.O_CREAT, 0o600))
+
+
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     run_dir = layout.run_path(req, must_exist=False)
     grace = grace_param(req)
@@ -268,7 +296,7 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     if names is None:
         with layout.run_lock(run_dir):  # no start is half-way through creating tasks now
             if not layout.run_stopped(run_dir):
-                layout.write_json(run_dir / "stop", {"requested": now, "grace": grace})
+                _mark_stopped(run_dir, {"requested": now, "grace": grace})
             dirs = layout.task_dirs(run_dir)
             setup = layout.read_json(run_dir / "setup.json")
             if isinstance(setup, dict):

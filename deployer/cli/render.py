@@ -331,7 +331,13 @@ class RunTasks:
 
 
 def _state_text(task: TaskStatus) -> str:
-    """Short words for the table: running, exited 0, killed (signal 9), stopped, lost."""
+    """Short words for the table: running, exited 0, killed (signal 9), stopped, lost; and
+    the host's file system that was full when it ended."""
+    ended = _ended_text(task)
+    return f"{ended}, disk full ({task.disk_full})" if task.disk_full is not None else ended
+
+
+def _ended_text(task: TaskStatus) -> str:
     if not task.finished:
         return f"{task.state}, frozen (SIGSTOP)" if task.frozen else task.state
     if task.state == protocol.STATE_LOST:

@@ -265,7 +265,7 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")
     view.step(result.summary())
-    return ExitStatus.OK
+    return ExitStatus.INCOMPLETE if result.not_kept else ExitStatus.OK
 
 
 def tunnel_verb(args: argparse.Namespace, env: Env) -> int:

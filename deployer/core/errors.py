@@ -14,6 +14,9 @@ class ExitStatus(enum.IntEnum):
     JOB_FAILED = 1
     USAGE = 2
     UNREACHABLE = 3
+    # `pull`: every other file arrived, but some it listed did not, each named (they changed
+    # while they were sent: a task still writing them): pulling again may get them.
+    INCOMPLETE = 4
     INTERRUPTED = 130
     # stdout was a pipe whose reader went away (`tfdeploy logs RUN | head -1`): 128 + SIGPIPE,
     # what a shell reports for tools that die of SIGPIPE; tfdeploy exits quietly instead.

@@ -100,6 +100,7 @@ class TaskStatus:
     log_bytes: int = 0
     restarts: int = 0  # how often the task was started again after it ended
     frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
+    disk_full: str | None = None  # the host's file system that was full when it ended
 
     @classmethod
     def from_json(cls, raw: object, edge: Edge, known: Collection[str] | None = None) -> TaskStatus:
@@ -122,6 +123,7 @@ class TaskStatus:
             log_bytes=edge.count(d.get("log_bytes") or 0, f"{name}'s log_bytes"),
             restarts=edge.count(d.get("restarts") or 0, f"{name}'s restarts"),
             frozen=bool(d.get("frozen")),
+            disk_full=d["disk_full"] if isinstance(d.get("disk_full"), str) else None,
         )
 
     @property
@@ -140,7 +142,13 @@ class TaskStatus:
         return self.reason == protocol.REASON_PREEMPTED
 
     def outcome(self) -> str:
-        """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports."""
+        """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports; and that the
+        host's disk was full when it ended (the likely cause of a failure then)."""
+        if self.disk_full is None:
+            return self._ended()
+        return f"{self._ended()}; the host's disk was full ({self.disk_full})"
+
+    def _ended(self) -> str:
         if self.state == protocol.STATE_LOST:
             return "lost (its supervisor vanished: host crash or kill -9)"
         if self.reason == protocol.REASON_PREEMPTED:

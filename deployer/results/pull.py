@@ -64,6 +64,9 @@ class PullResult:
     destination: Path
     patterns: tuple[str, ...] = ()
     places: tuple[str, ...] = ()  # "worker:0@h1": the tasks that were asked
+    # Files listed to come that did not (they changed while sent; in `refused` too): a pull
+    # again may get them. A pattern or link the host refused is not counted: it never comes.
+    not_kept: int = 0
 
     def summary(self) -> str:
         if not self.files:
@@ -174,14 +177,24 @@ def pull(
             again_fetch = _Fetch(run_id, patterns, base / PARTS)
             sent += again_fetch.all(fleet, _one_source_per_content(again, _content_key))
             fetch.fetched += again_fetch.fetched
-    for _, _, remote, dest in copies:
+            fetch.refused += again_fetch.refused
+            fetch.not_kept |= again_fetch.not_kept
+    refused += fetch.refused
+    not_kept = len(fetch.not_kept)
+    for member, name, remote, dest in copies:
         first = sources[key(remote, dest)][3]
-        if dest != first:  # the same content for another task: copied here, not sent again
-            _copy(first, dest, remote.mode, base / PARTS)
+        if dest == first:
+            continue
+        if first in fetch.not_kept:  # the same content changed while it came from elsewhere
+            refused.append(_refusal(member.name, name, remote.path))
+            not_kept += 1
+            continue
+        _copy(first, dest, remote.mode, base / PARTS)  # the same content: not sent again
     with contextlib.suppress(OSError):
         (base / PARTS).rmdir()  # empty once everything arrived
     return PullResult(
-        files=len(wanted),
+        files=len(wanted) - not_kept,
+        not_kept=not_kept,
         fetched_bytes=sent,
         fetched_files=fetch.fetched,
         refused=tuple(refused),
@@ -415,8 +428,21 @@ class _Replicas:
         return copies, again
 
 
+class _Changed(HostError):
+    """A file that did not stand still while it was sent: that file's refusal, not its host's
+    failure (a task still writing its log or TensorBoard events). Nothing of it is kept."""
+
+
 def _changed(host: str, name: str, remote: RemoteFile) -> HostError:
-    return HostError(host, f"{name}: {remote.path} changed while being pulled; pull again")
+    return _Changed(host, f"{name}: {remote.path} changed while being pulled; pull again")
+
+
+def _refusal(host: str, name: str, path: str) -> str:
+    """As PullResult.refused says it: the task, its host, the file and what to do."""
+    return (
+        f"{name}@{host}: {path}: changed while it was pulled (still being written?); "
+        "nothing of it was kept, pull it again once it stands still"
+    )
 
 
 def _one_source_per_content(
@@ -491,6 +517,8 @@ class _Fetch:
         self.sent = 0  # bytes that travelled
         self.fetched = 0  # contents this pull fetched (not those another pull brought meanwhile)
         self.landed: dict[Path, str] = {}  # where each fetched content is, and its sha256
+        self.refused: list[str] = []  # files that changed while they were sent (_refusal)
+        self.not_kept: set[Path] = set()  # and where they would have landed
         self.local: list[LocalError] = []
         self._lock = threading.Lock()
         self._open: list[Agent] = []  # the sessions carrying bytes now
@@ -554,7 +582,14 @@ class _Fetch:
                 with contextlib.closing(fetches):  # an error here ends the session at once
                     for _, got in fetches:
                         landing = landings.popleft()
-                        fetched = landing.finish(member.name, got)
+                        try:
+                            fetched = landing.finish(member.name, got)
+                        except _Changed:  # that file only: the host's next ones still come
+                            why = _refusal(member.name, landing.name, landing.remote.path)
+                            with self._lock:
+                                self.refused.append(why)
+                                self.not_kept.add(landing.dest)
+                            continue
                         with self._lock:
                             self.sent += fetched
                             self.fetched += 1
@@ -567,7 +602,7 @@ class _Fetch:
             self.cancelled.set()
         finally:
             for landing in landings:  # requested, never fetched: their parts stay to resume
-                landing.out.close()
+                _let_go(landing)
 
     def _orders(
         self, items: list[tuple[str, RemoteFile, Path]], landings: collections.deque[_Landing]
@@ -664,6 +699,14 @@ class _Landing:
                 _inside_run(self.dest, self.root)
                 os.replace(self.part, self.dest)
         return got.count
+
+
+def _let_go(landing: _Landing) -> None:
+    """A part requested but never fetched stays to be resumed, unless nothing arrived in it:
+    an empty part resumes nothing (removed while still locked, so no other pull holds it)."""
+    with landing.out, contextlib.suppress(OSError):
+        if os.fstat(landing.out.fileno()).st_size == 0:
+            os.unlink(landing.part)
 
 
 def _adopt_part(part: Path, by_dest: Path) -> None:

@@ -151,10 +151,53 @@ def test_a_file_that_changes_while_pulled_is_named_and_not_kept(
     if folder != "empty":
         (home / run_id / "worker-0").mkdir(parents=True)
     pulled = tfdeploy("pull", run_id, "big.bin", "--to", str(home), state=tmp_path / "state")
-    assert pulled.returncode == 3, pulled.stdout + pulled.stderr
-    err = " ".join(pulled.stderr.split())
-    assert "worker:0: big.bin changed while being pulled; pull again" in err, err
+    assert pulled.returncode == 4, pulled.stdout + pulled.stderr
+    out = " ".join(pulled.stdout.split())
+    assert "not pulled: worker:0@h1: big.bin: changed while it was pulled" in out, out
     assert not list(home.rglob("big.bin")) and not list(home.rglob("*.part"))
+
+
+# A task still writing its log while its other files stand still: five files, then the log
+# grows by 4 KiB every 5 ms (never still for as long as a pull takes to list and send it).
+APPEND = """\
+import time
+for i in range(5):
+    with open(f"out-{i}.bin", "wb") as f:
+        f.write(bytes([i]) * (200_000 + i))
+print("wrote", flush=True)
+with open("train.log", "ab") as log:
+    while True:
+        log.write(b"step\\n" * 819)
+        log.flush()
+        time.sleep(0.005)
+"""
+
+
+def test_a_file_still_written_is_refused_alone_and_the_others_arrive(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str]
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "append.py").write_text(APPEND)
+    job = {"name": "append", "command": "python3 append.py", "stop_grace": 1}
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    run_id = up.stdout.split("tfdeploy down ")[1].split("`")[0]
+    runs.append(run_id)
+    deadline = time.monotonic() + 60
+    while "wrote" not in tfdeploy("logs", run_id, state=tmp_path / "state").stdout:
+        assert time.monotonic() < deadline, "the task never wrote its files"
+        time.sleep(0.5)
+    home = tmp_path / "home"
+    pulled = tfdeploy("pull", run_id, "*", "--to", str(home), state=tmp_path / "state")
+    assert pulled.returncode == 4, pulled.stdout + pulled.stderr
+    out = " ".join(pulled.stdout.split())
+    assert "not pulled: worker:0@h1: train.log: changed while it was pulled" in out, out
+    assert "pulled 6 files into" in out, out  # append.py and the five, not the log
+    folder = home / run_id / "worker-0"
+    for i in range(5):
+        assert (folder / f"out-{i}.bin").read_bytes() == bytes([i]) * (200_000 + i)
+    assert not (folder / "train.log").exists() and not list(home.rglob("*.part"))
 
 
 def test_a_pull_from_a_host_whose_key_is_unknown_is_refused(

@@ -175,6 +175,42 @@ def test_a_reservation_lapses_with_its_lease_and_lives_with_its_heartbeats(workd
     assert other["busy_ports"] == []
 
 
+# A task that binds its port only once `go` exists, as a TF task binds after `import tensorflow`
+# (seconds after its start); or that ends without binding it.
+BIND_LATE = (
+    "while [ ! -e go ]; do sleep 0.02; done; exec {python} -c 'import socket, time; "
+    's = socket.socket(); s.bind(("0.0.0.0", {port})); s.listen(); '
+    'open("bound", "w").close(); time.sleep(60)\''
+)
+EXIT_LATE = "while [ ! -e go ]; do sleep 0.02; done; exit 0"
+
+
+@pytest.mark.parametrize("then", ["binds", "exits"])
+def test_a_started_runs_reservation_lasts_until_its_task_binds_or_ends(
+    workdir: Path, then: str
+) -> None:
+    port = free_port()
+    run_dir = new_run(workdir, "r1")
+    ok(call(workdir, "hello", ports=[port], run_id="r1", lease_seconds=30))
+    command = BIND_LATE.format(python=PYTHON, port=port) if then == "binds" else EXIT_LATE
+    task = {"name": "worker:0", "command": command}
+    # The host's last start: the reservation is handed to the task, which has not bound yet.
+    ok(call(workdir, "start", run_id="r1", tasks=[task], grace=1, release=True))
+    between = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=30))
+    assert between["busy_ports"] == [port] and between["reserved_by"] == {str(port): "r1"}
+    (run_dir / "code/go").touch()
+    if then == "binds":
+        wait_for(lambda: (run_dir / "code/bound").exists())
+    else:
+        wait_for(lambda: (run_dir / "tasks/worker-0/exit.json").exists())
+    after = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=30))
+    # Bound: the bind check says it is busy. Ended: it is free, as if never reserved.
+    assert after["busy_ports"] == ([port] if then == "binds" else []), after
+    assert after["reserved_by"] == {}
+    holders = [json.loads(p.read_text())["run_id"] for p in workdir.glob("hosts/*/ports/*.json")]
+    assert "r1" not in holders  # its record went when seen
+
+
 def test_agent_stop_reports_escaped_processes(tmp_path: Path, run_id: str) -> None:
     agent = Agent(LocalTransport("here"), python=sys.executable, workdir=str(tmp_path / "wd"))
     agent.install()
