@@ -25,7 +25,7 @@ from deployer.core.text import join_names, plural
 from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.results.archive import LogArchive, read_runs
-from deployer.results.state import RunRecord, load
+from deployer.results.state import RunRecord, load, load_if_readable
 from deployer.sources import load_inventory
 
 
@@ -86,9 +86,9 @@ def resolve(target: str, inventory: str | None = None) -> Target:
     """
     if Path(target).is_file():
         return Target(load_inventory(target), None)
+    if inventory:  # told where the run is: a record only adds hosts, and a broken one none
+        return Target(load_inventory(inventory), target, _recorded(load_if_readable(target)))
     record = load(target)
-    if inventory:
-        return Target(load_inventory(inventory), target, _recorded(record))
     if record is None:
         raise UsageError(
             f"{target!r} is neither an inventory file nor a run known on this machine",
