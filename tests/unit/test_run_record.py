@@ -6,6 +6,7 @@ with `-i INVENTORY` offered, through the real CLI entry; never "no such run" or 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,28 @@ import pytest
 from deployer.config.model import SSHSettings
 from deployer.results.state import RunHost, RunRecord, save
 from tests.support.helpers import one_line, run_cli
-from tests.unit.test_cli_hardening import local_inventory
 
 RUN = "hard-20250101T000000Z-abcd"
+
+
+def local_inventory(tmp: Path) -> Path:
+    """A job of one worker on this machine (transport = "local")."""
+    (tmp / "code").mkdir(exist_ok=True)
+    path = tmp / "inv.toml"
+    path.write_text(
+        f'[job]\nname = "hard"\ncode = "code"\ncommand = "true"\nworkdir = "{tmp}/wd"\n'
+        f'python = "{sys.executable}"\nrequire_tensorflow = false\n\n'
+        '[[hosts]]\nname = "local"\naddress = "127.0.0.1"\ntransport = "local"\n'
+        'tasks = [{ role = "worker" }]\n'
+    )
+    return path
 
 
 @pytest.fixture
 def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A good record of RUN, whose inventory exists; returns the record's path."""
     monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
-    inventory = local_inventory(tmp_path, "true")
+    inventory = local_inventory(tmp_path)
     host = RunHost("local", "127.0.0.1", "local", "python3", str(tmp_path / "wd"), SSHSettings())
     save(RunRecord(RUN, str(inventory), "hard", 0.0, False, (host,)))
     return tmp_path / "state" / "runs" / f"{RUN}.json"
