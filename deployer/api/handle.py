@@ -39,7 +39,7 @@ from deployer.results.runs import (
     resolve,
     survey_runs,
 )
-from deployer.results.state import load as load_record
+from deployer.results.state import load_if_readable
 from remote import protocol
 
 UNREACHABLE_S = 60.0  # `wait` gives up on hosts that cannot be asked for this long, in a row
@@ -303,7 +303,7 @@ def attach(
     """
     if inventory is None:
         return Run(resolve(run_id), concurrency=concurrency)
-    record = load_record(run_id)
+    record = load_if_readable(run_id)  # the inventory says where the run is
     recorded = tuple(h.host() for h in record.hosts) if record is not None else ()
     return Run(Target(load(inventory, base=base), run_id, recorded), concurrency=concurrency)
 

@@ -53,7 +53,7 @@ from deployer.results.runs import (
     task_host,
 )
 from deployer.results.state import RUN_ID as STATE_RUN_ID
-from deployer.results.state import load as load_record
+from deployer.results.state import load_if_readable
 from deployer.results.tunnel import Tunnel, allow_many_files
 from deployer.sources import load_inventory
 from deployer.watch.view import PlainView, make_view, masked_view
@@ -128,7 +128,7 @@ def _logs_masker(run_id: str, inventory: str | None) -> Masker:
     the logs are shown either way, and a forwarded token is most likely set here too."""
     path = inventory
     if path is None and STATE_RUN_ID.match(run_id):
-        record = load_record(run_id)
+        record = load_if_readable(run_id)
         path = record.inventory if record is not None else None
     try:
         loaded = load_inventory(path) if path is not None else None

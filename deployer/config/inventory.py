@@ -1,7 +1,8 @@
 """The inventory file: which hosts exist, how to reach them and which tasks each runs.
 
-Parsing does no I/O beyond reading the one file (and checking that the code directory exists), so
-every mistake is reported before any host is touched. `[[hosts]]` lists hosts by hand; any other
+Parsing does no I/O beyond reading the one file (checking that the code directory exists, and
+reading the user's ssh_config for a host named by a `Host` alias), so every mistake is reported
+before any host is touched. `[[hosts]]` lists hosts by hand; any other
 top-level table that lists hosts (`[aws]`) is a *host source* plugged in through `register_source`,
 so the parser knows no source but its own.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deployer.config import sshconfig
 from deployer.config.model import (
     EvaluatorFailure,
     FailurePolicy,
@@ -154,7 +156,8 @@ def parse_inventory(
     ]
     host_tables = root.table_list("hosts", required=not sourced)
     root.finish()
-    hosts = tuple(_parse_host(t, context) for t in host_tables)
+    aliased: dict[str, tuple[str, int]] = {}
+    hosts = tuple(_parse_host(t, context, aliased) for t in host_tables)
     hosts += tuple(h for s in sourced for h in s.hosts)
     check_unique_hosts(hosts, str(path))
     pending = tuple(s.pending for s in sourced if s.pending is not None)
@@ -321,22 +324,54 @@ def make_host(
     )
 
 
-def _parse_host(t: Table, context: SourceContext) -> Host:
+def _parse_host(t: Table, context: SourceContext, aliased: dict[str, tuple[str, int]]) -> Host:
     address = t.host_address("address", t.required_string("address"), port_key="ssh.port")
     written = t.string("name")  # a default name is the address, which was checked above
     name = address if written is None else _name(t, "name", written)
     settings = parse_host_settings(t, context)
+    transport = t.choice("transport", TRANSPORTS, "ssh")
     tf_address = t.string("tf_address")
+    if tf_address is not None:
+        tf_address = t.host_address("tf_address", tf_address)
+    elif transport == "ssh":
+        tf_address = _aliased_tf_address(t, name, address, settings.ssh, aliased)
     host = make_host(
         settings,
         name=name,
         address=address,
-        tf_address=address if tf_address is None else t.host_address("tf_address", tf_address),
-        transport=t.choice("transport", TRANSPORTS, "ssh"),
+        tf_address=address if tf_address is None else tf_address,
+        transport=transport,
         key=t.path,
     )
     t.finish()
     return host
+
+
+def _aliased_tf_address(
+    t: Table, name: str, address: str, ssh: SSHSettings, aliased: dict[str, tuple[str, int]]
+) -> str:
+    """The TF address of a host whose `tf_address` is not written: the HostName ssh_config gives
+    its address (an alias is known only to this machine), else the address itself.
+
+    Hosts whose aliases share one HostName on different SSH ports sit behind a port forward
+    (a NAT, Vagrant's 127.0.0.1:2222): the address their tasks are reached at cannot be known
+    without asking the hosts, so it must be written. `aliased`: HostName -> (host, SSH port) of
+    the hosts read so far.
+    """
+    resolved = sshconfig.tf_address_of(address, ssh.ssh_config)
+    if resolved == address:
+        return address
+    port = sshconfig.ssh_port_of(address, ssh)
+    other, other_port = aliased.setdefault(resolved, (name, port))
+    if other_port != port:
+        t.fail(
+            "tf_address",
+            f"must be set: ssh_config gives {name!r} and {other!r} the same HostName "
+            f"{resolved!r} on SSH ports {port} and {other_port} (a port forward), so the address "
+            "other hosts reach their TF tasks at cannot be known without asking the hosts",
+            hint="set tf_address on each of these hosts to an address every host can reach",
+        )
+    return resolved
 
 
 def parse_task(t: Table) -> TaskSpec:

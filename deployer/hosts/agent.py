@@ -55,7 +55,7 @@ _BOOTSTRAP = (
     + f"V = {protocol.PROTOCOL_VERSION!r}\n"
     + f"NEEDS = {protocol.BOOTSTRAP_NEEDS_FILES!r}\n"
     + """
-import json, os, zlib
+import hashlib, json, os, shutil, zlib
 if not os.environ.get("HOME", "x"):
     del os.environ["HOME"]  # empty: ~ must come from the passwd entry, not become "/"
 d = json.loads(sys.stdin.buffer.readline())
@@ -64,7 +64,19 @@ if d.get("look_only") and not os.path.isdir(w):
     sys.stdout.write(json.dumps({"v": V, "ok": True, "absent": True, "workdir": w}) + "\\n")
     sys.exit(0)
 home = os.path.join(w, "agent", d["agent_id"])
-if not os.path.isfile(os.path.join(home, ".complete")):
+def intact():
+    # The directory is named by its files' content hash (protocol.agent_id): a corrupted or
+    # half-written file is installed again, never run. Integrity, not trust: the host owns it.
+    try:
+        names = sorted(n for n in os.listdir(home) if n.endswith(".py") and n != "__init__.py")
+        h = hashlib.sha256()
+        for n in names:
+            with open(os.path.join(home, n), "rb") as f:
+                h.update(n.encode() + b"\\0" + f.read() + b"\\0")
+    except OSError:
+        return False
+    return os.path.isfile(os.path.join(home, ".complete")) and h.hexdigest()[:12] == d["agent_id"]
+def install():
     files = d.get("files")
     if files is None:
         sys.stdout.write(json.dumps({"v": V, "ok": True, NEEDS: True, "workdir": w}) + "\\n")
@@ -72,12 +84,22 @@ if not os.path.isfile(os.path.join(home, ".complete")):
         size = int(sys.stdin.buffer.readline())
         files = json.loads(zlib.decompress(sys.stdin.buffer.read(size)))
     os.makedirs(home, 0o700, exist_ok=True)
+    for name in os.listdir(home):  # a stray module would change the hash at every hello
+        if name.endswith(".py") and name not in files:
+            try:
+                os.unlink(os.path.join(home, name))
+            except OSError:
+                pass  # gone already: another host of a shared home cleaned it
+    # What was compiled from a damaged file may pass Python's mtime-and-size check.
+    shutil.rmtree(os.path.join(home, "__pycache__"), ignore_errors=True)
     for name, text in files.items():
         tmp = os.path.join(home, "%s.part-%s-%d" % (name, os.uname()[1], os.getpid()))
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, os.path.join(home, name))
     open(os.path.join(home, ".complete"), "w").close()
+if not intact():
+    install()
 sys.path.insert(0, home)
 import agent
 sys.exit(agent.serve(json.dumps(d["request"]).encode()))

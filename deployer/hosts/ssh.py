@@ -8,26 +8,25 @@ import getpass
 import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey, OnDiskPrivateKey
 from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
+from deployer.config import sshconfig
 from deployer.config.model import SSHSettings
 from deployer.core.errors import HostError
+from deployer.core.perfile import PerFile
 from deployer.hosts import hostkeys
 
 # paramiko logs a failed handshake ("Exception (client): Error reading SSH protocol banner", with
 # tracebacks) at ERROR, and with no handler configured Python prints that on stderr. Each such
 # failure already becomes one HostError that says what happened; the log must not reach a user.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-T = TypeVar("T")
 
 # --- Every connection option tfdeploy sets, in one place -------------------------------------
 # A cut link (cable, security group, instance gone) never sends a FIN or RST, so without these an
@@ -198,33 +197,6 @@ def set_dead_link_detection(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
-class _PerFile(Generic[T]):
-    """What a file parses to, kept per process and read again when the file changes.
-
-    A fleet's connections all read the same ssh_config and the same key files: parsed once
-    per connection, an ssh_config of N hosts cost N² lines over a fleet of N, a key file a parse
-    each; once is enough.
-    """
-
-    def __init__(self, parse: Callable[[str], T]) -> None:
-        self._parse = parse
-        self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple[int, int, int], T]] = {}
-
-    def get(self, path: str) -> T:
-        """The parse of `path` (raises OSError like open() when it is missing or unreadable)."""
-        st = os.stat(path)
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        with self._lock:
-            hit = self._cache.get(path)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        value = self._parse(path)  # outside the lock: a slow parse never holds other files up
-        with self._lock:
-            self._cache[path] = (stamp, value)
-        return value
-
-
 def _parse_key(path: str) -> paramiko.PKey | None:
     """The key at path, or None when it needs a passphrase (the ssh-agent may have it)."""
     try:
@@ -234,20 +206,12 @@ def _parse_key(path: str) -> paramiko.PKey | None:
         return None
 
 
-_SSH_CONFIGS = _PerFile(paramiko.SSHConfig.from_path)
-_KEYS = _PerFile(_parse_key)
+_KEYS = PerFile(_parse_key)
 
 
 def _ssh_config(path: str | None) -> paramiko.SSHConfig:
     """The user's ssh_config (only that file: not /etc/ssh/ssh_config), parsed once."""
-    path = os.path.expanduser(path or "~/.ssh/config")
-    try:
-        return _SSH_CONFIGS.get(path)
-    except FileNotFoundError:  # no ssh_config (the usual case with an inventory's addresses)
-        return _NO_SSH_CONFIG
-
-
-_NO_SSH_CONFIG = paramiko.SSHConfig()
+    return sshconfig.read(path)
 
 
 def _load_keys(target: Endpoint, hop: Hop) -> None:

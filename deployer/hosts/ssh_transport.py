@@ -153,7 +153,7 @@ class SSHTransport:
         if writer is not None:
             writer.join(timeout=1)
         code = chan.exit_status
-        if code == -1 and (chan.transport is None or not chan.transport.is_active()):
+        if code == NO_EXIT_STATUS and _connection_gone(chan):
             raise self._lost(argv, None)
         return CommandResult(code, bytes(out), bytes(err))
 
@@ -287,6 +287,8 @@ class SSHSession(StreamSession):
             chan.transport is None or not chan.transport.is_active()
         ):
             raise self._lost(None)
+        if chan.exit_status == NO_EXIT_STATUS and _connection_gone(chan):
+            raise self._lost(None)  # a cut link, never "the agent failed: exit code -1"
         err = bytearray()
         while chan.recv_stderr_ready():
             err += chan.recv_stderr(CHUNK)
@@ -295,6 +297,25 @@ class SSHSession(StreamSession):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._chan.close()
+
+
+# paramiko's exit_status while no exit-status message came: the channel was closed because the
+# connection was (a cut link, a killed sshd), or sshd reported a signal (exit-signal, which
+# paramiko does not record).
+NO_EXIT_STATUS = -1
+# paramiko's transport thread closes every channel first and marks itself inactive after: a
+# channel closed by a lost connection can be seen before the connection is seen as lost.
+CONNECTION_SETTLE_S = 1.0
+
+
+def _connection_gone(chan: paramiko.Channel) -> bool:
+    """Whether the channel's connection is lost (waits out the thread's close-then-mark race)."""
+    deadline = time.monotonic() + CONNECTION_SETTLE_S
+    while chan.transport is not None and chan.transport.is_active():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _session_lost(name: str, exc: BaseException | None) -> HostError:

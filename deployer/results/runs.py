@@ -26,7 +26,7 @@ from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.replies import Edge, text
 from deployer.results.archive import LogArchive, read_runs
-from deployer.results.state import RUN_ID, RunRecord, load
+from deployer.results.state import RUN_ID, RunRecord, load, load_if_readable
 from deployer.sources import load_inventory
 
 
@@ -87,9 +87,9 @@ def resolve(target: str, inventory: str | None = None) -> Target:
     """
     if Path(target).is_file():
         return Target(load_inventory(target), None)
+    if inventory:  # told where the run is: a record only adds hosts, and a broken one none
+        return Target(load_inventory(inventory), target, _recorded(load_if_readable(target)))
     record = load(target)
-    if inventory:
-        return Target(load_inventory(inventory), target, _recorded(record))
     if record is None:
         raise UsageError(
             f"{target!r} is neither an inventory file nor a run known on this machine",

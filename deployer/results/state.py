@@ -14,6 +14,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployer.config.model import Host, SSHSettings
@@ -110,11 +111,79 @@ def save(record: RunRecord) -> None:
     tmp.replace(folder / f"{record.run_id}.json")
 
 
+class UnreadableRecord(UsageError):
+    """This machine's record of a run exists but cannot be read (a truncated file, a newer
+    tfdeploy's keys, JSON that is no record): named with its file, never taken for "no run"."""
+
+    def __init__(self, run_id: str, path: Path, problem: str) -> None:
+        super().__init__(
+            f"the record of run {run_id} ({path}) cannot be read: {problem}",
+            hint="name the run's inventory with -i INVENTORY: the run is found on its hosts "
+            "(removing that file forgets only this machine's record)",
+        )
+        self.run_id = run_id
+        self.path = path
+
+
 def load(run_id: str) -> RunRecord | None:
+    """The record of `run_id`, None when this machine has none; raises UnreadableRecord."""
     if not RUN_ID.match(run_id):
         raise UsageError(f"{run_id!r} is not a run id or an inventory file")
     path = state_dir() / "runs" / f"{run_id}.json"
     try:
-        return RunRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError, KeyError):
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnreadableRecord(run_id, path, getattr(exc, "strerror", None) or str(exc)) from None
+    return _parse(run_id, path, text)
+
+
+def load_if_readable(run_id: str) -> RunRecord | None:
+    """The record, or None when there is none or it cannot be read: for callers that were told
+    where the run is (-i INVENTORY), whom a record only adds hosts to."""
+    try:
+        return load(run_id)
+    except UnreadableRecord:
+        return None
+
+
+def _parse(run_id: str, path: Path, text: str) -> RunRecord:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UnreadableRecord(run_id, path, f"not valid JSON (a truncated file?): {exc}") from None
+    problem = _shape_problem(data)
+    if problem is None:
+        try:
+            return RunRecord.from_json(data)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            problem = f"not a run record this tfdeploy knows ({exc})"
+    raise UnreadableRecord(run_id, path, problem)
+
+
+def _shape_problem(data: object) -> str | None:
+    """What makes `data` no record this version can read, in words; None when it may be one."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {_json_kind(data)}"
+    known = {f.name for f in dataclasses.fields(RunRecord)}
+    missing = sorted(known - set(data) - {"hosts"})  # an older record has no hosts
+    if missing:
+        return f"missing {', '.join(map(repr, missing))}"
+    unknown = sorted(set(data) - known)
+    if unknown:
+        return f"unknown key {', '.join(map(repr, unknown))} (written by a newer tfdeploy?)"
+    hosts = data.get("hosts") or []
+    if not isinstance(hosts, list) or not all(isinstance(h, dict) for h in hosts):
+        return "expected `hosts` to be a list of objects"
+    host_keys = {f.name for f in dataclasses.fields(RunHost)}
+    extra = sorted({k for h in hosts for k in h} - host_keys)
+    if extra:
+        return f"unknown host key {', '.join(map(repr, extra))} (written by a newer tfdeploy?)"
+    return None
+
+
+def _json_kind(data: object) -> str:
+    if data is None:
+        return "null"
+    return {list: "an array", str: "a string", bool: "a boolean"}.get(type(data), "a number")

@@ -38,7 +38,16 @@ WHY = {
     protocol.PROBE_NO_ROUTE: (
         "no route to the address: a wrong tf_address, or a firewall rejecting it?"
     ),
+    protocol.PROBE_UNRESOLVED: (
+        "the source host cannot resolve this name: is it in DNS, or only this machine's "
+        "ssh_config or /etc/hosts?"
+    ),
 }
+# An unresolved name is no firewall's doing: the hint says what to set instead.
+DNS_HINT = (
+    "set tf_address to an IP address or a name every host resolves (an ssh_config alias is "
+    "known only to this machine)"
+)
 
 
 @dataclass(frozen=True)
@@ -142,22 +151,37 @@ def blocked(
         sources.setdefault((link.dest, link.address, link.port, verdict), []).append(link.source)
     lines = []
     for (dest, address, port, verdict), names in sorted(sources.items()):
-        why = WHY.get(verdict)
+        why = WHY.get(verdict.partition(":")[0])  # "unresolved: <why>" carries the host's reason
         shown = join_names(names) if len(names) <= 4 else f"{names[0]} and {len(names) - 1} more"
         lines.append(
             f"  {shown} -> {dest} ({_host_port(address, port)}): {verdict}"
             + (f" ({why})" if why else "")
         )
-    ports = sorted({link.port for link, _ in failed})
-    open_ = f"TCP port {ports[0]}" if len(ports) == 1 else f"TCP ports {', '.join(map(str, ports))}"
     tried = f"{total:,} tried (a sample: others may fail too)" if sampled else f"{total:,}"
     return NetworkBlocked(
         f"the network check failed: {plural(len(failed), 'TF connection')} of {tried} "
         "cannot be made; nothing was started:\n" + "\n".join(lines),
-        hint=f"allow {open_} between the cluster's hosts (security group inbound rules, host "
-        "firewall); `--no-netcheck` skips this check"
+        hint=_hint(failed)
+        + "; `--no-netcheck` skips this check"
         + ("; `--netcheck full` tries every connection" if sampled else ""),
     )
+
+
+def _hint(failed: Sequence[tuple[Link, str]]) -> str:
+    """What to fix: a name the hosts cannot resolve first (no firewall rule helps it), then
+    the ports to open for the connections that did reach an address."""
+    unresolved = [v for _, v in failed if v.startswith(protocol.PROBE_UNRESOLVED)]
+    ports = sorted({link.port for link, v in failed if not v.startswith(protocol.PROBE_UNRESOLVED)})
+    said = [DNS_HINT] if unresolved else []
+    if ports:
+        open_ = (
+            f"TCP port {ports[0]}" if len(ports) == 1 else f"TCP ports {', '.join(map(str, ports))}"
+        )
+        said.append(
+            f"allow {open_} between the cluster's hosts (security group inbound rules, host "
+            "firewall)"
+        )
+    return "; ".join(said)
 
 
 def _host_port(address: str, port: int) -> str:

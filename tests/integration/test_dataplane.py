@@ -140,6 +140,44 @@ def test_a_pull_interrupted_mid_file_keeps_its_part_and_resumes(
     assert not list(home.rglob("*.part"))
 
 
+@pytest.mark.isolated(reason="caps and cuts a host's link")
+def test_a_link_cut_mid_pull_says_the_connection_was_lost(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str]
+) -> None:
+    """The channel of a cut connection closes without an exit status (paramiko's -1): the user
+    reads that the connection was lost, never that the agent failed with exit code -1."""
+    size = 96 * MB
+    _, run_id, _ = _detached(lab_inventory, tmp_path, size, "keep", runs)
+    host = clean_lab.hosts[0]
+    home = tmp_path / "home"
+    clean_lab.cap_bandwidth(host, "80mbit")  # ~10 MB/s: the pull takes ~10 s
+    try:
+        pull = subprocess.Popen(
+            [sys.executable, "-m", "deployer", "pull", run_id, "big.bin", "--to", str(home)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(tmp_path / "state"),
+        )
+        parts: list[Path] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(p.stat().st_size > 8 * MB for p in parts):
+            time.sleep(0.1)
+            parts = list(home.rglob("*.part"))
+        assert parts, "the pull never started writing"
+        clean_lab.cut_link(host)
+        try:
+            out, _ = pull.communicate(timeout=60)
+        finally:
+            clean_lab.restore_link(host)
+    finally:
+        clean_lab.uncap_bandwidth(host)
+    said = " ".join(out.split())
+    assert pull.returncode == 3, out
+    assert f"{host.name}: connection lost while talking to the tfdeploy agent" in said, out
+    assert "exit code -1" not in said and "agent failed" not in said, out
+
+
 @pytest.mark.parametrize("folder", ["empty", "holding an earlier pull"])
 def test_a_file_that_changes_while_pulled_is_named_and_not_kept(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path, runs: list[str], folder: str

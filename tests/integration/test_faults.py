@@ -11,6 +11,7 @@ TensorFlow runs only where its behaviour is the point (a ps crash, a frozen PSS 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -35,6 +36,8 @@ from tests.support.faults import (
 )
 
 pytestmark = pytest.mark.lab
+
+REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
 # The task every non-TF case runs: binds its TF port like a TF server (so "no TF port left"
 # means something), prints, sleeps, and exits as told.
@@ -768,3 +771,47 @@ def test_a_start_failing_on_one_host_stops_what_started_elsewhere(
         f"ps:0@{lab.hosts[0].name}": "stopped",
         f"worker:0@{lab.hosts[1].name}": "stopped",
     }
+
+
+# ---- a damaged agent on a host -----------------------------------------------------------------
+
+
+def test_a_corrupted_agent_file_is_installed_again_and_every_verb_works(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """A disk error or a half-copied file (`)(` appended) in the installed agent: the next
+    connection's hello sees the files no longer match their content id and installs them again,
+    where every verb used to fail with a SyntaxError."""
+    from deployer.hosts.agent import agent_id
+
+    lab = clean_lab
+    host = lab.hosts[3]
+    workdir = f"/tmp/tfdeploy-damaged-{os.getpid()}-{time.monotonic_ns()}"  # its own agent
+    code = tmp_path / "code"
+    code.mkdir()
+    inventory = lab_inventory(
+        [[{"role": "worker"}]],
+        code=code,
+        job={"name": "damaged", "command": "true", "workdir": workdir},
+        hosts=[host],
+    )
+    state = tmp_path / "state"
+    tfdeploy("up", str(inventory), state=state, check_rc=0)  # installs the agent
+    home = f"{workdir}/agent/{agent_id()}"
+    wanted = {
+        name: hashlib.sha256((REMOTE / name).read_bytes()).hexdigest()
+        for name in ("agent.py", "results.py")
+    }
+    try:
+        for name in wanted:  # agent.py is imported at every hello, results.py only by a pull
+            lab.run(host, f"printf ')(' >> {home}/{name}", timeout=10).check_returncode()
+        again = tfdeploy("status", str(inventory), state=state)
+        said = again.stdout + again.stderr
+        assert again.returncode == 0, said
+        assert "SyntaxError" not in said and "agent failed" not in said, said
+        assert "damaged-" in said, said  # the run of the `up` above, as its host reports it
+        for name, digest in wanted.items():
+            got = lab.run(host, f"sha256sum {home}/{name}", timeout=10).stdout.split()[0]
+            assert got == digest, f"{name} was not installed again"
+    finally:
+        lab.run(host, f"rm -rf {workdir}", timeout=10)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab
+from tests.support.helpers import toml_value
 from tests.support.lab_cli import tfdeploy
 from tests.support.on_lab import blocked
 
@@ -95,3 +96,53 @@ def test_pss_pairs_only_what_tf_connects(
     assert "--no-netcheck" in result.stderr
     skipped = tfdeploy("check", str(inv), "--no-netcheck", state=tmp_path / "state")
     assert skipped.returncode == 0 and "TF connections" not in skipped.stdout
+
+
+def alias_inventory(lab: Lab, code: Path, tmp_path: Path, tf_address: str | None = None) -> Path:
+    """Hosts h1-h3 named by the lab ssh_config's aliases only (HostName, Port, User from it)."""
+    text = "\n".join(
+        [
+            "[job]",
+            'name = "alias"',
+            f"code = {toml_value(str(code))}",
+            'command = "python3 train.py"',
+            f"python = {toml_value(lab.python)}",
+            "stop_grace = 1",
+            "",
+            "[ssh]",
+            f"ssh_config = {toml_value(str(lab.ssh_config))}",
+            f"known_hosts = {toml_value(str(lab.known_hosts))}",
+            "connect_timeout = 5",
+        ]
+    )
+    for i, h in enumerate(lab.hosts[:3]):
+        text += f"\n\n[[hosts]]\naddress = {toml_value(h.name)}\n"
+        if tf_address is not None and i == 1:
+            text += f"tf_address = {toml_value(tf_address)}\n"
+        text += 'tasks = [{ role = "worker" }]\n'
+    path = tmp_path / "alias.toml"
+    path.write_text(text)
+    return path
+
+
+def test_aliases_get_their_hostname_as_tf_address_and_an_unresolved_one_a_dns_hint(
+    clean_lab: Lab, code: Path, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    h1, h2 = lab.hosts[0], lab.hosts[1]
+    inv = alias_inventory(lab, code, tmp_path)
+    result = tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=0)
+    assert "network check: 6 TF connections between 3 hosts tried (all)" in result.stdout
+    planned = tfdeploy("plan", str(inv), "--json", state=tmp_path / "state", check_rc=0)
+    assert f'"{h2.address}:2222"' in planned.stdout and f'"{h2.name}:2222"' not in planned.stdout
+    # The alias written as tf_address is known only to this machine: the check says so.
+    inv = alias_inventory(lab, code, tmp_path, tf_address=f"{h2.name}.alias.invalid")
+    result = tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=3)
+    err = " ".join(result.stderr.split())
+    assert (
+        f"{h1.name} and " in err
+        and f"-> {h2.name} ({h2.name}.alias.invalid:2222): unresolved" in err
+    )
+    assert "the source host cannot resolve this name: is it in DNS" in err
+    assert "set tf_address to an IP address or a name every host resolves" in err
+    assert "security group" not in err

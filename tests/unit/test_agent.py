@@ -536,6 +536,31 @@ def test_the_client_has_one_typed_method_per_op(workdir: Path) -> None:
         agent.close_session()
 
 
+def test_an_intact_agent_is_kept_and_a_damaged_one_installed_again(workdir: Path) -> None:
+    """The bootstrap checks the installed files against their content id at every hello: an
+    intact install is used as it is (the files never travel again), a damaged file (a disk
+    error, a half-copied file) and a stray module are replaced; the lab's test does it over SSH
+    (tests/integration/test_faults.py)."""
+    from deployer.hosts.agent import Agent, agent_files, agent_id
+    from deployer.hosts.local_transport import LocalTransport
+
+    agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
+    home = workdir / "agent" / agent_id()
+    try:
+        agent.install()
+        installed = (home / "agent.py").stat().st_ino
+        agent.install()
+        assert (home / "agent.py").stat().st_ino == installed  # not written again
+        with open(home / "agent.py", "a") as f:
+            f.write(")(")
+        (home / "stray.py").write_text("x = 1\n")
+        assert agent.install()["ok"]
+        assert (home / "agent.py").read_text() == agent_files()["agent.py"]
+        assert not (home / "stray.py").exists()
+    finally:
+        agent.close_session()
+
+
 def test_an_existing_workdir_keeps_its_mode(tmp_path: Path) -> None:
     """workdir = "/tmp" (or "~") must not make that directory private to one user."""
     shared = tmp_path / "shared"

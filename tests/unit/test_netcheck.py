@@ -87,6 +87,27 @@ def test_a_blocked_report_groups_sources_and_names_the_ports() -> None:
     assert (sampled.hint or "").endswith("`--netcheck full` tries every connection")
 
 
+def test_an_unresolved_name_gets_a_dns_hint_not_a_firewall_one() -> None:
+    said = f"{protocol.PROBE_UNRESOLVED}: Name or service not known"
+    error = blocked([(Link(s, "gpu2", "gpu2", 2222), said) for s in ("gpu1", "gpu3")], 6)
+    assert (
+        "  gpu1 and gpu3 -> gpu2 (gpu2:2222): unresolved: Name or service not known (the source "
+        "host cannot resolve this name: is it in DNS, or only this machine's ssh_config or "
+        "/etc/hosts?)" in error.message.splitlines()
+    )
+    hint = error.hint or ""
+    assert hint.startswith("set tf_address to an IP address or a name every host resolves")
+    assert "firewall" not in hint and "allow TCP" not in hint
+    # Mixed with a dropped port, both causes are named.
+    both = blocked([(Link("gpu1", "gpu2", "gpu2", 2222), said), *_dropped()], 6)
+    assert "set tf_address to an IP address" in (both.hint or "")
+    assert "allow TCP port 2223 between the cluster's hosts" in (both.hint or "")
+
+
+def _dropped() -> list[tuple[Link, str]]:
+    return [(Link("gpu2", "gpu1", "10.0.0.11", 2223), protocol.PROBE_TIMED_OUT)]
+
+
 def test_a_sample_finds_a_dropped_pair_it_holds_and_says_it_sampled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
