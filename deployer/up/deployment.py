@@ -40,7 +40,7 @@ from deployer.watch.board import TaskBoard
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.run import Run
-from deployer.watch.view import View, masked_view
+from deployer.watch.view import SteadyView, View, masked_view
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class Deployment:
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
         self.hide = run_masker(plan, self.forwarded)
-        view = self.view = masked_view(view, self.hide)
+        self._view = SteadyView(masked_view(view, self.hide))  # steady once teardown begins
+        view = self.view = self._view
         self.archive = LogArchive(self.run_id)
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
@@ -160,13 +161,14 @@ class Deployment:
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             signum = int(getattr(exc, "signum", signal.SIGINT))
             by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+            self._view.steady = True  # a terminal closed (SIGHUP) fails each print: words only
             if not self._artifacts_pulled:  # else every task had stopped before the pull
+                self.fleet.interrupt()  # abandon calls in flight (a push): the stop goes first
+                self.poller.abandon()
                 self.view.step(
                     f"interrupted{by}: stopping every task that was started "
                     "(Ctrl-C again to kill at once)"
                 )
-                self.fleet.interrupt()  # abandon calls in flight (a push): the stop goes first
-                self.poller.abandon()
                 self.teardown()
                 self.recovery.arm_idle_stop_anyway()
                 with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C skips the pull
@@ -175,16 +177,26 @@ class Deployment:
                 f"interrupted{by}; run {self.run_id} was stopped", signum=signum
             ) from None
         except BaseException:
+            self._view.steady = True
             self.teardown()
             self.recovery.arm_idle_stop_anyway()
             self._pull_after_failure()
             raise
         finally:
+            self._view.steady = True
+            self._close()
+
+    def _close(self) -> None:
+        """The tunnel, the archive's end and the view's: each runs whatever the one before did."""
+        try:
             if self.dashboard is not None:
                 self.dashboard.close()
-            if self.archive.files and not self.options.detach:
-                self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
-            self.view.close()
+        finally:
+            try:
+                if self.archive.files and not self.options.detach:
+                    self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
+            finally:
+                self.view.close()
 
     def check(self) -> int:
         """`tfdeploy check`: preflight alone. Its port reservations are given back at once."""
@@ -380,6 +392,7 @@ class Deployment:
         The stop also ends a setup command still running (Ctrl-C during setup). A host already
         declared lost is not waited for: its supervisors stop its tasks when the lease lapses.
         """
+        self._view.steady = True  # from here on, what cannot be printed is lost, not the stop
         if self._head_start is not None:
             self._head_start.cancel()
         lost = self.poller.contact.lost
@@ -395,12 +408,18 @@ class Deployment:
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
             )
         job = self.plan.job
-        self.view.phase(f"teardown: stopping run {self.run_id} on {plural(len(members), 'host')}")
-        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self.hide):
-            self.view.step(line)
-        with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
-            self.watching.tick(heartbeat=False, tolerate=True)
-        self.firewall_down()
+        try:  # each step runs whatever the one before did: the firewall always goes
+            self.view.phase(
+                f"teardown: stopping run {self.run_id} on {plural(len(members), 'host')}"
+            )
+            for line in stop_everywhere(
+                self.fleet, members, self.run_id, job.stop_grace, self.hide
+            ):
+                self.view.step(line)
+            with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
+                self.watching.tick(heartbeat=False, tolerate=True)
+        finally:
+            self.firewall_down()
 
     def _lease(self) -> float:
         return self.options.lease_seconds or self.plan.job.lease_seconds
