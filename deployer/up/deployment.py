@@ -20,6 +20,7 @@ from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
 from deployer.core.secrets import Masker
+from deployer.core.statedir import state_dir
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
@@ -86,7 +87,7 @@ class Deployment:
         self.hide = run_masker(plan, self.forwarded)
         self._view = SteadyView(masked_view(view, self.hide))  # steady once teardown begins
         view = self.view = self._view
-        self.archive = LogArchive(self.run_id)
+        self.archive = LogArchive(self.run_id, on_failure=self._archive_failed)
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
         self.poller = Poller(
@@ -244,7 +245,7 @@ class Deployment:
         anything fail before the push is done with it)."""
         members = self.members if only is None else list(only)
         self._head_start = head_start
-        save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
+        self._keep_record()
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in members)
         fields = {
@@ -420,6 +421,24 @@ class Deployment:
                 self.watching.tick(heartbeat=False, tolerate=True)
         finally:
             self.firewall_down()
+
+    def _keep_record(self) -> None:
+        """The run's record, for `status`/`logs`/`down RUN_ID` in any shell: a convenience, so
+        a disk that cannot take it is a warning (the inventory finds the run as well)."""
+        try:
+            save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
+        except OSError as exc:
+            self.view.step(
+                f"warning: cannot keep the run's record ({exc.filename or state_dir()}: "
+                f"{exc.strerror or exc}); the job goes on; `status`, `logs` and `down` of it "
+                f"need the inventory: `tfdeploy down {self.run_id} -i INVENTORY`"
+            )
+
+    def _archive_failed(self, why: str) -> None:
+        self.view.step(
+            f"warning: cannot keep the local log archive ({why}); the job goes on, its log "
+            f"stays on the hosts: `tfdeploy logs {self.run_id}` reads it there"
+        )
 
     def _lease(self) -> float:
         return self.options.lease_seconds or self.plan.job.lease_seconds

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -111,3 +112,68 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A small filesystem of its own at `where` (root only), unmounted afterwards."""
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], check=True
+    )
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.parametrize("disk", ["full-state-dir", "read-only-state-dir", "full-stdout"])
+def test_a_full_or_read_only_controller_disk_leaves_the_job_to_its_own_end(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, disk: str
+) -> None:
+    """Issue 39 item 9: the local log archive's ENOSPC escaped the watch loop (`internal error:
+    OSError`), stopped a healthy job and, with `firewall = true`, left its rules on the hosts."""
+    if os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs: needs root")
+    lab = clean_lab
+    hosts = lab.hosts[:2]
+    # 3,000 lines of 40 bytes per task: the archive needs far more than the 64 KiB it gets.
+    inventory = task_inventory(
+        lab,
+        lab_inventory,
+        tmp_path,
+        [[{"role": "worker"}]] * 2,
+        args="--lines 3000 --interval 0.0005 --sleep 0",
+        firewall=True,
+        lease_seconds=60,
+    )
+    code = tmp_path / "code" / "task.py"
+    code.write_text(code.read_text().replace('print("n", i', 'print("n" * 30, i'))
+    state = tmp_path / "state"
+    size = "64k" if disk != "full-stdout" else "64m"  # full-stdout: the state dir has room
+    with _tmpfs(state, size):
+        if disk == "read-only-state-dir":
+            subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        stdout = "/dev/full" if disk == "full-stdout" else str(tmp_path / "out.txt")
+        env = os.environ | {"TFDEPLOY_STATE_DIR": str(state), "COLUMNS": "200"}
+        with open(stdout, "w") as out:
+            done = subprocess.run(
+                [sys.executable, "-m", "deployer", "up", str(inventory)],
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                timeout=180,
+            )
+        said = done.stderr if disk == "full-stdout" else (tmp_path / "out.txt").read_text()
+        assert done.returncode == 0, f"{said}\n{done.stderr}"
+        assert "internal error" not in said + done.stderr
+        warnings = [line for line in said.splitlines() if "warning: cannot" in line]
+        assert len(warnings) == 1 + (disk == "read-only-state-dir"), said
+        where = "stdout (/dev/full)" if disk == "full-stdout" else str(state)
+        assert where in warnings[0], warnings
+        if disk != "full-stdout":
+            assert "the job goes on" in warnings[0]
+            assert "job succeeded" in said, said
+    assert not any(tfdeploy_rules(lab, h) for h in hosts), "firewall rules left"
+    assert not any(pids_of(lab, h, "task.py") for h in hosts)
