@@ -148,6 +148,7 @@ class Deployment:
             self.firewall_up()
             self.start_and_watch()
             if self.options.detach:
+                self.detach()
                 self.view.step(
                     f"run {self.run_id} is running detached; stop it with "
                     f"`tfdeploy down {self.run_id}`"
@@ -198,6 +199,12 @@ class Deployment:
                     self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
             finally:
                 self.view.close()
+
+    def detach(self) -> None:
+        """Every task started: the run now outlives this controller on every host (its lease
+        is dropped). A host that cannot be told fails the `up`, and teardown stops the run:
+        half of a run, left to lapse on one host, is no detached run."""
+        self.fleet.each(lambda m: m.agent.detach(self.run_id), self.members, what="detach failed")
 
     def check(self) -> int:
         """`tfdeploy check`: preflight alone. Its port reservations are given back at once."""
@@ -251,8 +258,10 @@ class Deployment:
         fields = {
             "run_id": self.run_id,
             "job": self.plan.job.name,
-            "detached": self.options.detach,
-            "lease_seconds": None if self.options.detach else self._lease(),
+            # Detached too: the lease holds until every task started and `up` returns
+            # (detach()), so an `up --detach` killed half-way leaves nothing running.
+            "detached": False,
+            "lease_seconds": self._lease(),
             "controller": controller_name(),
             # The run's own list of its hosts: `down`/`status` from a shell whose inventory
             # dropped one can name it (results/runs.py).

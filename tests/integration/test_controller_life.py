@@ -177,3 +177,39 @@ def test_a_full_or_read_only_controller_disk_leaves_the_job_to_its_own_end(
             assert "job succeeded" in said, said
     assert not any(tfdeploy_rules(lab, h) for h in hosts), "firewall rules left"
     assert not any(pids_of(lab, h, "task.py") for h in hosts)
+
+
+def test_up_detach_killed_while_starting_leaves_nothing_running(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 39 item 7: a detached run held no lease from its first start, so `up --detach`
+    SIGKILLed while it waited for the ps to listen left `ps:0` running (and its port taken)."""
+    lab = clean_lab
+    hosts = lab.hosts[:2]
+    inventory = task_inventory(
+        lab,
+        lab_inventory,
+        tmp_path,
+        [[{"role": "ps", "args": "--no-serve"}], [{"role": "worker"}]],  # the ps never listens
+        start_timeout=120,
+    )
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "deployer", "up", "--detach", str(inventory)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        wait_until("the ps to start", lambda: pids_of(lab, hosts[0], "task.py"), 60)
+        up.kill()  # while it waits for the ps to listen
+        up.wait(timeout=10)
+        time.sleep(1)
+        assert pids_of(lab, hosts[0], "task.py"), "the ps died with `up`: nothing was tested"
+        took = wait_until("the lease to stop the ps", no_task_left(lab, hosts), 5 + 1 + 2 + 6)
+        print(f"up --detach killed mid-start: every task stopped {took + 1:.1f} s later")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        if any(pids_of(lab, h, "task.py") for h in hosts):
+            tfdeploy("down", str(inventory), state=tmp_path / "cleanup")
