@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
+from deployer.core.fold import fold_names
 from deployer.core.secrets import Masker
 from deployer.core.statedir import state_dir
 from deployer.core.text import plural
@@ -218,7 +219,7 @@ class Deployment:
         return 0
 
     def preflight(self, *, keep_stand_ins: bool = False, head_start: bool = False) -> Settled:
-        names = ", ".join(m.name for m in self.members)
+        names = fold_names([m.name for m in self.members], join=", ".join)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
         claim = Claim(self.run_id, self._lease())
         settled = preflight(
@@ -326,7 +327,7 @@ class Deployment:
         self.started = True
         for host in by_host(tasks):
             self.poller.watch_host(host)
-        self.view.step(f"starting {', '.join(t.name for t in tasks)}")
+        self.view.step(f"starting {fold_names([t.name for t in tasks], join=', '.join)}")
 
         def started(host: str, statuses: list[TaskStatus]) -> None:
             self.poller.contact.reached(host, self.clock())
