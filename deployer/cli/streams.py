@@ -31,7 +31,7 @@ class GuardedStream(io.TextIOBase):
         self.gone = False
 
     @property
-    def encoding(self) -> str:
+    def encoding(self) -> str:  # type: ignore[override]  # read-only in io's C base too
         return getattr(self.inner, "encoding", None) or "utf-8"
 
     def isatty(self) -> bool:
