@@ -15,18 +15,62 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.test_faults import no_task_left, pids_of, task_inventory, wait_until
-from tests.integration.test_firewall import tfdeploy_rules
-from tests.lab import Lab
+from tests.lab import Lab, LabHost
+from tests.support.faults import pids_of
 from tests.support.lab_cli import tfdeploy
 
 pytestmark = [pytest.mark.lab, pytest.mark.isolated]  # firewall rules need each host's netns
+
+# A task: says it is up, prints `lines` lines of 40 bytes, then sleeps `sleep` seconds.
+TASK = """
+import sys, time
+lines, sleep = int(sys.argv[1]), float(sys.argv[2])
+print("up in", flush=True)
+for i in range(lines):
+    print("n" * 30, i, flush=True)
+time.sleep(sleep)
+"""
+
+
+def task_inventory(
+    lab: Lab, lab_inventory: Any, tmp_path: Path, roles: list[str], args: str, **job: Any
+) -> Path:
+    """One task per host with `roles`, each running TASK with `args` (`LINES SLEEP`)."""
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "life.py").write_text(TASK)
+    command = f"{lab.python} life.py {args}"
+    table = {"name": "life", "command": command, "stop_grace": 2, "lease_seconds": 5} | job
+    table.setdefault("role_commands", {"ps": command})
+    layout = [[{"role": role}] for role in roles]
+    return lab_inventory(layout, code=code, job=table)  # type: ignore[no-any-return]
+
+
+def tfdeploy_rules(lab: Lab, host: LabHost) -> str:
+    """The host's nft and iptables rules of tfdeploy (as tests/integration/test_firewall.py)."""
+    nft = lab.run(host, ["nft", "list", "ruleset"]).stdout
+    ipt = lab.run(host, ["iptables", "-S"]).stdout + lab.run(host, ["ip6tables", "-S"]).stdout
+    return "\n".join(line for line in (nft + ipt).splitlines() if "tfdeploy" in line)
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float) -> float:
+    """Seconds it took for check() to become true; fails after timeout."""
+    began = time.monotonic()
+    while not check():
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def no_task_left(lab: Lab, hosts: list[LabHost]) -> Callable[[], bool]:
+    return lambda: not any(pids_of(lab, h, "life.py") for h in hosts)
 
 
 def _read_until(proc: subprocess.Popen[bytes], needle: bytes, timeout: float) -> bytes:
@@ -52,7 +96,7 @@ def test_a_terminal_that_goes_away_during_up_still_tears_everything_down(
     lab = clean_lab
     hosts = lab.hosts[:2]
     inventory = task_inventory(
-        lab, lab_inventory, tmp_path, [[{"role": "worker"}]] * 2, firewall=True, lease_seconds=60
+        lab, lab_inventory, tmp_path, ["worker"] * 2, "0 3600", firewall=True, lease_seconds=60
     )
     up = [sys.executable, "-m", "deployer", "up", str(inventory)]
     env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state"), "TERM": "xterm"}
@@ -67,7 +111,7 @@ def test_a_terminal_that_goes_away_during_up_still_tears_everything_down(
     controller: list[int] = []
     try:
         _read_until(terminal, b"up in", timeout=90)
-        wait_until("both tasks to run", lambda: all(pids_of(lab, h, "task.py") for h in hosts), 30)
+        wait_until("both tasks to run", lambda: all(pids_of(lab, h, "life.py") for h in hosts), 30)
         assert all(tfdeploy_rules(lab, h) for h in hosts), "the firewall was never set up"
         controller = _descendants(terminal.pid)
         terminal.kill()  # the pty's master closes: `up` gets SIGHUP, and EIO on every write
@@ -142,13 +186,11 @@ def test_a_full_or_read_only_controller_disk_leaves_the_job_to_its_own_end(
         lab,
         lab_inventory,
         tmp_path,
-        [[{"role": "worker"}]] * 2,
-        args="--lines 3000 --interval 0.0005 --sleep 0",
+        ["worker"] * 2,
+        "3000 0",
         firewall=True,
         lease_seconds=60,
     )
-    code = tmp_path / "code" / "task.py"
-    code.write_text(code.read_text().replace('print("n", i', 'print("n" * 30, i'))
     state = tmp_path / "state"
     size = "64k" if disk != "full-stdout" else "64m"  # full-stdout: the state dir has room
     with _tmpfs(state, size):
@@ -176,7 +218,7 @@ def test_a_full_or_read_only_controller_disk_leaves_the_job_to_its_own_end(
             assert "the job goes on" in warnings[0]
             assert "job succeeded" in said, said
     assert not any(tfdeploy_rules(lab, h) for h in hosts), "firewall rules left"
-    assert not any(pids_of(lab, h, "task.py") for h in hosts)
+    assert not any(pids_of(lab, h, "life.py") for h in hosts)
 
 
 def test_up_detach_killed_while_starting_leaves_nothing_running(
@@ -190,7 +232,8 @@ def test_up_detach_killed_while_starting_leaves_nothing_running(
         lab,
         lab_inventory,
         tmp_path,
-        [[{"role": "ps", "args": "--no-serve"}], [{"role": "worker"}]],  # the ps never listens
+        ["ps", "worker"],
+        "0 3600",  # the ps never listens: `up` waits for it until start_timeout
         start_timeout=120,
     )
     env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state")}
@@ -201,15 +244,15 @@ def test_up_detach_killed_while_starting_leaves_nothing_running(
         env=env,
     )
     try:
-        wait_until("the ps to start", lambda: pids_of(lab, hosts[0], "task.py"), 60)
+        wait_until("the ps to start", lambda: pids_of(lab, hosts[0], "life.py"), 60)
         up.kill()  # while it waits for the ps to listen
         up.wait(timeout=10)
         time.sleep(1)
-        assert pids_of(lab, hosts[0], "task.py"), "the ps died with `up`: nothing was tested"
+        assert pids_of(lab, hosts[0], "life.py"), "the ps died with `up`: nothing was tested"
         took = wait_until("the lease to stop the ps", no_task_left(lab, hosts), 5 + 1 + 2 + 6)
         print(f"up --detach killed mid-start: every task stopped {took + 1:.1f} s later")
     finally:
         if up.poll() is None:
             up.kill()
-        if any(pids_of(lab, h, "task.py") for h in hosts):
+        if any(pids_of(lab, h, "life.py") for h in hosts):
             tfdeploy("down", str(inventory), state=tmp_path / "cleanup")
