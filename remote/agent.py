@@ -266,6 +266,20 @@ def op_release(req: dict[str, Any]) -> dict[str, Any]:
     return {"released": reservations.hand_over(layout.workdir_path(req), run_id)}
 
 
+def op_detach(req: dict[str, Any]) -> dict[str, Any]:
+    """The run outlives its controller from now on: its lease is dropped. A detached `up`
+    holds the lease while it starts the run (SIGKILLed half-way, nothing is left running)
+    and sends this as it returns."""
+    run_dir = layout.run_path(req)
+    with layout.run_lock(run_dir):
+        meta = layout.read_json(run_dir / "run.json")
+        if not isinstance(meta, dict):
+            raise params.AgentError("the run's run.json cannot be read")
+        meta.update(detached=True, lease_seconds=None)
+        layout.write_json(run_dir / "run.json", meta)
+    return {"detached": True}
+
+
 def _deferred(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The op `name` of `module`, imported when that op first runs: a hello, every
     connection's first request, pays for none of these modules' imports."""
@@ -304,6 +318,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_STOP: _deferred("taskops", "op_stop"),
     protocol.OP_RUNS: op_runs,
     protocol.OP_RELEASE: op_release,
+    protocol.OP_DETACH: op_detach,
     protocol.OP_GPUS: _deferred("gpuinfo", "op_gpus"),
     protocol.OP_FIREWALL: _deferred("firewall", "op_firewall"),
     protocol.OP_NETCHECK: _deferred("netcheck", "op_netcheck"),

@@ -23,6 +23,7 @@ OP_POLL: Final = "poll"
 OP_STOP: Final = "stop"
 OP_RUNS: Final = "runs"
 OP_RELEASE: Final = "release"
+OP_DETACH: Final = "detach"
 OP_GPUS: Final = "gpus"
 OP_FIREWALL: Final = "firewall"
 OP_NETCHECK: Final = "netcheck"
@@ -40,6 +41,7 @@ OPS: Final = (
     OP_STOP,
     OP_RUNS,
     OP_RELEASE,
+    OP_DETACH,
     OP_GPUS,
     OP_FIREWALL,
     OP_NETCHECK,

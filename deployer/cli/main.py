@@ -3,7 +3,8 @@
 Output to a pipe or file is never wrapped (a TF_CONFIG or a `tfdeploy logs RUN` hint stays one
 line for grep and copy); when the pipe's reader goes away (`| head`), tfdeploy exits 141
 (128 + SIGPIPE, as a shell reports tools killed by SIGPIPE) without a message, after `up` has
-torn down what it started.
+torn down what it started. Any other output failure (a terminal gone, a full disk, `>&-`)
+drops the output and lets the work go on (streams.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rich.text import Text
 
 from deployer.cli.console import Env, console_for
 from deployer.cli.parser import build_parser
+from deployer.cli.streams import guard_std_streams
 from deployer.core.errors import (
     ExitStatus,
     Terminated,
@@ -95,6 +97,7 @@ def _fewer_collections() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _fewer_collections()
+    guard_std_streams()  # a terminal gone, a full disk or `>&-` never stops a teardown
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)  # teardown as with Ctrl-C, exit 128 + signum
     env = Env(out=console_for(sys.stdout), err=console_for(sys.stderr), raw_out=sys.stdout)

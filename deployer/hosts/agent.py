@@ -675,6 +675,10 @@ class Agent:
         else:
             self.call(protocol.OP_IDLE, minutes=minutes, interval=interval)
 
+    def detach(self, run_id: str) -> None:
+        """Drops the run's lease: it outlives the controller from now on (`up --detach`)."""
+        self.call(protocol.OP_DETACH, run_id=run_id)
+
     def release(self, run_id: str) -> None:
         """Drops the run's port reservations (preflight failed: nothing of it will start)."""
         self.call(protocol.OP_RELEASE, run_id=run_id)

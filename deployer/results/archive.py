@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +55,20 @@ class _File:
 class LogArchive:
     """Writes one run's task logs; the index says each task's host and where its file starts."""
 
-    def __init__(self, run_id: str, *, limit: int = LIMIT_BYTES) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        limit: int = LIMIT_BYTES,
+        on_failure: Callable[[str], None] = lambda why: None,
+    ) -> None:
         self.dir = run_dir(run_id)
         self.limit = limit
+        # The archive is a convenience: a disk that is full or read-only stops it (said once,
+        # through on_failure), never the job. Its index then never says "ended", so `logs`
+        # asks the hosts rather than trust what it holds.
+        self.failure: str | None = None
+        self._on_failure = on_failure
         self.files: dict[str, _File] = {}
         self.ended = bool(_read_index(self.dir).get("ended"))  # a --sync keeps it so
         for name, entry in _tasks(self.dir).items():
@@ -65,8 +76,18 @@ class LogArchive:
 
     def write(self, task: str, host: str, offset: int, data: bytes) -> None:
         """`data` is the host log's bytes from `offset` on."""
-        if not data:
-            return
+        if data and self.failure is None:
+            self._guard(lambda: self._write(task, host, offset, data))
+
+    def _guard(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except OSError as exc:
+            where = exc.filename or self.dir
+            self.failure = f"{where}: {exc.strerror or exc}"
+            self._on_failure(self.failure)
+
+    def _write(self, task: str, host: str, offset: int, data: bytes) -> None:
         entry = self.files.get(task)
         if entry is None:
             entry = self.files[task] = _File(host)
@@ -100,7 +121,10 @@ class LogArchive:
             self._save()
         fd = os.open(path, flags, 0o600)
         try:
-            os.pwrite(fd, data, position)
+            view = memoryview(data)
+            while view:  # a disk filling up takes part of a write, then fails the next
+                written = os.pwrite(fd, view, position)
+                view, position = view[written:], position + written
         finally:
             os.close(fd)
 
@@ -153,7 +177,11 @@ class LogArchive:
     def end(self) -> None:
         """`up` saw the run to its end: the archive holds all there is, hosts need not be asked
         (unless a file of it is damaged later: each task's end offset is kept to tell)."""
-        self.ended = True
+        if self.failure is None:
+            self.ended = True
+            self._guard(self._end)
+
+    def _end(self) -> None:
         for name in self.files:
             self.settle(name)
         self._save()
@@ -178,7 +206,11 @@ class LogArchive:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         tasks = {n: f.to_json() for n, f in self.files.items()}
         tmp = self.dir / f".{INDEX}.part"
-        tmp.write_text(json.dumps({"tasks": tasks, "ended": self.ended}), encoding="utf-8")
+        try:
+            tmp.write_text(json.dumps({"tasks": tasks, "ended": self.ended}), encoding="utf-8")
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a half-written index must not take a disk's last bytes
+            raise
         tmp.replace(self.dir / INDEX)
 
 

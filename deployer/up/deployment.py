@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
+from deployer.core.fold import fold_names
 from deployer.core.secrets import Masker
+from deployer.core.statedir import state_dir
 from deployer.core.text import plural
 from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
@@ -40,7 +42,7 @@ from deployer.watch.board import TaskBoard
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.run import Run
-from deployer.watch.view import View, masked_view
+from deployer.watch.view import SteadyView, View, masked_view
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,9 @@ class Deployment:
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
         self.hide = run_masker(plan, self.forwarded)
-        view = self.view = masked_view(view, self.hide)
-        self.archive = LogArchive(self.run_id)
+        self._view = SteadyView(masked_view(view, self.hide))  # steady once teardown begins
+        view = self.view = self._view
+        self.archive = LogArchive(self.run_id, on_failure=self._archive_failed)
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
         self.poller = Poller(
@@ -146,6 +149,7 @@ class Deployment:
             self.firewall_up()
             self.start_and_watch()
             if self.options.detach:
+                self.detach()
                 self.view.step(
                     f"run {self.run_id} is running detached; stop it with "
                     f"`tfdeploy down {self.run_id}`"
@@ -160,13 +164,14 @@ class Deployment:
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             signum = int(getattr(exc, "signum", signal.SIGINT))
             by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+            self._view.steady = True  # a terminal closed (SIGHUP) fails each print: words only
             if not self._artifacts_pulled:  # else every task had stopped before the pull
+                self.fleet.interrupt()  # abandon calls in flight (a push): the stop goes first
+                self.poller.abandon()
                 self.view.step(
                     f"interrupted{by}: stopping every task that was started "
                     "(Ctrl-C again to kill at once)"
                 )
-                self.fleet.interrupt()  # abandon calls in flight (a push): the stop goes first
-                self.poller.abandon()
                 self.teardown()
                 self.recovery.arm_idle_stop_anyway()
                 with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C skips the pull
@@ -175,16 +180,32 @@ class Deployment:
                 f"interrupted{by}; run {self.run_id} was stopped", signum=signum
             ) from None
         except BaseException:
+            self._view.steady = True
             self.teardown()
             self.recovery.arm_idle_stop_anyway()
             self._pull_after_failure()
             raise
         finally:
+            self._view.steady = True
+            self._close()
+
+    def _close(self) -> None:
+        """The tunnel, the archive's end and the view's: each runs whatever the one before did."""
+        try:
             if self.dashboard is not None:
                 self.dashboard.close()
-            if self.archive.files and not self.options.detach:
-                self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
-            self.view.close()
+        finally:
+            try:
+                if self.archive.files and not self.options.detach:
+                    self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
+            finally:
+                self.view.close()
+
+    def detach(self) -> None:
+        """Every task started: the run now outlives this controller on every host (its lease
+        is dropped). A host that cannot be told fails the `up`, and teardown stops the run:
+        half of a run, left to lapse on one host, is no detached run."""
+        self.fleet.each(lambda m: m.agent.detach(self.run_id), self.members, what="detach failed")
 
     def check(self) -> int:
         """`tfdeploy check`: preflight alone. Its port reservations are given back at once."""
@@ -198,7 +219,7 @@ class Deployment:
         return 0
 
     def preflight(self, *, keep_stand_ins: bool = False, head_start: bool = False) -> Settled:
-        names = ", ".join(m.name for m in self.members)
+        names = fold_names([m.name for m in self.members], join=", ".join)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
         claim = Claim(self.run_id, self._lease())
         settled = preflight(
@@ -232,14 +253,16 @@ class Deployment:
         anything fail before the push is done with it)."""
         members = self.members if only is None else list(only)
         self._head_start = head_start
-        save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
+        self._keep_record()
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in members)
         fields = {
             "run_id": self.run_id,
             "job": self.plan.job.name,
-            "detached": self.options.detach,
-            "lease_seconds": None if self.options.detach else self._lease(),
+            # Detached too: the lease holds until every task started and `up` returns
+            # (detach()), so an `up --detach` killed half-way leaves nothing running.
+            "detached": False,
+            "lease_seconds": self._lease(),
             "controller": controller_name(),
             # The run's own list of its hosts: `down`/`status` from a shell whose inventory
             # dropped one can name it (results/runs.py).
@@ -304,7 +327,7 @@ class Deployment:
         self.started = True
         for host in by_host(tasks):
             self.poller.watch_host(host)
-        self.view.step(f"starting {', '.join(t.name for t in tasks)}")
+        self.view.step(f"starting {fold_names([t.name for t in tasks], join=', '.join)}")
 
         def started(host: str, statuses: list[TaskStatus]) -> None:
             self.poller.contact.reached(host, self.clock())
@@ -380,6 +403,7 @@ class Deployment:
         The stop also ends a setup command still running (Ctrl-C during setup). A host already
         declared lost is not waited for: its supervisors stop its tasks when the lease lapses.
         """
+        self._view.steady = True  # from here on, what cannot be printed is lost, not the stop
         if self._head_start is not None:
             self._head_start.cancel()
         lost = self.poller.contact.lost
@@ -395,12 +419,36 @@ class Deployment:
                 f"lease lapses ({self._lease():g} s without a heartbeat)"
             )
         job = self.plan.job
-        self.view.phase(f"teardown: stopping run {self.run_id} on {plural(len(members), 'host')}")
-        for line in stop_everywhere(self.fleet, members, self.run_id, job.stop_grace, self.hide):
-            self.view.step(line)
-        with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
-            self.watching.tick(heartbeat=False, tolerate=True)
-        self.firewall_down()
+        try:  # each step runs whatever the one before did: the firewall always goes
+            self.view.phase(
+                f"teardown: stopping run {self.run_id} on {plural(len(members), 'host')}"
+            )
+            for line in stop_everywhere(
+                self.fleet, members, self.run_id, job.stop_grace, self.hide
+            ):
+                self.view.step(line)
+            with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
+                self.watching.tick(heartbeat=False, tolerate=True)
+        finally:
+            self.firewall_down()
+
+    def _keep_record(self) -> None:
+        """The run's record, for `status`/`logs`/`down RUN_ID` in any shell: a convenience, so
+        a disk that cannot take it is a warning (the inventory finds the run as well)."""
+        try:
+            save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
+        except OSError as exc:
+            self.view.step(
+                f"warning: cannot keep the run's record ({exc.filename or state_dir()}: "
+                f"{exc.strerror or exc}); the job goes on; `status`, `logs` and `down` of it "
+                f"need the inventory: `tfdeploy down {self.run_id} -i INVENTORY`"
+            )
+
+    def _archive_failed(self, why: str) -> None:
+        self.view.step(
+            f"warning: cannot keep the local log archive ({why}); the job goes on, its log "
+            f"stays on the hosts: `tfdeploy logs {self.run_id}` reads it there"
+        )
 
     def _lease(self) -> float:
         return self.options.lease_seconds or self.plan.job.lease_seconds

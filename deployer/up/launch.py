@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Mapping
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
+from deployer.core.fold import fold_names
 from deployer.core.text import plural
 from deployer.hosts.agent import Agent, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
@@ -115,7 +116,7 @@ def start_group(
         )
     if failures:
         lines = "\n".join(f"  {f.message}" for f in failures)
-        names = ", ".join(t.name for t in tasks)
+        names = fold_names([t.name for t in tasks], join=", ".join)
         raise JobFailed(
             f"starting {names} failed on {plural(len(failures), 'host')}:\n{lines}",
             hint="every task started so far was stopped; fix the host and run up again",

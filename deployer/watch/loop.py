@@ -14,6 +14,7 @@ from deployer.config.model import EvaluatorFailure, FailurePolicy
 from deployer.config.plan import Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
+from deployer.core.fold import fold_names
 from deployer.core.secrets import Masker
 from deployer.core.text import join_names, plural
 from deployer.hosts.gpus import GpuMonitor
@@ -87,7 +88,7 @@ class Watch(OnRun):
         """Streams logs until every awaited task has exited; fails fast on the first failure."""
         awaited = [t.name for t in self.plan.tasks if t.awaited]
         verb = "exits" if len(awaited) == 1 else "exit"
-        self.view.step(f"watching; the job ends when {join_names(awaited)} {verb}")
+        self.view.step(f"watching; the job ends when {fold_names(awaited)} {verb}")
         self.board.start_stall_clock(self.clock())
         looked = self.clock()
         while True:
@@ -125,7 +126,7 @@ class Watch(OnRun):
         self._grace_for_evaluators()
         rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
         note = self.evaluator_note()
-        self.view.step(f"job succeeded: {join_names(awaited)} exited 0{note}{rest}")
+        self.view.step(f"job succeeded: {fold_names(awaited)} exited 0{note}{rest}")
 
     def evaluator_note(self) -> str:
         """', but the evaluator failed (...)' when one did: the job's success is not the whole

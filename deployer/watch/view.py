@@ -6,6 +6,7 @@ a table that stays put) and PlainView for pipes and CI logs (one prefixed line p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -279,3 +280,35 @@ class MaskedView:
 def masked_view(view: View, masker: Masker) -> View:
     """`view` itself when the run has no secret value to hide, else a MaskedView."""
     return MaskedView(view, masker) if masker.values else view
+
+
+class SteadyView:
+    """Any view, which raises no output error once `steady` is set (a teardown begins): a pipe
+    whose reader left, a terminal gone (EIO) or a closed stdout then loses the words, never
+    the stop of the run, its firewall removal or its artifacts."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.steady = False
+
+    def step(self, text: str) -> None:
+        self._guard(self.view.step, text)
+
+    def phase(self, text: str) -> None:
+        self._guard(self.view.phase, text)
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self._guard(self.view.lines, label, lines)
+
+    def tasks(self, rows: Sequence[TaskRow]) -> None:
+        self._guard(self.view.tasks, rows)
+
+    def close(self) -> None:
+        self._guard(self.view.close)
+
+    def _guard(self, call: Callable[..., None], *args: object) -> None:
+        if not self.steady:
+            call(*args)
+            return
+        with contextlib.suppress(OSError, ValueError):  # what could not print is lost, no more
+            call(*args)
