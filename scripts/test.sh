@@ -19,5 +19,6 @@ fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
+"$VENV/bin/vermin" -q -t=3.8- --no-tips --violations remote/  # the agent runs on host Pythons 3.8+
 "$VENV/bin/lint-imports" --no-cache | tail -n +13  # the contracts in pyproject.toml, by name
 exec "$VENV/bin/pytest" -q "$@"
