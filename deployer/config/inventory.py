@@ -48,6 +48,15 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 # A job name starts every run id, which names a directory on each host: no ':' or '@' there.
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
+# What a key left out means is written once, as the model's dataclass defaults (config/model.py);
+# the parser reads it from these blank entries (the required fields here are never read).
+_JOB = Job(name="", code=Path(), role_commands={})
+_HOST = Host(
+    name="", address="", tf_address="", port=0, python="", workdir="", ssh=SSHSettings(), tasks=()
+)
+_TASK = TaskSpec(role="")
+_BOARD = TensorBoard(logdir="")
+
 
 @dataclass(frozen=True)
 class Inventory:
@@ -198,36 +207,36 @@ def _parse_job(t: Table, directory: Path) -> Job:
         name=name,
         code=code,
         command=_command(t),
-        python=t.string("python", "python3") or "python3",
-        workdir=t.remote_dir("workdir", "~/.tfdeploy"),
-        port=t.integer("port", 2222, minimum=1, maximum=65535),
+        python=t.string("python", _JOB.python),
+        workdir=t.remote_dir("workdir", _JOB.workdir),
+        port=t.integer("port", _JOB.port, minimum=1, maximum=65535),
         env=t.env_map("env"),
         setup=t.string_list("setup"),
         role_commands=role_commands,
         secret_env=t.env_names("secret_env"),
-        start_timeout=t.number("start_timeout", 120.0, minimum=1) or 120.0,
-        stop_grace=t.number("stop_grace", 10.0) or 0.0,
-        evaluator_grace=t.number("evaluator_grace", 60.0) or 0.0,
+        start_timeout=t.number("start_timeout", _JOB.start_timeout, minimum=1),
+        stop_grace=t.number("stop_grace", _JOB.stop_grace),
+        evaluator_grace=t.number("evaluator_grace", _JOB.evaluator_grace),
         on_failure=FailurePolicy(
-            t.choice("on_failure", [p.value for p in FailurePolicy], "teardown")
+            t.choice("on_failure", [p.value for p in FailurePolicy], _JOB.on_failure)
         ),
         evaluator_failure=EvaluatorFailure(
-            t.choice("evaluator_failure", [p.value for p in EvaluatorFailure], "report")
+            t.choice(
+                "evaluator_failure", [p.value for p in EvaluatorFailure], _JOB.evaluator_failure
+            )
         ),
-        max_restarts=t.integer("max_restarts", 3, minimum=0, maximum=1000),
-        restart_backoff=t.number("restart_backoff", 10.0) or 0.0,
+        max_restarts=t.integer("max_restarts", _JOB.max_restarts, minimum=0, maximum=1000),
+        restart_backoff=t.number("restart_backoff", _JOB.restart_backoff),
         retry_exit_codes=_retry_exit_codes(t),
-        stall_timeout=t.number("stall_timeout", None, minimum=1),
-        lease_seconds=t.number("lease_seconds", 60.0, minimum=5) or 60.0,
-        firewall=t.boolean("firewall", False),
+        stall_timeout=t.number("stall_timeout", _JOB.stall_timeout, minimum=1),
+        lease_seconds=t.number("lease_seconds", _JOB.lease_seconds, minimum=5),
+        firewall=t.boolean("firewall", _JOB.firewall),
         netcheck=_netcheck(t),
-        fanout=t.boolean("fanout", True),
-        require_tensorflow=t.boolean("require_tensorflow", True),
+        fanout=t.boolean("fanout", _JOB.fanout),
+        require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow),
         artifacts=t.string_list("artifacts"),
         # `~` as a shell would have it (this machine's home); relative: the working directory
-        artifacts_to=os.path.expanduser(
-            t.string("artifacts_to", "tfdeploy-runs") or "tfdeploy-runs"
-        ),
+        artifacts_to=os.path.expanduser(t.string("artifacts_to", _JOB.artifacts_to)),
         tensorboard=_tensorboard(t),
         forward_env=t.env_names("forward_env"),
     )
@@ -244,7 +253,7 @@ def _tensorboard(job: Table) -> TensorBoard | None:
         t.fail("task", f"expected a task such as chief:0 or worker:1, got {task!r}")
     board = TensorBoard(
         logdir=t.required_string("logdir"),
-        port=t.integer("port", 6006, minimum=1, maximum=65535),
+        port=t.integer("port", _BOARD.port, minimum=1, maximum=65535),
         task=task,
     )
     t.finish()
@@ -296,8 +305,8 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
         port=t.integer("port", job.port, minimum=1, maximum=65535),
         gpus=gpus,
         gpus_auto=gpus_auto,
-        share_gpus=t.boolean("share_gpus", False),
-        python=t.string("python", job.python) or job.python,
+        share_gpus=t.boolean("share_gpus", _HOST.share_gpus),
+        python=t.string("python", job.python),
         workdir=t.remote_dir("workdir", job.workdir),
         ssh=ssh,
         tasks=tuple(parse_task(tt) for tt in task_tables),
@@ -329,7 +338,7 @@ def _parse_host(t: Table, context: SourceContext, aliased: dict[str, tuple[str, 
     written = t.string("name")  # a default name is the address, which was checked above
     name = address if written is None else _name(t, "name", written)
     settings = parse_host_settings(t, context)
-    transport = t.choice("transport", TRANSPORTS, "ssh")
+    transport = t.choice("transport", TRANSPORTS, _HOST.transport)
     tf_address = t.string("tf_address")
     if tf_address is not None:
         tf_address = t.host_address("tf_address", tf_address)
@@ -384,7 +393,7 @@ def parse_task(t: Table) -> TaskSpec:
     gpus = listed if t.has("gpus") else None
     task = TaskSpec(
         role=role,
-        count=t.integer("count", 1, minimum=1, maximum=1024),
+        count=t.integer("count", _TASK.count, minimum=1, maximum=1024),
         gpus=gpus,
         command=_command(t),
         env=t.env_map("env"),
@@ -419,19 +428,23 @@ def _builtin_checked(t: Table, key: str, command: str) -> str:
 
 def _netcheck(t: Table) -> NetcheckMode:
     """`netcheck = true` (auto), `false` (off), or a mode's name ("full", "sampled", ...)."""
+    names = [m.value for m in NetcheckMode]
     try:
-        return NetcheckMode.AUTO if t.boolean("netcheck", True) else NetcheckMode.OFF
+        written = t.boolean("netcheck", True)  # True: only a stand-in, absent is checked below
     except InventoryError:  # not a boolean: then one of the names
-        return NetcheckMode(t.choice("netcheck", [m.value for m in NetcheckMode], "auto"))
+        return NetcheckMode(t.choice("netcheck", names, _JOB.netcheck))
+    if not t.has("netcheck"):
+        return _JOB.netcheck
+    return NetcheckMode.AUTO if written else NetcheckMode.OFF
 
 
 def read_gpu_count(t: Table) -> tuple[int, bool]:
     """`gpus = N` or `gpus = "auto"` (count them with nvidia-smi at preflight): (N, auto)."""
     if not t.has("gpus"):
-        t.integer("gpus", 0)  # marks the key as known
-        return 0, False
+        t.integer("gpus", _HOST.gpus)  # marks the key as known
+        return _HOST.gpus, _HOST.gpus_auto
     try:
-        return t.integer("gpus", 0, minimum=0, maximum=1024), False
+        return t.integer("gpus", _HOST.gpus, minimum=0, maximum=1024), False
     except InventoryError as not_a_count:
         try:
             word = t.string("gpus")

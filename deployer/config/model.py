@@ -65,15 +65,17 @@ class TaskSpec:
     key: str = ""  # key path in the inventory, for messages about this entry
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Host:
+    """A host of the inventory; the defaults are a `[[hosts]]` entry's (the parser reads them)."""
+
     name: str
     address: str
     tf_address: str
     port: int
-    gpus: int
-    share_gpus: bool
-    transport: str
+    gpus: int = 0
+    share_gpus: bool = False
+    transport: str = "ssh"
     python: str
     workdir: str
     ssh: SSHSettings
@@ -112,21 +114,24 @@ class TensorBoard:
     task: str | None = None  # whose host runs it; default chief:0, else worker:0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Job:
+    """[job]. Every default here is the inventory's: the parser reads them from this class
+    (config/inventory.py), so a key left out gets exactly what is written below."""
+
     name: str
     code: Path
-    command: str | None
-    python: str
-    workdir: str
-    port: int
-    env: dict[str, str]
-    setup: tuple[str, ...]
-    role_commands: dict[str, str]
-    secret_env: tuple[str, ...]
-    start_timeout: float
-    stop_grace: float
-    evaluator_grace: float
+    command: str | None = None
+    python: str = "python3"
+    workdir: str = "~/.tfdeploy"
+    port: int = 2222
+    env: dict[str, str] = field(default_factory=dict)
+    setup: tuple[str, ...] = ()
+    role_commands: dict[str, str]  # the roles' built-in commands (config/roles.py) when unset
+    secret_env: tuple[str, ...] = ()
+    start_timeout: float = 120.0
+    stop_grace: float = 10.0
+    evaluator_grace: float = 60.0
     on_failure: FailurePolicy = FailurePolicy.TEARDOWN
     evaluator_failure: EvaluatorFailure = EvaluatorFailure.REPORT
     max_restarts: int = 3  # per task with "restart", of the whole job with "restart-job"

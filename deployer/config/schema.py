@@ -8,7 +8,7 @@ import math
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, overload
 
 from deployer.core.errors import InventoryError
 
@@ -106,6 +106,10 @@ class Table:
             self.fail(key, f"expected {_TYPE_NAMES[kind]}, got {describe(value)}")
         return value  # type: ignore[no-any-return]
 
+    @overload
+    def string(self, key: str, default: str, *, required: bool = False) -> str: ...
+    @overload
+    def string(self, key: str, default: None = None, *, required: bool = False) -> str | None: ...
     def string(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
         value = self._get(key, str, default, required)
         if value is not None and not value.strip():
@@ -134,6 +138,10 @@ class Table:
         value = self.integer(key, minimum, minimum=minimum, maximum=maximum)
         return value if self.has(key) else None
 
+    @overload
+    def number(self, key: str, default: float, *, minimum: float = 0.0) -> float: ...
+    @overload
+    def number(self, key: str, default: None, *, minimum: float = 0.0) -> float | None: ...
     def number(self, key: str, default: float | None, *, minimum: float = 0.0) -> float | None:
         value = self._get(key, float, default, False)
         if value is not None and not math.isfinite(value):
@@ -239,7 +247,7 @@ class Table:
         The local transport would resolve a relative one against the controller's current
         directory and SSH against the login directory: `status` from elsewhere would miss runs.
         """
-        value = self.string(key, default) or default
+        value = self.string(key, default)
         if not value.startswith(("/", "~")):
             self.fail(
                 key,

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import collections
 import errno
 import getpass
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey, OnDiskPrivateKey
-from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
 from deployer.config import sshconfig
 from deployer.config.model import SSHSettings
 from deployer.core.errors import HostError
 from deployer.core.perfile import PerFile
-from deployer.hosts import hostkeys
+from deployer.hosts import hostkeys, paramiko_tuning
 
 # paramiko logs a failed handshake ("Exception (client): Error reading SSH protocol banner", with
 # tracebacks) at ERROR, and with no handler configured Python prints that on stderr. Each such
@@ -51,7 +48,6 @@ MAX_EXEC_SESSIONS = 8
 # which costs more CPU the larger the packet (1 GB pulled: 3.0 s of CPU at 128 KiB, 4.6 at 256).
 CHANNEL_WINDOW = 8 * 1024 * 1024
 CHANNEL_PACKET = 128 * 1024
-READ_AHEAD = 1024 * 1024  # bytes one socket read may bring (_ReadAhead)
 # AES-GCM first: one AEAD pass instead of AES-CTR plus a separate HMAC per packet (about half
 # the controller's CPU per MB here); both are in OpenSSH's defaults, the rest follow as before.
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
@@ -313,58 +309,14 @@ def _handshake(target: Endpoint, hop: Hop, sock: socket.socket | paramiko.Channe
     transport.set_keepalive(SSH_KEEPALIVE_S)
 
 
-class _Transport(paramiko.Transport):  # type: ignore[misc]  # paramiko is untyped
-    """paramiko's Transport, waking its reader thread once a second instead of ten times.
-
-    The reader polls with a socket timeout only to notice close() and keepalive deadlines
-    (both whole seconds here); close() shuts the socket and returns without waiting for it.
-    At 0.1 s, 256 idle connections cost the controller ~2,500 wakeups a second: CPU that grew
-    with hosts times wall time (a third of `down`'s at 256 lab hosts).
-    """
-
-    _active_check_timeout = 1.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.packetizer.__class__ = _Packetizer
-
-    def _parse_debug(self, m: paramiko.Message) -> None:
-        # sshd sends two per login (the key's options); paramiko escapes each byte in Python
-        # (~0.1 ms per login) only to log the text at DEBUG, which is normally off.
-        if self.logger.isEnabledFor(logging.DEBUG):
-            super()._parse_debug(m)
-
-
-class _Packetizer(paramiko.Packetizer):  # type: ignore[misc]  # paramiko is untyped
-    """paramiko's Packetizer with its handshake deadline kept as a time, not a thread.
-
-    paramiko starts a `threading.Timer` per connection only to set a flag that the reader
-    checks between socket timeouts; the thread cost ~0.14 ms of controller CPU per host, a
-    few percent of a verb's. The deadline below is checked at the same points. (Our connect
-    bounds the key exchange by its own wait too.)
-    """
-
-    _handshake_deadline: float | None = None
-
-    def start_handshake(self, timeout: float) -> None:
-        if self._handshake_deadline is None:
-            self._handshake_deadline = time.monotonic() + float(timeout)
-
-    def handshake_timed_out(self) -> bool:
-        deadline = self._handshake_deadline
-        return deadline is not None and time.monotonic() > deadline
-
-    def complete_handshake(self) -> None:
-        self._handshake_deadline = None
-
-
 def _new_transport(
     sock: socket.socket | paramiko.Channel,
     disabled_algorithms: dict[str, list[str]] | None = None,
 ) -> paramiko.Transport:
-    """paramiko's Transport with the window, packet size and cipher order above."""
-    transport = _Transport(
-        _ReadAhead(sock),
+    """paramiko's Transport (tuned where paramiko_tuning allows) with the window, packet size and
+    cipher order above."""
+    transport = paramiko_tuning.new_transport(
+        sock,
         default_window_size=CHANNEL_WINDOW,
         default_max_packet_size=CHANNEL_PACKET,
         disabled_algorithms=disabled_algorithms,
@@ -375,106 +327,6 @@ def _new_transport(
         c for c in offered if c not in PREFERRED_CIPHERS
     )
     return transport
-
-
-def keep_pieces(chan: paramiko.Channel) -> None:
-    """Makes a new channel keep what it receives as the packets' own bytes (`_PiecePipe`).
-    Before its command starts: nothing has arrived yet."""
-    chan.in_buffer = _PiecePipe()
-
-
-class _Pieces:
-    """Received bytes nobody read yet, as they came: a queue of the packets' payloads."""
-
-    def __init__(self) -> None:
-        self.items: collections.deque[bytes] = collections.deque()
-        self.size = 0
-
-    def __len__(self) -> int:
-        return self.size
-
-    def append(self, data: bytes) -> None:
-        self.items.append(data)
-        self.size += len(data)
-
-    def take(self, nbytes: int) -> bytes:
-        """The oldest payload whole (no copy), or its first `nbytes`."""
-        first = self.items[0]
-        if len(first) > nbytes:
-            self.items[0] = first[nbytes:]
-            first = first[:nbytes]
-        else:
-            self.items.popleft()
-        self.size -= len(first)
-        return first
-
-    def take_all(self) -> bytes:
-        out = b"".join(self.items)
-        self.items.clear()
-        self.size = 0
-        return out
-
-
-class _PiecePipe(BufferedPipe):  # type: ignore[misc]  # paramiko is untyped
-    """paramiko's channel buffer without its two copies of every byte.
-
-    paramiko appends each packet's payload to an array and copies reads out of it again (a
-    fresh bytes object each, and a move of the rest to the array's front); on a pull that was
-    ~0.45 ms of controller CPU per MB, a fifth of it. Here a read returns the oldest payload
-    itself (128 KiB at most: CHANNEL_PACKET). The locking, the event (`Channel.fileno`) and
-    closing are paramiko's, unchanged: they only ask the buffer's length.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._buffer = _Pieces()
-
-    def _buffer_frombytes(self, data: bytes) -> None:
-        self._buffer.append(data)
-
-    def read(self, nbytes: int, timeout: float | None = None) -> bytes:
-        with self._cv:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not self._buffer and not self._closed:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise PipeTimeout()
-                self._cv.wait(left)
-            if not self._buffer:
-                return b""  # closed, all read
-            out = self._buffer.take(nbytes)
-            if not self._buffer and self._event is not None and not self._closed:
-                self._event.clear()
-            return out
-
-    def empty(self) -> bytes:
-        with self._cv:
-            out = self._buffer.take_all()
-            if self._event is not None and not self._closed:
-                self._event.clear()
-            return out
-
-
-class _ReadAhead:
-    """The connection's socket as paramiko reads it: one large read serves many of its small
-    ones. paramiko reads every packet in two or more exact-size reads (the header, then the
-    rest, appended as they come), each a syscall (and, with a timeout, a poll too); a 1 GB pull
-    made ~100,000 of each."""
-
-    def __init__(self, sock: socket.socket | paramiko.Channel) -> None:
-        self.wrapped = sock
-        self._data = b""
-        self._at = 0
-
-    def recv(self, size: int) -> bytes:
-        if self._at >= len(self._data):
-            self._data, self._at = self.wrapped.recv(READ_AHEAD), 0
-        piece = self._data[self._at : self._at + size]
-        self._at += len(piece)
-        return piece
-
-    def __getattr__(self, name: str) -> Any:  # send, settimeout, close, _closed, ...
-        return getattr(self.wrapped, name)
 
 
 def _socket_error(target: Endpoint, hop: Hop, exc: OSError) -> HostError:

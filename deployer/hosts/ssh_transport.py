@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import paramiko
 
 from deployer.core.errors import HostError
-from deployer.hosts import ssh
+from deployer.hosts import paramiko_tuning, ssh
 from deployer.hosts.session import CHUNK, StreamSession, wait_s
 from deployer.hosts.transport import CommandResult, SessionEnded, render, short
 
@@ -48,7 +48,7 @@ class SSHTransport:
         conn = self._transport()
         try:
             chan = conn.open_session(timeout=self.target.settings.connect_timeout)
-            ssh.keep_pieces(chan)
+            paramiko_tuning.keep_pieces(chan)
             chan.exec_command(render(argv).encode("utf-8", "surrogateescape"))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise _session_lost(self.name, exc) from exc
@@ -271,7 +271,7 @@ class SSHSession(StreamSession):
         chan = self._chan
         # A timed recv waits on paramiko's own condition: no fileno(), whose pipe paramiko
         # would then write and read once per packet for as long as the channel lives.
-        # One packet's payload a read, as it came (ssh.keep_pieces: no copy on the way).
+        # One packet's payload a read, as it came (paramiko_tuning.keep_pieces: no copy).
         chan.settimeout(max(wait, 0.001))
         try:
             data = chan.recv(ssh.CHANNEL_WINDOW)

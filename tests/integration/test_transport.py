@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -318,7 +319,8 @@ def assert_safe_chain(t: SSHTransport, hops: int) -> None:
     assert len(t._hops) == hops
     for hop in t._hops:
         assert isinstance(hop.client._policy, hostkeys.StrictPolicy)
-    first = t._hops[0].client.get_transport().sock.wrapped  # under ssh._ReadAhead
+    sock = t._hops[0].client.get_transport().sock
+    first = getattr(sock, "wrapped", sock)  # under paramiko_tuning._ReadAhead when tuned
     assert isinstance(first, socket.socket)
     assert first.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     assert first.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 2
@@ -516,3 +518,47 @@ def test_explicit_inventory_settings_win_over_ssh_config(lab: Any, tmp_path: Pat
         connect_timeout=2,
     )
     expect_host_error(SSHTransport(only_file).connect, rf"jump host nobody@{re.escape(nowhere)}")
+
+
+# -- paramiko's two paths (hosts/paramiko_tuning.py) ------------------------------------------
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize(
+    ("env", "path"), [("", "tuned"), ("stock", "stock")], ids=["tuned", "stock"]
+)
+def test_both_paramiko_paths_carry_the_bytes_of_a_real_connection(
+    lab: Any, env: str, path: str
+) -> None:
+    """Each in a process of its own: TFDEPLOY_PARAMIKO is read once, at import."""
+    host = lab.hosts[0]
+    settings = {k: v for k, v in target_for(lab, host).settings.__dict__.items() if v is not None}
+    spec = {"name": host.name, "address": host.address, "settings": settings, "tag": path}
+    environ = {**os.environ, "TFDEPLOY_PARAMIKO": env, "PYTHONPATH": str(Path.cwd())}
+    probe = subprocess.run(
+        [sys.executable, "-m", "tests.support.paramiko_probe", json.dumps(spec, default=list)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    assert found["path"] == path, found["why"]
+    assert found["down_ok"] and found["up_ok"]
+    ours = "deployer.hosts.paramiko_tuning."
+    expected = {
+        "transport": "paramiko.transport.Transport",
+        "packetizer": "paramiko.packet.Packetizer",
+        "socket": "socket.socket",
+        "channel_buffer": "paramiko.buffered_pipe.BufferedPipe",
+    }
+    if path == "tuned":
+        expected = {
+            "transport": ours + "_Transport",
+            "packetizer": ours + "_Packetizer",
+            "socket": ours + "_ReadAhead",
+            "channel_buffer": ours + "_PiecePipe",
+        }
+    assert {k: found[k] for k in expected} == expected

@@ -1,6 +1,6 @@
-"""The channel buffer that keeps packets' payloads as they came (deployer/hosts/ssh.py): it must
-read, wait, time out, close and signal exactly as paramiko's own BufferedPipe does, because
-paramiko's Channel drives it."""
+"""The channel buffer that keeps packets' payloads as they came (hosts/paramiko_tuning.py): it
+must read, wait, time out, close and signal exactly as paramiko's own BufferedPipe does, because
+paramiko's Channel drives it. And which path, tuned or stock, a paramiko version gets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import time
 import pytest
 from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
-from deployer.hosts.ssh import _PiecePipe
+from deployer.hosts import paramiko_tuning
+from deployer.hosts.paramiko_tuning import _PiecePipe
 
 
 def _both() -> list[BufferedPipe]:
@@ -76,3 +77,27 @@ def test_the_event_says_whether_a_read_would_return_at_once(pipe: BufferedPipe) 
     assert not event.is_set()
     pipe.close()
     assert event.is_set()
+
+
+@pytest.mark.parametrize(
+    ("version", "path"),
+    [
+        ("3.3.2", "stock"),  # before the versions checked
+        ("3.4.0", "tuned"),
+        ("4.0.0", "tuned"),
+        ("5.1.0", "tuned"),
+        ("5.2.0", "stock"),  # internals nobody read yet
+        ("6.0.0rc1", "stock"),
+        ("garbage", "stock"),
+    ],
+)
+def test_only_the_paramiko_versions_read_get_the_tuned_path(version: str, path: str) -> None:
+    chosen, why = paramiko_tuning.choose(version, {})
+    assert chosen == path
+    assert version in why
+
+
+def test_the_environment_forces_stock_paramiko_on_any_version() -> None:
+    env = {paramiko_tuning.ENV: " Stock "}
+    assert paramiko_tuning.choose("5.1.0", env) == ("stock", "TFDEPLOY_PARAMIKO=stock")
+    assert paramiko_tuning.choose("5.1.0", {paramiko_tuning.ENV: ""})[0] == "tuned"

@@ -1,10 +1,12 @@
 """Bringing an `[aws]` fleet up and taking it away: launch what is missing, terminate what we made.
 
-discovery.py finds instances; this module changes them. Everything it launches is tagged with the
-group's filter tags (so the next `plan` finds it) and with `tfdeploy:launched = <job>` (so
-`down --terminate` ends only instances tfdeploy made, never ones it merely discovered). A new
-instance's SSH host key is checked against the fingerprints cloud-init prints to its console,
-the one channel to the machine that does not go through the network being verified.
+discovery.py finds instances; this module changes them, with the plumbing every launching
+source shares (deployer/sources/launching.py: the SSH wait, key pinning, ending on failure and
+when due). Everything it launches is tagged with the group's filter tags (so the next `plan`
+finds it) and with `tfdeploy:launched = <job>` (so `down --terminate` ends only instances
+tfdeploy made, never ones it merely discovered). A new instance's SSH host key is checked
+against the fingerprints cloud-init prints to its console, the one channel to the machine that
+does not go through the network being verified.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from typing import Any
 
 from deployer.config.model import Host
 from deployer.config.sources import Discovered, Say
-from deployer.core.errors import ExitStatus, HostError, InventoryError, TfdeployError
+from deployer.core.errors import ExitStatus, InventoryError, TfdeployError
 from deployer.core.text import plural
-from deployer.hosts.fleet import open_transport
+from deployer.sources import launching
 from deployer.sources.aws.discovery import (
     Instance,
     client_for,
@@ -95,9 +97,8 @@ def provision(
     for order in orders:
         _dry_run(client, order)
     deadline = clock() + settings.launch_timeout
-    launched: list[str] = []
     batches: list[list[str]] = []
-    try:
+    with launching.ended_on_failure(_terminator(client), say, "instance") as launched:
         for order in orders:
             ids = _launch(client, order)
             say(f"launched {order.describe()}: {', '.join(ids)}")
@@ -106,14 +107,20 @@ def provision(
         lenient = [i for o, ids in zip(orders, batches, strict=True) if _lenient(o) for i in ids]
         keys = wait_ready(client, launched, deadline, say, clock=clock, trust_first=lenient)
         found = discover_all(settings, file)
-        hosts = tuple(_expecting(h, keys.get(h.name, ())) for h in found.hosts)
-        wait_for_ssh([h for h in hosts if h.name in launched], deadline, say, clock=clock)
-    except BaseException:
-        if launched:
-            _call(client, "terminate_instances", InstanceIds=launched)
-            say(f"terminated the {plural(len(launched), 'instance')} this up launched")
-        raise
+        hosts = tuple(launching.expecting(h, keys.get(h.name, ())) for h in found.hosts)
+        _wait_for_ssh([h for h in hosts if h.name in launched], deadline, say, clock)
     return dataclasses.replace(found, hosts=hosts)
+
+
+def _terminator(client: Any) -> Any:
+    return lambda ids: _call(client, "terminate_instances", InstanceIds=list(ids))
+
+
+def _wait_for_ssh(hosts: Sequence[Host], deadline: float, say: Say, clock: Any) -> None:
+    # POLL_S read at each call: the lab tests shorten it on this module.
+    launching.wait_for_ssh(
+        hosts, deadline, say, clock=clock, poll=POLL_S, wait_name="aws.launch_timeout"
+    )
 
 
 def _lenient(order: Order) -> bool:
@@ -298,31 +305,6 @@ def parse_fingerprints(console: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _expecting(host: Host, fingerprints: tuple[str, ...]) -> Host:
-    if not fingerprints:
-        return host
-    return dataclasses.replace(host, ssh=dataclasses.replace(host.ssh, expected_keys=fingerprints))
-
-
-def wait_for_ssh(hosts: Sequence[Host], deadline: float, say: Say, *, clock: Any) -> None:
-    """Waits until each host's sshd answers with the expected key (sshd starts after the
-    console shows the keys). A refused key ends the wait at once: waiting will not fix it."""
-    if hosts:
-        say(f"waiting for SSH on {', '.join(h.name for h in hosts)}")
-    for host in hosts:
-        while True:
-            transport = open_transport(host)
-            try:
-                transport.connect()
-                break
-            except HostError as exc:
-                if "host key" in exc.cause.lower() or clock() >= deadline:
-                    raise
-                time.sleep(POLL_S)
-            finally:
-                transport.close()
-
-
 # ---- down: terminate what we launched --------------------------------------------------------
 
 
@@ -381,16 +363,14 @@ def _raw_instances(reply: dict[str, Any]) -> list[dict[str, Any]]:
 def terminate_launched(settings: AwsSettings, when: tuple[str, ...], say: Say) -> None:
     """Terminates what tfdeploy launched for the groups whose terminate_after is in `when`.
     Costs nothing for inventories that launch nothing."""
-    groups = tuple(g for g in settings.groups if g.launch and g.launch.terminate_after in when)
-    if not groups:
-        return
-    found = launched_instances(dataclasses.replace(settings, groups=groups))
-    terminate(settings, [i.id for i in found])
-    if found:
-        ids = ", ".join(i.id for i in found)
-        say(f"terminated {plural(len(found), 'instance')} tfdeploy launched: {ids}")
-    else:
-        say("no instance that tfdeploy launched for this job is left to terminate")
+    groups = [(g.launch.terminate_after, g) for g in settings.groups if g.launch]
+
+    def find(due: Sequence[HostGroup]) -> list[str]:
+        return [i.id for i in launched_instances(dataclasses.replace(settings, groups=tuple(due)))]
+
+    launching.end_due(
+        when, groups, find, lambda ids: terminate(settings, ids), say, noun="instance"
+    )
 
 
 # ---- restart-job: a new machine for a gone one -------------------------------------------------
@@ -411,19 +391,17 @@ def replace_host(settings: AwsSettings, file: str, gone: Host, say: Say) -> Host
         _call(client, "terminate_instances", InstanceIds=[gone.name])
         say(f"terminated {gone.name}, which tfdeploy launched")
     order = Order(group, 1, launch_request(client, group, 1, settings.job))
-    (new_id,) = _launch(client, order)
-    say(f"launched {order.describe()} to replace {gone.name}: {new_id}")
-    deadline = time.monotonic() + settings.launch_timeout
-    try:
+    with launching.ended_on_failure(_terminator(client), None) as launched:
+        (new_id,) = _launch(client, order)
+        launched.append(new_id)
+        say(f"launched {order.describe()} to replace {gone.name}: {new_id}")
+        deadline = time.monotonic() + settings.launch_timeout
         lenient = [new_id] if _lenient(order) else []
         keys = wait_ready(client, [new_id], deadline, say, trust_first=lenient)
         (raw,) = _raw_instances(_call(client, "describe_instances", InstanceIds=[new_id]))
-        host = _expecting(
+        host = launching.expecting(
             host_of(instance_of(raw, group.key), group, file, settings.metadata_url),
             keys.get(new_id, ()),
         )
-        wait_for_ssh([host], deadline, say, clock=time.monotonic)
-    except BaseException:
-        _call(client, "terminate_instances", InstanceIds=[new_id])
-        raise
+        _wait_for_ssh([host], deadline, say, time.monotonic)
     return host
