@@ -35,9 +35,13 @@ os.chmod("out/tool", 0o755)
 print("before\\u009d0;PWNED-TITLE\\u009cafter \\u009b2J\\u0090dcs\\u009cend", flush=True)
 """
 
-# Run on the host through ssh, as the attacker: edits the installed agent's files in place.
+# Run on the host through ssh, as the attacker: the installed agent's sources stay as they are
+# (every hello checks them against their content id and installs them again when they differ),
+# and the patched code goes into their compiled files instead, stamped with the sources' mtime
+# and size so that Python takes them. A host account's owner can always do this, or replace the
+# interpreter: the check guards against damage, not against the host.
 PATCH = """\
-import glob, json, os, shutil, sys
+import glob, importlib.util, json, marshal, os, sys
 edits = json.loads(sys.stdin.readline())
 [home] = glob.glob(os.path.expanduser(edits.pop("@workdir")) + "/agent/*/")
 for name, pairs in edits.items():
@@ -46,8 +50,13 @@ for name, pairs in edits.items():
     for old, new in pairs:
         assert text.count(old) == 1, (name, old)
         text = text.replace(old, new)
-    open(path, "w").write(text)
-shutil.rmtree(os.path.join(home, "__pycache__"), ignore_errors=True)
+    st = os.stat(path)
+    head = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
+    head += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    pyc = importlib.util.cache_from_source(path)
+    os.makedirs(os.path.dirname(pyc), exist_ok=True)
+    with open(pyc, "wb") as f:
+        f.write(head + marshal.dumps(compile(text, path, "exec")))
 """
 
 C0_C1_ESC = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
