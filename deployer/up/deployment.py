@@ -42,6 +42,8 @@ from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.run import Run
 from deployer.watch.view import View, masked_view
 
+SEED_HEAD_START_ENV = "TFDEPLOY_SEED_HEAD_START"  # "0": the seed's stream waits for preflight
+
 
 @dataclass(frozen=True)
 class UpOptions:
@@ -83,6 +85,9 @@ class Deployment:
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
+        # The fan-out's seed head start (docs/up.md), off with TFDEPLOY_SEED_HEAD_START=0: the
+        # fan-out bench measures what it gains (bench/fanout.py).
+        self._seed_head_start = environ.get(SEED_HEAD_START_ENV, "1") != "0"
         self.hide = run_masker(plan, self.forwarded)
         view = self.view = masked_view(view, self.hide)
         self.archive = LogArchive(self.run_id)
@@ -133,7 +138,7 @@ class Deployment:
         try:
             # The push's first request stops the network check's stand-ins on each host (and a
             # stop of the run does, should it fail before): one round trip less.
-            settled = self.preflight(keep_stand_ins=True, head_start=True)
+            settled = self.preflight(keep_stand_ins=True, head_start=self._seed_head_start)
             self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
             self.push(
                 settled.manifest,
