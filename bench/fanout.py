@@ -6,8 +6,6 @@ from this machine to N lab hosts that have none of it, by
   star-rsync       N parallel `rsync -a` over ssh, each into a fresh directory;
   tfdeploy-star    `tfdeploy up --detach` with `fanout = false` in [job], then `tfdeploy down`;
   tfdeploy-fanout  the same with `fanout = true`;
-  tfdeploy-fanout-no-head-start  the same with TFDEPLOY_SEED_HEAD_START=0: the seed's stream
-                   waits for preflight's end instead of beginning at a hello (docs/up.md);
   tfdeploy         the same with no `fanout` key (tfdeploy's default).
 Every tfdeploy run starts with no workdir (~/.tfdeploy: store and agent) on any host, so every
 byte travels. Variants take turns within each repetition. Times are the wall clock of the command
@@ -51,9 +49,7 @@ VARIANTS = {  # name: (column label, the [job] fanout key; None: not written)
     "tfdeploy": ("tfdeploy (no fanout key)", None),
     "tfdeploy-star": ("tfdeploy star", False),
     "tfdeploy-fanout": ("tfdeploy fan-out", True),
-    "tfdeploy-fanout-no-head-start": ("tfdeploy fan-out, no head start", True),
 }
-VARIANT_ENV = {"tfdeploy-fanout-no-head-start": {"TFDEPLOY_SEED_HEAD_START": "0"}}
 DEFAULT_VARIANTS = "star-rsync,tfdeploy-star,tfdeploy-fanout"
 RSYNC_DEST = "/root/bench-fanout"
 WORKDIR = "/root/.tfdeploy"  # the lab inventory's ~/.tfdeploy, logged in as root
@@ -156,8 +152,7 @@ class Bench:
         self._reset_tfdeploy(hosts)
         inventory = self._inventory(variant, hosts)
         lines: list[tuple[float, str]] = []
-        env = VARIANT_ENV.get(variant, {})
-        sample = self._timed(lambda: lines.extend(self._up(inventory, env)))
+        sample = self._timed(lambda: lines.extend(self._up(inventory)))
         sample.phases = _phases(lines, sample.seconds)
         out = "".join(line for _, line in lines)
         m = re.search(r"run (\S+) is running detached", out)
@@ -222,7 +217,7 @@ class Bench:
             job=job,
         )
 
-    def _up(self, inventory: Path, env: dict[str, str]) -> list[tuple[float, str]]:
+    def _up(self, inventory: Path) -> list[tuple[float, str]]:
         """`tfdeploy up --detach`; each line of its output with when it came (tfdeploy flushes
         every step), for the phases."""
         argv = [sys.executable, "-m", "deployer", "up", "--detach", str(inventory)]
@@ -232,7 +227,7 @@ class Bench:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=os.environ | self.env | env,
+            env=os.environ | self.env,
         )
         timer = threading.Timer(TIMEOUT, proc.kill)
         timer.start()
@@ -427,10 +422,6 @@ def table(
         ratios += [(f"{labels[v].removeprefix('tfdeploy ')} / rsync", v, "star-rsync") for v in tf]
     if "tfdeploy-fanout" in variants and "tfdeploy-star" in variants:
         ratios.append(("fan-out / tfdeploy star", "tfdeploy-fanout", "tfdeploy-star"))
-    if "tfdeploy-fanout" in variants and "tfdeploy-fanout-no-head-start" in variants:
-        ratios.append(
-            ("fan-out / no head start", "tfdeploy-fanout", "tfdeploy-fanout-no-head-start")
-        )
     head = ["hosts", *labels.values(), *(r[0] for r in ratios)]
     head += [f"uplink bytes: {labels[v]} (÷ tree bytes)" for v in variants]
     rows = [head, ["---"] * len(head)]

@@ -25,7 +25,6 @@ from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
-from deployer.push.seed import SeedStream
 from deployer.push.sync import Manifest, run_setup
 from deployer.results.archive import LogArchive
 from deployer.results.pull import KEPT, artifacts_home, resume_command
@@ -41,8 +40,6 @@ from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.run import Run
 from deployer.watch.view import View, masked_view
-
-SEED_HEAD_START_ENV = "TFDEPLOY_SEED_HEAD_START"  # "0": the seed's stream waits for preflight
 
 
 @dataclass(frozen=True)
@@ -79,15 +76,11 @@ class Deployment:
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self._torn_down = False
-        self._head_start: SeedStream | None = None  # the push's, until it is done with it
         self.started = False  # a start was sent: from here on tasks may have left artifacts
         self._artifacts_pulled = False  # tried: one pull per `up`, even when it was cut short
         environ = os.environ if environ is None else environ
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
-        # The fan-out's seed head start (docs/up.md), off with TFDEPLOY_SEED_HEAD_START=0: the
-        # fan-out bench measures what it gains (bench/fanout.py).
-        self._seed_head_start = environ.get(SEED_HEAD_START_ENV, "1") != "0"
         self.hide = run_masker(plan, self.forwarded)
         view = self.view = masked_view(view, self.hide)
         self.archive = LogArchive(self.run_id)
@@ -138,14 +131,9 @@ class Deployment:
         try:
             # The push's first request stops the network check's stand-ins on each host (and a
             # stop of the run does, should it fail before): one round trip less.
-            settled = self.preflight(keep_stand_ins=True, head_start=self._seed_head_start)
+            settled = self.preflight(keep_stand_ins=True)
             self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
-            self.push(
-                settled.manifest,
-                settled.workdir_groups,
-                settled.empty_stores,
-                head_start=settled.head_start,
-            )
+            self.push(settled.manifest, settled.workdir_groups, settled.empty_stores)
             self.setup(settled.manifest)
             self.recovery.arm_idle_stop()
             self.firewall_up()
@@ -202,7 +190,7 @@ class Deployment:
             self.view.close()
         return 0
 
-    def preflight(self, *, keep_stand_ins: bool = False, head_start: bool = False) -> Settled:
+    def preflight(self, *, keep_stand_ins: bool = False) -> Settled:
         names = ", ".join(m.name for m in self.members)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
         claim = Claim(self.run_id, self._lease())
@@ -213,7 +201,6 @@ class Deployment:
             forwarded=list(self.forwarded),
             network=self.options.netcheck,
             keep_stand_ins=keep_stand_ins,
-            head_start=head_start,
         )
         self.run_state.adopt(settled.plan)  # GPU counts learnt from the hosts (gpus = "auto")
         self.gpu_monitor.hosts = set(settled.gpu_hosts)
@@ -229,14 +216,10 @@ class Deployment:
         empty_stores: Collection[str] = (),
         *,
         only: Sequence[Member] | None = None,
-        head_start: SeedStream | None = None,
     ) -> None:
         """Code to every host (or `only` to these); hosts sharing a workdir get each content
-        once, via the first; hosts with `empty_stores` are not asked what they lack;
-        `head_start`: the fan-out's seed stream preflight began (teardown stops it should
-        anything fail before the push is done with it)."""
+        once, via the first; hosts with `empty_stores` are not asked what they lack."""
         members = self.members if only is None else list(only)
-        self._head_start = head_start
         save(RunRecord.of(self.plan, self.run_id, detached=self.options.detach))
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in members)
@@ -252,9 +235,7 @@ class Deployment:
             "hosts_at": time.time(),
         }
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
-        pushing = deliver(
-            self.fleet, members, self.plan, manifest, fields, groups, empty_stores, head_start
-        )
+        pushing = deliver(self.fleet, members, self.plan, manifest, fields, groups, empty_stores)
         for line in pushing:
             self.view.step(line)
 
@@ -385,8 +366,6 @@ class Deployment:
         The stop also ends a setup command still running (Ctrl-C during setup). A host already
         declared lost is not waited for: its supervisors stop its tasks when the lease lapses.
         """
-        if self._head_start is not None:
-            self._head_start.cancel()
         lost = self.poller.contact.lost
         hosts = sorted((self.contacted_hosts | self.poller.hosts) - set(lost))
         members = [self.fleet.member(h) for h in hosts]
