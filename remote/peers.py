@@ -6,11 +6,6 @@ the chain, which does the same. Contents flow while the chain fills: the last ho
 one uplink transfer plus a few pieces' time after the first byte left the controller, not N
 copies.
 
-The seed's stream may begin before the chain exists: on a first deploy the controller starts it
-as soon as that host's hello is answered, while the others are still being greeted and checked,
-and names the next host later (`onward`). Until then the seed only stores; once named, it
-replays what it has stored so far to the next host, then forwards each piece as it comes.
-
 `relay` leaves a detached listener on this host's cluster address for one stream, with the next
 host to forward to; `close` stops it. The controller decides the chain (deployer/push/fanout.py);
 this module only moves bytes, and trusts none of them:
@@ -21,8 +16,7 @@ this module only moves bytes, and trusts none of them:
 - every host hashes every content itself and publishes it only if its sha256 is the one named,
   so a damaged or tampered stream costs the hosts after it a star push, never a wrong file;
 - a next host that fails mid-stream only ends the forwarding: this host still stores its copy;
-- the listener lives until it has served one stream, `close`, or its own deadline; a seed
-  waiting to be told where to forward ends with its session or its deadline.
+- the listener lives until it has served one stream, `close`, or its own deadline.
 """
 
 from __future__ import annotations
@@ -44,7 +38,6 @@ import params
 import protocol
 import store
 
-LOOK_S = 0.02  # how often a seed mid-stream looks whether its next host has been named
 MAX_SERVE_S = 600.0
 MAX_HEADER = 16 * 1024 * 1024  # one line of contents: ~250k of them
 GREETING = b"TFDP2"
@@ -73,24 +66,10 @@ def op_peers(req: dict[str, Any]) -> dict[str, Any]:
         layout.stop_stand_ins(req, run_id)
         return {"pid": listen(record, store_dir, address, port, secret, next_hop, seconds)}
     if action == protocol.PEERS_SEED:
-        return seed(req, workdir, record.parent, run_id)
-    if action == protocol.PEERS_ONWARD:
-        after = req.get("next")
-        notice = _notice(record.parent, run_id, req)
-        layout.make_private_dir(notice.parent)
-        layout.write_json(notice, {"next": list(hop_of(after)) if after is not None else None})
-        return {}
+        return seed(req, workdir)
     if action == protocol.PEERS_CLOSE:
-        for stale in record.parent.glob(f"{run_id}.*.onward"):  # a seed that ended first
-            stale.unlink(missing_ok=True)
         return {"closed": daemon.stop(record)}
-    raise params.AgentError(f"peers action must be relay, seed, onward or close, not {action!r}")
-
-
-def _notice(records: Path, run_id: str, req: dict[str, Any]) -> Path:
-    """Where `onward` tells one seed stream its next host (no secret in it: the seed has it)."""
-    stream = params.check_name(params.param(req, "stream", str), "stream id")
-    return records / f"{run_id}.{stream}.onward"
+    raise params.AgentError(f"peers action must be relay, seed or close, not {action!r}")
 
 
 def secret_of(req: dict[str, Any]) -> bytes:
@@ -214,118 +193,18 @@ def receive(
     return {"chain": [mine, *(forward.finish() if forward else [])]}
 
 
-def seed(req: dict[str, Any], workdir: Path, records: Path, run_id: str) -> dict[str, Any]:
-    """Stores the contents streamed after the request, forwarding them to `next`, or to the
-    host a later `onward` names; answers this host's outcome and those of the chain after it."""
+def seed(req: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Stores the contents streamed after the request, forwarding every piece to `next` as it
+    comes; answers this host's outcome and those of the chain after it."""
     blobs = params.param(req, "blobs", list)
-    secret = secret_of(req)
-    after = req.get("next")
-    seconds = min(float(params.param(req, "seconds", (int, float), 120.0)), MAX_SERVE_S)
-    notice = _notice(records, run_id, req) if after is None else None
-    handover = Handover(layout.make_private_dir(workdir / "store"), blobs, secret, notice)
+    forward = Forward(hop_of(params.param(req, "next", list)), secret_of(req), blobs)
+    store_dir = layout.make_private_dir(workdir / "store")
     try:
-        if after is not None:
-            handover.begin(hop_of(after))
-        store.receive(handover.store_dir, blobs, sys.stdin.buffer, handover.piece, handover.source)
-        handover.complete(time.monotonic() + seconds)
+        store.receive(store_dir, blobs, sys.stdin.buffer, forward.send)
     except (OSError, ValueError, params.AgentError) as exc:
-        handover.abandon()  # the hosts after this one see their stream end early
+        forward.close()  # the hosts after this one see their stream end early
         raise params.StreamError(str(exc)) from exc
-    finally:
-        if notice is not None:
-            notice.unlink(missing_ok=True)
-    return {"chain": [{"host": hostid.identity(), "error": ""}, *handover.outcomes()]}
-
-
-class Handover:
-    """The seed's side of the chain: every piece goes on to the next host once it is known.
-
-    A next host named mid-stream first gets what arrived before, read back from the store (the
-    contents complete) and from the file the current one is being written to (store.receive's
-    `source`), then the pieces as they come: the stream it sees is the one it would have seen
-    from the start.
-    """
-
-    def __init__(
-        self, store_dir: Path, blobs: list[Any], secret: bytes, notice: Path | None
-    ) -> None:
-        self.store_dir, self.blobs, self.secret, self.notice = store_dir, blobs, secret, notice
-        self.forward: Forward | None = None
-        self.decided = notice is None
-        self.sources: list[Path] = []  # where each content began to be written, in order
-        self.offset = 0  # bytes of the last of them received so far
-        self.done = False  # every content is in the store
-        self._look_at = 0.0
-
-    def begin(self, hop: tuple[str, int]) -> None:
-        self.forward, self.decided = Forward(hop, self.secret, self.blobs), True
-
-    def source(self, path: Path) -> None:
-        self.sources.append(path)
-        self.offset = 0
-        self._look()
-
-    def piece(self, data: bytes) -> None:
-        self._look()
-        if self.forward is not None:
-            self.forward.send(data)
-        self.offset += len(data)
-
-    def complete(self, deadline: float) -> None:
-        """Every content is stored: waits until the next host is named (or none is), the
-        controller leaves, or `deadline`."""
-        import caller
-
-        self.done = True
-        while not self.decided:
-            self._look_at = 0.0
-            self._look()
-            if self.decided:
-                break
-            caller.check()
-            if time.monotonic() > deadline:
-                raise params.AgentError("the controller never named the host to forward to")
-            time.sleep(LOOK_S)
-
-    def _look(self) -> None:
-        if self.decided or time.monotonic() < self._look_at or self.notice is None:
-            return
-        self._look_at = time.monotonic() + LOOK_S
-        told = layout.read_json(self.notice)
-        if not isinstance(told, dict):
-            return  # not yet (or half-written: write_json renames, so never seen)
-        after = told.get("next")
-        if after is None:
-            self.decided = True  # no chain after all: this host only stores
-            return
-        self.begin(hop_of(after))
-        self._replay()
-
-    def _replay(self) -> None:
-        """What arrived before the next host was named, in the order it arrived."""
-        for index, path in enumerate(self.sources):
-            digest, size = params.check_hash(self.blobs[index][0]), self.blobs[index][1]
-            if index < len(self.sources) - 1 or self.done:
-                self._send_file(self.store_dir / digest, size)  # complete: in the store
-            else:
-                self._send_file(path, self.offset)  # its part so far, as written
-
-    def _send_file(self, path: Path, size: int) -> None:
-        assert self.forward is not None
-        with open(path, "rb") as f:
-            while size > 0 and self.forward.conn is not None:  # not once the next host failed
-                data = f.read(min(store.CHUNK, size))
-                if not data:
-                    break
-                self.forward.send(data)
-                size -= len(data)
-
-    def abandon(self) -> None:
-        if self.forward is not None:
-            self.forward.close()
-
-    def outcomes(self) -> list[dict[str, Any]]:
-        return self.forward.finish() if self.forward is not None else []
+    return {"chain": [{"host": hostid.identity(), "error": ""}, *forward.finish()]}
 
 
 class Forward:

@@ -61,7 +61,6 @@ NETCHECK_PROBE: Final = "probe"
 NETCHECK_CLOSE: Final = "close"
 PEERS_RELAY: Final = "relay"
 PEERS_SEED: Final = "seed"
-PEERS_ONWARD: Final = "onward"
 PEERS_CLOSE: Final = "close"
 
 # The verdict of one netcheck probe, one per target; an unresolved name is "unresolved: <why>".

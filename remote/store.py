@@ -90,17 +90,13 @@ def receive(
     blobs: list[Any],
     stream: BinaryIO,
     tee: Callable[[bytes], None] | None = None,
-    source: Callable[[Path], None] | None = None,
 ) -> None:
     """Stores contents sent raw after the request line, each checked against its hash.
 
     One stream per host instead of one SFTP open/write/close/rename per file: with hundreds of
     small files the round trips, not the bytes, were the cost. Each content is copied through
     in CHUNK pieces and hashed as it arrives, so a 1 GB file needs 1 MB of memory here; `tee`
-    gets every piece too (the fan-out's next host), contents already here included. `source`
-    is told, as each content begins, the file from which its bytes can be read back as they
-    arrive (every piece `tee` got is in it): the fan-out's seed replays them from there to a
-    next host named mid-stream (peers.py).
+    gets every piece too (the fan-out's next host), contents already here included.
     """
     for item in blobs:
         if not (
@@ -114,12 +110,10 @@ def receive(
         digest, size = params.check_hash(item[0]), item[1]
         mode = _mode(item[2]) if len(item) == 3 else DEFAULT_MODE
         if (store / digest).is_file():  # stored meanwhile (another host): read, not written
-            if source is not None:
-                source(store / digest)
             _copy_through(stream, size, digest, None, tee)
         else:
             fill = functools.partial(
-                _fill, stream=stream, size=size, digest=digest, mode=mode, tee=tee, source=source
+                _fill, stream=stream, size=size, digest=digest, mode=mode, tee=tee
             )
             _store(store, digest, store / digest, fill)
 
@@ -131,12 +125,8 @@ def _fill(
     digest: str,
     mode: int,
     tee: Callable[[bytes], None] | None,
-    source: Callable[[Path], None] | None,
 ) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    if source is not None:
-        source(path)
-    # Unbuffered: a piece is in the file before `tee` sees it (source's promise).
     with os.fdopen(fd, "wb", buffering=0) as f:
         _copy_through(stream, size, digest, f, tee)
         os.fchmod(f.fileno(), mode)

@@ -175,7 +175,7 @@ class Fleet:
         send buffer (on a slow link, many seconds): a fresh connection carries it at once.
         """
         with self._busy_lock:
-            # A call outside the fleet counts too (the fan-out's seed push, on the main thread).
+            # A call outside the fleet counts too.
             busy = [m for m in self.members if self._busy.get(m.name) or m.agent.busy]
         self._close_all(busy)
         return [m.name for m in busy]

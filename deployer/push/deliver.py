@@ -7,7 +7,6 @@ which must not know each other.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -16,7 +15,6 @@ from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push import fanout
 from deployer.push.fanout import Spread
-from deployer.push.seed import SeedStream
 from deployer.push.sync import Manifest, PushResult, materialize_or_missing, push_all
 
 
@@ -28,32 +26,11 @@ def deliver(
     run_fields: dict[str, Any],
     groups: Sequence[Sequence[str]] = (),
     empty_stores: Collection[str] = (),
-    head_start: SeedStream | None = None,
 ) -> list[str]:
     """Code to `members`; hosts sharing a workdir (`groups`) get each content once, via the
     first of each group, which alone takes part in the fan-out. Hosts whose store was empty at
     the hello (`empty_stores`: a first deploy) lack every content: nobody asks them which, so
-    their first request after preflight is the push itself. `head_start`: the fan-out's seed
-    stream, begun during preflight (seed.py). Returns what to print."""
-    try:
-        return _deliver(
-            fleet, members, plan, manifest, run_fields, groups, empty_stores, head_start
-        )
-    finally:
-        if head_start is not None:
-            head_start.cancel()  # done by now, unless something failed on the way
-
-
-def _deliver(
-    fleet: Fleet,
-    members: Sequence[Member],
-    plan: Plan,
-    manifest: Manifest,
-    run_fields: dict[str, Any],
-    groups: Sequence[Sequence[str]],
-    empty_stores: Collection[str],
-    head_start: SeedStream | None,
-) -> list[str]:
+    their first request after preflight is the push itself. Returns what to print."""
     shared = [g for g in groups if len(g) > 1]
     later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
     spread = None
@@ -64,7 +41,6 @@ def _deliver(
     firsts = [m for m in members if m.name not in later]
     known = {m.name: every for m in firsts if m.name in empty_stores} if every else {}
     done: dict[str, PushResult] = {}  # hosts that had every content: their run dir is built
-    seeded = None  # a head start's host that got every content, with no chain after it
     if plan.job.fanout:
         missing = dict(known) | fleet.each(
             lambda m: materialize_or_missing(m.agent, manifest, run_fields),
@@ -73,22 +49,12 @@ def _deliver(
         )
         files = len(manifest.files)
         done = {h: PushResult(files, 0, 0) for h, lack in missing.items() if not lack}
-        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, missing, head_start)
-        if spread is None and head_start is not None:
-            # It only stored, maybe into a store other hosts share: the star push asks its
-            # host, and those whose hello said their store was empty, what they lack now.
-            seeded = head_start.seed if head_start.settle() else None
-            missing = {h: lack for h, lack in missing.items() if h not in empty_stores}
+        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, missing)
         # The star push need not ask again (one round trip per host) where nothing changed
         # since: no chain ran.
         known = {h: lack for h, lack in missing.items() if lack} if spread is None else {}
     rest = [m for m in members if m.name not in done]
     results = done | push_all(fleet, rest, manifest, run_fields, shared, known)
-    if seeded in results:  # what its head start sent counts as sent to it
-        sizes = [f.size for f in manifest.by_hash().values()]
-        results[seeded] = dataclasses.replace(
-            results[seeded], sent_files=len(sizes), sent_bytes=sum(sizes)
-        )
     return push_summary(results, manifest, run_id, shared, spread)
 
 

@@ -9,8 +9,8 @@ contents flow while the chain fills, so the last host is done about one uplink t
 few pieces' time after the first byte left: no round waits for whole files. The controller only
 sets the chain up and reads its outcome.
 
-On a first deploy the seed's stream has usually begun already, during preflight (seed.py): the
-chain is built around it and the seed is told where to forward once the chain listens.
+The uplink's one copy goes into the chain's first host, the seed, on a session of its own, once
+every listener is up: the seed forwards each piece to the next host as it stores it.
 
 What fails falls back, never the deploy: a host whose copy broke (it, or a host before it,
 died or stalled mid-stream; a security group between two hosts) is left to the star push that
@@ -26,14 +26,14 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from deployer.config.plan import Plan
 from deployer.core.errors import HostError
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.replies import Edge, text
-from deployer.push.seed import SeedStream
-from deployer.push.sync import CodeFile, Manifest
+from deployer.push.sync import CodeFile, Manifest, send_contents
 from remote import protocol
 
 MIN_BYTES = 1 << 20  # less than this to send: a star push costs less than setting up a chain
@@ -67,33 +67,22 @@ def spread(
     manifest: Manifest,
     run_id: str,
     missing: Mapping[str, Sequence[str]],
-    head_start: SeedStream | None = None,
 ) -> Spread | None:
     """Fills the members' stores with what they lack (`missing`: each member's answer to
     `have`) along a relay chain; None when a star push is the better deal (one host, little to
-    send, fewer than two hosts able to listen). `head_start`: a stream of every content into
-    one member, begun during preflight; it heads the chain if there is one (else the caller
-    settles it)."""
+    send, fewer than two hosts able to listen)."""
     by_hash = manifest.by_hash()
     ports = {m.name: p for m in members if (p := serving_port(plan, m.name)) is not None}
     chain = [m for m in members if missing[m.name] and m.name in ports]
-    if head_start is not None:  # its seed first; sorted() keeps the others' order
-        chain = sorted(chain, key=lambda m: m.name != head_start.seed)
     contents = [by_hash[s] for s in sorted({s for m in chain for s in missing[m.name]})]
     if len(chain) < 2 or sum(f.size for f in contents) < MIN_BYTES:
         return None
-    if head_start is not None and chain[0].name != head_start.seed:
-        return None  # its seed turned out to share a workdir with an earlier host
-    relay = _Chain(fleet, run_id, chain, ports, head_start)
+    relay = _Chain(fleet, run_id, chain, ports)
     try:
         relay.listen()
         if len(relay.hosts) < 2:
             return None  # no host after the first can listen: the star push does it all
         outcomes = relay.stream(manifest, contents)
-    except BaseException:
-        if head_start is not None:  # first: any request to the seed waits behind its bytes
-            head_start.cancel()
-        raise
     finally:
         relay.close()
     sent = sum(f.size for f in contents)
@@ -115,13 +104,12 @@ class _Chain:
         run_id: str,
         hosts: Sequence[Member],
         ports: dict[str, int],
-        head_start: SeedStream | None,
     ) -> None:
         self.fleet, self.run_id, self.ports = fleet, run_id, ports
         self.hosts = list(hosts)
-        self.head_start = head_start
-        # The run's secret: the one the head start's seed proves to the next host, or new.
-        self.secret = head_start.secret if head_start is not None else secrets.token_hex(32)
+        # The run's secret, which the seed proves to the next host: in requests over SSH only,
+        # never argv, never a log.
+        self.secret = secrets.token_hex(32)
         self.listening: list[Member] = []  # asked to listen: every one is told to stop
 
     def _hop(self, member: Member) -> tuple[str, int]:
@@ -152,14 +140,28 @@ class _Chain:
         error ("" when it stored everything), in chain order. A first host that fails takes
         the chain with it: every host then gets the star push."""
         first, hop = self.hosts[0], self._hop(self.hosts[1])
+
+        def seed(member: Member) -> dict[str, Any]:
+            # A session of its own: the stream holds it as long as it needs. On the fleet's
+            # threads, so Ctrl-C drops the connection it is busy on (Fleet.interrupt).
+            with member.agent.dedicated() as own:
+                return send_contents(
+                    own,
+                    manifest,
+                    contents,
+                    protocol.OP_PEERS,
+                    action=protocol.PEERS_SEED,
+                    run_id=self.run_id,
+                    secret=self.secret,
+                    next=list(hop),
+                )
+
+        replies, failed = self.fleet.each_settled(seed, [first])
+        if failed:
+            return [failed[0].cause] * len(self.hosts)
         try:
-            if self.head_start is not None:
-                self.head_start.onward(hop)
-                reply = self.head_start.outcome()
-            else:
-                seed = SeedStream(first, manifest, contents, self.run_id, hop, self.secret)
-                reply = seed.outcome()
             edge = Edge(first.name, protocol.OP_PEERS)
+            reply = replies[first.name]
             chain = [
                 edge.obj(e, "a chain entry") for e in edge.items(reply.get("chain", []), "chain")
             ]
@@ -171,9 +173,7 @@ class _Chain:
         return errors[: len(self.hosts)]
 
     def close(self) -> None:
-        # The head start's seed too: a notice its stream ended before reading goes.
-        seed = [self.hosts[0]] if self.head_start is not None else []
-        self._close([*seed, *self.listening])
+        self._close(self.listening)
 
     def _close(self, members: Sequence[Member]) -> None:
         # urgent: fresh threads, also after Ctrl-C abandoned the calls holding the slots

@@ -182,12 +182,6 @@ def task_ended(runs: list[HostRun], task: str) -> str | None:
     return None
 
 
-def find_runs_settled(fleet: Fleet, target: Target) -> tuple[list[HostRun], list[HostError]]:
-    """Like find_runs, but the hosts that could not be asked come back instead of raising."""
-    survey = survey_runs(fleet, target)
-    return survey.runs, survey.failures
-
-
 class _HostLists:
     """Every host of a run reports the run's whole host list: N lists of N hosts. Parsed in
     Python for each host that is N² work (a tenth of `down`'s CPU at 128 hosts); a list equal

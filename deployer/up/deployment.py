@@ -27,7 +27,6 @@ from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
-from deployer.push.seed import SeedStream
 from deployer.push.sync import Manifest, run_setup
 from deployer.results.archive import LogArchive
 from deployer.results.pull import KEPT, artifacts_home, resume_command
@@ -79,7 +78,6 @@ class Deployment:
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
         self._torn_down = False
-        self._head_start: SeedStream | None = None  # the push's, until it is done with it
         self.started = False  # a start was sent: from here on tasks may have left artifacts
         self._artifacts_pulled = False  # tried: one pull per `up`, even when it was cut short
         environ = os.environ if environ is None else environ
@@ -136,14 +134,9 @@ class Deployment:
         try:
             # The push's first request stops the network check's stand-ins on each host (and a
             # stop of the run does, should it fail before): one round trip less.
-            settled = self.preflight(keep_stand_ins=True, head_start=True)
+            settled = self.preflight(keep_stand_ins=True)
             self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
-            self.push(
-                settled.manifest,
-                settled.workdir_groups,
-                settled.empty_stores,
-                head_start=settled.head_start,
-            )
+            self.push(settled.manifest, settled.workdir_groups, settled.empty_stores)
             self.setup(settled.manifest)
             self.recovery.arm_idle_stop()
             self.firewall_up()
@@ -218,7 +211,7 @@ class Deployment:
             self.view.close()
         return 0
 
-    def preflight(self, *, keep_stand_ins: bool = False, head_start: bool = False) -> Settled:
+    def preflight(self, *, keep_stand_ins: bool = False) -> Settled:
         names = fold_names([m.name for m in self.members], join=", ".join)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
         claim = Claim(self.run_id, self._lease())
@@ -229,7 +222,6 @@ class Deployment:
             forwarded=list(self.forwarded),
             network=self.options.netcheck,
             keep_stand_ins=keep_stand_ins,
-            head_start=head_start,
         )
         self.run_state.adopt(settled.plan)  # GPU counts learnt from the hosts (gpus = "auto")
         self.gpu_monitor.hosts = set(settled.gpu_hosts)
@@ -245,14 +237,10 @@ class Deployment:
         empty_stores: Collection[str] = (),
         *,
         only: Sequence[Member] | None = None,
-        head_start: SeedStream | None = None,
     ) -> None:
         """Code to every host (or `only` to these); hosts sharing a workdir get each content
-        once, via the first; hosts with `empty_stores` are not asked what they lack;
-        `head_start`: the fan-out's seed stream preflight began (teardown stops it should
-        anything fail before the push is done with it)."""
+        once, via the first; hosts with `empty_stores` are not asked what they lack."""
         members = self.members if only is None else list(only)
-        self._head_start = head_start
         self._keep_record()
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in members)
@@ -270,9 +258,7 @@ class Deployment:
             "hosts_at": time.time(),
         }
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
-        pushing = deliver(
-            self.fleet, members, self.plan, manifest, fields, groups, empty_stores, head_start
-        )
+        pushing = deliver(self.fleet, members, self.plan, manifest, fields, groups, empty_stores)
         for line in pushing:
             self.view.step(line)
 
@@ -404,8 +390,6 @@ class Deployment:
         declared lost is not waited for: its supervisors stop its tasks when the lease lapses.
         """
         self._view.steady = True  # from here on, what cannot be printed is lost, not the stop
-        if self._head_start is not None:
-            self._head_start.cancel()
         lost = self.poller.contact.lost
         hosts = sorted((self.contacted_hosts | self.poller.hosts) - set(lost))
         members = [self.fleet.member(h) for h in hosts]

@@ -19,8 +19,6 @@ from deployer.config.roles import SIDECAR
 from deployer.core.errors import HostError, HostsFailed
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
-from deployer.push import fanout
-from deployer.push.seed import SeedStream
 from deployer.push.sync import Manifest, scan
 from deployer.up import firewall, netcheck
 
@@ -108,8 +106,6 @@ class Settled:
     # Hosts whose store holds nothing yet: they lack every content, and the push knows it
     # without asking them.
     empty_stores: frozenset[str] = frozenset()
-    # The fan-out's seed stream, begun at a hello (push/seed.py); the push takes it over.
-    head_start: SeedStream | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +124,6 @@ def preflight(
     forwarded: Sequence[str] = (),
     network: NetcheckMode | None = None,
     keep_stand_ins: bool = False,
-    head_start: bool = False,
 ) -> Settled:
     """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
 
@@ -136,14 +131,12 @@ def preflight(
     released again, since nothing of the run will start. Last, the TF connections between hosts
     are tried as `network` says (None: as the job's `netcheck` says; netcheck.py).
     `keep_stand_ins`: the caller releases the run next, which stops the check's listeners.
-    `head_start`: the caller pushes next: a first deploy's fan-out may begin at a hello.
     """
     members = [fleet.member(h.name) for h in plan.hosts]
     scanning = _Scan(plan.job.code)
     mode = network or plan.job.netcheck
     listens = netcheck.listeners(plan, mode) if mode is not NetcheckMode.OFF else {}
-    starter = _HeadStarter(plan, claim.run_id, scanning) if head_start else None
-    greeted = _Greeted(claim, listens, starter)
+    greeted = _Greeted(claim, listens)
     try:
         settled = _settle(plan, fleet, greeted, members, scanning, forwarded)
         if mode is not NetcheckMode.OFF:
@@ -158,10 +151,8 @@ def preflight(
             if tried:
                 summary = f"{settled.summary}; {tried.summary()}"
                 settled = dataclasses.replace(settled, summary=summary)
-        return dataclasses.replace(settled, head_start=starter.taken() if starter else None)
+        return settled
     except BaseException as exc:
-        if starter is not None:
-            starter.close()  # nothing starts: the seed's stream stops where it is
         # Only hosts that answered: an unreachable one would make Ctrl-C wait for its timeout.
         # `release` also stops the stand-ins a hello started.
         holders = [m for m in members if m.name in greeted.claimed]
@@ -191,10 +182,6 @@ class _Scan:
         except BaseException as exc:  # handed to the caller by result()
             self._error = exc
 
-    def ready(self) -> Manifest | None:
-        """The manifest if the scan is done and went well, without waiting."""
-        return None if self._thread.is_alive() or self._error is not None else self._manifest
-
     def result(self) -> Manifest:
         self._thread.join()
         if self._error is not None:
@@ -211,11 +198,9 @@ class _Greeted:
         self,
         claim: Claim,
         listens: Mapping[str, netcheck.Listen],
-        starter: _HeadStarter | None = None,
     ) -> None:
         self.claim = claim
         self.listens = listens
-        self.starter = starter
         self.claimed: set[str] = set()
         self._listening: dict[str, tuple[netcheck.Listen, float]] = {}  # and since when
 
@@ -339,55 +324,4 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
         greeted.listened(member.name, listen)
     if wants_gpus(member.host):
         facts["gpus"] = member.agent.gpus()
-    if greeted.starter is not None:
-        greeted.starter.offer(member, facts)
     return facts
-
-
-class _HeadStarter:
-    """Begins the fan-out's seed stream at the first hello that allows it (push/seed.py): a
-    first deploy's uplink then works while the other hosts are greeted and checked.
-
-    It allows it when the job fans out to at least two hosts, enough is to be sent, the code
-    directory is already hashed, and the host's store is empty (it lacks every content, so
-    nothing needs asking) and its own checks pass. A failed preflight `close`s it.
-    """
-
-    def __init__(self, plan: Plan, run_id: str, scanning: _Scan) -> None:
-        self._plan, self._run_id, self._scanning = plan, run_id, scanning
-        hops = [h.name for h in plan.hosts if fanout.serving_port(plan, h.name) is not None]
-        self._open = plan.job.fanout and len(hops) >= 2
-        self._lock = threading.Lock()
-        self._stream: SeedStream | None = None
-
-    def offer(self, member: Member, facts: Mapping[str, object]) -> None:
-        if (
-            not self._open
-            or self._stream is not None
-            or facts.get("store_empty") is not True
-            or fanout.serving_port(self._plan, member.name) is None
-        ):
-            return
-        manifest = self._scanning.ready()
-        if manifest is None:
-            return
-        by_hash = manifest.by_hash()
-        if sum(f.size for f in by_hash.values()) < fanout.MIN_BYTES or host_problems(
-            member.name, facts, python=member.agent.python, job=self._plan.job, manifest=manifest
-        ):
-            return  # too little to be worth a chain (as spread counts), or this host fails
-        contents = [by_hash[s] for s in sorted(by_hash)]
-        with self._lock:
-            if self._open and self._stream is None:
-                self._stream = SeedStream(member, manifest, contents, self._run_id)
-
-    def taken(self) -> SeedStream | None:
-        """The stream, now the push's to finish; no hello starts one any more."""
-        with self._lock:
-            self._open = False
-            return self._stream
-
-    def close(self) -> None:
-        stream = self.taken()
-        if stream is not None:
-            stream.cancel()

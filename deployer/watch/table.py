@@ -161,11 +161,6 @@ class TaskTable:
         }
 
 
-def task_table(rows: Sequence[TaskRow], now: float | None = None) -> TaskTable:
-    """Every task in one table (the view folds it when the tasks do not fit: see task_panel)."""
-    return TaskTable(rows, now)
-
-
 @dataclass(frozen=True)
 class Heard:
     """What the view heard of each task's log: when its last line came (view clock) and how

@@ -52,7 +52,8 @@ for name, pairs in edits.items():
         text = text.replace(old, new)
     st = os.stat(path)
     head = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
-    head += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    head += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+    head += (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
     pyc = importlib.util.cache_from_source(path)
     os.makedirs(os.path.dirname(pyc), exist_ok=True)
     with open(pyc, "wb") as f:

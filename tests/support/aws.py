@@ -6,6 +6,7 @@ moto's in-process EC2. The `ec2` fixture is in tests/conftest.py.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ from typing import Any
 from rich.console import Console
 
 from deployer.cli.main import Env, run
+from deployer.config.inventory import Inventory, discover_hosts
+from deployer.sources.aws import AwsSource
+from deployer.sources.aws.settings import PAGE_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "digits"
@@ -62,3 +66,15 @@ def write_inventory(tmp_path: Path, aws: str, *, static: str = "", job: str = ""
         f'[aws]\nregion = "{REGION}"\n{aws}\n{static}'
     )
     return path
+
+
+def resolve_hosts(inventory: Inventory, *, page_size: int = PAGE_SIZE) -> Inventory:
+    """The inventory with its EC2 instances appended as hosts, after the static [[hosts]], asking
+    EC2 for `page_size` instances a page (small pages exercise pagination)."""
+    pending = tuple(
+        dataclasses.replace(s, settings=dataclasses.replace(s.settings, page_size=page_size))
+        if isinstance(s, AwsSource)
+        else s
+        for s in inventory.pending
+    )
+    return discover_hosts(dataclasses.replace(inventory, pending=pending))

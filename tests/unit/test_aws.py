@@ -18,9 +18,8 @@ import pytest
 
 from deployer.core.errors import InventoryError
 from deployer.sources import load_inventory
-from deployer.sources.aws import resolve_hosts
 from deployer.sources.aws.settings import DiscoveryError
-from tests.support.aws import ROOT, cli, described, launch, write_inventory
+from tests.support.aws import ROOT, cli, described, launch, resolve_hosts, write_inventory
 
 WORKERS = """
 [[aws.hosts]]

@@ -22,7 +22,7 @@ from deployer.config.inventory import parse_inventory
 from deployer.config.plan import make_plan
 from deployer.hosts.gpus import GpuReport, check_gpus, usage_text
 from deployer.watch.board import TaskRow
-from deployer.watch.table import task_table
+from deployer.watch.table import TaskTable
 from tests.support.gpus import FAKE, uuid
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
@@ -158,7 +158,7 @@ def test_usage_text_and_the_view_column(tmp_path: Path) -> None:
 
     def render(rows: list[TaskRow]) -> str:
         console = Console(file=io.StringIO(), width=140, color_system=None)
-        console.print(task_table(rows, now=100.0))
+        console.print(TaskTable(rows, now=100.0))
         return console.file.getvalue()  # type: ignore[attr-defined]
 
     with_use = render([TaskRow("worker:0", "a", "running", 7, "0,1", "50% 4.0/45.0 GiB", 90.0)])

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from deployer.core.fold import counts_text, fold
 from deployer.watch.board import TaskRow
-from deployer.watch.table import Heard, region_rows, task_panel, task_table
+from deployer.watch.table import Heard, TaskTable, region_rows, task_panel
 from deployer.watch.view import LiveView
 from tests.support.terminal import Screen
 
@@ -69,7 +69,7 @@ def test_the_final_table_keeps_the_last_line_readable_at_80_columns(host: str) -
             "gpu_use": "87% 20.1/22.5 GiB",
         },
     }
-    lines = render([task_table(rows(2, **finished), now=NOW)], 80)
+    lines = render([TaskTable(rows(2, **finished), now=NOW)], 80)
     assert all(len(line) <= 80 for line in lines), lines
     body = [line for line in lines if line.startswith("│")]
     assert len(body) == 2, lines  # one line per task: nothing wrapped

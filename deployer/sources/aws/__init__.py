@@ -7,16 +7,14 @@ the table as data, discovery.py finds instances, launch.py creates and ends them
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from deployer.config.inventory import Inventory, discover_hosts
 from deployer.config.model import Host
 from deployer.config.schema import Table
 from deployer.config.sources import Discovered, Say, SourceContext, Sourced
 from deployer.sources.aws import launch
 from deployer.sources.aws.discovery import discover_all
-from deployer.sources.aws.settings import PAGE_SIZE, AwsSettings, parse_settings
+from deployer.sources.aws.settings import AwsSettings, parse_settings
 
 
 @dataclass(frozen=True)
@@ -47,15 +45,3 @@ class AwsSource:
 def read(t: Table, context: SourceContext) -> Sourced:
     """`[aws]`: pure; its hosts are found later, when `discover_hosts` calls `discover`."""
     return Sourced(pending=AwsSource(parse_settings(t, context)))
-
-
-def resolve_hosts(inventory: Inventory, *, page_size: int = PAGE_SIZE) -> Inventory:
-    """The inventory with its EC2 instances appended as hosts, after the static [[hosts]], asking
-    EC2 for `page_size` instances a page (tests use small pages to exercise pagination)."""
-    pending = tuple(
-        dataclasses.replace(s, settings=dataclasses.replace(s.settings, page_size=page_size))
-        if isinstance(s, AwsSource)
-        else s
-        for s in inventory.pending
-    )
-    return discover_hosts(dataclasses.replace(inventory, pending=pending))
