@@ -16,12 +16,14 @@ from collections.abc import Callable, Collection, Generator, Iterable, Iterator,
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from deployer.core.errors import HostError
 from deployer.hosts.replies import Edge, mode, text
 from deployer.hosts.transport import Session, SessionEnded, Transport
 from remote import protocol
+
+Shape = TypeVar("Shape")
 
 
 class _SessionLeft(Exception):
@@ -366,18 +368,21 @@ class Agent:
         its lease lapses (`lease_seconds` without a heartbeat): two `up` of one inventory started
         at once cannot both pass preflight. Ports reserved by another run come back busy.
         """
-        request: dict[str, Any] = {
+        hello: protocol.HelloRequest = {"ports": list(ports)}
+        if run_id is not None:
+            hello["run_id"], hello["lease_seconds"] = run_id, lease_seconds
+            if listen is not None:  # the network check's stand-ins, when no port is busy
+                hello["listen"] = {"ports": list(listen[0]), "seconds": listen[1]}
+        if runs:
+            hello["runs"] = True
+            if hosts_of:
+                hello["hosts_of"] = hosts_of
+        envelope: protocol.Envelope = {
             "v": protocol.PROTOCOL_VERSION,
             "op": protocol.OP_HELLO,
             "workdir": self.workdir,
-            "ports": list(ports),
         }
-        if run_id is not None:
-            request.update(run_id=run_id, lease_seconds=lease_seconds)
-            if listen is not None:  # the network check's stand-ins, when no port is busy
-                request.update(listen={"ports": list(listen[0]), "seconds": listen[1]})
-        if runs:
-            request.update(runs=True, **({"hosts_of": hosts_of} if hosts_of else {}))
+        request = {**envelope, **hello}
         payload = {
             "workdir": self.workdir,
             "look_only": look_only,
@@ -398,6 +403,13 @@ class Agent:
             reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
             if reply.get(protocol.BOOTSTRAP_NEEDS_FILES):  # a host without this agent version
                 reply = self._over(session, _agent_files_message(), 60)
+        edge = Edge(self.host, protocol.OP_HELLO)
+        if reply.get("absent") is True:  # look_only, and the host has no workdir
+            edge.reply(reply, protocol.AbsentReply)
+        else:
+            edge.reply(reply, protocol.HelloReply)
+            if runs:
+                edge.get(reply, "runs")
         # The hello's facts (versions, host names, ids, problems) are printed by preflight and
         # status: cleaned here; the runs it may carry are parsed by their reader.
         reply = {k: v if k == "runs" else cleaned_texts(v) for k, v in reply.items()}
@@ -423,7 +435,7 @@ class Agent:
         if session is not None and session.lock.acquire(blocking=False):
             try:
                 with self._request():
-                    return self._over(session, line, timeout, body, sink)
+                    return self._over(session, line, timeout, body, sink, op)
             except _SessionLeft:
                 pass  # it left while idle, before reading this request: send it one-shot
             finally:
@@ -440,9 +452,25 @@ class Agent:
         first, _, rest = result.stdout.partition(b"\n")
         said = first if first.startswith(b"{") else result.stdout
         reply = self._reply(result.exit_code, said, result.stderr)
-        if "raw" in reply:
-            (sink or _discard)(rest[: int(reply["raw"])])
+        raw = _raw_count(Edge(self.host, op), reply)
+        if raw is not None:
+            (sink or _discard)(rest[:raw])
         return reply
+
+    def ask(
+        self,
+        op: str,
+        shape: Callable[..., Shape],
+        timeout: float | None = 60,
+        *,
+        body: Iterable[bytes] = (),
+        sink: Callable[[bytes], None] | None = None,
+        **params: Any,
+    ) -> Shape:
+        """One op whose reply is checked against its shape in remote/protocol.py at the edge
+        (deployer/hosts/replies.py): what the rest of the control side reads is there, typed."""
+        reply = self.call(op, timeout, body=body, sink=sink, **params)
+        return Edge(self.host, op).reply(reply, shape)
 
     @contextlib.contextmanager
     def dedicated(self) -> Iterator[Agent]:
@@ -480,9 +508,11 @@ class Agent:
         timeout: float | None,
         body: Iterable[bytes] = (),
         sink: Callable[[bytes], None] | None = None,
+        op: str = protocol.OP_HELLO,
     ) -> dict[str, Any]:
         try:
-            return self._answer(session, session.request(data, timeout, body), timeout, sink)
+            line = session.request(data, timeout, body)
+            return self._answer(session, line, timeout, sink, op)
         except SessionEnded as exc:
             self._session = None
             if exc.exit_code == protocol.SERVE_IDLE_EXIT:
@@ -505,11 +535,13 @@ class Agent:
         line: bytes,
         timeout: float | None,
         sink: Callable[[bytes], None] | None,
+        op: str,
     ) -> dict[str, Any]:
         """A session's reply line as a reply, and the raw bytes after it to `sink`."""
         reply = self._reply(0, line, b"")
-        if "raw" in reply:
-            session.read_raw(int(reply["raw"]), sink or _discard, timeout)
+        raw = _raw_count(Edge(self.host, op), reply)
+        if raw is not None:
+            session.read_raw(raw, sink or _discard, timeout)
         return reply
 
     def _reply(self, exit_code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
@@ -548,19 +580,20 @@ class Agent:
     # The operations of docs/PROTOCOL.md, typed for the rest of the control side.
 
     def missing(self, hashes: Sequence[str]) -> list[str]:
-        return list(self.call(protocol.OP_HAVE, hashes=list(hashes))["missing"])
+        request: protocol.HaveRequest = {"hashes": list(hashes)}
+        return self.ask(protocol.OP_HAVE, protocol.HaveReply, **request)["missing"]
 
     def start(
         self, run_id: str, tasks: list[dict[str, Any]], grace: float, *, release: bool = False
     ) -> list[TaskStatus]:
         """`release`: then drop the run's port reservations here (as `release` would)."""
-        extra: dict[str, Any] = {"release": True} if release else {}
-        reply = self.call(protocol.OP_START, run_id=run_id, tasks=tasks, grace=grace, **extra)
+        request: protocol.StartRequest = {"run_id": run_id, "tasks": tasks, "grace": grace}
+        if release:
+            request["release"] = True
+        reply = self.ask(protocol.OP_START, protocol.TasksReply, **request)
         edge = Edge(self.host, protocol.OP_START)
         named = {str(t.get("name")) for t in tasks}
-        return [
-            TaskStatus.from_json(t, edge, named) for t in edge.items(reply.get("tasks"), "tasks")
-        ]
+        return [TaskStatus.from_json(t, edge, named) for t in reply["tasks"]]
 
     def poll(
         self,
@@ -576,20 +609,16 @@ class Agent:
         reply = self._poll(run_id, offsets, max_bytes, raw.append, ports, heartbeat, timeout)
         edge = Edge(self.host, protocol.OP_POLL)
         data, at, logs = b"".join(raw), 0, {}
-        for entry in edge.items(reply.get("logs", []), "logs"):
-            entry = edge.obj(entry, "a log")
-            count = edge.count(edge.get(entry, "bytes", "a log's bytes"), "a log's bytes")
-            name = edge.task(edge.get(entry, "task", "a log's task"), "a log's task", offsets)
-            offset = edge.count(edge.get(entry, "offset", f"{name}'s log offset"), "offset")
+        for entry in reply["logs"]:
+            count = edge.count(entry["bytes"], "a log's bytes")
+            name = edge.task(entry["task"], "a log's task", offsets)
+            offset = edge.count(entry["offset"], f"{name}'s log offset")
             logs[name] = (offset, data[at : at + count])
             at += count
-        listening = edge.items(reply.get("listening", []), "listening")
         return Poll(
-            tasks=tuple(
-                TaskStatus.from_json(t, edge) for t in edge.items(reply.get("tasks"), "tasks")
-            ),
+            tasks=tuple(TaskStatus.from_json(t, edge) for t in reply["tasks"]),
             logs=logs,
-            listening=frozenset(edge.count(p, "a listening port") for p in listening),
+            listening=frozenset(edge.count(p, "a listening port") for p in reply["listening"]),
         )
 
     def read_log(
@@ -599,10 +628,9 @@ class Agent:
         holding it here; returns the offset after it."""
         reply = self._poll(run_id, {task: offset}, max_bytes, sink)
         edge = Edge(self.host, protocol.OP_POLL)
-        logs = edge.items(reply.get("logs"), "logs")
-        if not logs:
+        if not reply["logs"]:
             raise edge.error("logs", f"lack {task}'s")
-        return edge.count(edge.obj(logs[0], "a log").get("offset"), f"{task}'s log offset")
+        return edge.count(reply["logs"][0]["offset"], f"{task}'s log offset")
 
     def _poll(
         self,
@@ -613,17 +641,15 @@ class Agent:
         ports: Sequence[int] = (),
         heartbeat: bool = False,
         timeout: float = 30,
-    ) -> dict[str, Any]:
-        return self.call(
-            protocol.OP_POLL,
-            timeout=timeout,
-            sink=sink,
-            run_id=run_id,
-            offsets=offsets,
-            max_bytes=max_bytes,
-            ports=list(ports),
-            heartbeat=heartbeat,
-        )
+    ) -> protocol.PollReply:
+        request: protocol.PollRequest = {
+            "run_id": run_id,
+            "offsets": offsets,
+            "max_bytes": max_bytes,
+            "ports": list(ports),
+            "heartbeat": heartbeat,
+        }
+        return self.ask(protocol.OP_POLL, protocol.PollReply, timeout, sink=sink, **request)
 
     def stop(
         self,
@@ -635,33 +661,25 @@ class Agent:
     ) -> StopReport:
         """Stops tasks (all: also the run's escaped processes and its port reservations; named
         ones with `escaped`: also the escaped processes, and the run may start again)."""
-        reply = self.call(
-            protocol.OP_STOP,
-            # A whole-run stop may take grace twice: the task groups, then escaped processes.
-            timeout=2 * grace + 60,
-            run_id=run_id,
-            grace=grace,
-            tasks=list(tasks) if tasks is not None else None,
-            escaped=escaped,
-        )
+        request: protocol.StopRequest = {
+            "run_id": run_id,
+            "grace": grace,
+            "tasks": list(tasks) if tasks is not None else None,
+            "escaped": escaped,
+        }
+        # A whole-run stop may take grace twice: the task groups, then escaped processes.
+        reply = self.ask(protocol.OP_STOP, protocol.StopReply, 2 * grace + 60, **request)
         edge = Edge(self.host, protocol.OP_STOP)
-        gone = [
-            edge.obj(e, "an escaped process")
-            for e in edge.items(reply.get("escaped", []), "escaped")
-        ]
         return StopReport(
-            tasks=tuple(
-                TaskStatus.from_json(t, edge) for t in edge.items(reply.get("tasks", []), "tasks")
-            ),
+            tasks=tuple(TaskStatus.from_json(t, edge) for t in reply["tasks"]),
             escaped=tuple(
                 Escaped(
-                    pid=edge.count(e.get("pid"), "an escaped process's pid"),
-                    cmd=text(e.get("cmd", "")),  # its command line, printed by `down`
-                    signal=edge.integer(
-                        e.get("signal"), "an escaped process's signal", optional=True
-                    ),
+                    pid=edge.count(e["pid"], "an escaped process's pid"),
+                    cmd=text(e["cmd"]),  # its command line, printed by `down`
+                    signal=e["signal"],
                 )
-                for e in gone
+                # only a whole-run stop, or one asked for them, lists escaped processes
+                for e in reply.get("escaped", [])
             ),
         )
 
@@ -670,14 +688,15 @@ class Agent:
         per host, re-armed by each `up`: it outlives this connection, and the laptop."""
         # looked at every 30 s, or more often for short limits (tests), never under 1 s
         interval = max(1.0, min(30.0, minutes * 6))
+        request: protocol.IdleRequest = {"minutes": minutes, "interval": interval}
         if command:
-            self.call(protocol.OP_IDLE, minutes=minutes, command=command, interval=interval)
-        else:
-            self.call(protocol.OP_IDLE, minutes=minutes, interval=interval)
+            request["command"] = command
+        self.ask(protocol.OP_IDLE, protocol.IdleReply, **request)
 
     def release(self, run_id: str) -> None:
         """Drops the run's port reservations (preflight failed: nothing of it will start)."""
-        self.call(protocol.OP_RELEASE, run_id=run_id)
+        request: protocol.RunRequest = {"run_id": run_id}
+        self.ask(protocol.OP_RELEASE, protocol.ReleaseReply, **request)
 
     def setup(
         self,
@@ -687,50 +706,48 @@ class Agent:
         fingerprint: str,
         timeout: float = 3600,
     ) -> SetupResult:
-        reply = self.call(
-            protocol.OP_SETUP,
-            timeout=timeout,
-            run_id=run_id,
-            commands=list(commands),
-            env=dict(env),
-            fingerprint=fingerprint,
-        )
+        request: protocol.SetupRequest = {
+            "run_id": run_id,
+            "commands": list(commands),
+            "env": dict(env),
+            "fingerprint": fingerprint,
+        }
+        reply = self.ask(protocol.OP_SETUP, protocol.SetupReply, timeout, **request)
         return SetupResult(
-            code=int(reply.get("code") or 0),
-            ran=bool(reply.get("ran")),
-            tail=tuple(text(line) for line in reply.get("tail") or ()),
+            code=reply["code"], ran=reply["ran"], tail=tuple(text(line) for line in reply["tail"])
         )
 
     def gpus(self) -> dict[str, Any]:
         """The `gpus` reply, its texts cleaned (GPU names, driver words are printed);
         deployer.hosts.gpus.GpuReport.from_json reads it."""
-        cleaned: dict[str, Any] = cleaned_texts(self.call(protocol.OP_GPUS))
+        cleaned: dict[str, Any] = cleaned_texts(self.ask(protocol.OP_GPUS, protocol.GpusReply))
         return cleaned
 
     def listen(self, run_id: str, ports: Sequence[int], seconds: float) -> None:
         """Stand-in listeners on the planned TF ports, for peers' probes (remote/netcheck.py)."""
-        self.call(
-            protocol.OP_NETCHECK,
-            action=protocol.NETCHECK_LISTEN,
-            run_id=run_id,
-            ports=list(ports),
-            seconds=seconds,
-        )
+        request: protocol.NetcheckRequest = {
+            "action": protocol.NETCHECK_LISTEN,
+            "run_id": run_id,
+            "ports": list(ports),
+            "seconds": seconds,
+        }
+        self.ask(protocol.OP_NETCHECK, protocol.ListenReply, **request)
 
     def probe(self, run_id: str, targets: Sequence[tuple[str, int]], timeout: float) -> list[str]:
         """One verdict per (address, port): "ok", "refused", "timed out", "no route", ..."""
-        reply = self.call(
-            protocol.OP_NETCHECK,
-            protocol.probe_budget(len(targets), timeout) + 30,  # the host's whole queue
-            action=protocol.NETCHECK_PROBE,
-            run_id=run_id,
-            targets=[list(t) for t in targets],
-            wait=timeout,
-        )
+        request: protocol.NetcheckRequest = {
+            "action": protocol.NETCHECK_PROBE,
+            "run_id": run_id,
+            "targets": [list(t) for t in targets],
+            "wait": timeout,
+        }
+        budget = protocol.probe_budget(len(targets), timeout) + 30  # the host's whole queue
+        reply = self.ask(protocol.OP_NETCHECK, protocol.ProbeReply, budget, **request)
         return [text(r) for r in reply["results"]]
 
     def unlisten(self, run_id: str) -> None:
-        self.call(protocol.OP_NETCHECK, action=protocol.NETCHECK_CLOSE, run_id=run_id)
+        request: protocol.NetcheckRequest = {"action": protocol.NETCHECK_CLOSE, "run_id": run_id}
+        self.ask(protocol.OP_NETCHECK, protocol.ClosedReply, **request)
 
     def relay(
         self,
@@ -743,19 +760,20 @@ class Agent:
     ) -> None:
         """Listens on address:port for the fan-out's one stream, storing it and forwarding every
         piece to `then` as it arrives (remote/peers.py)."""
-        self.call(
-            protocol.OP_PEERS,
-            action=protocol.PEERS_RELAY,
-            run_id=run_id,
-            address=address,
-            port=port,
-            secret=secret,
-            next=list(then) if then is not None else None,
-            seconds=seconds,
-        )
+        request: protocol.PeersRequest = {
+            "action": protocol.PEERS_RELAY,
+            "run_id": run_id,
+            "address": address,
+            "port": port,
+            "secret": secret,
+            "next": list(then) if then is not None else None,
+            "seconds": seconds,
+        }
+        self.ask(protocol.OP_PEERS, protocol.PeersPidReply, **request)
 
     def stop_serving(self, run_id: str) -> None:
-        self.call(protocol.OP_PEERS, action=protocol.PEERS_CLOSE, run_id=run_id)
+        request: protocol.PeersRequest = {"action": protocol.PEERS_CLOSE, "run_id": run_id}
+        self.ask(protocol.OP_PEERS, protocol.ClosedReply, **request)
 
     def look(self) -> None:
         """Says hello once without creating anything on the host (read-only verbs)."""
@@ -776,22 +794,20 @@ class Agent:
         self.look()
         if self.absent:
             return {}
-        params: dict[str, Any] = {"hash": hashed}
+        request: protocol.CollectRequest = {
+            "run_id": run_id,
+            "patterns": list(patterns),
+            "tasks": list(tasks) if tasks is not None else None,
+            "hash": hashed,
+        }
         if hash_only is not None:
-            params["hash_only"] = {task: list(paths) for task, paths in hash_only.items()}
-        reply = self.call(
-            protocol.OP_COLLECT,
-            timeout=600,  # hashing gigabytes of checkpoints takes a while
-            run_id=run_id,
-            patterns=list(patterns),
-            tasks=list(tasks) if tasks is not None else None,
-            **params,
-        )
+            request["hash_only"] = {task: list(paths) for task, paths in hash_only.items()}
+        # hashing gigabytes of checkpoints takes a while
+        reply = self.ask(protocol.OP_COLLECT, protocol.CollectReply, 600, **request)
         edge = Edge(self.host, protocol.OP_COLLECT)
-        listed = edge.obj(reply.get("tasks", {}), "tasks")
         return {
             edge.task(name, "a task", tasks): Collected.from_json(t, edge, name)
-            for name, t in listed.items()
+            for name, t in reply["tasks"].items()
         }
 
     def fetch_each(
@@ -827,8 +843,11 @@ class Agent:
                     if not pending:
                         return
                     reading = pending.popleft()
-                    reply = self._answer(session, session.reply(60), 60, reading.sink)
-                    yield reading.order, reading.fetched(reply)
+                    reply = self._answer(
+                        session, session.reply(60), 60, reading.sink, protocol.OP_FETCH
+                    )
+                    edge = Edge(self.host, protocol.OP_FETCH)
+                    yield reading.order, reading.fetched(edge.reply(reply, protocol.FetchReply))
             except SessionEnded as exc:  # the agent exited: its stderr says why
                 self._session = None
                 self._reply(exc.exit_code, b"", exc.stderr)
@@ -840,32 +859,35 @@ class Agent:
 
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
-        problem = self.call(protocol.OP_FIREWALL, action=protocol.FIREWALL_CHECK).get("problem")
-        return text(problem) if problem else None
+        request: protocol.FirewallRequest = {"action": protocol.FIREWALL_CHECK}
+        reply = self.ask(protocol.OP_FIREWALL, protocol.FirewallCheckReply, **request)
+        return text(reply["problem"]) if reply["problem"] else None
 
     def firewall_add(self, run_id: str, ports: Sequence[int], allowed: Sequence[str]) -> None:
-        self.call(
-            protocol.OP_FIREWALL,
-            action=protocol.FIREWALL_ADD,
-            run_id=run_id,
-            ports=list(ports),
-            allowed=list(allowed),
-        )
+        request: protocol.FirewallRequest = {
+            "action": protocol.FIREWALL_ADD,
+            "run_id": run_id,
+            "ports": list(ports),
+            "allowed": list(allowed),
+        }
+        self.ask(protocol.OP_FIREWALL, protocol.FirewallRulesReply, **request)
 
     def firewall_remove(self, run_id: str) -> int:
         """Removes the run's rules (idempotent); how many rule sets were removed."""
-        reply = self.call(protocol.OP_FIREWALL, action=protocol.FIREWALL_REMOVE, run_id=run_id)
-        return int(reply.get("removed") or 0)
+        request: protocol.FirewallRequest = {"action": protocol.FIREWALL_REMOVE, "run_id": run_id}
+        return self.ask(protocol.OP_FIREWALL, protocol.FirewallRemoveReply, **request)["removed"]
 
-    def runs(self, hosts_of: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, hosts_of: str | None = None) -> list[protocol.RunShape]:
         """The runs on the host; the first call of a connection asks in its hello (one round
         trip for both), without creating anything on the host. A run's `hosts` come while it is
         active, and for the run `hosts_of` whatever its state."""
         if self.home is None:
             reply = self.install(look_only=True, runs=True, hosts_of=hosts_of)
             return [] if self.absent else list(reply["runs"])
-        extra: dict[str, Any] = {"hosts_of": hosts_of} if hosts_of else {}
-        return [] if self.absent else list(self.call(protocol.OP_RUNS, **extra)["runs"])
+        if self.absent:
+            return []
+        request: protocol.RunsRequest = {"hosts_of": hosts_of} if hosts_of else {}
+        return list(self.ask(protocol.OP_RUNS, protocol.RunsReply, **request)["runs"])
 
 
 @dataclass(frozen=True)
@@ -890,7 +912,7 @@ class FetchOrder:
     sink: Callable[[bytes | memoryview], None]
     listed_size: int | None = None  # set: the host hashes the whole file and says if it stood
 
-    def params(self, run_id: str, patterns: Sequence[str]) -> dict[str, Any]:
+    def params(self, run_id: str, patterns: Sequence[str]) -> protocol.FetchRequest:
         return {
             "run_id": run_id,
             "task": self.task,
@@ -911,10 +933,10 @@ class _FetchReading:
         hashed = order.listed_size is not None
         self.sink = _Trailing(order.sink, self.content, self.trailer) if hashed else order.sink
 
-    def fetched(self, reply: dict[str, Any]) -> Fetched:
+    def fetched(self, reply: protocol.FetchReply) -> Fetched:
         if self.order.listed_size is None:
-            return Fetched(int(reply["raw"]))
-        count = int(reply["raw"]) - protocol.FETCH_TRAILER
+            return Fetched(reply["raw"])
+        count = reply["raw"] - protocol.FETCH_TRAILER
         said = bytes(self.trailer).decode("ascii", "replace")
         if count != self.content or len(said) != protocol.FETCH_TRAILER:  # its size changed
             return Fetched(min(count, self.content), sha256=None, steady=False)
@@ -950,6 +972,11 @@ def cleaned_texts(value: Any) -> Any:
     if isinstance(value, dict):
         return {text(k): cleaned_texts(v) for k, v in value.items()}
     return value
+
+
+def _raw_count(edge: Edge, reply: Mapping[str, Any]) -> int | None:
+    """How many raw bytes follow a reply line (poll's logs, fetch's content); None: none."""
+    return None if "raw" not in reply else edge.count(reply["raw"], "raw")
 
 
 def _discard(data: bytes) -> None:

@@ -159,14 +159,11 @@ class _Chain:
             else:
                 seed = SeedStream(first, manifest, contents, self.run_id, hop, self.secret)
                 reply = seed.outcome()
-            edge = Edge(first.name, protocol.OP_PEERS)
-            chain = [
-                edge.obj(e, "a chain entry") for e in edge.items(reply.get("chain", []), "chain")
-            ]
+            chain = Edge(first.name, protocol.OP_PEERS).reply(reply, protocol.ChainReply)["chain"]
         except HostError as exc:
             return [exc.cause] * len(self.hosts)
         # The hosts' own words, printed where the push falls back: cleaned (replies.text).
-        errors = [text(entry.get("error") or "") for entry in chain]
+        errors = [text(entry["error"]) for entry in chain]
         errors += ["the stream did not reach it"] * (len(self.hosts) - len(errors))
         return errors[: len(self.hosts)]
 
