@@ -190,3 +190,56 @@ def test_a_reply_that_lacks_a_field_of_its_shape_is_a_protocol_error_naming_it()
         )
     else:
         raise AssertionError("a poll reply without `listening` was taken")
+
+
+def _section(doc: str, op: str) -> str:
+    start = doc.index(f"### `{op}`\n")
+    return doc[start : doc.index("\n### ", start + 1)]
+
+
+def test_every_field_of_every_shape_is_in_its_ops_section_of_the_protocol_doc() -> None:
+    """docs/PROTOCOL.md says per op what the shapes hold: a field added to a shape and not to
+    its section (or a section left with a field the shape lost) is found here."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md").read_text()
+    missing = []
+    for op, *shapes in WIRE:
+        section = _section(doc, op)
+        for shape in shapes:
+            missing += [
+                f"{op}: {shape.__name__}.{f}"
+                for f in _hints(shape)
+                if f"`{f}`" not in section and f'"{f}"' not in section
+            ]
+    status = doc[doc.index("A task status is") :][:600]
+    missing += [
+        f"task status: {f}" for f in _hints(protocol.TaskStatusShape) if f'"{f}"' not in status
+    ]
+    assert not missing, (
+        "fields the protocol doc does not name in their op's section:\n" + "\n".join(missing)
+    )
+
+
+P = protocol
+# Each op with its request shape and every reply shape it may answer.
+WIRE: list[tuple[Any, ...]] = [
+    (P.OP_HELLO, P.HelloRequest, P.HelloFacts, P.HelloReply, P.AbsentReply),
+    (P.OP_HAVE, P.HaveRequest, P.HaveReply),
+    (P.OP_MATERIALIZE, P.MaterializeBase, P.MaterializeRequest, P.MaterializeReply),
+    (P.OP_SETUP, P.SetupRequest, P.SetupReply),
+    (P.OP_START, P.StartBase, P.StartRequest, P.TasksReply),
+    (P.OP_POLL, P.PollBase, P.PollRequest, P.PollBody, P.PollReply, P.LogShape),
+    (P.OP_STOP, P.StopBase, P.StopRequest, P.StopReply, P.EscapedShape),
+    (P.OP_RUNS, P.RunsRequest, P.RunsReply, P.RunShape),
+    (P.OP_RELEASE, P.RunRequest, P.ReleaseReply),
+    (P.OP_GPUS, P.GpusReply, P.GpuShape, P.GpuAppShape),
+    (P.OP_FIREWALL, P.FirewallBase, P.FirewallRequest, *P.FirewallReply.__args__),
+    (P.OP_NETCHECK, P.NetcheckBase, P.NetcheckRequest, *P.NetcheckReply.__args__),
+    (P.OP_COLLECT, P.CollectBase, P.CollectRequest, P.CollectReply, P.CollectedShape),
+    (P.OP_FETCH, P.FetchBase, P.FetchRequest, P.FetchReply),
+    (P.OP_IDLE, P.IdleBase, P.IdleRequest, P.IdleReply),
+    (P.OP_PEERS, P.PeersBase, P.PeersRequest, *P.PeersReply.__args__, P.ChainEntry),
+]
+
+
+def test_every_op_has_its_shapes() -> None:
+    assert [w[0] for w in WIRE] == list(protocol.OPS)
