@@ -21,9 +21,9 @@ from deployer.config.plan import Plan, Task
 from deployer.core.errors import Interrupted
 from deployer.core.secrets import Masker
 from deployer.core.text import plural
-from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
+from deployer.hosts.reply_types import TaskStatus
 from deployer.push.deliver import deliver
 from deployer.push.seed import SeedStream
 from deployer.push.sync import Manifest, run_setup
