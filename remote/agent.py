@@ -23,7 +23,7 @@ CONNECT_TIMEOUT = 0.2
 DEFAULT_MAX_BYTES = 256 * 1024
 
 
-def op_hello(req: dict[str, Any]) -> dict[str, Any]:
+def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
     workdir = layout.workdir_path(req)
     ports = _ports(req, "ports")  # a refused request must create nothing: check first
     run_id = params.param(req, "run_id", str, None)
@@ -160,7 +160,7 @@ def _listening(port: int) -> bool:
         return False
 
 
-def op_poll(req: dict[str, Any]) -> dict[str, Any]:
+def op_poll(req: dict[str, Any]) -> protocol.PollReply:
     """Task states, and what each task logged since its `offsets`: raw bytes after the reply
     line (`logs` says whose and how many, in order). Raw, not base64 in the JSON: catching up a
     300 MB log spent more time encoding, parsing and decoding than moving it."""
@@ -225,7 +225,7 @@ def fair_shares(wants: list[int], budget: int) -> list[int]:
     return shares
 
 
-def op_runs(req: dict[str, Any]) -> dict[str, Any]:
+def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
     """Every run here. A run's list of all its hosts comes only while it is active, or for the
     run named by `hosts_of`: each host holds every run it ever ran, and N hosts' lists of N
     hosts for every old run made `status` and `down` fetch N² x runs of history."""
@@ -257,7 +257,7 @@ def op_runs(req: dict[str, Any]) -> dict[str, Any]:
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
 
 
-def op_release(req: dict[str, Any]) -> dict[str, Any]:
+def op_release(req: dict[str, Any]) -> protocol.ReleaseReply:
     """Nothing more of the run starts here now: its port reservations go to its tasks until they
     bind (gone at once where none runs), and the network check's stand-ins go if a failed
     preflight left them (one round trip for both)."""
@@ -266,7 +266,7 @@ def op_release(req: dict[str, Any]) -> dict[str, Any]:
     return {"released": reservations.hand_over(layout.workdir_path(req), run_id)}
 
 
-def op_detach(req: dict[str, Any]) -> dict[str, Any]:
+def op_detach(req: dict[str, Any]) -> protocol.DetachReply:
     """The run outlives its controller from now on: its lease is dropped. A detached `up`
     holds the lease while it starts the run (SIGKILLed half-way, nothing is left running)
     and sends this as it returns."""
@@ -291,7 +291,7 @@ def _deferred(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, An
     return op
 
 
-def op_peers(req: dict[str, Any]) -> dict[str, Any]:
+def op_peers(req: dict[str, Any]) -> protocol.PeersReply:
     import peers  # only a fan-out push pays for its imports
 
     reply = peers.op_peers(req)

@@ -193,7 +193,7 @@ def _ipt_remove(tool: _Tool, run_id: str) -> int:
     return removed
 
 
-def op_firewall(req: dict[str, Any]) -> dict[str, Any]:
+def op_firewall(req: dict[str, Any]) -> protocol.FirewallReply:
     action = params.param(req, "action", str)
     backend = params.param(req, "backend", str, None)
     if backend is not None and backend not in BACKENDS:

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from typing import Any
 
+import protocol
+
 # Non-interactive SSH commands get sshd's PATH, not a login shell's: Debian's ~/.profile adds
 # these two only for logins, so a user's own nvidia-smi (or a wrapper) there is looked up too.
 EXTRA_DIRS = ("~/bin", "~/.local/bin")
@@ -26,7 +28,7 @@ def find_nvidia_smi() -> str | None:
     return None
 
 
-def op_gpus(req: dict[str, Any]) -> dict[str, Any]:
+def op_gpus(req: dict[str, Any]) -> protocol.GpusReply:
     """`nvidia_smi` is null when the host has none; `error` says why a present one failed."""
     smi = find_nvidia_smi()
     reply: dict[str, Any] = {"nvidia_smi": smi, "error": None, "gpus": [], "apps": []}

@@ -41,7 +41,7 @@ MIN_SLEEP = 0.05
 AGENT = layout.AGENT_DIR / "agent.py"
 
 
-def op_idle(req: dict[str, Any]) -> dict[str, Any]:
+def op_idle(req: dict[str, Any]) -> protocol.IdleReply:
     """Arms (or re-arms, or with minutes 0 disarms) this host's watchdog for the workdir."""
     workdir = layout.workdir_path(req)
     minutes = _finite(params.param(req, "minutes", (int, float)), "minutes")

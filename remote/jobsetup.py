@@ -13,11 +13,12 @@ from typing import Any, BinaryIO
 import layout
 import params
 import procs
+import protocol
 
 TAIL_LINES = 20
 
 
-def op_setup(req: dict[str, Any]) -> dict[str, Any]:
+def op_setup(req: dict[str, Any]) -> protocol.SetupReply:
     run_dir = layout.run_path(req)
     commands = params.param(req, "commands", list)
     if not all(isinstance(c, str) for c in commands):

@@ -38,7 +38,7 @@ T = TypeVar("T")
 _NO_ROUTE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
 
 
-def op_netcheck(req: dict[str, Any]) -> dict[str, Any]:
+def op_netcheck(req: dict[str, Any]) -> protocol.NetcheckReply:
     action = params.param(req, "action", str)
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
     record = layout.netcheck_record(req, run_id)

@@ -48,7 +48,7 @@ CONNECT_TIMEOUT_S = 3.0
 REPLY_TIMEOUT_S = 120.0  # the next host's answer comes once the chain behind it stored all
 
 
-def op_peers(req: dict[str, Any]) -> dict[str, Any]:
+def op_peers(req: dict[str, Any]) -> protocol.PeersReply:
     action = params.param(req, "action", str)
     workdir = layout.workdir_path(req)
     run_id = params.check_name(params.param(req, "run_id", str), "run id")

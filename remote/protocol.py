@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final, TypedDict, Union
 
 # Every request and reply carries it as "v"; the agent answers another version with ok: false.
 PROTOCOL_VERSION: Final = 1
@@ -160,3 +160,380 @@ def agent_id(files: Iterable[tuple[str, bytes]]) -> str:
         if is_pushed(name):
             digest.update(name.encode() + b"\0" + content + b"\0")
     return digest.hexdigest()[:12]
+
+
+# ---- The wire shapes: each op's request and reply, defined once -------------------------------
+#
+# A request is {"v", "op", "workdir", ...its op's fields}; a reply {"v", "ok", ...its op's fields}
+# (ok: false carries "error" instead). The shapes below hold the op's own fields. The agent
+# annotates what it answers with them; the control side checks every reply against them at its
+# one edge (deployer/hosts/replies.py `Edge.reply`: a missing or wrong-typed field is a protocol
+# error naming the op and the field) and builds its requests as them, so mypy catches a key typo.
+# Python 3.8 has no NotRequired: a shape with optional keys is a required base and a
+# `total=False` subclass. Annotations stay strings on the host (never evaluated there).
+
+
+class Envelope(TypedDict):
+    """What every request carries around its op's fields."""
+
+    v: int
+    op: str
+    workdir: str
+
+
+class Listen(TypedDict):
+    ports: list[int]
+    seconds: float
+
+
+class HelloRequest(TypedDict, total=False):
+    ports: list[int]
+    run_id: str
+    lease_seconds: float | None
+    runs: bool
+    hosts_of: str
+    listen: Listen
+
+
+class TaskStatusShape(TypedDict):
+    """One task of a start, poll, stop or runs reply (PROTOCOL.md "A task status")."""
+
+    name: str
+    state: str  # one of TASK_STATES
+    pid: int | None
+    pgid: int | None
+    started: float | None
+    ended: float | None
+    exit_code: int | None
+    signal: int | None
+    reason: str | None  # one of EXIT_REASONS, once exited
+    notice: dict[str, Any] | None
+    disk_full: str | None
+    log_bytes: int
+    restarts: int
+    frozen: bool
+
+
+class RunShape(TypedDict):
+    """One run of a runs reply (and of a hello with `runs`)."""
+
+    run_id: str
+    job: str | None
+    created: float
+    detached: bool | None
+    hosts: list[list[str]] | None
+    hosts_at: float | None
+    tasks: list[TaskStatusShape]
+
+
+class HelloFacts(TypedDict):
+    hostname: str
+    python: str
+    tensorflow: str | None
+    workdir: str
+    disk_free: int
+    store_empty: bool
+    busy_ports: list[int]
+    reserved_by: dict[str, str]
+    agent_id: str
+    host_id: str
+    shared_with: list[str]
+
+
+class HelloReply(HelloFacts, total=False):
+    runs: list[RunShape]  # asked with `runs`
+    listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
+
+
+class AbsentReply(TypedDict):
+    """The bootstrap's hello with `look_only` on a host without the workdir."""
+
+    absent: bool
+    workdir: str
+
+
+class HaveRequest(TypedDict):
+    hashes: list[str]
+
+
+class HaveReply(TypedDict):
+    missing: list[str]
+
+
+class MaterializeBase(TypedDict):
+    run_id: str
+    job: str
+    files: list[list[Any]]  # [relpath, sha256, mode]
+
+
+class MaterializeRequest(MaterializeBase, total=False):
+    detached: bool
+    lease_seconds: float | None
+    controller: str | None  # who started the run (user@machine)
+    hosts: list[list[str]]
+    hosts_at: float
+    blobs: list[list[Any]]  # [sha256, size, mode?]
+    or_missing: bool
+
+
+class MaterializeReply(TypedDict, total=False):
+    files: int  # placed
+    missing: list[str]  # with or_missing: the store lacks these, nothing was placed
+
+
+class SetupRequest(TypedDict):
+    run_id: str
+    commands: list[str]
+    env: dict[str, str]
+    fingerprint: str
+
+
+class SetupReply(TypedDict):
+    ran: bool
+    code: int
+    tail: list[str]
+
+
+class StartBase(TypedDict):
+    run_id: str
+    tasks: list[dict[str, Any]]  # {"name", "command", "env", "cwd"?, "cpus"?, "spot"?}
+    grace: float
+
+
+class StartRequest(StartBase, total=False):
+    release: bool
+
+
+class TasksReply(TypedDict):
+    tasks: list[TaskStatusShape]
+
+
+class LogShape(TypedDict):
+    task: str
+    offset: int
+    bytes: int
+
+
+class PollBase(TypedDict):
+    run_id: str
+    offsets: dict[str, int]
+
+
+class PollRequest(PollBase, total=False):
+    max_bytes: int
+    ports: list[int]
+    heartbeat: bool
+
+
+class PollBody(TypedDict):
+    tasks: list[TaskStatusShape]
+    logs: list[LogShape]
+    listening: list[int]
+
+
+class PollReply(PollBody, total=False):
+    raw: int  # the log bytes after the reply line, in `logs` order; absent: none
+
+
+class StopBase(TypedDict):
+    run_id: str
+    grace: float
+
+
+class StopRequest(StopBase, total=False):
+    tasks: list[str] | None  # None: the whole run
+    escaped: bool
+
+
+class EscapedShape(TypedDict):
+    pid: int
+    cmd: str
+    signal: int | None
+
+
+class StopReply(TasksReply, total=False):
+    escaped: list[EscapedShape]  # a whole-run stop, or one with `escaped`
+
+
+class RunsRequest(TypedDict, total=False):
+    hosts_of: str
+
+
+class RunsReply(TypedDict):
+    runs: list[RunShape]
+
+
+class RunRequest(TypedDict):
+    run_id: str
+
+
+class ReleaseReply(TypedDict):
+    released: int
+
+
+class DetachReply(TypedDict):
+    detached: bool
+
+
+class GpuShape(TypedDict):
+    index: int
+    uuid: str
+    name: str
+    memory_total: float | None
+    memory_used: float | None
+    utilization: float | None
+
+
+class GpuAppShape(TypedDict):
+    gpu_uuid: str
+    pid: float | None
+    used_memory: float | None
+
+
+class GpusReply(TypedDict):
+    nvidia_smi: str | None
+    error: str | None
+    gpus: list[GpuShape]
+    apps: list[GpuAppShape]
+
+
+class FirewallBase(TypedDict):
+    action: str  # FIREWALL_*
+
+
+class FirewallRequest(FirewallBase, total=False):
+    run_id: str
+    ports: list[int]
+    allowed: list[str]
+    backend: str
+
+
+class FirewallCheckReply(TypedDict):
+    backend: str | None
+    problem: str | None
+
+
+class FirewallRulesReply(TypedDict):
+    backend: str | None
+    rules: list[str]
+
+
+class FirewallListReply(TypedDict):
+    rules: list[str]
+
+
+class FirewallRemoveReply(TypedDict):
+    removed: int
+
+
+class NetcheckBase(TypedDict):
+    action: str  # NETCHECK_*
+    run_id: str
+
+
+class NetcheckRequest(NetcheckBase, total=False):
+    ports: list[int]  # listen
+    seconds: float  # listen
+    targets: list[list[Any]]  # probe: [address, port]
+    wait: float  # probe: each connect's timeout
+
+
+class ListenReply(TypedDict):
+    pid: int
+
+
+class ProbeReply(TypedDict):
+    results: list[str]  # one PROBE_* verdict per target ("unresolved: <why>" too)
+
+
+class ClosedReply(TypedDict):
+    closed: bool
+
+
+class CollectBase(TypedDict):
+    run_id: str
+    patterns: list[str]
+
+
+class CollectRequest(CollectBase, total=False):
+    tasks: list[str] | None
+    hash: bool
+    hash_only: dict[str, list[str]]
+
+
+class CollectedShape(TypedDict):
+    files: list[list[Any]]  # [path, size, mode, sha256 or null]
+    refused: list[str]
+
+
+class CollectReply(TypedDict):
+    tasks: dict[str, CollectedShape]
+
+
+class FetchBase(TypedDict):
+    run_id: str
+    task: str
+    path: str
+    patterns: list[str]
+
+
+class FetchRequest(FetchBase, total=False):
+    offset: int
+    length: int
+    hash: bool
+
+
+class FetchReply(TypedDict):
+    size: int
+    raw: int  # the bytes after the reply line (with `hash`, FETCH_TRAILER of them too)
+
+
+class IdleBase(TypedDict):
+    minutes: float
+
+
+class IdleRequest(IdleBase, total=False):
+    command: str
+    interval: float
+
+
+class IdleReply(TypedDict):
+    armed: bool
+    pid: int | None
+    minutes: float
+
+
+class PeersBase(TypedDict):
+    action: str  # PEERS_*
+    run_id: str
+
+
+class PeersRequest(PeersBase, total=False):
+    address: str  # relay
+    port: int  # relay
+    secret: str  # relay, seed
+    next: list[Any] | None  # relay, seed: [address, port], or None (the last relay)
+    seconds: float  # relay
+    blobs: list[list[Any]]  # seed
+
+
+class PeersPidReply(TypedDict):
+    pid: int
+
+
+class ChainEntry(TypedDict):
+    host: str
+    error: str
+
+
+class ChainReply(TypedDict):
+    chain: list[ChainEntry]
+
+
+# The replies of the ops with several actions, one shape per action (Union: `|` between
+# classes fails on the host's Python 3.8).
+FirewallReply = Union[
+    FirewallCheckReply, FirewallRulesReply, FirewallListReply, FirewallRemoveReply
+]
+NetcheckReply = Union[ListenReply, ProbeReply, ClosedReply]
+PeersReply = Union[PeersPidReply, ChainReply, ClosedReply]

@@ -38,7 +38,7 @@ MAX_REFUSED = 100  # refusals listed per task; the rest are counted
 _MAGIC = frozenset("*?[")
 
 
-def op_collect(req: dict[str, Any]) -> dict[str, Any]:
+def op_collect(req: dict[str, Any]) -> protocol.CollectReply:
     run_dir = layout.run_path(req)
     patterns = [p for p in params.param(req, "patterns", list) if isinstance(p, str)]
     names = params.param(req, "tasks", list, None)
@@ -274,7 +274,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def op_fetch(req: dict[str, Any]) -> dict[str, Any]:
+def op_fetch(req: dict[str, Any]) -> protocol.FetchReply:
     """Bytes [offset, offset+length) of a file `collect` lists for the task and `patterns`.
 
     The bytes follow the reply line as they are (the reply's "raw" counts them), read and

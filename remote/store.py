@@ -21,12 +21,13 @@ import hashing
 import hostid
 import layout
 import params
+import protocol
 
 _LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES}
 DEFAULT_MODE = 0o644  # of content whose blob names no mode: what most files want
 
 
-def op_have(req: dict[str, Any]) -> dict[str, Any]:
+def op_have(req: dict[str, Any]) -> protocol.HaveReply:
     store = layout.workdir_path(req) / "store"
     hashes = [params.check_hash(h) for h in params.param(req, "hashes", list)]
     return {"missing": _absent(store, hashes)}
@@ -50,7 +51,7 @@ def _absent(store: Path, digests: list[str]) -> list[str]:
     return [d for d in missing if d not in names or not (store / d).is_file()]
 
 
-def op_materialize(req: dict[str, Any]) -> dict[str, Any]:
+def op_materialize(req: dict[str, Any]) -> protocol.MaterializeReply:
     workdir = layout.workdir_path(req)
     run_dir = layout.run_path(req, must_exist=False)
     # The run's code arriving ends its network check: the stand-ins go now, not in a round of

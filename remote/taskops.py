@@ -32,7 +32,7 @@ def grace_param(req: dict[str, Any]) -> float:
     return grace
 
 
-def op_start(req: dict[str, Any]) -> dict[str, Any]:
+def op_start(req: dict[str, Any]) -> protocol.TasksReply:
     run_dir = layout.run_path(req)
     grace = grace_param(req)
     specs = [_task_spec(item, run_dir) for item in params.param(req, "tasks", list)]
@@ -280,7 +280,7 @@ def _mark_stopped(run_dir: Path, marker: dict[str, Any]) -> None:
             os.close(os.open(run_dir / "stop", os.O_WRONLY | os.O_CREAT, 0o600))
 
 
-def op_stop(req: dict[str, Any]) -> dict[str, Any]:
+def op_stop(req: dict[str, Any]) -> protocol.StopReply:
     run_dir = layout.run_path(req, must_exist=False)
     grace = grace_param(req)
     names = params.param(req, "tasks", list, None)

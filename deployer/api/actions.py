@@ -15,8 +15,8 @@ from deployer.config.inventory import Inventory, discover_hosts
 from deployer.config.sources import ANY_TIME, AT_DOWN
 from deployer.core.errors import HostsFailed, Interrupted, TfdeployError, UsageError
 from deployer.core.secrets import Masker
-from deployer.hosts.agent import escaped_text
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
+from deployer.hosts.reply_types import escaped_text
 from deployer.results.pull import KEPT, PullResult, pull, resume_command
 from deployer.results.runs import Survey, Target, stop_runs, survey_runs
 from deployer.up import firewall

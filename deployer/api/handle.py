@@ -27,8 +27,8 @@ from deployer.config.plan import Plan, make_plan
 from deployer.config.roles import ROLES
 from deployer.core.errors import HostsFailed, JobFailed, TfdeployError, UsageError
 from deployer.core.text import task_order
-from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
+from deployer.hosts.reply_types import TaskStatus
 from deployer.results.archive import archive_ended, damaged
 from deployer.results.pull import PullResult
 from deployer.results.runs import (

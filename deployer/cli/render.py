@@ -21,7 +21,7 @@ from deployer.core.errors import HostError
 from deployer.core.fold import counts_text, fold, more_line, tally_lines
 from deployer.core.secrets import masked
 from deployer.core.text import plural, task_order
-from deployer.hosts.agent import TaskStatus
+from deployer.hosts.reply_types import TaskStatus
 from deployer.watch.board import evaluation_failed, failed_evaluator
 from remote import protocol
 

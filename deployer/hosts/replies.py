@@ -13,10 +13,13 @@ The writers add their own check against the run's folder right before each write
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Collection, Mapping
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from deployer.config.roles import ROLES
 from deployer.core.errors import HostError
@@ -26,6 +29,7 @@ from deployer.core.lines import clean
 TASK_NAME = re.compile(r"([a-z]+):(0|[1-9][0-9]{0,8})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 PERMISSIONS = 0o777  # no setuid, setgid or sticky bit from a host
+Shape = TypeVar("Shape")
 
 
 def task_name_ok(name: object) -> bool:
@@ -79,6 +83,48 @@ class Edge:
             "folder (WORKDIR/agent) so the next `up` installs it again, and find out who can "
             "write to that account",
         )
+
+    def reply(self, value: object, shape: Callable[..., Shape]) -> Shape:
+        """A reply as its op's shape in remote/protocol.py: every required field present, every
+        field of its declared type, down to the items of its lists (fields the shape does not
+        name are ignored). The per-value checks (names, paths, modes, texts) come after."""
+        self._shaped(value, shape, "the reply")
+        return typing.cast(Shape, value)
+
+    def _shaped(self, value: object, shape: Any, field: str) -> None:
+        d = self.obj(value, field)
+        inner = "" if field == "the reply" else f"{field}."
+        for key in sorted(shape.__required_keys__):
+            if key not in d:
+                raise self.error(f"{inner}{key}", "is missing")
+        for key, kind in _hints(shape).items():
+            if key in d:
+                self._typed(d[key], kind, f"{inner}{key}")
+
+    def _typed(self, value: object, kind: Any, field: str) -> None:
+        if kind is Any:
+            return
+        if typing.is_typeddict(kind):
+            self._shaped(value, kind, field)
+            return
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+        if origin in (types.UnionType, typing.Union):
+            if value is None and type(None) in args:
+                return
+            kinds = [k for k in args if k is not type(None)]
+            if len(kinds) == 1:
+                self._typed(value, kinds[0], field)
+                return
+        if origin is list:
+            for i, item in enumerate(self.items(value, field)):
+                self._typed(item, args[0], f"{field}[{i}]")
+            return
+        if origin is dict:
+            for key, item in self.obj(value, field).items():
+                self._typed(item, args[1], f"{field}[{key!r:.40}]")
+            return
+        if not _is(value, kind):
+            raise self.error(field, f"is {value!r:.40}, not {_KIND_NAMES.get(kind, kind)}")
 
     def obj(self, value: object, field: str) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -148,3 +194,29 @@ class Edge:
 
     def texts(self, value: object, field: str) -> tuple[str, ...]:
         return tuple(text(t) for t in self.items(value, field))
+
+
+_KIND_NAMES: dict[object, str] = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    type(None): "null",
+}
+
+
+def _is(value: object, kind: object) -> bool:
+    """JSON's types as Python reads them: true is no integer, an integer is a number."""
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is type(None):
+        return value is None
+    return isinstance(kind, type) and isinstance(value, kind)
+
+
+@functools.cache
+def _hints(shape: Any) -> dict[str, Any]:
+    """A shape's fields and their types (remote/protocol.py keeps them as strings)."""
+    return typing.get_type_hints(shape)

@@ -161,14 +161,11 @@ class _Chain:
             return [failed[0].cause] * len(self.hosts)
         try:
             edge = Edge(first.name, protocol.OP_PEERS)
-            reply = replies[first.name]
-            chain = [
-                edge.obj(e, "a chain entry") for e in edge.items(reply.get("chain", []), "chain")
-            ]
+            chain = edge.reply(replies[first.name], protocol.ChainReply)["chain"]
         except HostError as exc:
             return [exc.cause] * len(self.hosts)
         # The hosts' own words, printed where the push falls back: cleaned (replies.text).
-        errors = [text(entry.get("error") or "") for entry in chain]
+        errors = [text(entry["error"]) for entry in chain]
         errors += ["the stream did not reach it"] * (len(self.hosts) - len(errors))
         return errors[: len(self.hosts)]
 

@@ -148,7 +148,7 @@ def push(
         with agent.dedicated() as own:
             _materialize(own, manifest, missing, files, run_fields)
     else:
-        agent.call(protocol.OP_MATERIALIZE, files=files, **run_fields)
+        agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, files=files, **run_fields)
     sent = sum(f.size for f in missing)
     return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
 
@@ -159,8 +159,14 @@ def materialize_or_missing(
     """Builds the run directory if the host's store has every content ([]: done); else the
     hashes it lacks (what `have` answers), and nothing is built."""
     files = [[f.path, f.sha256, f.mode] for f in manifest.files]
-    reply = agent.call(protocol.OP_MATERIALIZE, files=files, or_missing=True, **run_fields)
-    return [str(sha) for sha in reply.get("missing", [])]
+    reply = agent.ask(
+        protocol.OP_MATERIALIZE,
+        protocol.MaterializeReply,
+        files=files,
+        or_missing=True,
+        **run_fields,
+    )
+    return reply.get("missing", [])  # absent: the run directory was built
 
 
 def send_contents(

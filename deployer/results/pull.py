@@ -44,9 +44,11 @@ from deployer.core.errors import (
     UsageError,
 )
 from deployer.core.text import plural
-from deployer.hosts.agent import Agent, Collected, Fetched, FetchOrder, RemoteFile
+from deployer.hosts.agent import Agent
+from deployer.hosts.fetching import Fetched, FetchOrder
 from deployer.hosts.fleet import Fleet, Member, Pending
 from deployer.hosts.replies import PERMISSIONS, task_name_ok
+from deployer.hosts.reply_types import Collected, RemoteFile
 
 NO_RUN = "there is no run"  # remote/layout.py's words for a host that does not hold the run
 PARTS = ".partial"  # DIR/<run-id>/.partial/: contents on their way (no task folder is so named)

@@ -22,9 +22,9 @@ from deployer.config.roles import LEAD_TASKS
 from deployer.core.errors import HostError, HostsFailed, UsageError
 from deployer.core.lines import MAX_LINE, LineAssembler
 from deployer.core.text import join_names, plural
-from deployer.hosts.agent import Escaped, TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.replies import Edge, text
+from deployer.hosts.reply_types import Escaped, TaskStatus
 from deployer.results.archive import LogArchive, read_runs
 from deployer.results.state import RUN_ID, RunRecord, load, load_if_readable
 from deployer.sources import load_inventory

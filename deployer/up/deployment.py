@@ -23,9 +23,9 @@ from deployer.core.fold import fold_names
 from deployer.core.secrets import Masker
 from deployer.core.statedir import state_dir
 from deployer.core.text import plural
-from deployer.hosts.agent import TaskStatus
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
+from deployer.hosts.reply_types import TaskStatus
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
 from deployer.results.archive import LogArchive

@@ -10,8 +10,9 @@ from deployer.config.roles import role
 from deployer.core.errors import JobFailed
 from deployer.core.fold import fold_names
 from deployer.core.text import plural
-from deployer.hosts.agent import Agent, TaskStatus
+from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.reply_types import TaskStatus
 from remote import protocol
 
 # What the agent answers a start in a run that `down` stopped (remote/taskops.py).

@@ -12,8 +12,8 @@ from deployer.config.plan import Plan
 from deployer.core.errors import HostError, JobFailed
 from deployer.core.secrets import mask_text
 from deployer.core.text import plural
-from deployer.hosts.agent import StopReport, escaped_text
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.reply_types import StopReport, escaped_text
 from deployer.up.launch import start_request
 from deployer.watch.board import TaskBoard
 from deployer.watch.view import View

@@ -16,7 +16,7 @@ from deployer.config.plan import Task
 from deployer.config.roles import ROLES, role
 from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
-from deployer.hosts.agent import TaskStatus
+from deployer.hosts.reply_types import TaskStatus
 from remote import protocol
 
 TAIL_LINES = 20

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deployer.core.errors import HostError
-from deployer.hosts.agent import Poll
 from deployer.hosts.fleet import Fleet, Member, Pending
 from deployer.hosts.gpus import GpuMonitor, GpuReport
+from deployer.hosts.reply_types import Poll
 from deployer.results.archive import LogArchive
 from deployer.watch.contact import HostContact, Loss
 from deployer.watch.run import OnRun, Run

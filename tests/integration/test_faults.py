@@ -782,7 +782,7 @@ def test_a_corrupted_agent_file_is_installed_again_and_every_verb_works(
     """A disk error or a half-copied file (`)(` appended) in the installed agent: the next
     connection's hello sees the files no longer match their content id and installs them again,
     where every verb used to fail with a SyntaxError."""
-    from deployer.hosts.agent import agent_id
+    from deployer.hosts.bootstrap import agent_id
 
     lab = clean_lab
     host = lab.hosts[3]

@@ -2,9 +2,11 @@
 
 It answers the agent protocol (docs/PROTOCOL.md) the way remote/agent.py would, from state a test
 sets and changes between ticks: tasks write lines and exit when told, a host can refuse
-connections or stop answering. Like fabric's MockRemote, it replaces only the wire: the Agent
-client, Fleet, Poller, board and Deployment above it are the real ones. What only real hosts can
-prove (sshd, processes, signals, TensorFlow) stays in the lab tests.
+connections or stop answering. Its replies are the shapes of remote/protocol.py (mypy holds it to
+them, tests/unit/test_wire_contract.py compares them with a real agent's). Like fabric's
+MockRemote, it replaces only the wire: the Agent client, Fleet, Poller, board and Deployment
+above it are the real ones. What only real hosts can prove (sshd, processes, signals,
+TensorFlow) stays in the lab tests.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from deployer.config.model import Host
 from deployer.core.errors import HostError
 from deployer.hosts.transport import CommandResult
+from remote import protocol
 
 
 class FakeClock:
@@ -48,7 +51,7 @@ class FakeTask:
     started: float
     pid: int
     log: bytearray = field(default_factory=bytearray)
-    state: str = "running"
+    state: str = protocol.STATE_RUNNING
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
@@ -56,18 +59,22 @@ class FakeTask:
     restarts: int = 0
     listening: bool = False
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> protocol.TaskStatusShape:
         return {
             "name": self.name,
             "state": self.state,
             "pid": self.pid,
+            "pgid": self.pid,
+            "started": self.started,
+            "ended": self.ended,
             "exit_code": self.exit_code,
             "signal": self.signal,
             "reason": self.reason,
-            "started": self.started,
-            "ended": self.ended,
+            "notice": None,
+            "disk_full": None,
             "log_bytes": len(self.log),
             "restarts": self.restarts,
+            "frozen": False,
         }
 
 
@@ -77,19 +84,22 @@ class FakeHost:
     def __init__(self, name: str, clock: FakeClock) -> None:
         self.name = name
         self.clock = clock
-        self.facts: dict[str, Any] = {
+        self.facts: protocol.HelloReply = {
             "hostname": name,
             "python": "3.11.2",
             "tensorflow": "2.21.0",
             "workdir": f"/fake/{name}/.tfdeploy",
             "disk_free": 10**12,
+            "store_empty": True,  # set at each hello from the store
             "busy_ports": [],
+            "reserved_by": {},
             "agent_id": "fake",
             "host_id": f"{name}-0123456789ab",
             "shared_with": [],  # host ids whose tokens this host's workdir holds
         }
         self.requests: list[dict[str, Any]] = []
         self.reserved: dict[int, str] = {}  # TF port -> run id holding it (remote/reservations)
+        self.detached: set[str] = set()  # runs whose lease `detach` dropped
         self.tasks: dict[str, FakeTask] = {}
         self.store: set[str] = set()  # content hashes; hosts sharing a workdir share the set
         self.received_bytes = 0
@@ -120,7 +130,8 @@ class FakeHost:
 
     def exit(self, task: str, code: int = 0, *, signal: int | None = None) -> None:
         t = self.tasks[task]
-        t.state, t.exit_code, t.signal, t.ended = "exited", code, signal, self.clock()
+        t.state, t.exit_code, t.signal, t.ended = protocol.STATE_EXITED, code, signal, self.clock()
+        t.reason = protocol.REASON_SIGNAL if signal is not None else protocol.REASON_EXITED
 
     def ops(self, op: str) -> list[dict[str, Any]]:
         return [r for r in self.requests if r.get("op") == op]
@@ -142,12 +153,15 @@ class FakeHost:
             self.requests.append(request)
             self.received_bytes += len(stream)
             handler = getattr(self, f"_op_{request['op']}")
-            reply = {"v": 1, "ok": True, **handler(request)}
-        raw = reply.pop("_raw", b"")  # sent after the reply line, as the agent's fetch does
+            reply = {"v": protocol.PROTOCOL_VERSION, "ok": True, **handler(request)}
+        raw: bytes = reply.pop("_raw", b"")  # sent after the reply line, as the agent's fetch does
         return json.dumps(reply).encode() + b"\n" + raw
 
-    def _op_hello(self, req: dict[str, Any]) -> dict[str, Any]:
-        facts = {**self.facts, "store_empty": not self.store}  # as remote/agent.py answers
+    def _op_hello(self, req: dict[str, Any]) -> protocol.HelloReply:
+        facts = self.facts.copy()
+        facts["store_empty"] = not self.store  # as remote/agent.py answers
+        if req.get("runs"):
+            facts["runs"] = self._op_runs(req)["runs"]
         run_id, ports = req.get("run_id"), req.get("ports", [])
         if run_id is None:
             return facts
@@ -158,20 +172,26 @@ class FakeHost:
         if not busy and req.get("listen"):  # the network check's stand-ins, as remote/ starts
             self.stand_ins = set(req["listen"]["ports"])
             facts["listening"] = 1
-        return {**facts, "busy_ports": busy, "reserved_by": {str(p): r for p, r in held.items()}}
+        facts["busy_ports"], facts["reserved_by"] = busy, {str(p): r for p, r in held.items()}
+        return facts
 
-    def _op_release(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _op_release(self, req: dict[str, Any]) -> protocol.ReleaseReply:
+        released = [p for p, r in self.reserved.items() if r == req["run_id"]]
         self._drop_reservations(req["run_id"])
         self.stand_ins = set()  # release stops them too
-        return {}
+        return {"released": len(released)}
+
+    def _op_detach(self, req: dict[str, Any]) -> protocol.DetachReply:
+        self.detached.add(req["run_id"])
+        return {"detached": True}
 
     def _drop_reservations(self, run_id: str) -> None:
         self.reserved = {p: r for p, r in self.reserved.items() if r != run_id}
 
-    def _op_gpus(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"nvidia_smi": None, "gpus": [], "apps": []}
+    def _op_gpus(self, req: dict[str, Any]) -> protocol.GpusReply:
+        return {"nvidia_smi": None, "error": None, "gpus": [], "apps": []}
 
-    def _op_have(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _op_have(self, req: dict[str, Any]) -> protocol.HaveReply:
         return {"missing": [h for h in req["hashes"] if h not in self.store]}
 
     def _op_materialize(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -183,10 +203,11 @@ class FakeHost:
             return {"missing": lacking}
         if lacking:
             return {"ok": False, "error": f"the store lacks the content of {len(lacking)} file(s)"}
-        return {}
+        placed: protocol.MaterializeReply = {"files": len(req.get("files", []))}
+        return dict(placed)
 
-    def _op_setup(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"code": 0, "ran": True, "tail": []}
+    def _op_setup(self, req: dict[str, Any]) -> protocol.SetupReply:
+        return {"ran": True, "code": 0, "tail": []}
 
     def _op_start(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["run_id"] in self.stopped_runs:  # as remote/taskops.py answers
@@ -210,11 +231,13 @@ class FakeHost:
             started.append(task.status())
         if req.get("release"):
             self._drop_reservations(req["run_id"])
-        return {"tasks": started}
+        reply: protocol.TasksReply = {"tasks": started}
+        return dict(reply)
 
     def _op_poll(self, req: dict[str, Any]) -> dict[str, Any]:
         budget = int(req.get("max_bytes", 1 << 20))
-        logs, raw = [], b""
+        logs: list[protocol.LogShape] = []
+        raw = b""
         for name, offset in req.get("offsets", {}).items():
             data = bytes(self.tasks[name].log[offset : offset + budget])
             budget -= len(data)
@@ -222,38 +245,49 @@ class FakeHost:
             raw += data  # after the reply line, as the agent's poll sends them
         ports = set(req.get("ports", []))
         listening = [p for p in ports if self._listening(p)]
-        reply = {
+        reply: protocol.PollReply = {
             "tasks": [t.status() for t in self.tasks.values()],
             "logs": logs,
             "listening": listening,
         }
-        return reply | ({"raw": len(raw), "_raw": raw} if raw else {})
+        if raw:
+            reply["raw"] = len(raw)
+        return {**reply, **({"_raw": raw} if raw else {})}
 
     def _listening(self, port: int) -> bool:
         return any(
-            t.listening and t.state == "running" and _port(t) == port for t in self.tasks.values()
+            t.listening and t.state == protocol.STATE_RUNNING and _port(t) == port
+            for t in self.tasks.values()
         )
 
-    def _op_stop(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _op_stop(self, req: dict[str, Any]) -> protocol.StopReply:
         names = req.get("tasks")
         if names is None:  # a whole-run stop ends the run's reservations too, and the run
             self._drop_reservations(req.get("run_id", ""))
             self.stand_ins = set()
             self.stopped_runs.add(req.get("run_id", ""))
-        for task in self.tasks.values():
-            if task.state == "running" and (names is None or task.name in names):
-                task.state, task.reason, task.ended = "exited", "stopped", self.clock()
-                task.signal = 15
-        return {"stopped": sorted(self.tasks)}
+        named = [t for t in self.tasks.values() if names is None or t.name in names]
+        for task in named:
+            if task.state == protocol.STATE_RUNNING:
+                task.state, task.ended = protocol.STATE_EXITED, self.clock()
+                task.reason, task.signal = protocol.REASON_STOPPED, 15
+        reply: protocol.StopReply = {"tasks": [t.status() for t in named]}
+        if names is None or req.get("escaped"):  # the run's scan for escaped processes ran
+            reply["escaped"] = []
+        return reply
 
-    def _op_runs(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _op_runs(self, req: dict[str, Any]) -> protocol.RunsReply:
         return {"runs": []}
 
-    def _op_firewall(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {}
+    def _op_firewall(self, req: dict[str, Any]) -> protocol.FirewallReply:
+        if req["action"] == protocol.FIREWALL_CHECK:
+            return {"backend": "nft", "problem": None}
+        if req["action"] == protocol.FIREWALL_REMOVE:
+            return {"removed": 0}
+        return {"backend": "nft", "rules": []}
 
-    def _op_collect(self, req: dict[str, Any]) -> dict[str, Any]:
-        found = {}
+    def _op_collect(self, req: dict[str, Any]) -> protocol.CollectReply:
+        found: dict[str, protocol.CollectedShape] = {}
         for task, files in self.files.items():
             if req.get("tasks") is not None and task not in req["tasks"]:
                 continue
@@ -283,14 +317,15 @@ class FakeHost:
             chunk += hashlib.sha256(data).hexdigest().encode() + b"1"
         return {"size": len(data), "raw": len(chunk), "_raw": chunk}
 
-    def _op_netcheck(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req["action"] == "listen":
+    def _op_netcheck(self, req: dict[str, Any]) -> protocol.NetcheckReply:
+        if req["action"] == protocol.NETCHECK_LISTEN:
             self.stand_ins = set(req["ports"])
             return {"pid": 1}
-        if req["action"] == "close":
+        if req["action"] == protocol.NETCHECK_CLOSE:
             self.stand_ins = set()
             return {"closed": True}
-        return {"results": [self.verdicts.get((a, p), "ok") for a, p in req["targets"]]}
+        verdicts = [self.verdicts.get((a, p), protocol.PROBE_OK) for a, p in req["targets"]]
+        return {"results": verdicts}
 
 
 def _port(task: FakeTask) -> int | None:

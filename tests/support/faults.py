@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remote.protocol import STATE_EXITED, STATE_LOST
 from tests.lab import Lab, LabHost
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "digits"
@@ -138,7 +139,9 @@ def final_states(
     assert tasks, f"no host knows run {run_id}"
     if hosts is not None:
         assert len({r["host"] for r in runs}) == hosts, runs
-    unfinished = {k: t["state"] for k, t in tasks.items() if t["state"] not in ("exited", "lost")}
+    unfinished = {
+        k: t["state"] for k, t in tasks.items() if t["state"] not in (STATE_EXITED, STATE_LOST)
+    }
     assert not unfinished, f"tasks of {run_id} not recorded as ended: {unfinished}"
     return tasks
 

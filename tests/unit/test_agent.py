@@ -515,8 +515,9 @@ def test_everything_the_agent_writes_is_private(workdir: Path) -> None:
 
 
 def test_the_client_has_one_typed_method_per_op(workdir: Path) -> None:
-    from deployer.hosts.agent import Agent, SetupResult
+    from deployer.hosts.agent import Agent
     from deployer.hosts.local_transport import LocalTransport
+    from deployer.hosts.reply_types import SetupResult
 
     agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))
     agent.install()
@@ -541,7 +542,8 @@ def test_an_intact_agent_is_kept_and_a_damaged_one_installed_again(workdir: Path
     intact install is used as it is (the files never travel again), a damaged file (a disk
     error, a half-copied file) and a stray module are replaced; the lab's test does it over SSH
     (tests/integration/test_faults.py)."""
-    from deployer.hosts.agent import Agent, agent_files, agent_id
+    from deployer.hosts.agent import Agent
+    from deployer.hosts.bootstrap import agent_files, agent_id
     from deployer.hosts.local_transport import LocalTransport
 
     agent = Agent(LocalTransport("here"), python=PYTHON, workdir=str(workdir))

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from deployer.cli.parser import DISTRIBUTION
 from deployer.cli.render import status_table
-from deployer.hosts.agent import TaskStatus
+from deployer.hosts.reply_types import TaskStatus
 from deployer.results.runs import HostRun
 from deployer.sources.aws.settings import INSTALL_HINT
 from tests.support.helpers import free_port, run_cli

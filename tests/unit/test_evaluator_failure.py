@@ -16,7 +16,7 @@ from rich.console import Console
 
 from deployer.cli.render import status_json, status_table
 from deployer.core.errors import JobFailed
-from deployer.hosts.agent import TaskStatus
+from deployer.hosts.reply_types import TaskStatus
 from deployer.results.runs import HostRun
 from deployer.watch.board import failed_evaluator
 from tests.support.fakehost import RecordingView

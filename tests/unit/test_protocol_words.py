@@ -26,8 +26,16 @@ from remote import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_FILE = ROOT / "remote" / "protocol.py"
+# tests/support too: the fake host and the lab helpers stand in for the agent, and a word they
+# spell themselves drifts from it as silently as the control side's would.
 SOURCES = sorted(
-    p for p in [*ROOT.glob("deployer/**/*.py"), *ROOT.glob("remote/*.py")] if p != PROTOCOL_FILE
+    p
+    for p in [
+        *ROOT.glob("deployer/**/*.py"),
+        *ROOT.glob("remote/*.py"),
+        *ROOT.glob("tests/support/*.py"),
+    ]
+    if p != PROTOCOL_FILE
 )
 
 

@@ -26,7 +26,7 @@ from deployer.core.errors import (
     JobFailed,
     TfdeployError,
 )
-from deployer.hosts.agent import FETCH_AHEAD
+from deployer.hosts.fetching import FETCH_AHEAD
 from deployer.hosts.fleet import Fleet
 from deployer.results.pull import PullResult, pull
 from tests.support.fakehost import FakeClock, FakeFleetHosts

@@ -18,7 +18,7 @@ from deployer.core.errors import HostError, InventoryError
 from deployer.core.lines import MAX_LINE, LineAssembler, clean
 from deployer.core.secrets import MASK, mask_text, masked
 from deployer.core.text import join_names, plural, size
-from deployer.hosts.agent import TaskStatus
+from deployer.hosts.reply_types import TaskStatus
 from deployer.push.sync import READ_BYTES, CodeFile, Manifest, _contents, setup_fingerprint
 from deployer.results.state import RUN_ID, new_run_id
 from deployer.up.launch import start_groups

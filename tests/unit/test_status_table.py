@@ -9,7 +9,7 @@ from rich.console import Console
 
 from deployer.cli.parser import build_parser
 from deployer.cli.render import status_json, status_table
-from deployer.hosts.agent import TaskStatus
+from deployer.hosts.reply_types import TaskStatus
 from deployer.results.runs import HostRun
 
 T0 = 1_700_000_000.0

@@ -1,0 +1,196 @@
+"""The typed values the control side reads from agents' replies: task statuses, polls, setup
+results, collected files, stop reports. Each is built from a reply that the edge
+(deployer/hosts/replies.py) checked against its shape in remote/protocol.py.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deployer.hosts.replies import Edge, mode, text
+from remote import protocol
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One task as the host's agent reports it."""
+
+    name: str
+    state: str  # one of protocol.TASK_STATES
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None  # one of protocol.EXIT_REASONS, once exited
+    started: float | None = None
+    ended: float | None = None
+    log_bytes: int = 0
+    restarts: int = 0  # how often the task was started again after it ended
+    frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
+    disk_full: str | None = None  # the host's file system that was full when it ended
+
+    @classmethod
+    def from_json(cls, raw: object, edge: Edge, known: Collection[str] | None = None) -> TaskStatus:
+        """One task of a host's reply, checked (deployer/hosts/replies.py): its name becomes
+        file names here and its texts are printed. `known`: the task names the run asked for."""
+        d = edge.obj(raw, "a task")
+        name = edge.task(edge.get(d, "name", "a task's name"), "a task's name", known)
+        reason = d.get("reason")
+        return cls(
+            name=name,
+            state=edge.choice(
+                edge.get(d, "state", f"{name}'s state"), "state", protocol.TASK_STATES
+            ),
+            pid=edge.integer(d.get("pid"), f"{name}'s pid", optional=True),
+            exit_code=edge.integer(d.get("exit_code"), f"{name}'s exit_code", optional=True),
+            signal=edge.integer(d.get("signal"), f"{name}'s signal", optional=True),
+            reason=None if reason is None else text(reason),
+            started=edge.number(d.get("started"), f"{name}'s started"),
+            ended=edge.number(d.get("ended"), f"{name}'s ended"),
+            log_bytes=edge.count(d.get("log_bytes") or 0, f"{name}'s log_bytes"),
+            restarts=edge.count(d.get("restarts") or 0, f"{name}'s restarts"),
+            frozen=bool(d.get("frozen")),
+            disk_full=d["disk_full"] if isinstance(d.get("disk_full"), str) else None,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (protocol.STATE_EXITED, protocol.STATE_LOST)
+
+    @property
+    def succeeded(self) -> bool:
+        """Exited 0 by itself: a task that saved a checkpoint on a spot notice and exited 0 has
+        not finished its work."""
+        return self.state == protocol.STATE_EXITED and self.exit_code == 0 and not self.preempted
+
+    @property
+    def preempted(self) -> bool:
+        """Stopped because its machine is being taken away (a spot interruption notice)."""
+        return self.reason == protocol.REASON_PREEMPTED
+
+    def outcome(self) -> str:
+        """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports; and that the
+        host's disk was full when it ended (the likely cause of a failure then)."""
+        if self.disk_full is None:
+            return self._ended()
+        return f"{self._ended()}; the host's disk was full ({self.disk_full})"
+
+    def _ended(self) -> str:
+        if self.state == protocol.STATE_LOST:
+            return "lost (its supervisor vanished: host crash or kill -9)"
+        if self.reason == protocol.REASON_PREEMPTED:
+            return "preempted: its spot instance got an interruption notice"
+        if self.reason == protocol.REASON_STOPPED:
+            return f"{self.reason} by tfdeploy"
+        if self.reason == protocol.REASON_LEASE_EXPIRED:
+            return self.reason
+        if self.signal is not None:
+            return f"killed by signal {self.signal}"
+        if self.exit_code is not None and 128 < self.exit_code <= 128 + 64:
+            # A shell running the command reports a child killed by signal N as 128+N.
+            return f"exit code {self.exit_code}: a process killed by signal {self.exit_code - 128}?"
+        return f"exit code {self.exit_code}"
+
+
+@dataclass(frozen=True)
+class Poll:
+    tasks: tuple[TaskStatus, ...]
+    logs: dict[str, tuple[int, bytes]]  # task name -> (new offset, bytes read)
+    listening: frozenset[int]
+
+
+@dataclass(frozen=True)
+class SetupResult:
+    """The setup op on one host: `ran` is False when the fingerprint's marker was there."""
+
+    code: int  # 0 ok, else the failing command's status (128+N: killed by signal N)
+    ran: bool
+    tail: tuple[str, ...]  # the last lines this setup wrote
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file a task left on its host, as `collect` lists it."""
+
+    path: str  # relative to the task's directory, or absolute (an absolute pattern's match)
+    size: int
+    mode: int  # permission bits only (0o777): a host never sets setuid here
+    sha256: str | None  # None: listed unhashed, the fetch hashes (Agent.collect's `hashed`)
+
+
+@dataclass(frozen=True)
+class Collected:
+    files: tuple[RemoteFile, ...]
+    refused: tuple[str, ...]  # patterns or matches not pulled, and why
+
+    @classmethod
+    def from_json(cls, raw: object, edge: Edge, task: str) -> Collected:
+        """A task's listing, checked: each path stays inside its task's folder (or is one
+        absolute pattern's match), each mode keeps its permission bits, each refusal is text."""
+        d = edge.obj(raw, task)
+        files = []
+        for entry in edge.items(edge.get(d, "files", f"{task}'s files"), f"{task}'s files"):
+            if not isinstance(entry, list) or len(entry) != 4:
+                raise edge.error(
+                    f"{task}'s files", f"hold {entry!r:.60}, not [path, size, mode, sha]"
+                )
+            path = edge.path(entry[0], f"{task}'s file", absolute=True)
+            field = f"{task}'s file {path!r}"
+            files.append(
+                RemoteFile(
+                    path,
+                    edge.count(entry[1], f"{field} size"),
+                    mode(edge.count(entry[2], f"{field} mode")),
+                    edge.sha256(entry[3], f"{field} sha256"),
+                )
+            )
+        return cls(tuple(files), edge.texts(d.get("refused", []), f"{task}'s refused"))
+
+
+@dataclass(frozen=True)
+class Escaped:
+    """A process of the run that had left its task's process group, stopped with the run."""
+
+    pid: int
+    cmd: str
+    signal: int | None  # the last signal it got (None: it was gone before one was sent)
+
+
+def escaped_text(escaped: Sequence[Escaped], mask: Callable[[str], str]) -> str:
+    """The escaped processes a stop killed, for the user: pid, command (masked), last signal."""
+
+    def one(e: Escaped) -> str:
+        how = "gone before a signal" if e.signal is None else _signal_name(e.signal)
+        return f"pid {e.pid} ({mask(e.cmd)}): {how}"
+
+    what = "process" if len(escaped) == 1 else "processes"
+    listed = "; ".join(one(e) for e in escaped)
+    left = "of the run that had left its task's process group"
+    return f"also stopped {len(escaped)} {what} {left}: {listed}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass(frozen=True)
+class StopReport:
+    tasks: tuple[TaskStatus, ...]
+    escaped: tuple[Escaped, ...] = ()
+
+
+def cleaned_texts(value: Any) -> Any:
+    """Every string in a reply's JSON (keys too) cleaned as replies.text cleans it: for the
+    loosely shaped replies (hello facts, gpus) whose texts reach the terminal in many places."""
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, list):
+        return [cleaned_texts(v) for v in value]
+    if isinstance(value, dict):
+        return {text(k): cleaned_texts(v) for k, v in value.items()}
+    return value
