@@ -56,7 +56,7 @@ def cut(output: str) -> list[str]:
 
 def _is_error_start(line: str) -> bool:
     # pip: "ERROR: ...", uv: "error: ..." or "× No solution found ..."
-    return line.startswith(("ERROR:", "error:", "\u00d7 "))
+    return line.lstrip().startswith(("ERROR:", "error:", "\u00d7 "))
 
 
 def run(argv: Sequence[str], env: dict, on_start: Callable[[int], None] | None = None) -> str:

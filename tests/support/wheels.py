@@ -47,3 +47,24 @@ def make_wheel(
             archive.writestr(inner, data)
         archive.writestr(f"{info}/RECORD", record)
     return path
+
+
+def uv_binary() -> Path | None:
+    """A uv binary of this machine (the dev extra installs one into tfdeploy's venv)."""
+    import shutil
+    import sys
+
+    found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    return Path(found) if found else None
+
+
+def make_uv_wheel(dest: Path, uv: Path) -> Path:
+    """A uv wheel as PyPI ships it (the binary under `uv-<v>.data/scripts/`), around `uv`.
+
+    Stored, not deflated: the binary is ~40 MB and the test needs it in milliseconds.
+    """
+    tag = "py3-none-manylinux_2_17_x86_64"
+    path = make_wheel(dest, "uv", "0.0.1", files={"uv/__init__.py": b""}, tag=tag)
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_STORED) as archive:
+        archive.write(uv, "uv-0.0.1.data/scripts/uv")
+    return path
