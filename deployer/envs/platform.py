@@ -39,12 +39,32 @@ class HostPlatform:
     machine: str
     glibc: tuple[int, int] | None
     implementation: str = "cp"
+    # For markers on `python_full_version` only: wheels are chosen by (major, minor).
+    full_version: str = ""
 
     @classmethod
     def of(cls, python: str, machine: str, glibc: str | None) -> HostPlatform:
         """From facts as preflight reports them: "3.9.18", "aarch64", "2.31" (or None)."""
-        major, minor = (int(p) for p in python.split(".")[:2])
-        return cls((major, minor), normalize_machine(machine), _glibc(glibc))
+        parts = python.strip().split(".")
+        major, minor = int(parts[0]), int(parts[1])
+        full = python.strip() if len(parts) > 2 else f"{major}.{minor}.0"
+        return cls((major, minor), normalize_machine(machine), _glibc(glibc), "cp", full)
+
+    def marker_environment(self) -> dict[str, str]:
+        """PEP 508's marker variables as they read on the host (a Linux CPython)."""
+        return {
+            "implementation_name": "cpython",
+            "implementation_version": self.full_version,
+            "os_name": "posix",
+            "platform_machine": self.machine,
+            "platform_python_implementation": "CPython",
+            "platform_release": "",
+            "platform_system": "Linux",
+            "platform_version": "",
+            "python_full_version": self.full_version,
+            "python_version": self.version,
+            "sys_platform": "linux",
+        }
 
     @classmethod
     def here(cls) -> HostPlatform:

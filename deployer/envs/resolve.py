@@ -68,7 +68,7 @@ def resolve(
     `env`: the environment pip runs in (default: this process's, so the user's PIP_* hold);
     `pip`: the command that runs pip (default: this interpreter's `-m pip`).
     """
-    key = env_hash(spec, target.key())
+    key = env_hash(spec, target)
     root = cache or cache_root()
     final = root / key
     if not refresh and (found := wheelhouse.load(final, key)) is not None:
@@ -89,10 +89,8 @@ def _fill(
     work: Path, spec: EnvSpec, target: HostPlatform, env: dict[str, str], pip: Sequence[str] | None
 ) -> None:
     """Downloads every wheel into work/wheels, building the sdist-only ones that may be."""
-    main = spec.main
-    if spec.generated is not None:
-        main = work / "requirements.in"
-        main.write_text(spec.generated)
+    main = work / "requirements.in"
+    main.write_text(spec.for_target(target))
     runner = _Pip(list(pip or [sys.executable, "-m", "pip"]), env, spec.base)
     built = work / "built"
     built.mkdir()
@@ -240,8 +238,7 @@ def _replace(work: Path, final: Path) -> None:
     old = final.with_name(f".{final.name}.{os.getpid()}.old")
     with contextlib.suppress(FileNotFoundError):
         final.rename(old)
-    try:
+    # Failing: another resolution of the same key landed first, and both are the same entry.
+    with contextlib.suppress(OSError):
         work.rename(final)
-    except OSError:
-        pass  # another resolution of the same key landed first: both are the same entry
     shutil.rmtree(old, ignore_errors=True)

@@ -21,7 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.markers import InvalidMarker, Marker
+
 from deployer.core.errors import TfdeployError
+from deployer.envs.platform import HostPlatform
 
 _NESTED = {
     "-r": "requirement",
@@ -43,19 +46,27 @@ class RequirementsError(TfdeployError):
 class EnvSpec:
     """The requirements of one environment.
 
-    `main`: the requirements file pip is given (`-r main`), relative paths in it resolved from
-    `base` (pip's working directory). `text`: every line of every file it reaches, each file
-    named, plus the sha256 of each local path, in reading order.
+    `lines`: what pip is given, one requirement or option per line, nested `-r` files inlined
+    and `-c` files named by absolute path; relative local paths resolve from `base` (pip's
+    working directory). `text`: every line of every file they reach, each file named, plus the
+    sha256 of each local path, in reading order: what the environment depends on.
     """
 
-    main: Path
     base: Path
+    lines: tuple[str, ...]
     text: str
-    generated: str | None = None  # a list's lines, written to `main` by the resolver
 
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def for_target(self, target: HostPlatform) -> str:
+        """The requirements as the host's pip would read them: each environment marker
+        evaluated for the host (pip itself evaluates a requirement's markers against this
+        machine's interpreter, whatever `--python-version` and `--platform` say)."""
+        environment = target.marker_environment()
+        kept = (_evaluated(line, environment) for line in self.lines)
+        return "".join(f"{line}\n" for line in kept if line is not None)
 
 
 def from_file(path: Path, *, base: Path | None = None) -> EnvSpec:
@@ -67,23 +78,28 @@ def from_file(path: Path, *, base: Path | None = None) -> EnvSpec:
             hint="`requirements` names a file relative to the job's `code` directory",
         )
     root = (base or path.parent).resolve()
-    return EnvSpec(main=path, base=root, text=_read_tree(path, root, set()))
+    lines: list[str] = []
+    text = _read_tree(path, root, set(), lines)
+    return EnvSpec(root, tuple(lines), text)
 
 
 def from_lines(lines: Sequence[str], *, base: Path) -> EnvSpec:
     """A list of requirement strings (`requirements = ["numpy<3", "-r extra.txt"]`)."""
     body = "".join(f"{line}\n" for line in lines)
     base = base.resolve()
-    text = _read_text(body, "<requirements list>", base, base, set())
-    return EnvSpec(main=base / "<requirements list>", base=base, text=text, generated=body)
+    out: list[str] = []
+    text = _read_text(body, "<requirements list>", base, base, set(), out)
+    return EnvSpec(base, tuple(out), text)
 
 
-def env_hash(spec: EnvSpec, platform_key: str) -> str:
-    """The environment's name: its requirements and the host platform they resolve for."""
-    return hashlib.sha256(f"{spec.digest}\n{platform_key}".encode()).hexdigest()
+def env_hash(spec: EnvSpec, target: HostPlatform) -> str:
+    """The environment's name: its requirements, as they read for the target platform."""
+    return hashlib.sha256(
+        f"{spec.digest}\n{spec.for_target(target)}\n{target.key()}".encode()
+    ).hexdigest()
 
 
-def _read_tree(path: Path, base: Path, seen: set[Path]) -> str:
+def _read_tree(path: Path, base: Path, seen: set[Path], out: list[str]) -> str:
     if path in seen:
         return ""  # pip follows a loop of -r files once too
     seen.add(path)
@@ -91,15 +107,37 @@ def _read_tree(path: Path, base: Path, seen: set[Path]) -> str:
         body = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise RequirementsError(f"{path}: cannot read: {e}") from None
-    return _read_text(body, str(path), path.parent, base, seen)
+    return _read_text(body, str(path), path.parent, base, seen, out)
 
 
-def _read_text(body: str, name: str, here: Path, base: Path, seen: set[Path]) -> str:
-    out = [f"# file {name}\n"]
+def _read_text(
+    body: str, name: str, here: Path, base: Path, seen: set[Path], out: list[str]
+) -> str:
+    text = [f"# file {name}\n"]
     for number, line in _logical_lines(body):
-        out.append(line + "\n")
-        out.extend(_follow(line, f"{name}:{number}", here, base, seen))
-    return "".join(out)
+        text.append(line + "\n")
+        text.extend(_follow(line, f"{name}:{number}", here, base, seen, out))
+    return "".join(text)
+
+
+def _evaluated(line: str, environment: dict[str, str]) -> str | None:
+    """The line without its marker if the marker holds for the host, None if it does not."""
+    if line.startswith("-"):
+        return line
+    requirement, sep, options = line.partition(" --")
+    # pip: after a URL the marker's ";" must follow a space (a URL may hold ";").
+    url = "://" in requirement
+    match = re.search(r"\s;" if url else ";", requirement)
+    if match is None:
+        return line
+    marker = requirement[match.end() :].strip()
+    try:
+        holds = Marker(marker).evaluate(environment)
+    except InvalidMarker as e:
+        raise RequirementsError(f"`{line}`: not an environment marker: {e}") from None
+    if not holds:
+        return None
+    return requirement[: match.start()].rstrip() + (f" --{options}" if sep else "")
 
 
 def _logical_lines(body: str) -> list[tuple[int, str]]:
@@ -119,8 +157,11 @@ def _logical_lines(body: str) -> list[tuple[int, str]]:
     return lines
 
 
-def _follow(line: str, where: str, here: Path, base: Path, seen: set[Path]) -> list[str]:
-    """What a line reaches: a nested file's lines, or a local path's content hash."""
+def _follow(
+    line: str, where: str, here: Path, base: Path, seen: set[Path], out: list[str]
+) -> list[str]:
+    """What a line reaches (a nested file's lines, or a local path's content hash); the line,
+    or the nested file's lines, appended to `out` for pip."""
     try:
         words = shlex.split(line)
     except ValueError:
@@ -143,8 +184,12 @@ def _follow(line: str, where: str, here: Path, base: Path, seen: set[Path]) -> l
             raise RequirementsError(
                 f"{where}: {_NESTED[option]}s file {target} not found ({nested})"
             )
-        return [_read_tree(nested, base, seen)]
-    if _LOCAL.match(first) or first.endswith(_ARCHIVE) and not re.match(r"^\w+://", first):
+        if _NESTED[option] == "constraint":
+            out.append(f"-c {nested}")
+            return [_read_tree(nested, base, seen, [])]
+        return [_read_tree(nested, base, seen, out)]
+    out.append(line)
+    if _LOCAL.match(first) or (first.endswith(_ARCHIVE) and not re.match(r"^\w+://", first)):
         return [_local_path(first, where, base)]
     return []
 

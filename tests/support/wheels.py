@@ -13,7 +13,6 @@ environments never reach a real index.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import http.server
 import io
@@ -21,7 +20,6 @@ import os
 import re
 import tarfile
 import threading
-import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,8 +31,8 @@ def write_wheel(directory, name, version, tag, requires):
     dist = f"{name.replace('-', '_')}-{version}"
     files = {
         f"{name.replace('-', '_')}/__init__.py": f"VERSION = {version!r}\\n",
-        f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\\n"
-        f"Name: {name}\\nVersion: {version}\\n" + "".join(f"Requires-Dist: {r}\\n" for r in requires),
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\\nName: {name}\\n"
+        f"Version: {version}\\n" + "".join(f"Requires-Dist: {r}\\n" for r in requires),
         f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\\nGenerator: tests\\n"
         f"Root-Is-Purelib: {'true' if tag.endswith('-none-any') else 'false'}\\nTag: {tag}\\n",
     }
