@@ -38,6 +38,7 @@ from deployer.envs.wheelhouse import Wheelhouse
 MAX_PASSES = 20
 _MISSING = re.compile(r"No matching distribution found for (.+?)\s*$", re.MULTILINE)
 _TAIL_LINES = 15
+_NAME = re.compile(r"[\s;<>=!~\[@(]")  # what ends a project name in a requirement
 
 
 class ResolveError(TfdeployError):
@@ -220,9 +221,10 @@ def _hint(output: str) -> str | None:
 
 
 def _no_wheel_hint(requirement: str, target: HostPlatform) -> str:
+    name = _NAME.split(requirement, maxsplit=1)[0]
+    tag = (target.platform_tags() or ["pure Python"])[0]
     return (
-        f"pick a version of {requirement.split(';')[0].strip()} that publishes a wheel for "
-        f"{target.python_tag} {', '.join(target.platform_tags()[:1]) or 'this platform'}, or "
+        f"pick a version of {name} that publishes a wheel for {target.python_tag} {tag}, or "
         "build one on a machine of that platform and name the .whl file in the requirements"
     )
 
