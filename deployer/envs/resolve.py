@@ -1,0 +1,246 @@
+"""Resolving an environment on the controller: the wheels every host of one platform installs.
+
+pip does it (`pip download --only-binary=:all:` with the host's target options), run as a
+subprocess of this machine's Python in the user's own environment, so whatever this machine's
+pip is configured with holds here too: `pip config list` files, `PIP_*` variables, index, extra
+indexes, find-links, constraints, certificates, proxy. docs/environments.md says why pip and
+not uv (docs/bench/env_tools.md has the numbers).
+
+The result is cached by (requirements text with every file it reaches, Python, platform) and
+reused until that changes or `refresh=True`: a warm `up` never waits on the index.
+
+A requirement with only a source distribution is built here (`pip wheel`) when the wheel it
+makes runs on the host: a pure-Python wheel always, a platform wheel only when this machine's
+platform matches the host's. Otherwise the error names the requirement and the platform,
+before anything travels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from deployer.core.errors import TfdeployError
+from deployer.core.statedir import state_dir
+from deployer.envs import wheelhouse
+from deployer.envs.platform import HostPlatform
+from deployer.envs.spec import EnvSpec, env_hash
+from deployer.envs.wheelhouse import Wheelhouse
+
+# Each sdist-only requirement costs one more pass; a longer chain than this is a loop.
+MAX_PASSES = 20
+_MISSING = re.compile(r"No matching distribution found for (.+?)\s*$", re.MULTILINE)
+_TAIL_LINES = 15
+_NAME = re.compile(r"[\s;<>=!~\[@(]")  # what ends a project name in a requirement
+
+
+class ResolveError(TfdeployError):
+    """The environment cannot be resolved for a host platform; nothing was sent."""
+
+
+@dataclass(frozen=True)
+class _Pass:
+    ok: bool
+    output: str
+
+
+def cache_root() -> Path:
+    return state_dir() / "envs"
+
+
+def resolve(
+    spec: EnvSpec,
+    target: HostPlatform,
+    *,
+    cache: Path | None = None,
+    refresh: bool = False,
+    env: Mapping[str, str] | None = None,
+    pip: Sequence[str] | None = None,
+) -> Wheelhouse:
+    """The wheelhouse of `spec` for hosts of `target`, from the cache unless `refresh`.
+
+    `env`: the environment pip runs in (default: this process's, so the user's PIP_* hold);
+    `pip`: the command that runs pip (default: this interpreter's `-m pip`).
+    """
+    key = env_hash(spec, target)
+    root = cache or cache_root()
+    final = root / key
+    if not refresh and (found := wheelhouse.load(final, key)) is not None:
+        return found
+    work = _fresh(root / f".{key}.{os.getpid()}.tmp")
+    try:
+        _fill(work, spec, target, dict(env if env is not None else os.environ), pip)
+        wheelhouse.write(work, key, target.describe(), spec.text)
+        _replace(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = wheelhouse.load(final, key)
+    assert result is not None, final  # written whole just above
+    return result
+
+
+def _fill(
+    work: Path, spec: EnvSpec, target: HostPlatform, env: dict[str, str], pip: Sequence[str] | None
+) -> None:
+    """Downloads every wheel into work/wheels, building the sdist-only ones that may be."""
+    main = work / "requirements.in"
+    main.write_text(spec.for_target(target))
+    runner = _Pip(list(pip or [sys.executable, "-m", "pip"]), env, spec.base)
+    built = work / "built"
+    built.mkdir()
+    local_build = False
+    for _ in range(MAX_PASSES):
+        argv = ["download", "--only-binary=:all:", *target.pip_args(local_build=local_build)]
+        argv += ["--find-links", str(built), "-d", str(work / wheelhouse.WHEELS), "-r", str(main)]
+        result = runner.run(argv)
+        if result.ok:
+            for scratch in (built, work / "sdists", work / "build"):
+                shutil.rmtree(scratch, ignore_errors=True)
+            return
+        missing = _missing(result.output)
+        if missing is None:
+            raise ResolveError(_failure(result.output, target), hint=_hint(result.output))
+        local_build |= _build_sdist(runner, missing, target, work, built)
+    raise ResolveError(
+        f"resolving for {target.describe()} did not settle after {MAX_PASSES} passes"
+    )
+
+
+def _build_sdist(
+    runner: _Pip, requirement: str, target: HostPlatform, work: Path, built: Path
+) -> bool:
+    """Builds the sdist of a requirement that has no wheel for the target into `built`.
+
+    True when the wheel is platform-specific (and this machine matches the host), so the next
+    pass must accept this machine's `linux_<machine>` tag.
+    """
+    sdists, out = work / "sdists", work / "build"
+    fetched = runner.run(
+        ["download", "--no-deps", "--no-binary=:all:", "-d", str(sdists), requirement]
+    )
+    if not fetched.ok:
+        raise ResolveError(
+            f"{requirement}: no wheel for {target.describe()} and no source distribution",
+            hint=_no_wheel_hint(requirement, target),
+        )
+    for sdist in sorted(sdists.iterdir()):
+        made = runner.run(["wheel", "--no-deps", "-w", str(out), str(sdist)])
+        if not made.ok:
+            raise ResolveError(
+                f"{requirement}: building its source distribution {sdist.name} here failed:\n"
+                + _tail(made.output)
+            )
+        sdist.unlink()
+    platform_specific = False
+    for wheel in sorted(out.glob("*.whl")):
+        if not wheelhouse.is_pure(wheel.name):
+            if not target.builds_here():
+                raise ResolveError(
+                    f"{requirement}: no wheel for {target.describe()}, and its source "
+                    f"distribution builds a platform-specific wheel ({wheel.name}) that only runs "
+                    f"on {HostPlatform.here().describe()}, this machine's platform",
+                    hint=_no_wheel_hint(requirement, target),
+                )
+            platform_specific = True
+        shutil.move(wheel, built / wheel.name)
+    return platform_specific
+
+
+class _Pip:
+    """pip as a subprocess, in the user's environment, from the requirements' folder."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.argv, self.cwd = argv, cwd
+        # pip's own progress and version check are noise in a captured tail.
+        self.env = env | {"PIP_PROGRESS_BAR": "off", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+    def run(self, args: list[str]) -> _Pass:
+        try:
+            r = subprocess.run(
+                [*self.argv, *args],
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+            )
+        except OSError as e:
+            raise ResolveError(f"cannot run pip ({' '.join(self.argv)}): {e}") from None
+        return _Pass(r.returncode == 0, r.stdout + r.stderr)
+
+
+def _missing(output: str) -> str | None:
+    """The requirement pip found no wheel for, unless the failure is something else."""
+    if "conflicting dependencies" in output or "ResolutionImpossible" in output:
+        return None
+    found = _MISSING.findall(output)
+    # "beta>=1 (from alpha==1.0)": the requirement, without where it came from.
+    return re.sub(r"\s*\(from [^)]*\)\s*$", "", found[-1]).strip() if found else None
+
+
+def _failure(output: str, target: HostPlatform) -> str:
+    """pip's words, cut to what failed: a conflict's cause block, or pip's last errors."""
+    if "conflicting dependencies" in output or "ResolutionImpossible" in output:
+        return f"dependency conflict resolving for {target.describe()}:\n" + _conflict(output)
+    if "DO NOT MATCH THE HASHES" in output or "Hashes are required" in output:
+        start = output.find("ERROR: ")
+        return f"hash check failed resolving for {target.describe()}:\n" + _tail(output[start:])
+    return f"pip failed resolving for {target.describe()}:\n" + _tail(output)
+
+
+def _conflict(output: str) -> str:
+    """pip's "Cannot install ..." line and its "The conflict is caused by" block, without the
+    advice after it (pip prints the two on different streams, in either order)."""
+    lines = output.splitlines()
+    kept = [x for x in lines if "Cannot install" in x]
+    start = next((i for i, x in enumerate(lines) if "conflict is caused by" in x), len(lines))
+    for line in lines[start:]:
+        if line.startswith(("To fix this", "ERROR:")):
+            break
+        kept.append(line)
+    kept = [x for x in kept if x.strip()]
+    return "\n".join(f"  {x.removeprefix('ERROR: ').strip()}" for x in kept[: 2 * _TAIL_LINES])
+
+
+def _tail(output: str) -> str:
+    lines = [x for x in output.splitlines() if x.strip() and not x.startswith("WARNING: ")]
+    return "\n".join(f"  {x.strip()}" for x in lines[-_TAIL_LINES:])
+
+
+def _hint(output: str) -> str | None:
+    if "conflicting dependencies" in output or "ResolutionImpossible" in output:
+        return "loosen or change the pins named above so one version of each package fits all"
+    return None
+
+
+def _no_wheel_hint(requirement: str, target: HostPlatform) -> str:
+    name = _NAME.split(requirement, maxsplit=1)[0]
+    tag = (target.platform_tags() or ["pure Python"])[0]
+    return (
+        f"pick a version of {name} that publishes a wheel for {target.python_tag} {tag}, or "
+        "build one on a machine of that platform and name the .whl file in the requirements"
+    )
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def _replace(work: Path, final: Path) -> None:
+    """The new entry takes the place of any old one (refresh) in one rename each."""
+    old = final.with_name(f".{final.name}.{os.getpid()}.old")
+    with contextlib.suppress(FileNotFoundError):
+        final.rename(old)
+    # Failing: another resolution of the same key landed first, and both are the same entry.
+    with contextlib.suppress(OSError):
+        work.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
