@@ -20,4 +20,4 @@ fi
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
 "$VENV/bin/lint-imports" --no-cache | tail -n +13  # the contracts in pyproject.toml, by name
-exec "$VENV/bin/pytest" -q "$@"
+exec "$VENV/bin/pytest" -q --run-slow "$@"  # the in-process tier's `slow` tests too (tests/conftest.py)

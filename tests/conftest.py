@@ -1,6 +1,6 @@
 """What both tiers share: a private state folder, the markers (`lab` by fixture or by folder,
-`tf`, `isolated`, `vagrant`), the in-process tier's default workers, the lab-leftover check after
-a session, moto's EC2 and the host agent's workdir. The lab's own fixtures are in
+`tf`, `isolated`, `vagrant`, `slow`), the in-process tier's default workers, the lab-leftover
+check after a session, moto's EC2 and the host agent's workdir. The lab's own fixtures are in
 tests/integration/conftest.py.
 
 tests/unit/ runs in-process (no sshd, no root); every test in tests/integration/ is marked `lab`.
@@ -38,14 +38,21 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     patch.undo()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        help="also run the in-process tier's tests marked slow (scripts/test.sh passes it)",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """The in-process tier (`pytest -m "not lab"`, or `pytest tests/unit`) runs on one worker more
     than there are cores when pytest-xdist is installed and `-n` was not given: its tests share
-    nothing, and a third of its time is real agent processes, leases and watchdogs waiting,
-    which a spare worker overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on
-    3). Anything else (the lab tier: one lab per run) stays serial; `-n 0` or `-p no:xdist`
-    turns it off.
+    nothing, and much of its time is real agent processes, leases and watchdogs waiting, which a
+    spare worker overlaps. Anything else (the lab tier: one lab per run) stays serial; `-n 0` or
+    `-p no:xdist` turns it off.
 
     And SIGINT is heard: a shell that starts a command in the background (`cmd &` in a script)
     starts it with SIGINT ignored, which stays ignored across exec, so every tfdeploy the tests
@@ -75,6 +82,22 @@ def _in_process_only(config: pytest.Config) -> bool:
     return bool(paths) and all(p == unit or unit in p.parents for p in paths)
 
 
+SLOW_SKIP = (
+    "slow: the in-process tier skips it by default; scripts/test.sh, `--run-slow` or "
+    "`-m slow` runs it (docs/testing.md)"
+)
+
+
+def _skips_slow(config: pytest.Config) -> bool:
+    """A run of the in-process tier alone (`pytest tests/unit`, `pytest -m "not lab"`) is the
+    inner loop: it leaves out what is marked `slow` (TensorFlow started, a gigabyte moved,
+    100,000 files made) unless `--run-slow` was given or the marker expression names `slow`.
+    Every other run (the whole suite, a lab file) runs them."""
+    if config.getoption("--run-slow") or "slow" in (config.option.markexpr or ""):
+        return False
+    return _in_process_only(config)
+
+
 LAB_FIXTURES = {
     "lab",
     "bastion_lab",
@@ -98,9 +121,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     no_vagrant = pytest.mark.skip(
         reason="boots VMs: run with `pytest -m vagrant` (docs/testing.md)"
     )
+    no_slow = pytest.mark.skip(reason=SLOW_SKIP) if _skips_slow(config) else None
     for item in items:
         if "vagrant" in item.keywords and not vagrant_asked:
             item.add_marker(no_vagrant)
+        if no_slow is not None and "slow" in item.keywords:
+            item.add_marker(no_slow)
         needs_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
         if needs_lab or item.path.resolve().is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.lab)
