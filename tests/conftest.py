@@ -8,6 +8,7 @@ tests/unit/ runs in-process (no sshd, no root); every test in tests/integration/
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import importlib.util
 import itertools
@@ -60,6 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
     disk). A handler here is reset to the default in each child, as in a terminal."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not hasattr(config, "workerinput"):
+        _compile_the_code()
     cores = os.cpu_count() or 1
     if (
         _in_process_only(config)
@@ -71,6 +74,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.numprocesses = cores + 1
         config.option.dist = "load"
         config.option.tx = ["popen"] * (cores + 1)  # what xdist derives from -n, before configure
+
+
+def _compile_the_code() -> None:
+    """Bytecode for deployer/ and remote/, as pip leaves an installed tfdeploy (bench/report.py
+    does the same): the tests start hundreds of `tfdeploy` and agent processes, and under
+    PYTHONDONTWRITEBYTECODE=1 (container images often set it) each would compile its modules
+    again. Up-to-date files are skipped; a folder that cannot be written is left as it is."""
+    root = Path(__file__).resolve().parent.parent
+    for package in ("deployer", "remote"):
+        compileall.compile_dir(root / package, quiet=2)
 
 
 def _in_process_only(config: pytest.Config) -> bool:
@@ -185,7 +198,7 @@ AWS_REGION = "us-east-1"
 
 @pytest.fixture(scope="module")
 def _moto() -> Iterator[None]:
-    """One moto (AWS stand-in) per test module: its EC2 backend takes ~1.5 s to load, per start."""
+    """One moto (AWS stand-in) per test module: its EC2 backend is slow to load, per start."""
     from moto import mock_aws
 
     with mock_aws():
