@@ -21,4 +21,4 @@ fi
 "$VENV/bin/mypy"
 "$VENV/bin/vermin" -q -t=3.8- --no-tips --violations remote/  # the agent runs on host Pythons 3.8+
 "$VENV/bin/lint-imports" --no-cache | tail -n +13  # the contracts in pyproject.toml, by name
-exec "$VENV/bin/pytest" -q "$@"
+exec "$VENV/bin/pytest" -q --run-slow "$@"  # the in-process tier's `slow` tests too (tests/conftest.py)

@@ -1,6 +1,6 @@
 """What both tiers share: a private state folder, the markers (`lab` by fixture or by folder,
-`tf`, `isolated`, `vagrant`), the in-process tier's default workers, the lab-leftover check after
-a session, moto's EC2 and the host agent's workdir. The lab's own fixtures are in
+`tf`, `isolated`, `vagrant`, `slow`), the in-process tier's default workers, the lab-leftover
+check after a session, moto's EC2 and the host agent's workdir. The lab's own fixtures are in
 tests/integration/conftest.py.
 
 tests/unit/ runs in-process (no sshd, no root); every test in tests/integration/ is marked `lab`.
@@ -8,6 +8,7 @@ tests/unit/ runs in-process (no sshd, no root); every test in tests/integration/
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import importlib.util
 import itertools
@@ -38,14 +39,21 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     patch.undo()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        help="also run the in-process tier's tests marked slow (scripts/test.sh passes it)",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """The in-process tier (`pytest -m "not lab"`, or `pytest tests/unit`) runs on one worker more
     than there are cores when pytest-xdist is installed and `-n` was not given: its tests share
-    nothing, and a third of its time is real agent processes, leases and watchdogs waiting,
-    which a spare worker overlaps (on 2 cores: ~95 s serial, 60-64 s on 2 workers, 53-61 s on
-    3). Anything else (the lab tier: one lab per run) stays serial; `-n 0` or `-p no:xdist`
-    turns it off.
+    nothing, and much of its time is real agent processes, leases and watchdogs waiting, which a
+    spare worker overlaps. Anything else (the lab tier: one lab per run) stays serial; `-n 0` or
+    `-p no:xdist` turns it off.
 
     And SIGINT is heard: a shell that starts a command in the background (`cmd &` in a script)
     starts it with SIGINT ignored, which stays ignored across exec, so every tfdeploy the tests
@@ -53,6 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
     disk). A handler here is reset to the default in each child, as in a terminal."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not hasattr(config, "workerinput"):
+        _compile_the_code()
     cores = os.cpu_count() or 1
     if (
         _in_process_only(config)
@@ -66,6 +76,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.tx = ["popen"] * (cores + 1)  # what xdist derives from -n, before configure
 
 
+def _compile_the_code() -> None:
+    """Bytecode for deployer/ and remote/, as pip leaves an installed tfdeploy (bench/report.py
+    does the same): the tests start hundreds of `tfdeploy` and agent processes, and under
+    PYTHONDONTWRITEBYTECODE=1 (container images often set it) each would compile its modules
+    again. Up-to-date files are skipped; a folder that cannot be written is left as it is."""
+    root = Path(__file__).resolve().parent.parent
+    for package in ("deployer", "remote"):
+        compileall.compile_dir(root / package, quiet=2)
+
+
 def _in_process_only(config: pytest.Config) -> bool:
     """The run selects the in-process tier only: by marker, or by naming tests/unit/ paths."""
     if (config.option.markexpr or "").strip() == "not lab":
@@ -73,6 +93,22 @@ def _in_process_only(config: pytest.Config) -> bool:
     unit = Path(__file__).resolve().parent / "unit"
     paths = [Path(a.split("::")[0]).resolve() for a in config.args]
     return bool(paths) and all(p == unit or unit in p.parents for p in paths)
+
+
+SLOW_SKIP = (
+    "slow: the in-process tier skips it by default; scripts/test.sh, `--run-slow` or "
+    "`-m slow` runs it (docs/testing.md)"
+)
+
+
+def _skips_slow(config: pytest.Config) -> bool:
+    """A run of the in-process tier alone (`pytest tests/unit`, `pytest -m "not lab"`) is the
+    inner loop: it leaves out what is marked `slow` (TensorFlow started, a gigabyte moved,
+    100,000 files made) unless `--run-slow` was given or the marker expression names `slow`.
+    Every other run (the whole suite, a lab file) runs them."""
+    if config.getoption("--run-slow") or "slow" in (config.option.markexpr or ""):
+        return False
+    return _in_process_only(config)
 
 
 LAB_FIXTURES = {
@@ -98,9 +134,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     no_vagrant = pytest.mark.skip(
         reason="boots VMs: run with `pytest -m vagrant` (docs/testing.md)"
     )
+    no_slow = pytest.mark.skip(reason=SLOW_SKIP) if _skips_slow(config) else None
     for item in items:
         if "vagrant" in item.keywords and not vagrant_asked:
             item.add_marker(no_vagrant)
+        if no_slow is not None and "slow" in item.keywords:
+            item.add_marker(no_slow)
         needs_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
         if needs_lab or item.path.resolve().is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.lab)
@@ -159,7 +198,7 @@ AWS_REGION = "us-east-1"
 
 @pytest.fixture(scope="module")
 def _moto() -> Iterator[None]:
-    """One moto (AWS stand-in) per test module: its EC2 backend takes ~1.5 s to load, per start."""
+    """One moto (AWS stand-in) per test module: its EC2 backend is slow to load, per start."""
     from moto import mock_aws
 
     with mock_aws():

@@ -161,13 +161,19 @@ def test_task_killed_by_signal_records_it(workdir: Path) -> None:
 
 
 def test_start_of_several_tasks_is_quick(workdir: Path) -> None:
-    new_run(workdir)
+    # The best of up to three runs: on a loaded machine one start may queue for the CPU behind
+    # other processes, while a start that waited for its tasks one by one is slow every time.
     tasks = [{"name": f"worker:{i}", "command": "sleep 30"} for i in range(6)]
-    began = time.monotonic()
-    started = start(workdir, *tasks)
-    elapsed = time.monotonic() - began
-    assert [t["state"] for t in started] == ["running"] * 6
-    assert elapsed < 1.0, f"start of 6 tasks took {elapsed:.2f}s"
+    times = []
+    for run_id in ("r1", "r2", "r3"):
+        new_run(workdir, run_id)
+        began = time.monotonic()
+        started = start(workdir, *tasks, run_id=run_id)
+        times.append(time.monotonic() - began)
+        assert [t["state"] for t in started] == ["running"] * 6
+        if times[-1] < 1.0:
+            break
+    assert min(times) < 1.0, f"start of 6 tasks took {', '.join(f'{t:.2f}' for t in times)} s"
 
 
 def test_stop_escalates_to_sigkill_of_the_whole_group(workdir: Path) -> None:

@@ -183,8 +183,9 @@ def test_valid_base_inventory_plans(workdir: Path) -> None:
     assert '"TFDEPLOY_TASK": "evaluator:0"' in out
 
 
+@pytest.mark.slow  # 600 runs of `plan`: seconds of CPU
 @settings(
-    max_examples=600,  # ~4 s; derandomized, so the same 600 every run
+    max_examples=600,  # derandomized, so the same 600 every run
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     derandomize=True,

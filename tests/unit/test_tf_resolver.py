@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.helpers import JOB, plan
 
-pytestmark = pytest.mark.tf
+pytestmark = [pytest.mark.tf, pytest.mark.slow]  # TensorFlow's import: seconds of CPU per test
 
 PYTHON = "/opt/tfdeploy/venv/bin/python"
 
