@@ -8,10 +8,13 @@ output, and any object with the View methods receives the events itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from deployer.watch import view as watch
 from deployer.watch.board import TaskRow
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class View(Protocol):
@@ -104,3 +107,10 @@ class LazyView:
         if self._view is not None and not self._closed:
             self._closed = True
             self._view.close()
+
+
+def terminal_view(console: Console, out: TextIO) -> View:
+    """What `tfdeploy up` shows: the live view (a task table, a status line) when `console` is a
+    terminal, else one plain line per event written to `out`; made on its first event
+    (LazyView), so a mistake found before any host is touched leaves the terminal as it was."""
+    return LazyView(lambda: watch.make_view(console, out))
