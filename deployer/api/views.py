@@ -71,7 +71,7 @@ class _Adapted:
         self._view.close()
 
 
-def events_to(view: View | None) -> watch.View:
+def events_to(view: View | None) -> watch.Display:
     """The deployment's view for a caller's `view=` (None: quiet)."""
     return QuietView() if view is None else _Adapted(view)
 
@@ -81,12 +81,12 @@ class LazyView:
     show, so a mistake found before any host is touched leaves the terminal as it was.
     Closing a view never made does nothing; closing twice closes once."""
 
-    def __init__(self, make: Callable[[], watch.View]) -> None:
+    def __init__(self, make: Callable[[], watch.Display]) -> None:
         self._make = make
-        self._view: watch.View | None = None
+        self._view: watch.Display | None = None
         self._closed = False
 
-    def _get(self) -> watch.View:
+    def _get(self) -> watch.Display:
         if self._view is None:
             self._view = self._make()
         return self._view

@@ -73,7 +73,7 @@ def spread(
     `have`) along a relay chain; None when a star push is the better deal (one host, little to
     send, fewer than two hosts able to listen). `head_start`: a stream of every content into
     one member, begun during preflight; it heads the chain if there is one (else the caller
-    settles it)."""
+    finishes it)."""
     by_hash = manifest.by_hash()
     ports = {m.name: p for m in members if (p := serving_port(plan, m.name)) is not None}
     chain = [m for m in members if missing[m.name] and m.name in ports]

@@ -2,7 +2,7 @@
 
 Whatever ends the job (success, a failed task, a missed deadline, Ctrl-C, a signal, an error of
 tfdeploy's own), every task that was started is stopped before `up` returns, unless the user asked
-to detach. This module only sequences the phases; the rules it applies live in watch.py (tasks),
+to detach. This module only sequences the phases; the rules it applies live in board.py (tasks),
 contact.py (hosts) and preflight.py, and each tick of I/O is poller.py's.
 """
 
@@ -34,15 +34,15 @@ from deployer.results.pull import KEPT, artifacts_home, resume_command
 from deployer.results.state import RunRecord, controller_name, new_run_id, save
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
-from deployer.up.launch import by_host, start_group, start_groups
-from deployer.up.preflight import Claim, Settled, preflight
+from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.recovery import Recovery
 from deployer.up.restarts import stop_lines
+from deployer.up.start import by_host, start_group, start_groups
 from deployer.watch.board import TaskBoard
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
-from deployer.watch.run import Run
-from deployer.watch.view import SteadyView, View, masked_view
+from deployer.watch.runstate import RunState
+from deployer.watch.view import Display, SteadyView, masked_view
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Deployment:
         self,
         plan: Plan,
         fleet: Fleet,
-        view: View,
+        view: Display,
         options: UpOptions,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -73,7 +73,7 @@ class Deployment:
     ) -> None:
         self.fleet = fleet
         self.options = options
-        self.run_state = Run(new_run_id(plan.job.name), plan, clock)
+        self.run_state = RunState(new_run_id(plan.job.name), plan, clock)
         self.run_id = self.run_state.run_id
         self.members = [fleet.member(h.name) for h in plan.hosts]
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
@@ -136,15 +136,15 @@ class Deployment:
         try:
             # The push's first request stops the network check's stand-ins on each host (and a
             # stop of the run does, should it fail before): one round trip less.
-            settled = self.preflight(keep_stand_ins=True, head_start=True)
+            findings = self.preflight(keep_stand_ins=True, head_start=True)
             self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
             self.push(
-                settled.manifest,
-                settled.workdir_groups,
-                settled.empty_stores,
-                head_start=settled.head_start,
+                findings.manifest,
+                findings.workdir_groups,
+                findings.empty_stores,
+                head_start=findings.head_start,
             )
-            self.setup(settled.manifest)
+            self.setup(findings.manifest)
             self.recovery.arm_idle_stop()
             self.firewall_up()
             self.start_and_watch()
@@ -218,11 +218,11 @@ class Deployment:
             self.view.close()
         return 0
 
-    def preflight(self, *, keep_stand_ins: bool = False, head_start: bool = False) -> Settled:
+    def preflight(self, *, keep_stand_ins: bool = False, head_start: bool = False) -> Findings:
         names = fold_names([m.name for m in self.members], join=", ".join)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
         claim = Claim(self.run_id, self._lease())
-        settled = preflight(
+        findings = preflight(
             self.plan,
             self.fleet,
             claim,
@@ -231,12 +231,12 @@ class Deployment:
             keep_stand_ins=keep_stand_ins,
             head_start=head_start,
         )
-        self.run_state.adopt(settled.plan)  # GPU counts learnt from the hosts (gpus = "auto")
-        self.gpu_monitor.hosts = set(settled.gpu_hosts)
-        for warning in settled.warnings:
+        self.run_state.adopt(findings.plan)  # GPU counts learnt from the hosts (gpus = "auto")
+        self.gpu_monitor.hosts = set(findings.gpu_hosts)
+        for warning in findings.warnings:
             self.view.step(f"warning: {warning}")
-        self.view.step(f"preflight ok: {settled.summary}")
-        return settled
+        self.view.step(f"preflight ok: {findings.summary}")
+        return findings
 
     def push(
         self,

@@ -1,6 +1,6 @@
 """Preflight: ask every host for its facts and check them; nothing starts unless all pass.
 
-It returns the plan it settled on (GPU counts of `gpus = "auto"` hosts are known only now), so
+It returns the plan it decided on (GPU counts of `gpus = "auto"` hosts are known only now), so
 the phases after it work from one plan that never changes under them.
 """
 
@@ -93,7 +93,7 @@ def _busy_ports(host: str, facts: Mapping[str, object]) -> list[HostError]:
 
 
 @dataclass(frozen=True)
-class Settled:
+class Findings:
     """What preflight found: the plan to run, the code to push, and what to tell the user."""
 
     plan: Plan
@@ -129,7 +129,7 @@ def preflight(
     network: NetcheckMode | None = None,
     keep_stand_ins: bool = False,
     head_start: bool = False,
-) -> Settled:
+) -> Findings:
     """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
 
     The hello reserves each host's TF ports for `claim.run_id`; if any check fails they are
@@ -145,20 +145,20 @@ def preflight(
     starter = _HeadStarter(plan, claim.run_id, scanning) if head_start else None
     greeted = _Greeted(claim, listens, starter)
     try:
-        settled = _settle(plan, fleet, greeted, members, scanning, forwarded)
+        findings = _conclude(plan, fleet, greeted, members, scanning, forwarded)
         if mode is not NetcheckMode.OFF:
             tried = netcheck.check(
                 fleet,
-                settled.plan,
+                findings.plan,
                 claim.run_id,
                 mode,
                 listening=greeted.listening,
                 close=not keep_stand_ins,
             )
             if tried:
-                summary = f"{settled.summary}; {tried.summary()}"
-                settled = dataclasses.replace(settled, summary=summary)
-        return dataclasses.replace(settled, head_start=starter.taken() if starter else None)
+                summary = f"{findings.summary}; {tried.summary()}"
+                findings = dataclasses.replace(findings, summary=summary)
+        return dataclasses.replace(findings, head_start=starter.taken() if starter else None)
     except BaseException as exc:
         if starter is not None:
             starter.close()  # nothing starts: the seed's stream stops where it is
@@ -231,14 +231,14 @@ class _Greeted:
         return {h: listen for h, (listen, at) in self._listening.items() if at > fresh}
 
 
-def _settle(
+def _conclude(
     plan: Plan,
     fleet: Fleet,
     greeted: _Greeted,
     members: list[Member],
     scanning: _Scan,
     forwarded: Sequence[str],
-) -> Settled:
+) -> Findings:
     facts = fleet.each(lambda m: _hello(plan, m, greeted), members, what="preflight failed")
     manifest = scanning.result()
     tf_versions = agreed_tensorflow(facts)
@@ -250,7 +250,7 @@ def _settle(
         )
     ]
     reports = gpu_reports(facts)
-    settled_plan, gpu_problems, warnings = check_gpus(plan, reports)
+    final_plan, gpu_problems, warnings = check_gpus(plan, reports)
     problems += gpu_problems
     if plan.job.firewall:
         problems += firewall.check(fleet, members)
@@ -261,10 +261,10 @@ def _settle(
     if missing:
         warnings.append(f"forward_env: {', '.join(missing)} are not set here")
     python = sorted({str(f.get("python")) for f in facts.values()})
-    return Settled(
-        plan=settled_plan,
+    return Findings(
+        plan=final_plan,
         manifest=manifest,
-        gpu_hosts=frozenset(monitored_hosts(settled_plan, reports)),
+        gpu_hosts=frozenset(monitored_hosts(final_plan, reports)),
         gpu_reports=reports,
         warnings=tuple(warnings),
         summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
