@@ -15,7 +15,8 @@ from deployer.watch.view import PlainView
 def main(argv: list[str]) -> int:
     plan = make_plan(load_inventory(argv[0]))
     with Fleet(plan.hosts) as fleet:
-        Deployment(plan, fleet, PlainView(io.StringIO()), UpOptions(detach=True)).preflight()
+        deployment = Deployment(plan, fleet, PlainView(io.StringIO()), UpOptions(detach=True))
+        deployment.prepare.preflight()
     return 0
 
 

@@ -21,9 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getattr__ below
     from deployer.api.deploy import check, plan, up
+    from deployer.api.fleetwide import Executed, RunsFound, down, execute, pull, status
+    from deployer.api.forward import Forward, tunnel
     from deployer.api.handle import LogLine, Result, Run, TaskState, attach
     from deployer.api.inventories import InventoryLike
-    from deployer.api.views import View
+    from deployer.api.logs import read_logs
+    from deployer.api.views import View, terminal_view
     from deployer.config.plan import Plan, Task
     from deployer.core.errors import (
         ExitStatus,
@@ -49,13 +52,23 @@ _HOMES = {
     "check": "deployer.api.deploy",
     "plan": "deployer.api.deploy",
     "up": "deployer.api.deploy",
+    "Executed": "deployer.api.fleetwide",
+    "RunsFound": "deployer.api.fleetwide",
+    "down": "deployer.api.fleetwide",
+    "execute": "deployer.api.fleetwide",
+    "pull": "deployer.api.fleetwide",
+    "status": "deployer.api.fleetwide",
+    "Forward": "deployer.api.forward",
+    "tunnel": "deployer.api.forward",
     "LogLine": "deployer.api.handle",
     "Result": "deployer.api.handle",
     "Run": "deployer.api.handle",
     "TaskState": "deployer.api.handle",
     "attach": "deployer.api.handle",
     "InventoryLike": "deployer.api.inventories",
+    "read_logs": "deployer.api.logs",
     "View": "deployer.api.views",
+    "terminal_view": "deployer.api.views",
     "Plan": "deployer.config.plan",
     "Task": "deployer.config.plan",
     "ExitStatus": "deployer.core.errors",
@@ -88,7 +101,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Executed",
     "ExitStatus",
+    "Forward",
     "HostError",
     "HostsFailed",
     "Interrupted",
@@ -103,6 +118,7 @@ __all__ = [
     "PullResult",
     "Result",
     "Run",
+    "RunsFound",
     "Task",
     "TaskRow",
     "TaskState",
@@ -111,6 +127,13 @@ __all__ = [
     "View",
     "attach",
     "check",
+    "down",
+    "execute",
     "plan",
+    "pull",
+    "read_logs",
+    "status",
+    "terminal_view",
+    "tunnel",
     "up",
 ]

@@ -22,6 +22,7 @@ from deployer.api.actions import (
     with_run,
 )
 from deployer.api.inventories import InventoryLike, load
+from deployer.api.logs import read_logs
 from deployer.config.inventory import Inventory
 from deployer.config.plan import Plan, make_plan
 from deployer.config.roles import ROLES
@@ -29,13 +30,10 @@ from deployer.core.errors import HostsFailed, JobFailed, TfdeployError, UsageErr
 from deployer.core.text import task_order
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.reply_types import TaskStatus
-from deployer.results.archive import archive_ended, damaged
 from deployer.results.pull import PullResult
 from deployer.results.runs import (
     HostRun,
     Target,
-    archived_runs,
-    follow_logs,
     resolve,
     survey_runs,
 )
@@ -154,17 +152,16 @@ class Run:
             raise unknown_run(self._target, survey)
         return _states(survey.runs, self._awaited_tasks(target))
 
-    def logs(self, *, task: str | None = None, tail: int | None = None) -> list[LogLine]:
+    def logs(
+        self, *, task: str | None = None, tail: int | None = None, say: Say | None = None
+    ) -> list[LogLine]:
         """What the run's tasks (or `task`, e.g. "worker:0") printed so far; with `tail`, each
         task's last `tail` lines. Read from this machine's archive once `up` saw the run end
-        (the hosts may be gone), else from the hosts."""
-        hide = inventory_masker(self._target.inventory)
-        if archive_ended(self.id) and not damaged(self.id, task):
-            runs = archived_runs(self.id, task, tail)
-            return [LogLine(label, hide(text)) for label, lines in runs for text in lines]
+        (the hosts may be gone), else from the hosts, and from the archive when they cannot be
+        asked (`read_logs` has the rule). `say` receives notes on a damaged or cut archive."""
         got: list[LogLine] = []
         self._read_logs(
-            lambda label, texts: got.extend(LogLine(label, hide(t)) for t in texts), task, tail
+            lambda label, texts: got.extend(LogLine(label, t) for t in texts), task, tail, say
         )
         return got
 
@@ -177,26 +174,32 @@ class Run:
     ) -> None:
         """Calls `on_line` for each line the tasks print, from the start (or each task's last
         `tail` lines), until every task of the run has ended."""
-        hide = inventory_masker(self._target.inventory)
 
         def each(label: str, texts: list[str]) -> None:
             for text in texts:
-                on_line(LogLine(label, hide(text)))
+                on_line(LogLine(label, text))
 
-        self._read_logs(each, task, tail, True)
+        self._read_logs(each, task, tail, None, follow=True)
 
     def _read_logs(
         self,
         emit: Callable[[str, list[str]], None],
         task: str | None,
         tail: int | None,
+        say: Say | None,
+        *,
         follow: bool = False,
     ) -> None:
-        with self._fleet(self._discovered()) as fleet:
-            found = follow_logs(fleet, self.id, emit, task=task, tail=tail, follow=follow)
-        if not found:
-            what = f"task {task} of run" if task else "run"
-            raise UsageError(f"no host has {what} {self.id}")
+        read_logs(
+            self.id,
+            emit,
+            task=task,
+            tail=tail,
+            follow=follow,
+            say=say,
+            target=lambda: self._target,
+            hide=inventory_masker(self._target.inventory),
+        )
 
     def pull(
         self,

@@ -8,10 +8,13 @@ output, and any object with the View methods receives the events itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from deployer.watch import view as watch
 from deployer.watch.board import TaskRow
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class View(Protocol):
@@ -68,7 +71,7 @@ class _Adapted:
         self._view.close()
 
 
-def events_to(view: View | None) -> watch.View:
+def events_to(view: View | None) -> watch.Display:
     """The deployment's view for a caller's `view=` (None: quiet)."""
     return QuietView() if view is None else _Adapted(view)
 
@@ -78,12 +81,12 @@ class LazyView:
     show, so a mistake found before any host is touched leaves the terminal as it was.
     Closing a view never made does nothing; closing twice closes once."""
 
-    def __init__(self, make: Callable[[], watch.View]) -> None:
+    def __init__(self, make: Callable[[], watch.Display]) -> None:
         self._make = make
-        self._view: watch.View | None = None
+        self._view: watch.Display | None = None
         self._closed = False
 
-    def _get(self) -> watch.View:
+    def _get(self) -> watch.Display:
         if self._view is None:
             self._view = self._make()
         return self._view
@@ -104,3 +107,10 @@ class LazyView:
         if self._view is not None and not self._closed:
             self._closed = True
             self._view.close()
+
+
+def terminal_view(console: Console, out: TextIO) -> View:
+    """What `tfdeploy up` shows: the live view (a task table, a status line) when `console` is a
+    terminal, else one plain line per event written to `out`; made on its first event
+    (LazyView), so a mistake found before any host is touched leaves the terminal as it was."""
+    return LazyView(lambda: watch.make_view(console, out))

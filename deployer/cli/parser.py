@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deployer.cli import verbs
-from deployer.config.model import NetcheckMode
 
 
 def _target_args(parser: argparse.ArgumentParser, name: str = "target", what: str = "") -> None:
@@ -62,7 +61,7 @@ def _netcheck_arg(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--netcheck",
-        choices=[NetcheckMode.AUTO.value, NetcheckMode.FULL.value, NetcheckMode.SAMPLED.value],
+        choices=["auto", "full", "sampled"],  # the API's netcheck= words (docs/api.md)
         help="which TF connections to try: every one (full), a sample (sampled), or auto: every "
         "one up to 32 hosts (or job.netcheck)",
     )

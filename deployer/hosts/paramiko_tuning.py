@@ -33,8 +33,9 @@ from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 log = logging.getLogger(__name__)
 
 # [lowest, first past the highest): the releases whose internals the classes below were checked
-# against. Widen it only after reading the new release's packet.py, transport.py (Transport's
-# __init__ and _parse_debug), buffered_pipe.py and channel.py (its use of in_buffer).
+# against. Widen it only after reading the new release's modules `paramiko.packet`,
+# `paramiko.transport` (Transport's __init__ and _parse_debug), `paramiko.buffered_pipe` and
+# `paramiko.channel` (its use of in_buffer).
 KNOWN_GOOD = ((3, 4), (5, 2))
 ENV = "TFDEPLOY_PARAMIKO"  # "stock": stock paramiko whatever its version (tests, a suspected bug)
 READ_AHEAD = 1024 * 1024  # bytes one socket read may bring (_ReadAhead)

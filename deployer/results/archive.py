@@ -183,10 +183,10 @@ class LogArchive:
 
     def _end(self) -> None:
         for name in self.files:
-            self.settle(name)
+            self.seal(name)
         self._save()
 
-    def settle(self, task: str) -> None:
+    def seal(self, task: str) -> None:
         """The task has ended and this archive holds all of its log: remember how much."""
         entry = self.files.get(task)
         if entry is not None:

@@ -362,7 +362,7 @@ def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
                     break  # the log shrank: what was read is all there is
                 offset = end
             if status.finished and offset >= status.log_bytes:
-                archive.settle(status.name)
+                archive.seal(status.name)
     return seen
 
 

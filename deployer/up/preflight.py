@@ -1,6 +1,6 @@
 """Preflight: ask every host for its facts and check them; nothing starts unless all pass.
 
-It returns the plan it settled on (GPU counts of `gpus = "auto"` hosts are known only now), so
+It returns the plan it decided on (GPU counts of `gpus = "auto"` hosts are known only now), so
 the phases after it work from one plan that never changes under them.
 """
 
@@ -91,7 +91,7 @@ def _busy_ports(host: str, facts: Mapping[str, object]) -> list[HostError]:
 
 
 @dataclass(frozen=True)
-class Settled:
+class Findings:
     """What preflight found: the plan to run, the code to push, and what to tell the user."""
 
     plan: Plan
@@ -124,7 +124,7 @@ def preflight(
     forwarded: Sequence[str] = (),
     network: NetcheckMode | None = None,
     keep_stand_ins: bool = False,
-) -> Settled:
+) -> Findings:
     """Hello to every host in parallel, then every check; raises HostsFailed naming them all.
 
     The hello reserves each host's TF ports for `claim.run_id`; if any check fails they are
@@ -138,20 +138,20 @@ def preflight(
     listens = netcheck.listeners(plan, mode) if mode is not NetcheckMode.OFF else {}
     greeted = _Greeted(claim, listens)
     try:
-        settled = _settle(plan, fleet, greeted, members, scanning, forwarded)
+        findings = _conclude(plan, fleet, greeted, members, scanning, forwarded)
         if mode is not NetcheckMode.OFF:
             tried = netcheck.check(
                 fleet,
-                settled.plan,
+                findings.plan,
                 claim.run_id,
                 mode,
                 listening=greeted.listening,
                 close=not keep_stand_ins,
             )
             if tried:
-                summary = f"{settled.summary}; {tried.summary()}"
-                settled = dataclasses.replace(settled, summary=summary)
-        return settled
+                summary = f"{findings.summary}; {tried.summary()}"
+                findings = dataclasses.replace(findings, summary=summary)
+        return findings
     except BaseException as exc:
         # Only hosts that answered: an unreachable one would make Ctrl-C wait for its timeout.
         # `release` also stops the stand-ins a hello started.
@@ -216,14 +216,14 @@ class _Greeted:
         return {h: listen for h, (listen, at) in self._listening.items() if at > fresh}
 
 
-def _settle(
+def _conclude(
     plan: Plan,
     fleet: Fleet,
     greeted: _Greeted,
     members: list[Member],
     scanning: _Scan,
     forwarded: Sequence[str],
-) -> Settled:
+) -> Findings:
     facts = fleet.each(lambda m: _hello(plan, m, greeted), members, what="preflight failed")
     manifest = scanning.result()
     tf_versions = agreed_tensorflow(facts)
@@ -235,7 +235,7 @@ def _settle(
         )
     ]
     reports = gpu_reports(facts)
-    settled_plan, gpu_problems, warnings = check_gpus(plan, reports)
+    final_plan, gpu_problems, warnings = check_gpus(plan, reports)
     problems += gpu_problems
     if plan.job.firewall:
         problems += firewall.check(fleet, members)
@@ -246,10 +246,10 @@ def _settle(
     if missing:
         warnings.append(f"forward_env: {', '.join(missing)} are not set here")
     python = sorted({str(f.get("python")) for f in facts.values()})
-    return Settled(
-        plan=settled_plan,
+    return Findings(
+        plan=final_plan,
         manifest=manifest,
-        gpu_hosts=frozenset(monitored_hosts(settled_plan, reports)),
+        gpu_hosts=frozenset(monitored_hosts(final_plan, reports)),
         gpu_reports=reports,
         warnings=tuple(warnings),
         summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",

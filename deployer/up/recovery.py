@@ -18,11 +18,11 @@ from deployer.config.sources import Say
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.sync import Manifest
-from deployer.up.preflight import Settled
+from deployer.up.preflight import Findings
 from deployer.up.restarts import backoff_s, restart_task, stop_attempt
 from deployer.watch.loop import RestartJob, Watch
-from deployer.watch.run import Run
-from deployer.watch.view import View
+from deployer.watch.runstate import RunState
+from deployer.watch.view import Display
 
 
 class Phases(Protocol):
@@ -31,7 +31,7 @@ class Phases(Protocol):
     members: list[Member]
     contacted_hosts: set[str]
 
-    def preflight(self) -> Settled: ...
+    def preflight(self) -> Findings: ...
 
     def push(
         self, manifest: Manifest, groups: Sequence[Sequence[str]] = (), *, only: Sequence[Member]
@@ -45,9 +45,9 @@ class Recovery:
         self,
         phases: Phases,
         fleet: Fleet,
-        run: Run,
+        run: RunState,
         watching: Watch,
-        view: View,
+        view: Display,
         *,
         forwarded: Mapping[str, str],
         sleep: Callable[[float], None],
@@ -107,10 +107,10 @@ class Recovery:
         self.watching.poller.forget(name)
         self.phases.members = [self.fleet.member(h.name) for h in self.run.plan.hosts]
         self.phases.contacted_hosts.discard(name)  # terminated: nothing left there to stop
-        settled = self.phases.preflight()
+        findings = self.phases.preflight()
         joined = self.fleet.member(new.name)
-        self.phases.push(settled.manifest, (), only=[joined])
-        self.phases.setup(settled.manifest, only=[joined])
+        self.phases.push(findings.manifest, (), only=[joined])
+        self.phases.setup(findings.manifest, only=[joined])
         self.arm_idle_stop()
         self.view.step(f"{new.name} replaces {name}: same tasks, same indices")
 

@@ -14,9 +14,9 @@ from deployer.core.secrets import mask_text
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.reply_types import StopReport, escaped_text
-from deployer.up.launch import start_request
+from deployer.up.start import start_request
 from deployer.watch.board import TaskBoard
-from deployer.watch.view import View
+from deployer.watch.view import Display
 
 MAX_BACKOFF_S = 300.0  # restart_backoff doubles per attempt up to this
 
@@ -29,7 +29,7 @@ def backoff_s(job: Job, attempt: int) -> float:
 def restart_task(
     fleet: Fleet,
     board: TaskBoard,
-    view: View,
+    view: Display,
     plan: Plan,
     run_id: str,
     forwarded: Mapping[str, str],

@@ -2,7 +2,7 @@
 
 Pure: no I/O and no clock of its own. The rules (which failure counts first, whether a failed
 task is restarted, when a job is stalled, what a failure report says) read in one place and are
-tested as tables; lifecycle.py acts on their answers.
+tested as tables; loop.py acts on their answers.
 """
 
 from __future__ import annotations

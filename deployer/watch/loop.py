@@ -21,8 +21,8 @@ from deployer.hosts.gpus import GpuMonitor
 from deployer.watch.board import may_restart, retryable
 from deployer.watch.contact import Loss
 from deployer.watch.poller import Poller, Tick
-from deployer.watch.run import OnRun
-from deployer.watch.view import View
+from deployer.watch.runstate import OnRun
+from deployer.watch.view import Display
 from remote import protocol
 
 
@@ -42,7 +42,7 @@ class Watch(OnRun):
     def __init__(
         self,
         poller: Poller,
-        view: View,
+        view: Display,
         *,
         restart: Callable[[str], None],
         sleep: Callable[[float], None],

@@ -17,7 +17,7 @@ from deployer.hosts.gpus import GpuMonitor, GpuReport
 from deployer.hosts.reply_types import Poll
 from deployer.results.archive import LogArchive
 from deployer.watch.contact import HostContact, Loss
-from deployer.watch.run import OnRun, Run
+from deployer.watch.runstate import OnRun, RunState
 
 # A poll is one short agent call; one that takes longer is a failed contact (and is retried).
 POLL_TIMEOUT_S = 8.0
@@ -42,7 +42,7 @@ class Poller(OnRun):
     def __init__(
         self,
         fleet: Fleet,
-        run: Run,
+        run: RunState,
         *,
         gpu_monitor: GpuMonitor | None = None,
         wait_s: float = POLL_WAIT_S,

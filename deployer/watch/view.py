@@ -1,7 +1,9 @@
 """What a person sees while a job runs: a live task table over interleaved, prefixed log lines.
 
-Two renderers share one small interface: LiveView for terminals (rich Live; log lines scroll above
-a table that stays put) and PlainView for pipes and CI logs (one prefixed line per event).
+Two renderers share one small interface, `Display` (the deployment's; the API's public `View`
+is what a caller passes, adapted to it in api/views.py): LiveView for terminals (rich Live; log
+lines scroll above a table that stays put) and PlainView for pipes and CI logs (one prefixed
+line per event).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from deployer.watch.board import TaskRow
 from deployer.watch.table import Heard, region_rows, task_colour, task_panel
 
 
-class View(Protocol):
+class Display(Protocol):
+    """Where a deployment's events go: steps, the current phase, log lines, the task table."""
+
     def step(self, text: str) -> None: ...
     def phase(self, text: str) -> None: ...
     def lines(self, label: str, lines: Sequence[str]) -> None: ...
@@ -247,7 +251,7 @@ class LiveView:
             self._console.print(*shown, sep="", soft_wrap=True)
 
 
-def make_view(console: Console, out: TextIO) -> View:
+def make_view(console: Console, out: TextIO) -> Display:
     return LiveView(console) if console.is_terminal else PlainView(out)
 
 
@@ -257,7 +261,7 @@ class MaskedView:
     and a token forwarded from this shell must not end up in a terminal's scrollback or a CI
     log; the hosts' own logs and this machine's archive keep the raw bytes (docs/security.md)."""
 
-    def __init__(self, view: View, hide: Callable[[str], str]) -> None:
+    def __init__(self, view: Display, hide: Callable[[str], str]) -> None:
         self.view = view
         self.hide = hide
 
@@ -277,7 +281,7 @@ class MaskedView:
         self.view.close()
 
 
-def masked_view(view: View, masker: Masker) -> View:
+def masked_view(view: Display, masker: Masker) -> Display:
     """`view` itself when the run has no secret value to hide, else a MaskedView."""
     return MaskedView(view, masker) if masker.values else view
 
@@ -287,7 +291,7 @@ class SteadyView:
     whose reader left, a terminal gone (EIO) or a closed stdout then loses the words, never
     the stop of the run, its firewall removal or its artifacts."""
 
-    def __init__(self, view: View) -> None:
+    def __init__(self, view: Display) -> None:
         self.view = view
         self.steady = False
 

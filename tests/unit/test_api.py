@@ -159,6 +159,8 @@ def test_the_stable_names_are_exported() -> None:
             *("PullResult", "Plan", "Task", "View", "PlainView", "TaskRow", "InventoryLike"),
             *("TfdeployError", "UsageError", "InventoryError", "LocalError", "HostError"),
             *("HostsFailed", "NetworkBlocked", "JobFailed", "Interrupted", "ExitStatus"),
+            *("status", "read_logs", "down", "pull", "tunnel", "execute", "terminal_view"),
+            *("RunsFound", "Forward", "Executed"),
         ]
     )
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()

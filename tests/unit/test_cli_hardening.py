@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from deployer.api.render import status_table
 from deployer.cli.parser import DISTRIBUTION
-from deployer.cli.render import status_table
 from deployer.hosts.reply_types import TaskStatus
 from deployer.results.runs import HostRun
 from deployer.sources.aws.settings import INSTALL_HINT

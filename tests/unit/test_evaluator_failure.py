@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from deployer.cli.render import status_json, status_table
+from deployer.api.render import status_json, status_table
 from deployer.core.errors import JobFailed
 from deployer.hosts.reply_types import TaskStatus
 from deployer.results.runs import HostRun

@@ -72,7 +72,7 @@ def test_deployer_has_no_import_circles() -> None:
     "module",
     [
         "deployer.config.plan",
-        "deployer.cli.render",
+        "deployer.api.render",
         "deployer.config.inventory",
         "deployer.hosts.transport",
         "deployer.cli.main",

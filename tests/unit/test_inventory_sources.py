@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from deployer.cli.render import plan_json, plan_table
+from deployer.api.render import plan_json, plan_table
 from deployer.config.inventory import (
     Inventory,
     discover_hosts,

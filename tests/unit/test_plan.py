@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.cli.render import plan_document, plan_table
+from deployer.api.render import plan_document, plan_table
 from deployer.config.plan import RESERVED_ENV
 from remote import protocol
 from tests.support.helpers import JOB, plan, plan_error, tf_config

@@ -21,7 +21,7 @@ from deployer.core.text import join_names, plural, size
 from deployer.hosts.reply_types import TaskStatus
 from deployer.push.sync import READ_BYTES, CodeFile, Manifest, _contents, setup_fingerprint
 from deployer.results.state import RUN_ID, new_run_id
-from deployer.up.launch import start_groups
+from deployer.up.start import start_groups
 from deployer.watch.board import TaskBoard, may_restart
 from deployer.watch.contact import HOST_LOSS_S, HostContact
 from tests.support.helpers import JOB, plan

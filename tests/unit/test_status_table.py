@@ -7,8 +7,8 @@ import json
 
 from rich.console import Console
 
+from deployer.api.render import status_json, status_table
 from deployer.cli.parser import build_parser
-from deployer.cli.render import status_json, status_table
 from deployer.hosts.reply_types import TaskStatus
 from deployer.results.runs import HostRun
 

@@ -17,7 +17,7 @@ from deployer.watch.board import TaskBoard
 
 
 @dataclass
-class Run:
+class RunState:
     run_id: str
     plan: Plan
     clock: Callable[[], float] = time.monotonic
@@ -44,9 +44,9 @@ class Run:
 
 
 class OnRun:
-    """What the poller and the watch loop read of the run: the one shared `Run`, never a copy."""
+    """What the poller and the watch loop read of the run: the one shared RunState, no copy."""
 
-    run: Run
+    run: RunState
 
     @property
     def plan(self) -> Plan:

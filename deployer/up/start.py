@@ -1,9 +1,10 @@
-"""What starting a task means: TF's start order, and the request each task is started with."""
+"""Starting the job: TF's start order, the request each task is started with, and the start
+phase that sends them wave after wave."""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
@@ -13,6 +14,10 @@ from deployer.core.text import plural
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.reply_types import TaskStatus
+from deployer.watch.loop import Watch
+from deployer.watch.poller import Poller
+from deployer.watch.runstate import RunState
+from deployer.watch.view import Display
 from remote import protocol
 
 # What the agent answers a start in a run that `down` stopped (remote/taskops.py).
@@ -122,3 +127,72 @@ def start_group(
             f"starting {names} failed on {plural(len(failures), 'host')}:\n{lines}",
             hint="every task started so far was stopped; fix the host and run up again",
         )
+
+
+class StartPhase:
+    """Every task started, wave after wave (servers awaited listening before the next wave),
+    the run's port reservations given back, and the poller told whom to watch."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        run: RunState,
+        poller: Poller,
+        watching: Watch,
+        view: Display,
+        forwarded: Mapping[str, str],
+        on_start: Callable[[], None],
+    ) -> None:
+        self.fleet, self.run, self.poller, self.watching = fleet, run, poller, watching
+        self.view, self.forwarded, self.on_start = view, forwarded, on_start
+
+    def __call__(self, members: Sequence[Member]) -> None:
+        plan = self.run.plan
+        deadline = self.run.clock() + plan.job.start_timeout
+        groups = start_groups(plan)
+        released = released_with_start(groups)
+        for group in groups:
+            self._start_group(group, released)
+            servers = [t for t in group if t.serves and t.port is not None]
+            if servers:
+                self.watching.wait_listening(servers, deadline)
+        # Started tasks hold their ports now. A reservation left to its lease could outlive
+        # the run: a heartbeat stuck in a cut link arrives when the link heals and renews it.
+        # Most hosts dropped theirs with their last start; the others (a ps waited on) now.
+        rest = [m for m in members if m.name not in released]
+        self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), rest)
+        count = len(plan.tasks)
+        self.view.step("the task started" if count == 1 else f"all {count} tasks started")
+
+    def _start_group(self, tasks: list[Task], released: Collection[str]) -> None:
+        self.on_start()
+        for host in by_host(tasks):
+            self.poller.watch_host(host)
+        self.view.step(f"starting {fold_names([t.name for t in tasks], join=', '.join)}")
+        board = self.run.board
+
+        def started(host: str, statuses: list[TaskStatus]) -> None:
+            self.poller.contact.reached(host, self.run.clock())
+            board.update(statuses)
+
+        start_group(
+            self.fleet,
+            tasks,
+            self.run.run_id,
+            self.forwarded,
+            grace=self.run.plan.job.stop_grace,
+            on_started=started,
+            attempt=board.attempt,
+            release=released,
+        )
+
+
+def released_with_start(groups: Sequence[Sequence[Task]]) -> set[str]:
+    """The hosts that may drop their port reservations with their last start request: those
+    whose last group serves no port that a later step waits on (wait_listening)."""
+    last_serving: dict[str, bool] = {}  # host -> its last group serves a port on it
+    for group in groups:
+        serving = {t.host for t in group if t.serves and t.port is not None}
+        for task in group:
+            last_serving[task.host] = task.host in serving
+    return {host for host, serves in last_serving.items() if not serves}

@@ -1,0 +1,121 @@
+"""The verbs that name an inventory or a run id rather than hold a `Run`: `status`, `down`,
+`pull`, `execute`. `TARGET` is what `tfdeploy status TARGET` takes: an inventory file (every run
+of its job), or a run id this machine started (its record names the inventory), or any run id
+with `inventory=`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deployer.api.actions import Say, discovered, pull_files, stop
+from deployer.api.inventories import InventoryLike, load
+from deployer.config.inventory import discover_hosts
+from deployer.core.errors import HostError, UsageError
+from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
+from deployer.hosts.transport import CommandResult
+from deployer.results.pull import PullResult
+from deployer.results.runs import HostRun, resolve, survey_runs
+
+
+@dataclass(frozen=True)
+class RunsFound:
+    """What `status` found on the hosts: the target's runs (newest first, each one host's
+    share: `run_id`, `job`, `host`, `tasks`) and the hosts that could not be asked."""
+
+    runs: list[HostRun]
+    failures: list[HostError]
+    run_id: str | None  # the run asked for; None: every run of the inventory's job
+    nothing_found: str  # in words: what was sought, where, and what is there instead
+
+    def missing(self) -> UsageError:
+        """The error for a run asked for by id that no host has."""
+        return UsageError(
+            self.nothing_found,
+            hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+        )
+
+
+@dataclass(frozen=True)
+class Executed:
+    """What `execute` ran: each reached host's exit code and output, and the hosts that could
+    not be reached (the command ran on the others)."""
+
+    results: dict[str, CommandResult]  # host -> .exit_code, .stdout, .stderr (bytes)
+    unreachable: list[HostError]
+
+
+def status(target: str, *, inventory: str | None = None) -> RunsFound:
+    """The runs on the hosts of an inventory file (every run of its job), or one run's tasks
+    (`target` a run id). A host that cannot be asked is in `failures`; the others' answers
+    are kept. Raises UsageError when `target` is neither an inventory file nor a known run."""
+    found = discovered(resolve(target, inventory))
+    with Fleet(found.hosts) as fleet:
+        survey = survey_runs(fleet, found)
+    return RunsFound(survey.runs, survey.failures, found.run_id, survey.nothing_found(found))
+
+
+def down(
+    target: str,
+    *,
+    inventory: str | None = None,
+    terminate: bool = False,
+    say: Say | None = None,
+    warn: Say | None = None,
+) -> tuple[str, ...]:
+    """Stops the runs of an inventory's job, or one run (finished tasks' escaped processes
+    too), on every host; returns the hosts where something was stopped. `terminate` also ends
+    every machine the host sources created. `say` receives what `tfdeploy down` prints,
+    `warn` its warnings (default: `say`).
+
+    Raises HostsFailed naming the hosts that could not be asked (after the others were
+    stopped), UsageError for a run id no host has."""
+    say = say or _nothing
+    stopped = stop(resolve(target, inventory), terminate=terminate, say=say, warn=warn)
+    return tuple(sorted(set(stopped)))
+
+
+def pull(
+    run_id: str,
+    patterns: Sequence[str],
+    to: str | os.PathLike[str] = ".",
+    *,
+    inventory: str | None = None,
+    tasks: Sequence[str] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> PullResult:
+    """`Run.pull` by run id: files the tasks wrote (glob patterns relative to each task's
+    directory) into `to/<run id>/<role>-<index>/`; only contents missing here travel.
+
+    Raises UsageError when `run_id` names no run, Interrupted on Ctrl-C (what arrived is
+    kept; its hint is the command that fetches the rest)."""
+    target = resolve(run_id, inventory)
+    if target.run_id is None:
+        raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
+    return pull_files(
+        target, patterns, to, tasks=tasks, concurrency=concurrency, inventory=inventory
+    )
+
+
+def execute(
+    inventory: InventoryLike,
+    command: str | Sequence[str],
+    *,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> Executed:
+    """Runs `command` on every host of the inventory at once, with `sh -c`: a string is a
+    shell snippet ("nvidia-smi | head"), a sequence an argv, quoted as it is."""
+    shell = command if isinstance(command, str) else shlex.join(command)
+    hosts = discover_hosts(load(inventory)).hosts
+    with Fleet(hosts, concurrency=concurrency) as fleet:
+        results, unreachable = fleet.each_settled(
+            lambda m: m.agent.transport.run(["sh", "-c", shell], timeout=None)
+        )
+    return Executed(results, unreachable)
+
+
+def _nothing(_: str) -> None:
+    pass

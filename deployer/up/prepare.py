@@ -1,0 +1,98 @@
+"""Hosts made ready for a run: preflight (facts checked, the plan decided), the push of the
+code, and the job's setup commands; what recovery runs again for a replacement host."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from deployer.config.model import NetcheckMode
+from deployer.core.fold import fold_names
+from deployer.core.text import plural
+from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.gpus import GpuMonitor
+from deployer.push.deliver import deliver
+from deployer.push.sync import Manifest, run_setup
+from deployer.up.preflight import Claim, Findings, preflight
+from deployer.up.records import host_fields, keep_record
+from deployer.up.teardown import Teardown
+from deployer.watch.runstate import RunState
+from deployer.watch.view import Display
+
+
+class Preparation:
+    """The run's hosts (`members`, which recovery replaces) made ready; `contacted_hosts`
+    (shared with teardown) grows with every host the push reaches."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        run: RunState,
+        view: Display,
+        teardown: Teardown,
+        gpu_monitor: GpuMonitor,
+        forwarded: Mapping[str, str],
+        *,
+        lease: float,
+        netcheck: NetcheckMode | None,
+        detached: bool,
+    ) -> None:
+        self.fleet, self.run, self.view, self.teardown = fleet, run, view, teardown
+        self.gpu_monitor, self.forwarded = gpu_monitor, forwarded
+        self.lease, self.netcheck, self.detached = lease, netcheck, detached
+        self.members = [fleet.member(h.name) for h in run.plan.hosts]
+        self.contacted_hosts = teardown.contacted
+
+    def preflight(self, *, keep_stand_ins: bool = False) -> Findings:
+        names = fold_names([m.name for m in self.members], join=", ".join)
+        self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
+        claim = Claim(self.run.run_id, self.lease)
+        findings = preflight(
+            self.run.plan,
+            self.fleet,
+            claim,
+            forwarded=list(self.forwarded),
+            network=self.netcheck,
+            keep_stand_ins=keep_stand_ins,
+        )
+        self.run.adopt(findings.plan)  # GPU counts learnt from the hosts (gpus = "auto")
+        self.gpu_monitor.hosts = set(findings.gpu_hosts)
+        for warning in findings.warnings:
+            self.view.step(f"warning: {warning}")
+        self.view.step(f"preflight ok: {findings.summary}")
+        return findings
+
+    def push(
+        self,
+        manifest: Manifest,
+        groups: Sequence[Sequence[str]] = (),
+        empty_stores: Collection[str] = (),
+        *,
+        only: Sequence[Member] | None = None,
+    ) -> None:
+        """Code to every host (or `only` to these); hosts sharing a workdir get each content
+        once, via the first; hosts with `empty_stores` are not asked what they lack."""
+        members = self.members if only is None else list(only)
+        keep_record(self.run.plan, self.run.run_id, detached=self.detached, view=self.view)
+        # From here on a host may hold the run (and soon its setup processes): teardown asks them.
+        self.contacted_hosts.update(m.name for m in members)
+        fields = host_fields(self.run.plan, self.run.run_id, self.lease)
+        self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
+        pushing = deliver(
+            self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores
+        )
+        for line in pushing:
+            self.view.step(line)
+
+    def setup(self, manifest: Manifest, *, only: Sequence[Member] | None = None) -> None:
+        job = self.run.plan.job
+        if not job.setup:
+            return
+        members = self.members if only is None else list(only)
+        commands = plural(len(job.setup), "command")
+        self.view.step(f"setup ({commands}) on {plural(len(members), 'host')}")
+        ran = self.fleet.each(
+            lambda m: run_setup(m, self.run.run_id, job, manifest), members, what="setup failed"
+        )
+        skipped = [n for n, r in ran.items() if not r]
+        if skipped:
+            self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
