@@ -24,7 +24,7 @@ from deployer.core.secrets import Masker
 from deployer.core.statedir import state_dir
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
-from deployer.hosts.gpus import GpuMonitor
+from deployer.hosts.gpus import GpuMonitor, GpuReport
 from deployer.hosts.reply_types import TaskStatus
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
@@ -33,6 +33,7 @@ from deployer.results.pull import KEPT, artifacts_home, resume_command
 from deployer.results.state import RunRecord, controller_name, new_run_id, save
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
+from deployer.up.gpucheck import gpus_left
 from deployer.up.launch import by_host, start_group, start_groups
 from deployer.up.preflight import Claim, Settled, preflight
 from deployer.up.recovery import Recovery
@@ -89,6 +90,7 @@ class Deployment:
         self.archive = LogArchive(self.run_id, on_failure=self._archive_failed)
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
+        self.gpus_before: Mapping[str, GpuReport] = {}  # what preflight saw of each GPU host
         self.poller = Poller(
             fleet,
             self.run_state,
@@ -203,8 +205,10 @@ class Deployment:
     def check(self) -> int:
         """`tfdeploy check`: preflight alone. Its port reservations are given back at once."""
         try:
-            self.preflight(keep_stand_ins=True)  # the release stops them: one round trip less
+            settled = self.preflight(keep_stand_ins=True)  # the release stops them
             self.fleet.each_settled(lambda m: m.agent.release(self.run_id), self.members)
+            for line in settled.gpu_lines:
+                self.view.step(line)
             tasks, hosts = plural(len(self.plan.tasks), "task"), plural(len(self.members), "host")
             self.view.step(f"check ok: nothing was started (up would start {tasks} on {hosts})")
         finally:
@@ -225,6 +229,7 @@ class Deployment:
         )
         self.run_state.adopt(settled.plan)  # GPU counts learnt from the hosts (gpus = "auto")
         self.gpu_monitor.hosts = set(settled.gpu_hosts)
+        self.gpus_before = settled.gpu_reports  # teardown's proof compares with these
         for warning in settled.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {settled.summary}")
@@ -410,6 +415,8 @@ class Deployment:
             for line in stop_everywhere(
                 self.fleet, members, self.run_id, job.stop_grace, self.hide
             ):
+                self.view.step(line)
+            for line in gpus_left(self.fleet, members, self.run_id, self.gpus_before):
                 self.view.step(line)
             with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
                 self.watching.tick(heartbeat=False, tolerate=True)

@@ -26,14 +26,7 @@ from deployer.hosts.fleet import Fleet
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import TaskRow
 from tests.lab import Lab, LabHost
-from tests.support.gpus import FAKE, uuid
-
-
-def gpus_csv(n: int, util: Sequence[int] = (), used: int = 0) -> str:
-    return "".join(
-        f"{i}, {uuid(i)}, NVIDIA A10G, 23028, {used}, {util[i] if i < len(util) else 0}\n"
-        for i in range(n)
-    )
+from tests.support.gpus import FAKE, STATE_NAME, state, uuid
 
 
 # -- on the lab, with the stand-in on one host ---------------------------------------------------
@@ -45,23 +38,18 @@ NVIDIA_SMI_PER_HOST = "a different nvidia-smi stand-in on each host, in root's o
 
 @pytest.fixture
 def fake_nvidia_smi(lab: Lab) -> Iterator[Callable[..., None]]:
-    """install(host, gpus=CSV, apps=CSV, fail=False): the stand-in in that host's /root/bin."""
+    """install(host, state_json): the stand-in in that host's /root/bin, reading that state
+    (tests/support/gpus.py `state`); again on the same host: the new state only."""
     used: list[LabHost] = []
 
-    def install(
-        host: LabHost, *, gpus: str | None = None, apps: str = "", fail: bool = False
-    ) -> None:
+    def install(host: LabHost, state_json: str | None = None) -> None:
         used.append(host)
         script = [
             "mkdir -p /root/bin",
             f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
             "chmod +x /root/bin/nvidia-smi",
-            f"printf %s {shlex.quote(apps)} > /root/bin/nvidia-smi.apps.csv",
+            f"printf %s {shlex.quote(state_json or state())} > /root/bin/{STATE_NAME}",
         ]
-        if gpus is not None:
-            script.append(f"printf %s {shlex.quote(gpus)} > /root/bin/nvidia-smi.gpus.csv")
-        if fail:
-            script.append("touch /root/bin/nvidia-smi.fail")
         done = lab.run(host, " && ".join(script))
         assert done.returncode == 0, done.stderr
 
@@ -111,7 +99,8 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
     lab = clean_lab
     gpu_host, cpu_host = lab.hosts[0], lab.hosts[1]
     fake_nvidia_smi(
-        gpu_host, gpus=gpus_csv(4, util=[30, 50, 70, 90], used=1024), apps=f"{uuid(3)}, 999, 10\n"
+        gpu_host,
+        state(util=[30, 50, 70, 90], used=1024, apps=[{"gpu": 3, "pid": 999, "used_memory": 10}]),
     )
     code = tmp_path / "code"
     code.mkdir()
@@ -127,7 +116,9 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
         },
     )
     text = path.read_text().replace(
-        f'name = "{gpu_host.name}"', f'name = "{gpu_host.name}"\ngpus = "auto"', 1
+        f'name = "{gpu_host.name}"',
+        f'name = "{gpu_host.name}"\ngpus = "auto"\nallow_busy_gpus = true',
+        1,
     )
     path.write_text(text)
     plan = make_plan(parse_inventory(__import__("tomllib").loads(text), path))
@@ -148,8 +139,8 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
         f"worker:2@{cpu_host.name}": f"env CUDA_VISIBLE_DEVICES= {rest}",
     }
     assert any(
-        s == f"warning: {gpu_host.name}: GPU 3 (NVIDIA A10G), given to worker:1, already runs "
-        "compute process(es) 999: another job may be using it"
+        s == f"warning: {gpu_host.name}: GPU 3 (NVIDIA A10G, {uuid(3)}), given to worker:1, "
+        "already runs compute process(es) pid 999 (python3, 10 MiB) (allow_busy_gpus = true)"
         for s in view.steps
     ), view.steps
     assert "warning: forward_env: UNSET_HERE are not set here" in view.steps
@@ -166,8 +157,8 @@ def test_gpu_preflight_errors_on_the_lab(
     code = tmp_path / "code"
     code.mkdir()
     (code / "x.py").write_text("print('never')\n")
-    fake_nvidia_smi(lab.hosts[0], gpus=gpus_csv(2))
-    fake_nvidia_smi(lab.hosts[2], fail=True)
+    fake_nvidia_smi(lab.hosts[0], state(2))
+    fake_nvidia_smi(lab.hosts[2], state(fail=True))
     path = lab_inventory(
         [[{"role": "worker", "gpus": [3]}], [{"role": "worker"}], [{"role": "worker"}]],
         code=code,
