@@ -47,7 +47,9 @@ def stop(target: Target, *, terminate: bool, say: Say, warn: Say | None = None) 
         stopped, failed = stop_runs(
             fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
         )
-        gpus_held = prove_runs_released(fleet, [(s.run.host, s.run.run_id) for s in stopped])
+        gpus_held = prove_runs_released(
+            fleet, [(s.run.host, s.run.run_id, s.pids) for s in stopped]
+        )
         if job.firewall:  # after the stop: ports stay closed until tasks are gone
             for r in found:
                 for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):

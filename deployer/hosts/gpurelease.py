@@ -15,7 +15,7 @@ named with both figures.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from deployer.core.errors import HostError
@@ -33,13 +33,20 @@ class Left:
     text: str
 
 
-def leftovers(report: GpuReport, host: str, before: GpuReport | None = None) -> list[Left]:
-    """The run's compute processes still listed, else (pids unknown here) memory not returned."""
+def leftovers(
+    report: GpuReport,
+    host: str,
+    before: GpuReport | None = None,
+    pids: Collection[int] = (),
+) -> list[Left]:
+    """The run's compute processes still listed (by environment, or a pid of its tasks: the
+    driver may list a dead task's pid until it frees the memory), else (pids unknown here)
+    memory not returned."""
     left = [
         Left(host, f"GPU {g.index} ({g.uuid}) still holds {a.text()} of the run")
         for g in report.gpus
         for a in report.apps_on(g)
-        if a.run is True
+        if a.run is True or (a.pid is not None and a.pid in pids)
     ]
     if left or before is None:
         return left
@@ -66,12 +73,14 @@ def prove_released(
     run_id: str,
     *,
     before: Mapping[str, GpuReport] | None = None,
+    pids: Mapping[str, Collection[int]] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     interval: float = 1.0,
 ) -> list[HostError]:
     """Asks until no GPU of these hosts holds a process of the run, for up to each host's
-    `gpu_release_s`; returns one HostError per host naming what is still there. Hosts without
+    `gpu_release_s`; returns one HostError per host naming what is still there. `pids`: the
+    run's task (and escaped) pids on each host, as its stop reported them. Hosts without
     nvidia-smi, or whose nvidia-smi fails, prove nothing and are skipped (an unreachable host
     is the stop's own failure, reported there)."""
     pending = list(members)
@@ -82,7 +91,7 @@ def prove_released(
         for name, reply in replies.items():
             report = GpuReport.from_json(reply)
             if report.nvidia_smi and not report.error:
-                left = leftovers(report, name, (before or {}).get(name))
+                left = leftovers(report, name, (before or {}).get(name), (pids or {}).get(name, ()))
                 if left:
                     found[name] = left
         pending = [m for m in pending if m.name in found]
@@ -104,9 +113,17 @@ def _error(member: Member, left: list[Left]) -> HostError:
     )
 
 
-def prove_runs_released(fleet: Fleet, stopped: Iterable[tuple[str, str]]) -> list[HostError]:
-    """`down`'s proof for each (host, run id) it stopped."""
+def prove_runs_released(
+    fleet: Fleet, stopped: Iterable[tuple[str, str, Collection[int]]]
+) -> list[HostError]:
+    """`down`'s proof for each (host, run id, its pids there) it stopped."""
     by_run: dict[str, list[Member]] = {}
-    for host, run_id in stopped:
+    pids: dict[str, dict[str, Collection[int]]] = {}
+    for host, run_id, known in stopped:
         by_run.setdefault(run_id, []).append(fleet.member(host))
-    return [e for run_id, ms in sorted(by_run.items()) for e in prove_released(fleet, ms, run_id)]
+        pids.setdefault(run_id, {})[host] = known
+    return [
+        e
+        for run_id, members in sorted(by_run.items())
+        for e in prove_released(fleet, members, run_id, pids=pids[run_id])
+    ]

@@ -33,7 +33,7 @@ from deployer.results.pull import KEPT, artifacts_home, resume_command
 from deployer.results.state import RunRecord, controller_name, new_run_id, save
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
-from deployer.up.gpucheck import gpus_left
+from deployer.up.gpucheck import gpus_left, task_pids
 from deployer.up.launch import by_host, start_group, start_groups
 from deployer.up.preflight import Claim, Settled, preflight
 from deployer.up.recovery import Recovery
@@ -416,7 +416,8 @@ class Deployment:
                 self.fleet, members, self.run_id, job.stop_grace, self.hide
             ):
                 self.view.step(line)
-            for line in gpus_left(self.fleet, members, self.run_id, self.gpus_before):
+            pids = task_pids(self.board)
+            for line in gpus_left(self.fleet, members, self.run_id, self.gpus_before, pids):
                 self.view.step(line)
             with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
                 self.watching.tick(heartbeat=False, tolerate=True)
