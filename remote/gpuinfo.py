@@ -1,10 +1,13 @@
-"""The host's GPUs as nvidia-smi reports them, and the compute processes on them (op `gpus`)."""
+"""The host's GPUs as nvidia-smi reports them, their health, and the compute processes on them
+(op `gpus`)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import protocol
@@ -12,9 +15,27 @@ import protocol
 # Non-interactive SSH commands get sshd's PATH, not a login shell's: Debian's ~/.profile adds
 # these two only for logins, so a user's own nvidia-smi (or a wrapper) there is looked up too.
 EXTRA_DIRS = ("~/bin", "~/.local/bin")
-QUERY_GPU = "index,uuid,name,memory.total,memory.used,utilization.gpu"
-QUERY_APPS = "gpu_uuid,pid,used_memory"
+QUERY_GPU = (
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "memory.used",
+    "utilization.gpu",
+    "pci.bus_id",
+    "driver_version",
+)
+QUERY_APPS = "gpu_uuid,pid,process_name,used_memory"
 TIMEOUT = 15.0
+# What nvidia-smi prints for a field it does not know (exit code 2), and for a GPU it cannot
+# reach (exit code 15), in its own words.
+NOT_A_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+LOST = re.compile(
+    r"Unable to determine the device handle for (?:GPU|gpu )?\s*([0-9A-Fa-f:.]+): (.*)"
+)
+# Values that only say the GPU does not report a field: no problem. Any other bracketed value
+# ("[GPU requires reset]", "[Unknown Error]", "[GPU is lost]") is the GPU's own alarm.
+NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Insufficient Permissions]")
 
 
 def find_nvidia_smi() -> str | None:
@@ -31,36 +52,68 @@ def find_nvidia_smi() -> str | None:
 def op_gpus(req: dict[str, Any]) -> protocol.GpusReply:
     """`nvidia_smi` is null when the host has none; `error` says why a present one failed."""
     smi = find_nvidia_smi()
-    reply: dict[str, Any] = {"nvidia_smi": smi, "error": None, "gpus": [], "apps": []}
+    reply: dict[str, Any] = {"nvidia_smi": smi, "error": None, "gpus": [], "apps": [], "lost": []}
     if smi is None:
         return reply
-    rows, error = _query(smi, f"--query-gpu={QUERY_GPU}")
+    fields, (rows, lost, error) = _query_gpus(smi)
     if error is None:
-        apps, error = _query(smi, f"--query-compute-apps={QUERY_APPS}")
+        apps, _, error = _query(smi, f"--query-compute-apps={QUERY_APPS}")
     if error is not None:
         reply["error"] = error
         return reply
-    reply["gpus"] = [
-        {
-            "index": int(r[0]),
-            "uuid": r[1],
-            "name": r[2],
-            "memory_total": _number(r[3]),
-            "memory_used": _number(r[4]),
-            "utilization": _number(r[5]),
-        }
-        for r in rows
-        if len(r) >= 6 and r[0].isdigit()
-    ]
+    reply["gpus"] = [_gpu(dict(zip(fields, r))) for r in rows if len(r) == len(fields)]
+    reply["gpus"] = [g for g in reply["gpus"] if g is not None]
+    reply["lost"] = [{"pci_bus_id": bus, "reason": why} for bus, why in lost]
+    run_id = req.get("run_id")
     reply["apps"] = [
-        {"gpu_uuid": r[0], "pid": _number(r[1]), "used_memory": _number(r[2])}
+        {
+            "gpu_uuid": r[0],
+            "pid": _number(r[1]),
+            "process_name": r[2],
+            "used_memory": _number(r[3]),
+            "run": _of_run(_number(r[1]), run_id) if run_id else None,
+        }
         for r in apps
-        if len(r) >= 3
+        if len(r) >= 4
     ]
     return reply
 
 
-def _query(smi: str, query: str) -> tuple[list[list[str]], str | None]:
+def _query_gpus(
+    smi: str,
+) -> tuple[list[str], tuple[list[list[str]], list[tuple[str, str]], str | None]]:
+    """The GPU rows with every health field this driver knows: one it does not is dropped
+    (an older driver has no row remapping, say) and the query asked again."""
+    fields = list(QUERY_GPU) + list(protocol.GPU_HEALTH_FIELDS)
+    while True:
+        result = _query(smi, f"--query-gpu={','.join(fields)}")
+        unknown = NOT_A_FIELD.search(result[2] or "")
+        if unknown is None or unknown.group(1) not in protocol.GPU_HEALTH_FIELDS:
+            return fields, result
+        fields.remove(unknown.group(1))
+
+
+def _gpu(row: dict[str, str]) -> dict[str, Any] | None:
+    if not row["index"].isdigit():
+        return None
+    alarms = [v for v in row.values() if v.startswith("[") and v not in NOT_REPORTED]
+    return {
+        "index": int(row["index"]),
+        "uuid": row["uuid"],
+        "name": row["name"],
+        "memory_total": _number(row["memory.total"]),
+        "memory_used": _number(row["memory.used"]),
+        "utilization": _number(row["utilization.gpu"]),
+        "pci_bus_id": row["pci.bus_id"],
+        "driver_version": row["driver_version"],
+        "health": {f: row[f] for f in protocol.GPU_HEALTH_FIELDS if f in row},
+        "problem": alarms[0] if alarms else None,
+    }
+
+
+def _query(smi: str, query: str) -> tuple[list[list[str]], list[tuple[str, str]], str | None]:
+    """(CSV rows, GPUs it cannot reach, error). A GPU fallen off the bus makes nvidia-smi exit
+    15 after the other GPUs' rows: those rows and the lost GPU are the answer, not an error."""
     try:
         done = subprocess.run(
             [smi, query, "--format=csv,noheader,nounits"],
@@ -69,13 +122,31 @@ def _query(smi: str, query: str) -> tuple[list[list[str]], str | None]:
             timeout=TIMEOUT,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], f"{smi} {query}: {exc}"
-    if done.returncode != 0:
+        return [], [], f"{smi} {query}: {exc}"
+    rows, lost = [], []
+    for line in done.stdout.splitlines():
+        gone = LOST.match(line.strip())
+        if gone:
+            lost.append((gone.group(1), gone.group(2).strip()))
+        elif "," in line or (line.strip() and done.returncode == 0):
+            rows.append([c.strip() for c in line.split(",")])
+    if done.returncode != 0 and not lost:
         lines = (done.stdout + done.stderr).strip().splitlines()
         detail = lines[-1] if lines else "no output"
-        return [], f"{smi} exited with code {done.returncode}: {detail}"
-    rows = [[c.strip() for c in line.split(",")] for line in done.stdout.splitlines()]
-    return [r for r in rows if any(r)], None
+        return [], [], f"{smi} exited with code {done.returncode}: {detail}"
+    return [r for r in rows if any(r)], lost, None
+
+
+def _of_run(pid: int | None, run_id: str) -> bool | None:
+    """Whether the process's environment carries TFDEPLOY_RUN_ID=run_id (children inherit it).
+    None when this host cannot tell: a pid of another PID namespace (a container) or user."""
+    if pid is None:
+        return None
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return f"{protocol.RUN_ID_ENV}={run_id}".encode() in environ.split(b"\0")
 
 
 def _number(text: str) -> int | None:

@@ -375,6 +375,10 @@ class DetachReply(TypedDict):
     detached: bool
 
 
+class GpusRequest(TypedDict, total=False):
+    run_id: str  # mark the compute processes of this run (`run` of each app)
+
+
 class GpuShape(TypedDict):
     index: int
     uuid: str
@@ -382,12 +386,25 @@ class GpuShape(TypedDict):
     memory_total: float | None
     memory_used: float | None
     utilization: float | None
+    pci_bus_id: str
+    driver_version: str
+    # nvidia-smi's own words for the health fields it knows (GPU_HEALTH_FIELDS; a driver that
+    # lacks one leaves it out), e.g. {"retired_pages.pending": "No"}
+    health: dict[str, str]
+    problem: str | None  # a value such as "[GPU requires reset]" in the GPU's row
 
 
 class GpuAppShape(TypedDict):
     gpu_uuid: str
     pid: float | None
+    process_name: str
     used_memory: float | None
+    run: bool | None  # of the request's run (its environment says so); null: cannot tell
+
+
+class GpuLostShape(TypedDict):
+    pci_bus_id: str
+    reason: str
 
 
 class GpusReply(TypedDict):
@@ -395,6 +412,17 @@ class GpusReply(TypedDict):
     error: str | None
     gpus: list[GpuShape]
     apps: list[GpuAppShape]
+    lost: list[GpuLostShape]  # GPUs nvidia-smi cannot reach (fallen off the bus)
+
+
+# The health fields the `gpus` op asks nvidia-smi for (`nvidia-smi --help-query-gpu`).
+GPU_HEALTH_FIELDS: Final = (
+    "ecc.errors.uncorrected.volatile.total",
+    "retired_pages.pending",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+    "mig.mode.current",
+)
 
 
 class FirewallBase(TypedDict):

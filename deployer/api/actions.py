@@ -16,6 +16,7 @@ from deployer.config.sources import ANY_TIME, AT_DOWN
 from deployer.core.errors import HostsFailed, Interrupted, TfdeployError, UsageError
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
+from deployer.hosts.gpurelease import prove_runs_released
 from deployer.hosts.reply_types import escaped_text
 from deployer.results.pull import KEPT, PullResult, pull, resume_command
 from deployer.results.runs import Survey, Target, stop_runs, survey_runs
@@ -46,6 +47,9 @@ def stop(target: Target, *, terminate: bool, say: Say, warn: Say | None = None) 
         stopped, failed = stop_runs(
             fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
         )
+        gpus_held = prove_runs_released(
+            fleet, [(s.run.host, s.run.run_id, s.pids) for s in stopped]
+        )
         if job.firewall:  # after the stop: ports stay closed until tasks are gone
             for r in found:
                 for failure in firewall.remove(fleet, [fleet.member(r.host)], r.run_id):
@@ -61,6 +65,8 @@ def stop(target: Target, *, terminate: bool, say: Say, warn: Say | None = None) 
     if unreachable or failed:
         done = "the run was stopped on the other hosts" if shown else "nothing was stopped"
         raise HostsFailed([*unreachable, *failed], what="stopping failed", outcome=done)
+    if gpus_held:  # docs/gpus.md: exit 3, the stop did not free the GPU
+        raise HostsFailed(gpus_held, what="GPU memory still held", outcome="the run was stopped")
     if target.run_id is not None and not found:
         raise unknown_run(target, survey)
     if not shown:

@@ -21,8 +21,10 @@ from typing import Any
 
 from deployer.config import sshconfig
 from deployer.config.model import (
+    GPU_HEALTH_MODES,
     EvaluatorFailure,
     FailurePolicy,
+    GpuPolicy,
     Host,
     HostSettings,
     Job,
@@ -306,10 +308,22 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
         gpus=gpus,
         gpus_auto=gpus_auto,
         share_gpus=t.boolean("share_gpus", _HOST.share_gpus),
+        gpu_policy=_gpu_policy(t),
         python=t.string("python", job.python),
         workdir=t.remote_dir("workdir", job.workdir),
         ssh=ssh,
         tasks=tuple(parse_task(tt) for tt in task_tables),
+    )
+
+
+def _gpu_policy(t: Table) -> GpuPolicy:
+    """The GPU health rules' opt-outs and thresholds (docs/gpus.md)."""
+    base = _HOST.gpu_policy
+    return GpuPolicy(
+        health=t.choice("gpu_health", GPU_HEALTH_MODES, base.health),
+        max_ecc_errors=t.integer("max_ecc_errors", base.max_ecc_errors, minimum=0),
+        allow_busy=t.boolean("allow_busy_gpus", base.allow_busy),
+        release_s=t.number("gpu_release_s", base.release_s),
     )
 
 
@@ -324,6 +338,7 @@ def make_host(
         gpus=settings.gpus,
         gpus_auto=settings.gpus_auto,
         share_gpus=settings.share_gpus,
+        gpu_policy=settings.gpu_policy,
         transport=transport,
         python=settings.python,
         workdir=settings.workdir,

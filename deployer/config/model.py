@@ -65,6 +65,20 @@ class TaskSpec:
     key: str = ""  # key path in the inventory, for messages about this entry
 
 
+GPU_HEALTH_MODES = ("check", "warn", "off")
+
+
+@dataclass(frozen=True)
+class GpuPolicy:
+    """How preflight judges a host's GPUs and how long teardown waits for them (docs/gpus.md).
+    The defaults are the inventory's."""
+
+    health: str = "check"  # gpu_health: a bad GPU fails preflight; "warn": a warning; "off"
+    max_ecc_errors: int = 0  # uncorrectable volatile ECC errors a planned GPU may have
+    allow_busy: bool = False  # allow_busy_gpus: others' compute processes on a planned GPU
+    release_s: float = 30.0  # gpu_release_s: how long the driver gets to free a stopped run's GPUs
+
+
 @dataclass(frozen=True, kw_only=True)
 class Host:
     """A host of the inventory; the defaults are a `[[hosts]]` entry's (the parser reads them)."""
@@ -82,6 +96,7 @@ class Host:
     tasks: tuple[TaskSpec, ...]
     key: str = ""
     gpus_auto: bool = False  # gpus = "auto": `gpus` is 0 until preflight asks nvidia-smi
+    gpu_policy: GpuPolicy = GpuPolicy()
     # Where the machine announces its own coming interruption (a spot instance's metadata
     # service); its tasks' supervisors watch it and stop them in time. None: not watched.
     interruption_url: str | None = None
@@ -99,6 +114,7 @@ class HostSettings:
     gpus: int
     gpus_auto: bool
     share_gpus: bool
+    gpu_policy: GpuPolicy
     python: str
     workdir: str
     ssh: SSHSettings

@@ -171,10 +171,13 @@ class Agent(Channel):
             code=reply["code"], ran=reply["ran"], tail=tuple(text(line) for line in reply["tail"])
         )
 
-    def gpus(self) -> dict[str, Any]:
+    def gpus(self, run_id: str | None = None) -> dict[str, Any]:
         """The `gpus` reply, its texts cleaned (GPU names, driver words are printed);
-        deployer.hosts.gpus.GpuReport.from_json reads it."""
-        cleaned: dict[str, Any] = cleaned_texts(self.ask(protocol.OP_GPUS, protocol.GpusReply))
+        deployer.hosts.gpus.GpuReport.from_json reads it. With `run_id` each compute process
+        says whether it belongs to that run."""
+        request: protocol.GpusRequest = {"run_id": run_id} if run_id else {}
+        reply = self.ask(protocol.OP_GPUS, protocol.GpusReply, **request)
+        cleaned: dict[str, Any] = cleaned_texts(reply)
         return cleaned
 
     def listen(self, run_id: str, ports: Sequence[int], seconds: float) -> None:

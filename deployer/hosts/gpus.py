@@ -10,60 +10,20 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from deployer.config.model import Host
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError
+from deployer.hosts.gpuhealth import gpu_health
+from deployer.hosts.gpureport import Gpu as Gpu  # re-exported
+from deployer.hosts.gpureport import GpuApp as GpuApp
+from deployer.hosts.gpureport import GpuReport as GpuReport
 
 POLL_INTERVAL = 3.0  # seconds between GPU usage queries while a job runs: nvidia-smi is cheap
 NO_SMI_HINT = (
     "install the NVIDIA driver on the host (it provides nvidia-smi), or remove `gpus` from the "
     "host and its tasks to run on CPU"
 )
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    uuid: str
-    name: str
-    memory_total: int | None  # MiB
-    memory_used: int | None  # MiB
-    utilization: int | None  # percent
-
-
-@dataclass(frozen=True)
-class GpuReport:
-    """One host's answer to the `gpus` op."""
-
-    nvidia_smi: str | None  # its path; None when the host has none
-    error: str | None
-    gpus: tuple[Gpu, ...]
-    apps: tuple[tuple[str, int | None], ...]  # (GPU uuid, pid) of each compute process
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> GpuReport:
-        return cls(
-            nvidia_smi=d.get("nvidia_smi"),
-            error=d.get("error"),
-            gpus=tuple(
-                Gpu(
-                    index=int(g["index"]),
-                    uuid=str(g.get("uuid", "")),
-                    name=str(g.get("name", "")),
-                    memory_total=g.get("memory_total"),
-                    memory_used=g.get("memory_used"),
-                    utilization=g.get("utilization"),
-                )
-                for g in d.get("gpus", [])
-            ),
-            apps=tuple((str(a.get("gpu_uuid", "")), a.get("pid")) for a in d.get("apps", [])),
-        )
-
-    def gpu(self, index: int) -> Gpu | None:
-        return next((g for g in self.gpus if g.index == index), None)
 
 
 def wants_gpus(host: Host) -> bool:
@@ -85,8 +45,8 @@ def check_gpus(
     """Checks the GPUs each host reported; returns the re-planned Plan, problems and warnings.
 
     Problems (preflight fails): no nvidia-smi or a failing one where GPUs were requested, fewer
-    GPUs than `gpus = N`, a task naming an index the host lacks. Warnings: a GPU given to a task
-    already runs someone's compute processes.
+    GPUs than `gpus = N`, a task naming an index the host lacks, and the health rules of
+    gpuhealth.py (a bad GPU, another's processes on a planned GPU).
     """
     problems: list[HostError] = []
     replaced: dict[str, Host] = {}
@@ -132,7 +92,8 @@ def check_gpus(
     if replaced:
         hosts = tuple(replaced.get(h.name, h) for h in plan.inventory.hosts)
         plan = plan.with_hosts(hosts)
-    return plan, [], _busy_warnings(plan, reports)
+    problems, warnings = gpu_health(plan, reports)
+    return plan, problems, warnings
 
 
 def gpu_reports(facts: Mapping[str, Mapping[str, object]]) -> dict[str, GpuReport]:
@@ -151,24 +112,6 @@ def monitored_hosts(plan: Plan, reports: Mapping[str, GpuReport]) -> set[str]:
         for name, report in reports.items()
         if report.nvidia_smi and not report.error and any(t.gpus for t in plan.tasks_on(name))
     }
-
-
-def _busy_warnings(plan: Plan, reports: Mapping[str, GpuReport]) -> list[str]:
-    warnings = []
-    for task in plan.tasks:
-        report = reports.get(task.host)
-        if report is None:
-            continue
-        for index in task.gpus:
-            gpu = report.gpu(index)
-            pids = [str(pid) for uuid, pid in report.apps if gpu is not None and uuid == gpu.uuid]
-            if pids:
-                warnings.append(
-                    f"{task.host}: GPU {index} ({gpu.name if gpu else '?'}), given to {task.name}, "
-                    f"already runs compute process(es) {', '.join(pids)}: another job may be "
-                    "using it"
-                )
-    return warnings
 
 
 def usage_text(task: Task, report: GpuReport | None) -> str:

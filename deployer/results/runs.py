@@ -268,6 +268,12 @@ class Stopped:
     escaped: tuple[Escaped, ...]
 
     @property
+    def pids(self) -> frozenset[int]:
+        """Its tasks' and escaped processes' pids (GPU processes are matched against them)."""
+        tasks = {t.pid for t in self.run.tasks if t.pid is not None}
+        return frozenset(tasks | {e.pid for e in self.escaped})
+
+    @property
     def anything(self) -> bool:
         """Whether the stop ended something: a running task, or an escaped process."""
         return self.run.active or bool(self.escaped)

@@ -230,10 +230,11 @@ class Deployment:
     def check(self) -> int:
         """`tfdeploy check`: preflight alone. Its port reservations are given back at once."""
         try:
-            self.prepare.preflight(
-                keep_stand_ins=True
-            )  # the release stops them: one round trip less
+            # keep_stand_ins: the release stops them, one round trip less
+            findings = self.prepare.preflight(keep_stand_ins=True)
             self.fleet.each_settled(lambda m: m.agent.release(self.run_id), self.members)
+            for line in findings.gpu_lines:
+                self.view.step(line)
             tasks, hosts = plural(len(self.plan.tasks), "task"), plural(len(self.members), "host")
             self.view.step(f"check ok: nothing was started (up would start {tasks} on {hosts})")
         finally:

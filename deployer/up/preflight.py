@@ -18,6 +18,8 @@ from deployer.config.plan import Plan
 from deployer.config.roles import SIDECAR
 from deployer.core.errors import HostError, HostsFailed
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.gpuhealth import gpu_lines
+from deployer.hosts.gpurelease import prove_released
 from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.push.sync import Manifest, scan
 from deployer.up import firewall, netcheck
@@ -100,6 +102,7 @@ class Findings:
     gpu_reports: Mapping[str, GpuReport]
     warnings: tuple[str, ...]
     summary: str  # "python 3.11.2, tensorflow 2.21.0"
+    gpu_lines: tuple[str, ...] = ()  # every GPU host's GPUs and their health, for `check`
     # Hosts that see one workdir (an NFS home), in plan order; a host alone is a group of one.
     # The push sends each content to the first host of a group only.
     workdir_groups: tuple[tuple[str, ...], ...] = ()
@@ -237,6 +240,10 @@ def _conclude(
     reports = gpu_reports(facts)
     final_plan, gpu_problems, warnings = check_gpus(plan, reports)
     problems += gpu_problems
+    # An earlier attempt of this run (a restart, a replaced host) may still be letting go of
+    # its GPUs: wait for it as teardown does, rather than refuse it as another's.
+    earlier = [fleet.member(n) for n, r in reports.items() if any(a.run for a in r.apps)]
+    problems += prove_released(fleet, earlier, greeted.claim.run_id) if earlier else []
     if plan.job.firewall:
         problems += firewall.check(fleet, members)
     problems += _tensorboard_missing(plan, fleet)
@@ -252,6 +259,7 @@ def _conclude(
         gpu_hosts=frozenset(monitored_hosts(final_plan, reports)),
         gpu_reports=reports,
         warnings=tuple(warnings),
+        gpu_lines=tuple(gpu_lines(final_plan, reports)),
         summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
         workdir_groups=shared_workdirs([m.name for m in members], facts),
         empty_stores=frozenset(name for name, f in facts.items() if f.get("store_empty") is True),
@@ -323,5 +331,5 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
     if listen is not None and facts.get("listening"):
         greeted.listened(member.name, listen)
     if wants_gpus(member.host):
-        facts["gpus"] = member.agent.gpus()
+        facts["gpus"] = member.agent.gpus(claim.run_id)
     return facts

@@ -56,6 +56,7 @@ class Preparation:
         )
         self.run.adopt(findings.plan)  # GPU counts learnt from the hosts (gpus = "auto")
         self.gpu_monitor.hosts = set(findings.gpu_hosts)
+        self.teardown.gpus_before = findings.gpu_reports  # its GPU proof compares with these
         for warning in findings.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {findings.summary}")

@@ -8,11 +8,13 @@ it prints: from its first step the view is steady (a closed terminal loses words
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.gpureport import GpuReport
 from deployer.up import firewall
+from deployer.up.gpucheck import gpus_left, task_pids
 from deployer.up.restarts import stop_lines
 from deployer.watch.loop import Watch
 from deployer.watch.poller import Poller
@@ -38,6 +40,7 @@ class Teardown:
         self.fleet, self.run, self.poller, self.watching = fleet, run, poller, watching
         self.view, self.hide, self.contacted = view, hide, contacted
         self.firewalled: list[str] = []  # hosts that may hold this run's firewall rules
+        self.gpus_before: Mapping[str, GpuReport] = {}  # what preflight saw of each GPU host
         self._done = False
 
     def __call__(self) -> None:
@@ -69,6 +72,9 @@ class Teardown:
         self.view.phase(f"teardown: stopping run {run_id} on {plural(len(members), 'host')}")
         grace = self.run.plan.job.stop_grace
         for line in stop_everywhere(self.fleet, members, run_id, grace, self.hide):
+            self.view.step(line)
+        pids = task_pids(self.run.board)  # the GPUs' teardown proof (up/gpucheck.py)
+        for line in gpus_left(self.fleet, members, run_id, self.gpus_before, pids):
             self.view.step(line)
         with contextlib.suppress(KeyboardInterrupt):  # only the final states are left to read
             self.watching.tick(heartbeat=False, tolerate=True)

@@ -26,15 +26,7 @@ from deployer.hosts.fleet import Fleet
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import TaskRow
 from tests.lab import Lab, LabHost
-from tests.support.gpus import FAKE, uuid
-
-
-def gpus_csv(n: int, util: Sequence[int] = (), used: int = 0) -> str:
-    return "".join(
-        f"{i}, {uuid(i)}, NVIDIA A10G, 23028, {used}, {util[i] if i < len(util) else 0}\n"
-        for i in range(n)
-    )
-
+from tests.support.gpus import FAKE, STATE_NAME, state, uuid
 
 # -- on the lab, with the stand-in on one host ---------------------------------------------------
 
@@ -45,23 +37,18 @@ NVIDIA_SMI_PER_HOST = "a different nvidia-smi stand-in on each host, in root's o
 
 @pytest.fixture
 def fake_nvidia_smi(lab: Lab) -> Iterator[Callable[..., None]]:
-    """install(host, gpus=CSV, apps=CSV, fail=False): the stand-in in that host's /root/bin."""
+    """install(host, state_json): the stand-in in that host's /root/bin, reading that state
+    (tests/support/gpus.py `state`); again on the same host: the new state only."""
     used: list[LabHost] = []
 
-    def install(
-        host: LabHost, *, gpus: str | None = None, apps: str = "", fail: bool = False
-    ) -> None:
+    def install(host: LabHost, state_json: str | None = None) -> None:
         used.append(host)
         script = [
             "mkdir -p /root/bin",
             f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
             "chmod +x /root/bin/nvidia-smi",
-            f"printf %s {shlex.quote(apps)} > /root/bin/nvidia-smi.apps.csv",
+            f"printf %s {shlex.quote(state_json or state())} > /root/bin/{STATE_NAME}",
         ]
-        if gpus is not None:
-            script.append(f"printf %s {shlex.quote(gpus)} > /root/bin/nvidia-smi.gpus.csv")
-        if fail:
-            script.append("touch /root/bin/nvidia-smi.fail")
         done = lab.run(host, " && ".join(script))
         assert done.returncode == 0, done.stderr
 
@@ -111,7 +98,8 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
     lab = clean_lab
     gpu_host, cpu_host = lab.hosts[0], lab.hosts[1]
     fake_nvidia_smi(
-        gpu_host, gpus=gpus_csv(4, util=[30, 50, 70, 90], used=1024), apps=f"{uuid(3)}, 999, 10\n"
+        gpu_host,
+        state(util=[30, 50, 70, 90], used=1024, apps=[{"gpu": 3, "pid": 999, "used_memory": 10}]),
     )
     code = tmp_path / "code"
     code.mkdir()
@@ -127,7 +115,9 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
         },
     )
     text = path.read_text().replace(
-        f'name = "{gpu_host.name}"', f'name = "{gpu_host.name}"\ngpus = "auto"', 1
+        f'name = "{gpu_host.name}"',
+        f'name = "{gpu_host.name}"\ngpus = "auto"\nallow_busy_gpus = true',
+        1,
     )
     path.write_text(text)
     plan = make_plan(parse_inventory(__import__("tomllib").loads(text), path))
@@ -148,8 +138,8 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
         f"worker:2@{cpu_host.name}": f"env CUDA_VISIBLE_DEVICES= {rest}",
     }
     assert any(
-        s == f"warning: {gpu_host.name}: GPU 3 (NVIDIA A10G), given to worker:1, already runs "
-        "compute process(es) 999: another job may be using it"
+        s == f"warning: {gpu_host.name}: GPU 3 (NVIDIA A10G, {uuid(3)}), given to worker:1, "
+        "already runs compute process(es) pid 999 (python3, 10 MiB) (allow_busy_gpus = true)"
         for s in view.steps
     ), view.steps
     assert "warning: forward_env: UNSET_HERE are not set here" in view.steps
@@ -166,8 +156,8 @@ def test_gpu_preflight_errors_on_the_lab(
     code = tmp_path / "code"
     code.mkdir()
     (code / "x.py").write_text("print('never')\n")
-    fake_nvidia_smi(lab.hosts[0], gpus=gpus_csv(2))
-    fake_nvidia_smi(lab.hosts[2], fail=True)
+    fake_nvidia_smi(lab.hosts[0], state(2))
+    fake_nvidia_smi(lab.hosts[2], state(fail=True))
     path = lab_inventory(
         [[{"role": "worker", "gpus": [3]}], [{"role": "worker"}], [{"role": "worker"}]],
         code=code,
@@ -196,3 +186,132 @@ def test_gpu_preflight_errors_on_the_lab(
         rf"{h[2]}: nvidia-smi failed: .* exited with code 9: NVIDIA-SMI has failed", done.stderr
     )
     assert "nothing was started" in done.stderr
+
+
+def _tfdeploy(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "250"}
+    return subprocess.run(
+        [sys.executable, "-m", "deployer", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.mark.lab
+@pytest.mark.isolated(reason=NVIDIA_SMI_PER_HOST)
+def test_up_refuses_bad_and_busy_planned_gpus_and_check_reports_every_gpu(
+    clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    h = lab.hosts[:3]
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "x.py").write_text("open('/root/started', 'w').close()\n")
+    ecc = {"ecc.errors.uncorrected.volatile.total": 2, "retired_pages.pending": "[N/A]"}
+    fake_nvidia_smi(h[0], state(gpus={1: ecc, 3: {"remapped_rows.pending": "[N/A]"}}))
+    stranger = {"gpu": 2, "pid": 4242, "process_name": "/usr/bin/python3", "used_memory": 800}
+    fake_nvidia_smi(h[1], state(apps=[stranger]))
+    reset = {"memory.used": "[GPU requires reset]", "utilization.gpu": "[GPU requires reset]"}
+    fake_nvidia_smi(h[2], state(3, gpus={0: reset}, lost=["00000000:00:1E.0"]))
+    auto = {"gpus": "auto"}
+    path = lab_inventory(
+        [[{"role": "worker", "count": 2}], [{"role": "worker"}], [{"role": "worker"}]],
+        code=code,
+        job={"name": "gpuhealth", "command": f"{lab.python} x.py"},
+        per_host={host.name: auto for host in h},
+    )
+    done = _tfdeploy(tmp_path, "up", str(path))
+    assert done.returncode == 3, done.stdout + done.stderr
+    err = done.stderr
+    assert (
+        f"{h[0].name}: GPU 1 (NVIDIA A10G, {uuid(1)}): 2 uncorrectable ECC error(s) since the "
+        "driver loaded (max_ecc_errors = 0)" in err
+    )
+    assert "GPU 3" not in err  # [N/A] is a field the GPU does not report, not an error
+    assert (
+        f"{h[1].name}: GPU 2 (NVIDIA A10G, {uuid(2)}), given to worker:2, already runs compute "
+        "process(es) pid 4242 (/usr/bin/python3, 800 MiB)" in err
+    )
+    assert (
+        f"{h[2].name}: GPU 0 (NVIDIA A10G, {uuid(0)}): nvidia-smi reports [GPU requires reset]"
+        in err
+    )
+    assert (
+        f"{h[2].name}: the GPU at PCI 00000000:00:1E.0 cannot be reached (Unknown Error): it has "
+        "fallen off the bus" in err
+    )
+    assert "nothing was started" in err and "allow_busy_gpus" in err
+    for host in h:
+        assert lab.run(host, "test -e /root/started").returncode != 0, host.name
+
+    # Healthy GPUs, the busy one allowed: `check` passes and says what each host has.
+    fake_nvidia_smi(h[0], state(gpus={3: {"mig.mode.current": "Enabled"}}))
+    fake_nvidia_smi(h[2], state(3, gpus={0: {"driver_version": "535.161.08"}}))
+    text = path.read_text().replace(
+        f'name = "{h[1].name}"', f'name = "{h[1].name}"\nallow_busy_gpus = true', 1
+    )
+    path.write_text(text)
+    done = _tfdeploy(tmp_path, "check", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert f"{h[0].name}: 4 GPU(s), driver 550.54.15: 0 ok, 1 ok, 2 ok, 3 ok" in out
+    assert f"{h[1].name}: 4 GPU(s), driver 550.54.15: 0 ok, 1 ok, 2 ok (1 process(es)), 3 ok" in out
+    assert f"{h[2].name}: 3 GPU(s), driver 535.161.08/550.54.15: 0 ok, 1 ok, 2 ok" in out
+    assert "GPU 3 (NVIDIA A10G, " in out and "has MIG mode on" in out
+    assert "(allow_busy_gpus = true)" in out
+    assert "the hosts' NVIDIA driver versions differ" in out
+
+
+HOLD = (
+    "import json, os, sys, time\n"
+    "state = os.path.expanduser('~/bin/nvidia-smi.json')\n"
+    "if sys.argv[1] == 'leak':  # the driver keeps listing this pid after the process is gone\n"
+    "    data = json.load(open(state))\n"
+    "    data['apps'].append({'gpu': 0, 'pid': os.getpid(), 'used_memory': 700})\n"
+    "    json.dump(data, open(state, 'w'))\n"
+    "print('holding the GPU', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.lab
+@pytest.mark.isolated(reason=NVIDIA_SMI_PER_HOST)
+def test_down_proves_the_gpus_free_and_names_a_process_still_holding_memory(
+    clean_lab: Lab, lab_inventory: Any, fake_nvidia_smi: Any, tmp_path: Path
+) -> None:
+    lab = clean_lab
+    host = lab.hosts[0]
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hold.py").write_text(HOLD)
+    # While a task runs, the stand-in lists it on GPU 0 (as the driver lists a CUDA context).
+    fake_nvidia_smi(host, state(apps=[{"gpu": 0, "cmdline": "hold.py", "used_memory": 500}]))
+
+    def run(mode: str) -> subprocess.CompletedProcess[str]:
+        path = lab_inventory(
+            [[{"role": "worker"}]],
+            code=code,
+            job={"name": f"gpuhold{mode}", "command": f"{lab.python} hold.py {mode}"},
+            per_host={host.name: {"gpus": "auto", "gpu_release_s": 2}},
+        )
+        started = _tfdeploy(tmp_path, "up", "--detach", str(path))
+        assert started.returncode == 0, started.stdout + started.stderr
+        listed = lab.run(
+            host, "/root/bin/nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits"
+        )
+        assert listed.stdout.strip(), "the running task is listed on its GPU"
+        return _tfdeploy(tmp_path, "down", str(path))
+
+    clean = run("clean")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "GPU" not in clean.stdout + clean.stderr
+    leaky = run("leak")
+    assert leaky.returncode == 3, leaky.stdout + leaky.stderr
+    assert re.search(
+        rf"GPU memory still held on 1 host; the run was stopped:\n  {host.name}: GPU 0 "
+        rf"\({uuid(0)}\) still holds pid \d+ \(python3, 700 MiB\) of the run after the stop "
+        r"\(waited 2 s for the driver to free it\)",
+        leaky.stderr,
+    ), leaky.stderr

@@ -189,7 +189,7 @@ class FakeHost:
         self.reserved = {p: r for p, r in self.reserved.items() if r != run_id}
 
     def _op_gpus(self, req: dict[str, Any]) -> protocol.GpusReply:
-        return {"nvidia_smi": None, "error": None, "gpus": [], "apps": []}
+        return {"nvidia_smi": None, "error": None, "gpus": [], "apps": [], "lost": []}
 
     def _op_have(self, req: dict[str, Any]) -> protocol.HaveReply:
         return {"missing": [h for h in req["hashes"] if h not in self.store]}

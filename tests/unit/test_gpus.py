@@ -20,10 +20,10 @@ from rich.console import Console
 
 from deployer.config.inventory import parse_inventory
 from deployer.config.plan import make_plan
-from deployer.hosts.gpus import GpuReport, check_gpus, usage_text
+from deployer.hosts.gpus import GpuApp, GpuReport, check_gpus, usage_text
 from deployer.watch.board import TaskRow
 from deployer.watch.table import TaskTable
-from tests.support.gpus import FAKE, uuid
+from tests.support.gpus import FAKE, STATE_NAME, state, uuid
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
@@ -61,7 +61,7 @@ def test_agent_op_parses_nvidia_smi_output(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").symlink_to(FAKE)
-    (bin_dir / "nvidia-smi.apps.csv").write_text(f"{uuid(2)}, 4242, 512\n")
+    (bin_dir / STATE_NAME).write_text(state(apps=[{"gpu": 2, "pid": 4242, "used_memory": 512}]))
     code = (
         f"import sys, json; sys.path.insert(0, {str(REMOTE)!r}); import agent; "
         'print(json.dumps(agent.handle(b\'{"v": 1, "op": "gpus", "workdir": "/tmp"}\')))'
@@ -72,8 +72,8 @@ def test_agent_op_parses_nvidia_smi_output(tmp_path: Path) -> None:
     assert got.nvidia_smi == str(bin_dir / "nvidia-smi") and got.error is None
     assert [g.index for g in got.gpus] == [0, 1, 2, 3]
     assert got.gpus[1].memory_total == 23028 and got.gpus[1].name == "NVIDIA A10G"
-    assert got.apps == ((uuid(2), 4242),)
-    (bin_dir / "nvidia-smi.fail").touch()
+    assert got.apps == (GpuApp(uuid(2), 4242, "python3", 512),)
+    (bin_dir / STATE_NAME).write_text(state(fail=True))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     failed = GpuReport.from_json(__import__("json").loads(done.stdout))
     assert failed.error and "exited with code 9" in failed.error and "NVIDIA driver" in failed.error
@@ -128,14 +128,21 @@ def test_preflight_problems_name_the_host(tmp_path: Path) -> None:
     assert problems[0].hint and "NVIDIA driver" in problems[0].hint
 
 
-def test_busy_gpu_warns_and_shared_gpu_is_an_error(tmp_path: Path) -> None:
+def test_busy_gpu_is_refused_unless_allowed_and_shared_gpu_is_an_error(tmp_path: Path) -> None:
     plan = plan_for([{"address": "a", "gpus": "auto", "tasks": [{"role": "worker"}]}], tmp_path)
     _, problems, warnings = check_gpus(plan, {"a": report(2, apps=[(1, 777)])})
-    assert not problems
-    assert warnings == [
-        "a: GPU 1 (NVIDIA A10G), given to worker:0, already runs compute process(es) 777: "
-        "another job may be using it"
-    ]
+    busy = (
+        f"a: GPU 1 (NVIDIA A10G, {uuid(1)}), given to worker:0, already runs compute process(es) "
+        "pid 777 (?, 100 MiB)"
+    )
+    assert [p.message for p in problems] == [busy] and warnings == []
+    assert problems[0].hint and "allow_busy_gpus" in problems[0].hint
+    allowed = plan_for(
+        [{"address": "a", "gpus": "auto", "allow_busy_gpus": True, "tasks": [{"role": "worker"}]}],
+        tmp_path,
+    )
+    _, problems, warnings = check_gpus(allowed, {"a": report(2, apps=[(1, 777)])})
+    assert not problems and warnings == [f"{busy} (allow_busy_gpus = true)"]
     from deployer.core.errors import InventoryError
 
     two = [{"role": "worker", "gpus": [0]}, {"role": "worker", "gpus": [0]}]
@@ -145,6 +152,68 @@ def test_busy_gpu_warns_and_shared_gpu_is_an_error(tmp_path: Path) -> None:
         [{"address": "a", "gpus": "auto", "share_gpus": True, "tasks": two}], tmp_path
     )
     assert not check_gpus(shared, {"a": report(1)})[1]
+
+
+def test_health_rules_name_host_gpu_and_reason_and_na_is_no_error(tmp_path: Path) -> None:
+    plan = plan_for(
+        [
+            {"address": "a", "gpus": "auto", "tasks": [{"role": "worker", "count": 6}]},
+            {"address": "b", "gpus": "auto", "max_ecc_errors": 3, "tasks": [{"role": "worker"}]},
+            {"address": "c", "gpus": "auto", "gpu_health": "warn", "tasks": [{"role": "worker"}]},
+        ],
+        tmp_path,
+    )
+    a = with_gpus(
+        report(7),
+        {
+            1: {"ecc.errors.uncorrected.volatile.total": "2"},
+            2: {"retired_pages.pending": "Yes"},
+            3: {"remapped_rows.pending": "Yes", "remapped_rows.failure": "Yes"},
+            4: {"mig.mode.current": "Enabled"},
+            5: {"ecc.errors.uncorrected.volatile.total": "[N/A]", "retired_pages.pending": "[N/A]"},
+        },
+        problems={6: "[GPU requires reset]"},
+    )
+    b = with_gpus(report(1), {0: {"ecc.errors.uncorrected.volatile.total": "3"}}, driver="535.1")
+    c = with_gpus(report(1), {0: {"retired_pages.pending": "Yes"}})
+    _, problems, warnings = check_gpus(plan, {"a": a, "b": b, "c": c})
+    assert [p.message for p in problems] == [
+        f"a: GPU 1 (NVIDIA A10G, {uuid(1)}): 2 uncorrectable ECC error(s) since the driver loaded "
+        "(max_ecc_errors = 0)",
+        f"a: GPU 2 (NVIDIA A10G, {uuid(2)}): retired pages are pending (the GPU needs a reset to "
+        "retire them)",
+        f"a: GPU 3 (NVIDIA A10G, {uuid(3)}): row remapping is pending (the GPU needs a reset); "
+        "row remapping failed (the GPU should be replaced)",
+        f"a: GPU 6 (NVIDIA A10G, {uuid(6)}): nvidia-smi reports [GPU requires reset]",
+    ]
+    assert warnings == [
+        f"a: GPU 4 (NVIDIA A10G, {uuid(4)}) has MIG mode on: CUDA_VISIBLE_DEVICES=4 gives its "
+        "task one MIG instance, not the whole GPU",
+        f"c: GPU 0 (NVIDIA A10G, {uuid(0)}): retired pages are pending (the GPU needs a reset to "
+        'retire them) (gpu_health = "warn")',
+        "the hosts' NVIDIA driver versions differ: a 550.54.15; b 535.1; c 550.54.15",
+    ]
+
+
+def with_gpus(
+    r: GpuReport,
+    health: dict[int, dict[str, str]],
+    *,
+    problems: dict[int, str] | None = None,
+    driver: str = "550.54.15",
+) -> GpuReport:
+    import dataclasses
+
+    gpus = tuple(
+        dataclasses.replace(
+            g,
+            driver_version=driver,
+            health=health.get(g.index, {}),
+            problem=(problems or {}).get(g.index),
+        )
+        for g in r.gpus
+    )
+    return dataclasses.replace(r, gpus=gpus)
 
 
 def test_usage_text_and_the_view_column(tmp_path: Path) -> None:
