@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getat
     from deployer.api.deploy import check, plan, up
     from deployer.api.handle import LogLine, Result, Run, TaskState, attach
     from deployer.api.inventories import InventoryLike
+    from deployer.api.prune import PruneResult, prune
     from deployer.api.views import View
     from deployer.config.plan import Plan, Task
     from deployer.core.errors import (
@@ -55,6 +56,8 @@ _HOMES = {
     "TaskState": "deployer.api.handle",
     "attach": "deployer.api.handle",
     "InventoryLike": "deployer.api.inventories",
+    "PruneResult": "deployer.api.prune",
+    "prune": "deployer.api.prune",
     "View": "deployer.api.views",
     "Plan": "deployer.config.plan",
     "Task": "deployer.config.plan",
@@ -100,6 +103,7 @@ __all__ = [
     "NetworkBlocked",
     "PlainView",
     "Plan",
+    "PruneResult",
     "PullResult",
     "Result",
     "Run",
@@ -112,5 +116,6 @@ __all__ = [
     "attach",
     "check",
     "plan",
+    "prune",
     "up",
 ]

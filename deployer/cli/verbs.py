@@ -324,6 +324,22 @@ def _forward_while_running(
             return status.outcome() if status is not None else "gone from its host"
 
 
+def prune_verb(args: argparse.Namespace, env: Env) -> int:
+    from deployer.api.prune import parse_age, prune, summary
+
+    result = prune(
+        args.inventory,
+        keep=args.keep,
+        older_than=parse_age(args.older_than) if args.older_than else None,
+        dry_run=args.dry_run,
+        concurrency=args.concurrency,
+        say=functools.partial(_say, env),
+    )
+    if len(result.hosts) > 1:
+        _say(env, summary(result))
+    return ExitStatus.OK
+
+
 def exec_verb(args: argparse.Namespace, env: Env) -> int:
     inventory = _inventory(args.inventory)
     command = list(args.command)
