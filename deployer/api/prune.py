@@ -19,8 +19,11 @@ from deployer.core.errors import HostsFailed, UsageError
 from deployer.core.text import join_names, plural, size
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet, Member
 from deployer.up.preflight import shared_workdirs
+from remote.protocol import PRUNE_GRACE_S
 
 DEFAULT_KEEP = 3  # runs of each job kept on each host
+DEFAULT_GRACE_S = PRUNE_GRACE_S  # what changed this recently stays
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 Say = Callable[[str], None]
 
 
@@ -65,16 +68,18 @@ def prune(
     keep: int = DEFAULT_KEEP,
     older_than: float | datetime.datetime | datetime.timedelta | None = None,
     dry_run: bool = False,
+    grace: float = DEFAULT_GRACE_S,
     concurrency: int = DEFAULT_CONCURRENCY,
     say: Say | None = None,
 ) -> PruneResult:
     """On every host of the inventory: removes the runs past the newest `keep` of each job
     (and, with `older_than`, only those created before it: a time, a datetime, or an age as a
     timedelta), then the contents and environments that no run left on the workdir uses. A run
-    that may still run is never removed, nor anything it uses. `say` gets one line per host.
+    that may still run is never removed, nor anything it uses, nor what changed within `grace`
+    seconds (it may be on its way into a run that is starting). `say` gets one line per host.
     A host that could not be pruned is raised (HostsFailed) after the others were."""
-    if keep < 0:
-        raise UsageError(f"keep must be 0 or more, got {keep}")
+    if keep < 0 or grace < 0:
+        raise UsageError(f"keep and grace must be 0 or more, got {keep} and {grace}")
     before = _timestamp(older_than)
     hosts = discover_hosts(load(inventory)).hosts
     with Fleet(hosts, concurrency=concurrency) as fleet:
@@ -85,7 +90,8 @@ def prune(
         by_first = {g[0]: g for g in groups}
 
         def in_turn(first: Member) -> list[HostPruned]:
-            return [_one(fleet.member(h), keep, before, dry_run) for h in by_first[first.name]]
+            rules = _Rules(keep, before, dry_run, grace)
+            return [_one(fleet.member(h), rules) for h in by_first[first.name]]
 
         done, failed = fleet.each_settled(in_turn, firsts)
     pruned = {p.host: p for group in done.values() for p in group}
@@ -101,8 +107,18 @@ def prune(
     return result
 
 
-def _one(member: Member, keep: int, before: float | None, dry_run: bool) -> HostPruned:
-    reply = member.agent.prune(keep, older_than=before, dry_run=dry_run)
+@dataclass(frozen=True)
+class _Rules:
+    keep: int
+    older_than: float | None
+    dry_run: bool
+    grace: float
+
+
+def _one(member: Member, rules: _Rules) -> HostPruned:
+    reply = member.agent.prune(
+        rules.keep, older_than=rules.older_than, dry_run=rules.dry_run, grace=rules.grace
+    )
     return HostPruned(
         member.name,
         tuple(reply["runs"]),
@@ -130,13 +146,30 @@ def _outcome(result: PruneResult) -> str:
     return f"pruned on {join_names(done)}" if done else "nothing was removed"
 
 
+def parse_duration(text: str) -> float | None:
+    """`90`, `90s`, `30m`, `12h`, `7d`, `2w` in seconds; None for anything else."""
+    number, unit = (text[:-1], text[-1].lower()) if text[-1:].isalpha() else (text, "s")
+    if unit in UNITS and number.replace(".", "", 1).isdigit():
+        return float(number) * UNITS[unit]
+    return None
+
+
+def parse_grace(text: str) -> float:
+    """--grace: a duration (0, 30m, 1h)."""
+    seconds = parse_duration(text)
+    if seconds is None:
+        raise UsageError(
+            f"--grace {text!r} is not a duration", hint="a duration such as 0, 90s, 30m, 1h"
+        )
+    return seconds
+
+
 def parse_age(text: str) -> float:
     """--older-than: a date (`2025-03-01`, `2025-03-01T12:00`, local time unless it names a
     zone) or an age (`30m`, `12h`, `7d`, `2w`); the Unix time before which runs may go."""
-    units = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    number, unit = text[:-1], text[-1:].lower()
-    if unit in units and number.replace(".", "", 1).isdigit():
-        return _ago(datetime.timedelta(seconds=float(number) * units[unit]))
+    seconds = parse_duration(text) if text[-1:].isalpha() else None
+    if seconds is not None:
+        return _ago(datetime.timedelta(seconds=seconds))
     try:
         return datetime.datetime.fromisoformat(text).timestamp()
     except ValueError:

@@ -220,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only runs created before a date (2025-03-01) or an age ago (30m, 12h, 7d, 2w)",
     )
     prune.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+    prune.add_argument(
+        "--grace",
+        metavar="AGE",
+        help="what changed more recently stays: contents stored or linked, environments used "
+        "(an up may be starting with them); 0 when no up runs on these hosts (default: 1h)",
+    )
     _concurrency_arg(prune)
     prune.set_defaults(handler=verbs.prune_verb)
 

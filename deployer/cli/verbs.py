@@ -325,13 +325,14 @@ def _forward_while_running(
 
 
 def prune_verb(args: argparse.Namespace, env: Env) -> int:
-    from deployer.api.prune import parse_age, prune, summary
+    from deployer.api.prune import DEFAULT_GRACE_S, parse_age, parse_grace, prune, summary
 
     result = prune(
         args.inventory,
         keep=args.keep,
         older_than=parse_age(args.older_than) if args.older_than else None,
         dry_run=args.dry_run,
+        grace=parse_grace(args.grace) if args.grace else DEFAULT_GRACE_S,
         concurrency=args.concurrency,
         say=functools.partial(_say, env),
     )
