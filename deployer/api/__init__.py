@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getat
     from deployer.api.deploy import check, plan, up
     from deployer.api.handle import LogLine, Result, Run, TaskState, attach
     from deployer.api.inventories import InventoryLike
-    from deployer.api.prune import PruneResult, prune
     from deployer.api.views import View
     from deployer.config.plan import Plan, Task
     from deployer.core.errors import (
@@ -56,8 +55,6 @@ _HOMES = {
     "TaskState": "deployer.api.handle",
     "attach": "deployer.api.handle",
     "InventoryLike": "deployer.api.inventories",
-    "PruneResult": "deployer.api.prune",
-    "prune": "deployer.api.prune",
     "View": "deployer.api.views",
     "Plan": "deployer.config.plan",
     "Task": "deployer.config.plan",
@@ -103,7 +100,6 @@ __all__ = [
     "NetworkBlocked",
     "PlainView",
     "Plan",
-    "PruneResult",
     "PullResult",
     "Result",
     "Run",
@@ -116,6 +112,5 @@ __all__ = [
     "attach",
     "check",
     "plan",
-    "prune",
     "up",
 ]

@@ -223,3 +223,17 @@ def _created(workdir: Path, run: str) -> float:
 
 def _tree(root: Path) -> list[tuple[str, int]]:
     return sorted((str(p.relative_to(root)), p.lstat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def test_older_than_and_grace_read_dates_and_ages() -> None:
+    from deployer.api.prune import parse_age, parse_grace
+    from deployer.core.errors import UsageError
+
+    assert abs(parse_age("7d") - (time.time() - 7 * 86400)) < 5
+    assert parse_age("2025-03-01T00:00:00+00:00") == 1740787200.0
+    assert (parse_grace("0"), parse_grace("90s"), parse_grace("30m")) == (0.0, 90.0, 1800.0)
+    for bad in ("yesterday", "7x", ""):
+        with pytest.raises(UsageError, match="older-than"):
+            parse_age(bad)
+    with pytest.raises(UsageError, match="not a duration"):
+        parse_grace("soon")
