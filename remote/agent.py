@@ -326,6 +326,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_FETCH: _deferred("results", "op_fetch"),
     protocol.OP_IDLE: _deferred("idle", "op_idle"),
     protocol.OP_PEERS: op_peers,
+    protocol.OP_PRUNE: _deferred("prune", "op_prune"),
 }
 
 

@@ -31,6 +31,7 @@ OP_COLLECT: Final = "collect"
 OP_FETCH: Final = "fetch"
 OP_IDLE: Final = "idle"
 OP_PEERS: Final = "peers"
+OP_PRUNE: Final = "prune"
 OPS: Final = (
     OP_HELLO,
     OP_HAVE,
@@ -49,6 +50,7 @@ OPS: Final = (
     OP_FETCH,
     OP_IDLE,
     OP_PEERS,
+    OP_PRUNE,
 )
 
 # The "action" of the ops that have several: firewall, netcheck, peers.
@@ -143,6 +145,10 @@ CLUSTER_ROLES: Final = ("chief", "worker", "ps")
 
 # How long a port reservation taken at hello lives without a heartbeat of its run.
 DEFAULT_RESERVATION_S: Final = 60.0
+
+# prune leaves alone what changed this recently: a content stored or linked, an environment
+# used or built, a run directory half-written (each may be on its way into a run just starting).
+PRUNE_GRACE_S: Final = 3600.0
 
 
 def is_pushed(name: str) -> bool:
@@ -556,6 +562,25 @@ class ChainEntry(TypedDict):
 
 class ChainReply(TypedDict):
     chain: list[ChainEntry]
+
+
+class PruneBase(TypedDict):
+    keep: int  # the newest runs of each job kept on each host
+
+
+class PruneRequest(PruneBase, total=False):
+    older_than: float | None  # only runs created before this time (Unix seconds)
+    dry_run: bool  # say what would go, remove nothing
+    grace: float  # seconds; PRUNE_GRACE_S when absent
+
+
+class PruneReply(TypedDict):
+    runs: list[str]  # run ids removed from this host (dry_run: that would be)
+    running: list[str]  # runs the rules chose, kept because they may still run
+    contents: int  # store contents removed
+    environments: list[str]  # environment hashes removed
+    bytes: int  # freed, each inode counted once
+    dry_run: bool
 
 
 # The replies of the ops with several actions, one shape per action (Union: `|` between

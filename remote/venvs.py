@@ -128,6 +128,11 @@ def ensure(
     venv = env_path(workdir, env_hash)
     waited = []
     result = {"venv": str(venv), "built": False, "installer": None, "seconds": 0.0}
+    if run_id is not None and is_complete(venv):
+        # The use first, then the marker: a prune (prune.py) removing the venv meanwhile either
+        # sees this record and puts the venv back, or removed it first and this finds none.
+        with contextlib.suppress(FileNotFoundError):
+            record_use(venv, run_id)
     if not is_complete(venv):
         envs = _make_dirs(envs_dir(workdir))
         lock = sharedlock.SharedLock(envs / f"{env_hash}.lock", host_id)

@@ -206,6 +206,28 @@ def build_parser() -> argparse.ArgumentParser:
     tunnel.add_argument("--task", type=_task_name, help="the task whose host (default: chief:0)")
     tunnel.set_defaults(handler=verbs.tunnel_verb)
 
+    prune = subparsers.add_parser(
+        "prune", help="free the hosts of old runs, and of the contents and environments no run uses"
+    )
+    prune.add_argument("inventory", help="inventory TOML file")
+    prune.add_argument(
+        "--keep", type=_count(0), default=3, help="runs of each job kept on each host (3)"
+    )
+    prune.add_argument(
+        "--older-than",
+        metavar="DATE|AGE",
+        help="only runs created before a date (2025-03-01) or an age ago (30m, 12h, 7d, 2w)",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+    prune.add_argument(
+        "--grace",
+        metavar="AGE",
+        help="what changed more recently stays: contents stored or linked, environments used "
+        "(an up may be starting with them); 0 when no up runs on these hosts (default: 1h)",
+    )
+    _concurrency_arg(prune)
+    prune.set_defaults(handler=verbs.prune_verb)
+
     exec_ = subparsers.add_parser("exec", help="run a shell command on every host, output prefixed")
     exec_.add_argument("inventory", help="inventory TOML file")
     exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")

@@ -147,6 +147,23 @@ def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
         return ExitStatus.OK
 
 
+def prune_verb(args: argparse.Namespace, env: Env) -> int:
+    from deployer.api.prune import DEFAULT_GRACE_S, parse_age, parse_grace, prune, summary
+
+    result = prune(
+        args.inventory,
+        keep=args.keep,
+        older_than=parse_age(args.older_than) if args.older_than else None,
+        dry_run=args.dry_run,
+        grace=parse_grace(args.grace) if args.grace else DEFAULT_GRACE_S,
+        concurrency=args.concurrency,
+        say=functools.partial(_say, env),
+    )
+    if len(result.hosts) > 1:
+        _say(env, summary(result))
+    return ExitStatus.OK
+
+
 def exec_verb(args: argparse.Namespace, env: Env) -> int:
     command = list(args.command)
     if command and command[0] == "--":

@@ -345,3 +345,25 @@ class Agent(Channel):
             return []
         request: protocol.RunsRequest = {"hosts_of": hosts_of} if hosts_of else {}
         return list(self.ask(protocol.OP_RUNS, protocol.RunsReply, **request)["runs"])
+
+    def prune(
+        self,
+        keep: int,
+        *,
+        older_than: float | None = None,
+        dry_run: bool = False,
+        grace: float | None = None,
+    ) -> protocol.PruneReply:
+        """Removes this host's runs past the newest `keep` of each job (created before
+        `older_than`), then the contents and environments no run uses (remote/prune.py); the
+        names in the reply are a host's words, cleaned before they can be printed."""
+        request: protocol.PruneRequest = {"keep": keep, "older_than": older_than}
+        if dry_run:
+            request["dry_run"] = True
+        if grace is not None:
+            request["grace"] = grace
+        # A prune deletes trees of files (an environment holds tens of thousands): minutes.
+        reply = self.ask(protocol.OP_PRUNE, protocol.PruneReply, 1800, **request)
+        for key in ("runs", "running", "environments"):
+            reply[key] = [text(name) for name in reply[key]]
+        return reply

@@ -279,6 +279,18 @@ class FakeHost:
     def _op_runs(self, req: dict[str, Any]) -> protocol.RunsReply:
         return {"runs": []}
 
+    def _op_prune(self, req: dict[str, Any]) -> protocol.PruneReply:
+        """Holds no run directories: nothing to remove, the store's contents stay (as a host's
+        do while no run is gone)."""
+        return {
+            "runs": [],
+            "running": [],
+            "contents": 0,
+            "environments": [],
+            "bytes": 0,
+            "dry_run": bool(req.get("dry_run", False)),
+        }
+
     def _op_firewall(self, req: dict[str, Any]) -> protocol.FirewallReply:
         if req["action"] == protocol.FIREWALL_CHECK:
             return {"backend": "nft", "problem": None}

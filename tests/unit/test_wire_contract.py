@@ -96,6 +96,7 @@ def _script(run_id: str, port: int) -> list[tuple[str, Any, dict[str, Any]]]:
         (protocol.OP_STOP, protocol.StopReply, {"run_id": run_id, "grace": 0, "tasks": None}),
         (protocol.OP_RUNS, protocol.RunsReply, {}),
         (protocol.OP_RELEASE, protocol.ReleaseReply, {"run_id": run_id}),
+        (protocol.OP_PRUNE, protocol.PruneReply, {"keep": 1, "dry_run": True, "grace": 0}),
     ]
 
 
@@ -240,6 +241,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_FETCH, P.FetchBase, P.FetchRequest, P.FetchReply),
     (P.OP_IDLE, P.IdleBase, P.IdleRequest, P.IdleReply),
     (P.OP_PEERS, P.PeersBase, P.PeersRequest, *P.PeersReply.__args__, P.ChainEntry),
+    (P.OP_PRUNE, P.PruneBase, P.PruneRequest, P.PruneReply),
 ]
 
 
