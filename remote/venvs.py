@@ -117,11 +117,13 @@ def ensure(
     system_site_packages: bool = False,
     installer: str = "auto",
     on_wait: Callable[[dict[str, Any]], None] | None = None,
+    online: bool = False,
 ) -> dict[str, Any]:
     """The venv of env_hash, built now if no complete one is there; what happened.
 
     Returns {"venv", "built", "waited", "installer", "seconds"} ("installer" is None when the
-    env was reused). Raises EnvError for anything the user must fix.
+    env was reused). Raises EnvError for anything the user must fix. `online`: pip installs
+    with the host's own configuration (index, mirror) instead of from `wheels` alone.
     """
     if installer not in INSTALLERS:
         raise EnvError(f"installer {installer!r} is not one of {', '.join(INSTALLERS)}")
@@ -142,6 +144,7 @@ def ensure(
                 started = time.monotonic()
                 _clean_leftovers(envs, env_hash, host_id)
                 spec = _Build(venv, python, requirements, wheels, system_site_packages, installer)
+                spec.online = online
                 result["installer"] = _build(spec, lock, host_id)
                 result.update(built=True, seconds=round(time.monotonic() - started, 3))
     if run_id is not None:
@@ -157,6 +160,7 @@ class _Build:
         self.venv, self.python, self.requirements, self.wheels = venv, python, reqs, wheels
         self.system_site_packages, self.installer = system, installer
         self.version = "?"
+        self.online = False
         self.work = venv.with_name(f".work-{venv.name}-{os.getpid()}-{os.urandom(3).hex()}")
 
 
@@ -166,7 +170,11 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         spec.work.mkdir(mode=0o700)
         version, missing = _probe(spec.python)
         spec.version = version
-        uv = None if spec.installer == "pip" else installers.uv_binary(spec.wheels, spec.work)
+        uv = (
+            None
+            if spec.installer == "pip" or spec.online
+            else installers.uv_binary(spec.wheels, spec.work)
+        )
         if uv is None and spec.installer == "uv":
             raise EnvError(f"no uv wheel that runs on this host among {spec.wheels}")
         if missing and (uv is None or "venv" in missing):
@@ -183,7 +191,7 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         if uv is not None:
             installers.uv_install(uv, spec.venv, spec.wheels, reqs, spec.work / "uv-cache", started)
         else:
-            installers.pip_install(spec.venv, spec.wheels, reqs, started)
+            installers.pip_install(spec.venv, spec.wheels, reqs, started, spec.online)
         lock.check()
         _write_json(spec.venv / COMPLETE, {"python": version, "installer": (uv and "uv") or "pip"})
         return "uv" if uv else "pip"

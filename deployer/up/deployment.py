@@ -9,6 +9,7 @@ contact.py (hosts) and preflight.py, and each tick of I/O is poller.py's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import signal
@@ -33,6 +34,7 @@ from deployer.results.pull import KEPT, artifacts_home, resume_command
 from deployer.results.state import RunRecord, controller_name, new_run_id, save
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
+from deployer.up.environment import Environments, uses_requirements, with_extras
 from deployer.up.launch import by_host, start_group, start_groups
 from deployer.up.preflight import Claim, Settled, preflight
 from deployer.up.recovery import Recovery
@@ -54,6 +56,7 @@ class UpOptions:
     poll_wait: float = POLL_WAIT_S  # how long a tick waits for slow hosts
     # Which TF connections preflight tries (--netcheck, --no-netcheck); None: job.netcheck.
     netcheck: NetcheckMode | None = None
+    refresh_env: bool = False  # resolve the job's environment afresh (--refresh-env)
 
 
 class Deployment:
@@ -97,6 +100,7 @@ class Deployment:
             archive=self.archive,
         )
         self.recovery: Recovery
+        self.environment = Environments(plan)  # resolved after preflight (environment.py)
         self.watching = Watch(
             self.poller,
             view,
@@ -137,6 +141,7 @@ class Deployment:
             settled = self.preflight(keep_stand_ins=True)
             self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
             self.push(settled.manifest, settled.workdir_groups, settled.empty_stores)
+            self.install_environment()
             self.setup(settled.manifest)
             self.recovery.arm_idle_stop()
             self.firewall_up()
@@ -228,7 +233,35 @@ class Deployment:
         for warning in settled.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {settled.summary}")
-        return settled
+        return self._resolve_environment(settled)
+
+    def _resolve_environment(self, settled: Settled) -> Settled:
+        """The job's environment resolved for the hosts' platforms, its wheels added to the
+        push (environment.py); nothing is sent when it fails, and the hosts drop the run."""
+        self.environment = Environments(self.plan, refresh=self.options.refresh_env)
+        if not uses_requirements(self.plan):
+            return settled
+        self.view.phase("resolving the job's environment")
+        try:
+            lines = self.environment.resolve(settled.facts)
+        except BaseException:
+            self.fleet.each_settled(lambda m: m.agent.release(self.run_id), self.members)
+            raise
+        for line in lines:
+            self.view.step(line)
+        manifest = with_extras(settled.manifest, self.environment.extras())
+        return dataclasses.replace(settled, manifest=manifest)
+
+    def install_environment(self) -> None:
+        """The `env` op on every host with requirements (a built env is reused at once): each
+        task's interpreter from then on."""
+        if self.environment.any:
+            hosts = [m for m in self.members if m.name in self.environment.envs]
+            self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
+            done, warnings = self.environment.install(self.fleet, hosts, self.run_id)
+            for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
+                self.view.step(line)
+        self.run_state.interpreters = {t.name: self.environment.where(t) for t in self.plan.tasks}
 
     def push(
         self,
@@ -270,7 +303,11 @@ class Deployment:
         commands = plural(len(job.setup), "command")
         self.view.step(f"setup ({commands}) on {plural(len(members), 'host')}")
         ran = self.fleet.each(
-            lambda m: run_setup(m, self.run_id, job, manifest), members, what="setup failed"
+            lambda m: run_setup(
+                m, self.run_id, job, manifest, self.environment.setup_where(m.host)
+            ),
+            members,
+            what="setup failed",
         )
         skipped = [n for n, r in ran.items() if not r]
         if skipped:
@@ -328,6 +365,7 @@ class Deployment:
             on_started=started,
             attempt=self.board.attempt,
             release=released,
+            where=self.run_state.interpreters,
         )
 
     def start_and_watch(self) -> None:

@@ -240,6 +240,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_FETCH, P.FetchBase, P.FetchRequest, P.FetchReply),
     (P.OP_IDLE, P.IdleBase, P.IdleRequest, P.IdleReply),
     (P.OP_PEERS, P.PeersBase, P.PeersRequest, *P.PeersReply.__args__, P.ChainEntry),
+    (P.OP_ENVIRONMENT, P.EnvBase, P.EnvRequest, P.EnvReply),
 ]
 
 
