@@ -94,7 +94,8 @@ def _probe(venv: Path) -> tuple[str, str | None]:
             timeout=120,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise params.AgentError(f"the environment's python {venv}/bin/python does not run: {exc}")
+        said = f"the environment's python {venv}/bin/python does not run: {exc}"
+        raise params.AgentError(said) from None
     lines = done.stdout.split()
     if done.returncode != 0 or not lines:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]

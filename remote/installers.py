@@ -131,7 +131,11 @@ def pip_install(
 ) -> str:
     """`online` (wheels_from = "hosts"): the host's own pip configuration (its index or mirror,
     PIP_* variables) decides where the packages come from; else only the local wheels."""
-    env = dict(os.environ) if online else {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env = (
+        dict(os.environ)
+        if online
+        else {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    )
     argv = [str(venv / "bin" / "python"), "-m", "pip", "install"]
     argv += [] if online else ["--isolated", "--no-index", "--no-cache-dir"]
     argv += ["--disable-pip-version-check", "--no-input", "--no-warn-script-location"]

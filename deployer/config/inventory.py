@@ -256,7 +256,10 @@ def _requirements(t: Table, key: str, code: Path) -> Requirements:
     """A requirements file relative to `code` (it must exist), or the requirement lines."""
     value = t.string_or_list(key)
     if isinstance(value, str) and not (code / value).is_file():
-        t.fail(key, f"expected a requirements file relative to `code`, but {code / value} is not a file")
+        t.fail(
+            key,
+            f"expected a requirements file relative to `code`, but {code / value} is not a file",
+        )
     return value
 
 
@@ -266,7 +269,9 @@ def _role_requirements(t: Table, code: Path) -> dict[str, Requirements]:
     read = {role: _requirements(roles, role, code) for role in roles.written_keys()}
     for role in read:
         if role not in TF_ROLES:
-            t.fail(f"role_requirements.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
+            t.fail(
+                f"role_requirements.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}"
+            )
     roles.finish()
     return read
 

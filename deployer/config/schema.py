@@ -179,7 +179,9 @@ class Table:
             return self.string_list(key)
         if key in self._data and not isinstance(self._data[key], str):
             self._seen.add(key)
-            self.fail(key, f"expected a string or a list of strings, got {describe(self._data[key])}")
+            self.fail(
+                key, f"expected a string or a list of strings, got {describe(self._data[key])}"
+            )
         return self.string(key)
 
     def env_names(self, key: str) -> tuple[str, ...]:

@@ -289,6 +289,7 @@ class Deployment:
             # dropped one can name it (results/runs.py).
             "hosts": [[h.name, h.address] for h in self.plan.hosts],
             "hosts_at": time.time(),
+            **manifest.fields(),  # the job's wheels: stored with the code, placed nowhere
         }
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
         pushing = deliver(self.fleet, members, self.plan, manifest, fields, groups, empty_stores)

@@ -154,7 +154,7 @@ class Environments:
             + (
                 f"{plural(len(h.wheels), 'wheel')}, {h.size} bytes"
                 if h
-                else "installed from the hosts' own index (wheels_from = \"hosts\")"
+                else 'installed from the hosts\' own index (wheels_from = "hosts")'
             )
             for d, (_, target, names) in groups.items()
             for h in [houses[d]]

@@ -108,7 +108,9 @@ def start_group(
     def start_on(member: Member) -> list[TaskStatus]:
         url = member.host.interruption_url
         requests = [
-            start_request(t, member.agent, run_id, forwarded, attempt, url, (where or {}).get(t.name))
+            start_request(
+                t, member.agent, run_id, forwarded, attempt, url, (where or {}).get(t.name)
+            )
             for t in grouped[member.name]
         ]
         return member.agent.start(run_id, requests, grace, release=member.name in release)

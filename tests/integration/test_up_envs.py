@@ -137,7 +137,8 @@ def test_tensorflow_from_system_site_packages_is_checked_in_the_venv_and_trains(
         "s = tf.distribute.MultiWorkerMirroredStrategy()\n"
         "with s.scope():\n"
         "    v = tf.Variable(1.0)\n"
-        "print('trained', s.num_replicas_in_sync, 'venv', os.environ['VIRTUAL_ENV'], tinypkg.VALUE)\n"
+        "venv = os.environ['VIRTUAL_ENV']\n"
+        "print('trained', s.num_replicas_in_sync, 'venv', venv, tinypkg.VALUE)\n"
     )
     job = {
         "python": VENV_PYTHON,

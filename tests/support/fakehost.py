@@ -227,7 +227,10 @@ class FakeHost:
             "seconds": 1.0 if built else 0.0,
             "python": self.facts["python"],
             "tensorflow": self.facts["tensorflow"],
-            "interpreters": {"checked": checked, "found": {w: checked for w in req.get("words", [])}},
+            "interpreters": {
+                "checked": checked,
+                "found": {w: checked for w in req.get("words", [])},
+            },
         }
 
     def _op_setup(self, req: dict[str, Any]) -> protocol.SetupReply:
