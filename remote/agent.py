@@ -46,10 +46,15 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         import netcheck
 
         extra["listening"] = netcheck.listen_as_asked(layout.netcheck_record(req, run_id), listen)
+    asked = params.param(req, "interpreters", dict, None)
+    if asked is not None:  # preflight's interpreter rule, for a job without requirements
+        extra["interpreters"] = _interpreters(asked)
     return {
         **extra,
         "hostname": socket.gethostname(),
         "python": sys.version.split()[0],
+        "machine": os.uname().machine,
+        "glibc": _glibc(),
         "tensorflow": _tensorflow_version(),
         "workdir": str(workdir),
         "disk_free": _free_bytes(workdir),
@@ -60,6 +65,30 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         "host_id": hostid.identity(),
         "shared_with": others,
     }
+
+
+def _glibc() -> str | None:
+    """The C library's glibc version ("2.36"), None without glibc (musl): which manylinux
+    wheels this host installs (the controller resolves for it)."""
+    try:
+        said = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return None
+    name, _, version = said.partition(" ")
+    return version if name == "glibc" and version else None
+
+
+def _interpreters(asked: dict[str, Any]) -> dict[str, Any]:
+    """The task's interpreter against the hello's: tasks get the configured python's directory
+    first on PATH (interpreters.host_python_env), so their first words are looked up there."""
+    import interpreters
+
+    python = params.param(asked, "python", str)
+    words = params.param(asked, "words", list, [])
+    if not all(isinstance(w, str) for w in words):
+        raise params.AgentError("interpreters.words must be strings")
+    path = interpreters.host_python_env(python, os.environ).get("PATH")
+    return interpreters.answer(python, words, path)
 
 
 def _store_empty(workdir: Path) -> bool:
@@ -327,6 +356,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_IDLE: _deferred("idle", "op_idle"),
     protocol.OP_PEERS: op_peers,
     protocol.OP_PRUNE: _deferred("prune", "op_prune"),
+    protocol.OP_ENVIRONMENT: _deferred("envop", "op_env"),
 }
 
 

@@ -126,14 +126,19 @@ def uv_install(
     return run(argv, env, on_start)
 
 
-def pip_install(venv: Path, wheels: Path, reqs: Path, on_start: Callable[[int], None]) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    argv = [str(venv / "bin" / "python"), "-m", "pip", "install", "--isolated", "--no-index"]
-    argv += [
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--no-input",
-        "--no-warn-script-location",
-    ]
-    argv += ["--find-links", str(wheels), "-r", str(reqs)]
+def pip_install(
+    venv: Path, wheels: Path, reqs: Path, on_start: Callable[[int], None], online: bool = False
+) -> str:
+    """`online` (wheels_from = "hosts"): the host's own pip configuration (its index or mirror,
+    PIP_* variables) decides where the packages come from; else only the local wheels."""
+    env = (
+        dict(os.environ)
+        if online
+        else {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    )
+    argv = [str(venv / "bin" / "python"), "-m", "pip", "install"]
+    argv += [] if online else ["--isolated", "--no-index", "--no-cache-dir"]
+    argv += ["--disable-pip-version-check", "--no-input", "--no-warn-script-location"]
+    argv += [] if online else ["--find-links", str(wheels)]
+    argv += ["-r", str(reqs)]
     return run(argv, env, on_start)

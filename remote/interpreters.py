@@ -12,7 +12,7 @@ import os
 import re
 import shlex
 import shutil
-from typing import Mapping
+from typing import Mapping, Sequence
 
 # The first words that name a Python interpreter: python, python3, python3.11 (or a path to one).
 _PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
@@ -42,6 +42,16 @@ def host_python_env(python: str, base: Mapping[str, str]) -> dict[str, str]:
     if directory:  # a bare "python3" is found on PATH already
         env["PATH"] = _first_on_path(directory, base.get("PATH"))
     return env
+
+
+def task_env(venv: str | None, python: str | None, base: Mapping[str, str]) -> dict[str, str]:
+    """A task's (or setup command's) environment: in the job's venv when it has one, else with
+    the host's `python` first on PATH; as it is when neither is given."""
+    if venv:
+        return venv_env(venv, base)
+    if python:
+        return host_python_env(python, base)
+    return dict(base)
 
 
 def _first_on_path(directory: str, path: str | None) -> str:
@@ -96,3 +106,14 @@ def identity(word: str, path: str | None, cwd: str | None = None) -> tuple[str, 
     directory = os.path.realpath(os.path.dirname(os.path.join(cwd or os.getcwd(), str(found))))
     root = os.path.dirname(directory)
     return real, root if os.path.isfile(os.path.join(root, "pyvenv.cfg")) else ""
+
+
+def answer(python: str, words: Sequence[str], path: str | None, cwd: str | None = None) -> dict:
+    """What preflight compares (PROTOCOL.md, `interpreters`): the identity of the interpreter it
+    checked (`python`) and of each task's first word, each looked up on the task's `path`."""
+
+    def ident(word: str) -> list[str] | None:
+        found = identity(word, path, cwd)
+        return list(found) if found is not None else None
+
+    return {"checked": ident(python), "found": {w: ident(w) for w in dict.fromkeys(words)}}

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import interpreters
 import layout
 import params
 import procs
@@ -24,6 +25,7 @@ def op_setup(req: dict[str, Any]) -> protocol.SetupReply:
     if not all(isinstance(c, str) for c in commands):
         raise params.AgentError("parameter 'commands' must be a list of strings")
     env = params.check_env(params.param(req, "env", dict, {}))
+    venv, python = params.param(req, "venv", str, None), params.param(req, "python", str, None)
     fingerprint = params.check_name(params.param(req, "fingerprint", str), "fingerprint")
     # Per host, even on a shared workdir: a marker says what ran on this machine.
     setup_dir = layout.make_private_dir(layout.host_dir(layout.workdir_path(req)) / "setup")
@@ -34,15 +36,18 @@ def op_setup(req: dict[str, Any]) -> protocol.SetupReply:
         if marker.exists():
             return {"ran": False, "code": 0, "tail": []}
         layout.touch(run_dir / "lease")
-        code, tail = _run_setup(run_dir, commands, env)
+        code, tail = _run_setup(run_dir, commands, env, venv, python)
         if code == 0:
             layout.write_json(marker, {"run_id": run_dir.name, "ended": time.time()})
     return {"ran": True, "code": code, "tail": tail}
 
 
-def _run_setup(run_dir: Path, commands: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+def _run_setup(
+    run_dir: Path, commands: list[str], env: dict[str, str], venv: str | None, python: str | None
+) -> tuple[int, list[str]]:
     log_path = run_dir / "setup.log"
-    full_env = {**os.environ, **env}
+    # Inside the job's venv (built before setup runs), or with the host python first on PATH.
+    full_env = interpreters.task_env(venv, python, {**os.environ, **env})
     code = 0
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     with os.fdopen(os.open(log_path, flags, 0o600), "ab") as log:

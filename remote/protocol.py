@@ -32,6 +32,7 @@ OP_FETCH: Final = "fetch"
 OP_IDLE: Final = "idle"
 OP_PEERS: Final = "peers"
 OP_PRUNE: Final = "prune"
+OP_ENVIRONMENT: Final = "env"
 OPS: Final = (
     OP_HELLO,
     OP_HAVE,
@@ -51,6 +52,7 @@ OPS: Final = (
     OP_IDLE,
     OP_PEERS,
     OP_PRUNE,
+    OP_ENVIRONMENT,
 )
 
 # The "action" of the ops that have several: firewall, netcheck, peers.
@@ -192,7 +194,20 @@ class Listen(TypedDict):
     seconds: float
 
 
+class InterpretersQuery(TypedDict):
+    python: str  # the interpreter preflight checked, as configured
+    words: list[str]  # the first words of the tasks' commands that name a Python
+
+
+class InterpretersShape(TypedDict):
+    """Each interpreter as [real path, venv or ""] (interpreters.identity), null: not found."""
+
+    checked: list[str] | None
+    found: dict[str, list[str] | None]
+
+
 class HelloRequest(TypedDict, total=False):
+    interpreters: InterpretersQuery
     ports: list[int]
     run_id: str
     lease_seconds: float | None
@@ -234,7 +249,9 @@ class RunShape(TypedDict):
 
 class HelloFacts(TypedDict):
     hostname: str
-    python: str
+    python: str  # the full version of the interpreter the hello runs as ("3.11.7")
+    machine: str  # platform.machine(): x86_64, aarch64
+    glibc: str | None  # "2.36"; null without glibc (musl)
     tensorflow: str | None
     workdir: str
     disk_free: int
@@ -249,6 +266,7 @@ class HelloFacts(TypedDict):
 class HelloReply(HelloFacts, total=False):
     runs: list[RunShape]  # asked with `runs`
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
+    interpreters: InterpretersShape  # asked with `interpreters`
 
 
 class AbsentReply(TypedDict):
@@ -280,6 +298,7 @@ class MaterializeRequest(MaterializeBase, total=False):
     hosts_at: float
     blobs: list[list[Any]]  # [sha256, size, mode?]
     or_missing: bool
+    keep: list[str]  # contents the store must hold too, placed nowhere (the job's wheels)
 
 
 class MaterializeReply(TypedDict, total=False):
@@ -287,11 +306,16 @@ class MaterializeReply(TypedDict, total=False):
     missing: list[str]  # with or_missing: the store lacks these, nothing was placed
 
 
-class SetupRequest(TypedDict):
+class SetupBase(TypedDict):
     run_id: str
     commands: list[str]
     env: dict[str, str]
     fingerprint: str
+
+
+class SetupRequest(SetupBase, total=False):
+    venv: str  # the commands run inside this venv (activated), else
+    python: str  # with this interpreter's directory first on PATH
 
 
 class SetupReply(TypedDict):
@@ -302,7 +326,8 @@ class SetupReply(TypedDict):
 
 class StartBase(TypedDict):
     run_id: str
-    tasks: list[dict[str, Any]]  # {"name", "command", "env", "cwd"?, "cpus"?, "spot"?}
+    # {"name", "command", "env", "cwd"?, "cpus"?, "spot"?, "venv"? | "python"?}
+    tasks: list[dict[str, Any]]
     grace: float
 
 
@@ -581,6 +606,32 @@ class PruneReply(TypedDict):
     environments: list[str]  # environment hashes removed
     bytes: int  # freed, each inode counted once
     dry_run: bool
+
+
+class EnvBase(TypedDict):
+    run_id: str
+    hash: str  # the environment hash: WORKDIR/envs/<hash>/ is its venv
+    python: str  # the base interpreter the venv is built on
+    requirements: str  # what is installed: the pinned list (pip's requirements-file syntax)
+    wheels: list[list[str]]  # [file name, sha256] of each wheel in the store
+
+
+class EnvRequest(EnvBase, total=False):
+    system_site_packages: bool
+    installer: str  # "auto" (uv when its wheel is among the wheels), "uv", "pip"
+    online: bool  # wheels_from = "hosts": the host's pip and its configuration, online
+    words: list[str]  # first words of the tasks' commands to compare (see interpreters)
+
+
+class EnvReply(TypedDict):
+    venv: str
+    built: bool  # false: a complete venv of this hash was reused
+    waited: bool  # another build of it (another host of a shared workdir, another job) ran first
+    installer: str | None  # null when reused
+    seconds: float
+    python: str  # the venv's Python version
+    tensorflow: str | None  # the TensorFlow version installed in the venv (null: none)
+    interpreters: InterpretersShape  # checked: the venv's python
 
 
 # The replies of the ops with several actions, one shape per action (Union: `|` between

@@ -65,8 +65,11 @@ def op_materialize(req: dict[str, Any]) -> protocol.MaterializeReply:
             receive(store, blobs, sys.stdin.buffer)
     except (params.AgentError, OSError) as exc:
         raise params.StreamError(str(exc)) from exc
-    lacking = set(_absent(store, sorted({digest for _, digest, _ in entries})))
+    # `keep`: contents the store must hold that no code file names (the job's wheels).
+    keep = [params.check_hash(h) for h in params.param(req, "keep", list, [])]
+    lacking = set(_absent(store, sorted({digest for _, digest, _ in entries} | set(keep))))
     missing = [str(rel) for rel, digest, _ in entries if digest in lacking]
+    missing += [f"a stored content {digest[:12]}" for digest in keep if digest in lacking]
     if missing and params.param(req, "or_missing", bool, False) and not blobs:
         return {"missing": sorted(lacking)}  # what `have` would say: send these, then again
     if missing:

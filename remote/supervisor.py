@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import daemon
 import exits
 import hostid
+import interpreters
 import layout
 import params
 import procs
@@ -76,6 +77,7 @@ class _Supervisor:
         # The host identity lets a whole-run stop tell this host's strays from another host's
         # of the same run, should both be visible (hosts that share a pid namespace).
         env = {**os.environ, **self.spec.get("env", {}), protocol.HOST_ID_ENV: hostid.identity()}
+        env = interpreters.task_env(self.spec.get("venv"), self.spec.get("python"), env)
         try:
             if self.spec.get("cpus"):
                 # Pinned before the fork, so the task inherits it from its first instruction

@@ -86,6 +86,12 @@ def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
     spot_item = params.param(item, "spot", dict, None)
     if spot_item is not None:
         spec["spot"] = spot_spec(spot_item, name)
+    # Which Python the task's `python3` is: the job's venv activated, or the host python's
+    # directory first on PATH (interpreters.py); the supervisor applies it.
+    for key in ("venv", "python"):
+        value = params.param(item, key, str, None)
+        if value is not None:
+            spec[key] = value
     return spec
 
 

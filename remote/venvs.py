@@ -42,9 +42,11 @@ INSTALLERS = ("auto", "uv", "pip")
 _HASH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _WHEEL_RE = re.compile(r"[A-Za-z0-9_.+!-]+\.whl")
 _PROBE = (
-    "import sys, importlib.util as u; print(sys.version.split()[0]); "
-    "print(*[m for m in ('venv', 'ensurepip') if u.find_spec(m) is None])"
+    "import sys, site, importlib.util as u; print(sys.version.split()[0]); "
+    "print(*[m for m in ('venv', 'ensurepip') if u.find_spec(m) is None]); "
+    "print(*(site.getsitepackages() if sys.prefix != sys.base_prefix else []))"
 )
+BASE_PTH = "_tfdeploy_base_venv.pth"
 
 
 class EnvError(Exception):
@@ -117,11 +119,13 @@ def ensure(
     system_site_packages: bool = False,
     installer: str = "auto",
     on_wait: Callable[[dict[str, Any]], None] | None = None,
+    online: bool = False,
 ) -> dict[str, Any]:
     """The venv of env_hash, built now if no complete one is there; what happened.
 
     Returns {"venv", "built", "waited", "installer", "seconds"} ("installer" is None when the
-    env was reused). Raises EnvError for anything the user must fix.
+    env was reused). Raises EnvError for anything the user must fix. `online`: pip installs
+    with the host's own configuration (index, mirror) instead of from `wheels` alone.
     """
     if installer not in INSTALLERS:
         raise EnvError(f"installer {installer!r} is not one of {', '.join(INSTALLERS)}")
@@ -147,6 +151,7 @@ def ensure(
                 started = time.monotonic()
                 _clean_leftovers(envs, env_hash, host_id)
                 spec = _Build(venv, python, requirements, wheels, system_site_packages, installer)
+                spec.online = online
                 result["installer"] = _build(spec, lock, host_id)
                 result.update(built=True, seconds=round(time.monotonic() - started, 3))
     if run_id is not None:
@@ -162,6 +167,7 @@ class _Build:
         self.venv, self.python, self.requirements, self.wheels = venv, python, reqs, wheels
         self.system_site_packages, self.installer = system, installer
         self.version = "?"
+        self.online = False
         self.work = venv.with_name(f".work-{venv.name}-{os.getpid()}-{os.urandom(3).hex()}")
 
 
@@ -169,9 +175,13 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
     """Builds spec.venv; on any failure nothing of it is left. The installer used."""
     try:
         spec.work.mkdir(mode=0o700)
-        version, missing = _probe(spec.python)
+        version, missing, base_sites = _probe_all(spec.python)
         spec.version = version
-        uv = None if spec.installer == "pip" else installers.uv_binary(spec.wheels, spec.work)
+        uv = (
+            None
+            if spec.installer == "pip" or spec.online
+            else installers.uv_binary(spec.wheels, spec.work)
+        )
         if uv is None and spec.installer == "uv":
             raise EnvError(f"no uv wheel that runs on this host among {spec.wheels}")
         if missing and (uv is None or "venv" in missing):
@@ -185,10 +195,12 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         argv = [spec.python, "-m", "venv"] + (["--without-pip"] if uv else [])
         argv += ["--system-site-packages"] if spec.system_site_packages else []
         installers.run([*argv, str(spec.venv)], _plain_env(), started)
+        if spec.system_site_packages and base_sites:
+            _see_base_venv(spec.venv, version, base_sites)
         if uv is not None:
             installers.uv_install(uv, spec.venv, spec.wheels, reqs, spec.work / "uv-cache", started)
         else:
-            installers.pip_install(spec.venv, spec.wheels, reqs, started)
+            installers.pip_install(spec.venv, spec.wheels, reqs, started, spec.online)
         lock.check()
         _write_json(spec.venv / COMPLETE, {"python": version, "installer": (uv and "uv") or "pip"})
         return "uv" if uv else "pip"
@@ -233,6 +245,12 @@ def _explain(exc: BaseException, spec: _Build) -> EnvError | None:
 
 def _probe(python: str) -> tuple[str, list[str]]:
     """(version, missing modules among venv/ensurepip) of the base interpreter."""
+    version, missing, _ = _probe_all(python)
+    return version, missing
+
+
+def _probe_all(python: str) -> tuple[str, list[str], list[str]]:
+    """Also the base's own site-packages when it is itself a venv (see _see_base_venv)."""
     try:
         done = subprocess.run(
             [python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60
@@ -243,7 +261,20 @@ def _probe(python: str) -> tuple[str, list[str]]:
     if done.returncode != 0 or not lines:
         said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise EnvError(f"the host's python {python} does not run: {said[0]}")
-    return lines[0], (lines[1].split() if len(lines) > 1 else [])
+    return (
+        lines[0],
+        (lines[1].split() if len(lines) > 1 else []),
+        (lines[2].split() if len(lines) > 2 else []),
+    )
+
+
+def _see_base_venv(venv: Path, version: str, sites: list[str]) -> None:
+    """`--system-site-packages` on a python that is itself a venv (an AMI's or the user's TF
+    venv) would see only the base *installation's* packages, not that venv's: a .pth file makes
+    the base venv's site-packages visible too, after the job's own packages."""
+    minor = ".".join(version.split(".")[:2])
+    target = venv / "lib" / f"python{minor}" / "site-packages" / BASE_PTH
+    target.write_text("".join(f"{site}\n" for site in sites))
 
 
 def _no_venv(python: str, version: str, missing: list[str]) -> str:

@@ -63,6 +63,7 @@ def check(
     *,
     base: PathLike | None = None,
     netcheck: Netcheck = None,
+    refresh_env: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
     view: View | None = None,
 ) -> None:
@@ -88,7 +89,10 @@ def check(
         raise
     with Fleet(the_plan.hosts, concurrency=concurrency) as fleet:
         Deployment(
-            the_plan, fleet, shown, UpOptions(netcheck=netcheck_mode(netcheck))
+            the_plan,
+            fleet,
+            shown,
+            UpOptions(netcheck=netcheck_mode(netcheck), refresh_env=refresh_env),
         ).check()  # closes it
 
 
@@ -99,6 +103,7 @@ def up(
     detach: Literal[False] = False,
     base: PathLike | None = None,
     netcheck: Netcheck = None,
+    refresh_env: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
     view: View | None = None,
     say: Say | None = None,
@@ -113,6 +118,7 @@ def up(
     detach: Literal[True],
     base: PathLike | None = None,
     netcheck: Netcheck = None,
+    refresh_env: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
     view: View | None = None,
     say: Say | None = None,
@@ -127,6 +133,7 @@ def up(
     detach: bool,
     base: PathLike | None = None,
     netcheck: Netcheck = None,
+    refresh_env: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
     view: View | None = None,
     say: Say | None = None,
@@ -140,6 +147,7 @@ def up(
     detach: bool = False,
     base: PathLike | None = None,
     netcheck: Netcheck = None,
+    refresh_env: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
     view: View | None = None,
     say: Say | None = None,
@@ -171,7 +179,9 @@ def up(
         the_plan = make_plan(discover_hosts(loaded, provision=say))
         try:
             with Fleet(the_plan.hosts, concurrency=concurrency) as fleet:
-                options = UpOptions(detach=detach, netcheck=netcheck_mode(netcheck))
+                options = UpOptions(
+                    detach=detach, netcheck=netcheck_mode(netcheck), refresh_env=refresh_env
+                )
                 deployment = Deployment(the_plan, fleet, shown, options)
                 running = True
                 deployment.run()  # closes the view, whatever happens

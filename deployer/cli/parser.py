@@ -67,6 +67,14 @@ def _netcheck_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _refresh_env_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--refresh-env",
+        action="store_true",
+        help="resolve the job's environment (requirements) afresh instead of from the cache",
+    )
+
+
 def _concurrency_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_count(1), default=32, help="hosts at once (32)")
 
@@ -127,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("inventory", help="inventory TOML file")
     up.add_argument("--detach", action="store_true", help="return once every task runs")
     _netcheck_arg(up)
+    _refresh_env_arg(up)
     _concurrency_arg(up)
     up.set_defaults(handler=verbs.up_verb)
 
@@ -135,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("inventory", help="inventory TOML file")
     _netcheck_arg(check)
+    _refresh_env_arg(check)
     _concurrency_arg(check)
     check.set_defaults(handler=verbs.check_verb)
 

@@ -32,6 +32,7 @@ def up_verb(args: argparse.Namespace, env: Env) -> int:
         args.inventory,
         detach=args.detach,
         netcheck=_netcheck(args),
+        refresh_env=args.refresh_env,
         concurrency=args.concurrency,
         view=api.terminal_view(env.out, env.raw_out),
         say=functools.partial(_say, env),
@@ -55,6 +56,7 @@ def check_verb(args: argparse.Namespace, env: Env) -> int:
     api.check(
         args.inventory,
         netcheck=_netcheck(args),
+        refresh_env=args.refresh_env,
         concurrency=args.concurrency,
         view=api.terminal_view(env.out, env.raw_out),
     )

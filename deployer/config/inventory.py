@@ -29,9 +29,11 @@ from deployer.config.model import (
     HostSettings,
     Job,
     NetcheckMode,
+    Requirements,
     SSHSettings,
     TaskSpec,
     TensorBoard,
+    WheelsFrom,
 )
 from deployer.config.roles import BUILTIN_SERVER, ROLE_NAMES, TF_ROLES, has_port
 from deployer.config.schema import Table
@@ -241,9 +243,39 @@ def _parse_job(t: Table, directory: Path) -> Job:
         artifacts_to=os.path.expanduser(t.string("artifacts_to", _JOB.artifacts_to)),
         tensorboard=_tensorboard(t),
         forward_env=t.env_names("forward_env"),
+        requirements=_requirements(t, "requirements", code),
+        role_requirements=_role_requirements(t, code),
+        system_site_packages=t.boolean("system_site_packages", _JOB.system_site_packages),
+        wheels_from=WheelsFrom(
+            t.choice("wheels_from", [w.value for w in WheelsFrom], _JOB.wheels_from)
+        ),
     )
     t.finish()
     return job
+
+
+def _requirements(t: Table, key: str, code: Path) -> Requirements:
+    """A requirements file relative to `code` (it must exist), or the requirement lines."""
+    value = t.string_or_list(key)
+    if isinstance(value, str) and not (code / value).is_file():
+        t.fail(
+            key,
+            f"expected a requirements file relative to `code`, but {code / value} is not a file",
+        )
+    return value
+
+
+def _role_requirements(t: Table, code: Path) -> dict[str, Requirements]:
+    """`role_requirements = { evaluator = "eval.txt" }`: a role's own environment."""
+    roles = t.sub_table("role_requirements")
+    read = {role: _requirements(roles, role, code) for role in roles.written_keys()}
+    for role in read:
+        if role not in TF_ROLES:
+            t.fail(
+                f"role_requirements.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}"
+            )
+    roles.finish()
+    return read
 
 
 def _tensorboard(job: Table) -> TensorBoard | None:
@@ -313,6 +345,11 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
         workdir=t.remote_dir("workdir", job.workdir),
         ssh=ssh,
         tasks=tuple(parse_task(tt) for tt in task_tables),
+        requirements=(
+            _requirements(t, "requirements", job.code)
+            if t.has("requirements")
+            else job.requirements
+        ),
     )
 
 
@@ -345,6 +382,7 @@ def make_host(
         ssh=settings.ssh,
         tasks=settings.tasks,
         key=key,
+        requirements=settings.requirements,
     )
 
 

@@ -79,6 +79,18 @@ class GpuPolicy:
     release_s: float = 30.0  # gpu_release_s: how long the driver gets to free a stopped run's GPUs
 
 
+# `requirements`: a file relative to the job's `code` directory, or the requirement lines
+# themselves (docs/environments.md). None: no environment of the job's own.
+Requirements = str | tuple[str, ...] | None
+
+
+class WheelsFrom(StrEnum):
+    """Where an environment's wheels come from."""
+
+    CONTROLLER = "controller"  # this machine resolves; the wheels travel with the code
+    HOSTS = "hosts"  # each host's own pip, index or mirror (online), its own configuration
+
+
 @dataclass(frozen=True, kw_only=True)
 class Host:
     """A host of the inventory; the defaults are a `[[hosts]]` entry's (the parser reads them)."""
@@ -104,6 +116,7 @@ class Host:
     # machines tfdeploy launched itself, so a forgotten fleet stops costing money.
     idle_minutes: float = 0.0
     idle_command: str | None = None  # how it stops itself; None: the agent's shutdown default
+    requirements: Requirements = None  # the job's unless the host entry says otherwise
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,7 @@ class HostSettings:
     workdir: str
     ssh: SSHSettings
     tasks: tuple[TaskSpec, ...]
+    requirements: Requirements = None
 
 
 @dataclass(frozen=True)
@@ -163,3 +177,9 @@ class Job:
     artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
     tensorboard: TensorBoard | None = None
     forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
+    # The job's Python environment (deployer/envs, docs/environments.md): a venv per host built
+    # on `python` from these requirements; per host (`[[hosts]] requirements`) and per role.
+    requirements: Requirements = None
+    role_requirements: dict[str, Requirements] = field(default_factory=dict)
+    system_site_packages: bool = False  # the venv sees the base python's packages (a CUDA AMI)
+    wheels_from: WheelsFrom = WheelsFrom.CONTROLLER

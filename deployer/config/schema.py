@@ -173,6 +173,17 @@ class Table:
                 self.fail(f"{key}[{i}]", _NUL)
         return tuple(items)
 
+    def string_or_list(self, key: str) -> str | tuple[str, ...] | None:
+        """A string or a list of strings (`requirements`: a file, or the lines themselves)."""
+        if isinstance(self._data.get(key), list):
+            return self.string_list(key)
+        if key in self._data and not isinstance(self._data[key], str):
+            self._seen.add(key)
+            self.fail(
+                key, f"expected a string or a list of strings, got {describe(self._data[key])}"
+            )
+        return self.string(key)
+
     def env_names(self, key: str) -> tuple[str, ...]:
         """A list of environment variable names (secret_env, forward_env)."""
         names = self.string_list(key)

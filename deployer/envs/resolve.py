@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.core.errors import TfdeployError
+from deployer.core.errors import ExitStatus, TfdeployError
 from deployer.core.statedir import state_dir
 from deployer.envs import wheelhouse
 from deployer.envs.platform import HostPlatform
@@ -42,7 +42,10 @@ _NAME = re.compile(r"[\s;<>=!~\[@(]")  # what ends a project name in a requireme
 
 
 class ResolveError(TfdeployError):
-    """The environment cannot be resolved for a host platform; nothing was sent."""
+    """The environment cannot be resolved for a host platform; nothing was sent. Exit 3, as
+    a preflight failure: these hosts cannot get this environment."""
+
+    exit_status = ExitStatus.UNREACHABLE
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from packaging.markers import InvalidMarker, Marker
 
-from deployer.core.errors import TfdeployError
+from deployer.core.errors import ExitStatus, TfdeployError
 from deployer.envs.platform import HostPlatform
 
 _NESTED = {
@@ -39,7 +39,10 @@ _ARCHIVE = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
 
 
 class RequirementsError(TfdeployError):
-    """The requirements cannot be used as written; the message names the file and line."""
+    """The requirements cannot be used as written; the message names the file and line.
+    Exit 2, as a wrong inventory."""
+
+    exit_status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)

@@ -159,17 +159,27 @@ class Agent(Channel):
         env: Mapping[str, str],
         fingerprint: str,
         timeout: float = 3600,
+        where: Mapping[str, str] | None = None,
     ) -> SetupResult:
+        """`where`: {"venv": path} or {"python": path}, what the commands run in."""
         request: protocol.SetupRequest = {
             "run_id": run_id,
             "commands": list(commands),
             "env": dict(env),
             "fingerprint": fingerprint,
         }
+        request.update(where or {})  # type: ignore[typeddict-item]
         reply = self.ask(protocol.OP_SETUP, protocol.SetupReply, timeout, **request)
         return SetupResult(
             code=reply["code"], ran=reply["ran"], tail=tuple(text(line) for line in reply["tail"])
         )
+
+    def env(self, request: protocol.EnvRequest, timeout: float) -> protocol.EnvReply:
+        """The job's venv built (or reused) here from wheels in the store. Its texts are
+        printed (versions, paths): cleaned at the edge like the hello's."""
+        reply = self.ask(protocol.OP_ENVIRONMENT, protocol.EnvReply, timeout, **request)
+        cleaned: protocol.EnvReply = cleaned_texts(reply)
+        return cleaned
 
     def gpus(self, run_id: str | None = None) -> dict[str, Any]:
         """The `gpus` reply, its texts cleaned (GPU names, driver words are printed);

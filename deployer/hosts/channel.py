@@ -88,6 +88,7 @@ class Channel:
         runs: bool = False,
         hosts_of: str | None = None,
         listen: tuple[Sequence[int], float] | None = None,
+        interpreters: protocol.InterpretersQuery | None = None,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
 
@@ -103,6 +104,8 @@ class Channel:
             hello["run_id"], hello["lease_seconds"] = run_id, lease_seconds
             if listen is not None:  # the network check's stand-ins, when no port is busy
                 hello["listen"] = {"ports": list(listen[0]), "seconds": listen[1]}
+        if interpreters is not None:
+            hello["interpreters"] = interpreters
         if runs:
             hello["runs"] = True
             if hosts_of:

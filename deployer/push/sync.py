@@ -40,15 +40,24 @@ class CodeFile:
 
 @dataclass(frozen=True)
 class Manifest:
+    """The code's files, and `extras`: contents that travel with them into each host's store
+    but are placed in no code directory (the job's wheels; their `path` is absolute)."""
+
     root: Path
     files: tuple[CodeFile, ...]
+    extras: tuple[CodeFile, ...] = ()
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     def by_hash(self) -> dict[str, CodeFile]:
-        return {f.sha256: f for f in self.files}
+        return {f.sha256: f for f in (*self.files, *self.extras)}
+
+    def fields(self) -> dict[str, Any]:
+        """What every materialize of this push carries besides the files: `keep`, the extras
+        the store must hold too (a host lacking one answers it missing, and gets it)."""
+        return {"keep": sorted({f.sha256 for f in self.extras})} if self.extras else {}
 
 
 @dataclass(frozen=True)
@@ -272,10 +281,18 @@ def push_all(
     return results
 
 
-def run_setup(member: Member, run_id: str, job: Job, manifest: Manifest) -> bool:
-    """job.setup on one host; False when an identical setup already ran there (its marker)."""
-    fingerprint = setup_fingerprint(job.setup, job.env, manifest)
-    result = member.agent.setup(run_id, job.setup, job.env, fingerprint)
+def run_setup(
+    member: Member,
+    run_id: str,
+    job: Job,
+    manifest: Manifest,
+    where: Mapping[str, str] | None = None,
+) -> bool:
+    """job.setup on one host; False when an identical setup already ran there (its marker).
+    `where`: the venv (or python) it runs in; another one is another setup."""
+    inside = {f"tfdeploy:{k}": v for k, v in (where or {}).items()}
+    fingerprint = setup_fingerprint(job.setup, job.env | inside, manifest)
+    result = member.agent.setup(run_id, job.setup, job.env, fingerprint, where=where)
     if result.code:
         tail = "\n    ".join(result.tail)
         message = f"setup failed (exit code {result.code}):\n    {tail}"

@@ -49,6 +49,7 @@ class UpOptions:
     poll_wait: float = POLL_WAIT_S  # how long a tick waits for slow hosts
     # Which TF connections preflight tries (--netcheck, --no-netcheck); None: job.netcheck.
     netcheck: NetcheckMode | None = None
+    refresh_env: bool = False  # resolve the job's environment afresh (--refresh-env)
 
 
 class Deployment:
@@ -115,6 +116,7 @@ class Deployment:
             lease=self._lease(),
             netcheck=options.netcheck,
             detached=options.detach,
+            refresh_env=options.refresh_env,
         )
         self.pull_artifacts = ArtifactsPull(fleet, self.run_state, view, self.contacted_hosts)
         self.start = StartPhase(
@@ -175,6 +177,7 @@ class Deployment:
         findings = self.prepare.preflight(keep_stand_ins=True)
         self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
         self.prepare.push(findings.manifest, findings.workdir_groups, findings.empty_stores)
+        self.prepare.install_environment()
         self.prepare.setup(findings.manifest)
         self.recovery.arm_idle_stop()
         self.firewall_up()

@@ -22,7 +22,8 @@ from deployer.hosts.gpuhealth import gpu_lines
 from deployer.hosts.gpurelease import prove_released
 from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.push.sync import Manifest, scan
-from deployer.up import firewall, netcheck
+from deployer.up import environment, firewall, netcheck
+from remote.protocol import InterpretersQuery
 
 MIN_FREE_DISK = 100 * 1024 * 1024
 
@@ -109,6 +110,8 @@ class Findings:
     # Hosts whose store holds nothing yet: they lack every content, and the push knows it
     # without asking them.
     empty_stores: frozenset[str] = frozenset()
+    # Each host's hello facts (its Python, machine and glibc: what its environment resolves for).
+    facts: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ def preflight(
     mode = network or plan.job.netcheck
     listens = netcheck.listeners(plan, mode) if mode is not NetcheckMode.OFF else {}
     greeted = _Greeted(claim, listens)
+    greeted.in_venv = environment.uses_requirements(plan)
     try:
         findings = _conclude(plan, fleet, greeted, members, scanning, forwarded)
         if mode is not NetcheckMode.OFF:
@@ -205,6 +209,7 @@ class _Greeted:
         self.claim = claim
         self.listens = listens
         self.claimed: set[str] = set()
+        self.in_venv: frozenset[str] = frozenset()  # hosts whose tasks run in a job's venv
         self._listening: dict[str, tuple[netcheck.Listen, float]] = {}  # and since when
 
     def listened(self, host: str, listen: netcheck.Listen) -> None:
@@ -229,14 +234,30 @@ def _conclude(
 ) -> Findings:
     facts = fleet.each(lambda m: _hello(plan, m, greeted), members, what="preflight failed")
     manifest = scanning.result()
-    tf_versions = agreed_tensorflow(facts)
+    # Hosts with requirements: TensorFlow is checked in their venv, once built (environment.py).
+    in_venv = greeted.in_venv
+    tf_versions = agreed_tensorflow({n: f for n, f in facts.items() if n not in in_venv})
+    no_tf = dataclasses.replace(plan.job, require_tensorflow=False)
     problems = [
         problem
         for name, f in facts.items()
         for problem in host_problems(
-            name, f, python=fleet.member(name).agent.python, job=plan.job, manifest=manifest
+            name,
+            f,
+            python=fleet.member(name).agent.python,
+            job=no_tf if name in in_venv else plan.job,
+            manifest=manifest,
         )
     ]
+    interpreters: list[str] = []
+    for name, f in facts.items():
+        answer: Mapping[str, object] | None = f.get("interpreters")  # type: ignore[assignment]
+        if answer is not None:  # hosts without requirements: the hello answered it
+            found, said = environment.interpreter_problems(
+                name, answer, fleet.member(name).agent.python
+            )
+            problems += found
+            interpreters += said
     reports = gpu_reports(facts)
     final_plan, gpu_problems, warnings = check_gpus(plan, reports)
     problems += gpu_problems
@@ -249,6 +270,7 @@ def _conclude(
     problems += _tensorboard_missing(plan, fleet)
     if problems:
         raise HostsFailed(problems)
+    warnings += interpreters
     missing = sorted(set(plan.job.forward_env) - set(forwarded))
     if missing:
         warnings.append(f"forward_env: {', '.join(missing)} are not set here")
@@ -263,6 +285,7 @@ def _conclude(
         summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
         workdir_groups=shared_workdirs([m.name for m in members], facts),
         empty_stores=frozenset(name for name, f in facts.items() if f.get("store_empty") is True),
+        facts=facts,
     )
 
 
@@ -321,11 +344,16 @@ def shared_workdirs(
 def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
     ports = [t.port for t in plan.tasks_on(member.name) if t.port is not None]
     claim, listen = greeted.claim, greeted.listens.get(member.name)
+    words = environment.python_words(plan.tasks_on(member.name))
+    asked: InterpretersQuery | None = None
+    if words and member.name not in greeted.in_venv:
+        asked = {"python": member.agent.python, "words": words}  # else the env op answers
     facts = member.agent.install(
         ports,
         run_id=claim.run_id,
         lease_seconds=claim.lease_seconds,
         listen=(listen.ports, listen.seconds) if listen is not None else None,
+        interpreters=asked,
     )
     greeted.claimed.add(member.name)  # one set.add per thread: safe under the GIL
     if listen is not None and facts.get("listening"):

@@ -3,6 +3,7 @@ code, and the job's setup commands; what recovery runs again for a replacement h
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from deployer.config.model import NetcheckMode
@@ -12,6 +13,7 @@ from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
+from deployer.up.environment import Environments, uses_requirements, with_extras
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
 from deployer.up.teardown import Teardown
@@ -35,12 +37,15 @@ class Preparation:
         lease: float,
         netcheck: NetcheckMode | None,
         detached: bool,
+        refresh_env: bool = False,
     ) -> None:
         self.fleet, self.run, self.view, self.teardown = fleet, run, view, teardown
         self.gpu_monitor, self.forwarded = gpu_monitor, forwarded
         self.lease, self.netcheck, self.detached = lease, netcheck, detached
         self.members = [fleet.member(h.name) for h in run.plan.hosts]
         self.contacted_hosts = teardown.contacted
+        self.refresh_env = refresh_env
+        self.environment = Environments(run.plan)  # resolved after preflight (environment.py)
 
     def preflight(self, *, keep_stand_ins: bool = False) -> Findings:
         names = fold_names([m.name for m in self.members], join=", ".join)
@@ -60,7 +65,36 @@ class Preparation:
         for warning in findings.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {findings.summary}")
-        return findings
+        return self._resolve_environment(findings)
+
+    def _resolve_environment(self, findings: Findings) -> Findings:
+        """The job's environment resolved for the hosts' platforms, its wheels added to the
+        push (environment.py); nothing is sent when it fails, and the hosts drop the run."""
+        plan = self.run.plan
+        self.environment = Environments(plan, refresh=self.refresh_env)
+        if not uses_requirements(plan):
+            return findings
+        self.view.phase("resolving the job's environment")
+        try:
+            lines = self.environment.resolve(findings.facts)
+        except BaseException:
+            self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
+            raise
+        for line in lines:
+            self.view.step(line)
+        manifest = with_extras(findings.manifest, self.environment.extras())
+        return dataclasses.replace(findings, manifest=manifest)
+
+    def install_environment(self) -> None:
+        """The `env` op on every host with requirements (a built env is reused at once): each
+        task's interpreter from then on."""
+        if self.environment.any:
+            hosts = [m for m in self.members if m.name in self.environment.envs]
+            self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
+            done, warnings = self.environment.install(self.fleet, hosts, self.run.run_id)
+            for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
+                self.view.step(line)
+        self.run.interpreters = {t.name: self.environment.where(t) for t in self.run.plan.tasks}
 
     def push(
         self,
@@ -76,7 +110,8 @@ class Preparation:
         keep_record(self.run.plan, self.run.run_id, detached=self.detached, view=self.view)
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in members)
-        fields = host_fields(self.run.plan, self.run.run_id, self.lease)
+        # The job's wheels travel with the code: stored, placed nowhere (environment.py).
+        fields = {**host_fields(self.run.plan, self.run.run_id, self.lease), **manifest.fields()}
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
         pushing = deliver(
             self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores
@@ -92,7 +127,11 @@ class Preparation:
         commands = plural(len(job.setup), "command")
         self.view.step(f"setup ({commands}) on {plural(len(members), 'host')}")
         ran = self.fleet.each(
-            lambda m: run_setup(m, self.run.run_id, job, manifest), members, what="setup failed"
+            lambda m: run_setup(
+                m, self.run.run_id, job, manifest, self.environment.setup_where(m.host)
+            ),
+            members,
+            what="setup failed",
         )
         skipped = [n for n, r in ran.items() if not r]
         if skipped:

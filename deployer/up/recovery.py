@@ -39,6 +39,8 @@ class Phases(Protocol):
 
     def setup(self, manifest: Manifest, *, only: Sequence[Member]) -> None: ...
 
+    def install_environment(self) -> None: ...
+
 
 class Recovery:
     def __init__(
@@ -66,7 +68,10 @@ class Recovery:
 
     def restart_task(self, name: str) -> None:
         run = self.run
-        restart_task(self.fleet, run.board, self.view, run.plan, run.run_id, self.forwarded, name)
+        where = run.interpreters.get(name)
+        restart_task(
+            self.fleet, run.board, self.view, run.plan, run.run_id, self.forwarded, name, where
+        )
 
     # ---- on_failure = "restart-job": every task again ------------------------------------------
 
@@ -110,6 +115,7 @@ class Recovery:
         findings = self.phases.preflight()
         joined = self.fleet.member(new.name)
         self.phases.push(findings.manifest, (), only=[joined])
+        self.phases.install_environment()  # the new host's built; the others' reused
         self.phases.setup(findings.manifest, only=[joined])
         self.arm_idle_stop()
         self.view.step(f"{new.name} replaces {name}: same tasks, same indices")

@@ -34,6 +34,7 @@ def restart_task(
     run_id: str,
     forwarded: Mapping[str, str],
     name: str,
+    where: Mapping[str, str] | None = None,
 ) -> None:
     """Same command, same TF_CONFIG, same host and port: PSS picks a restarted worker up."""
     watch = board[name]
@@ -51,6 +52,7 @@ def restart_task(
             forwarded,
             board.attempt,
             member.host.interruption_url,
+            where,
         )
         statuses = member.agent.start(run_id, [request], plan.job.stop_grace)
     except HostError as exc:

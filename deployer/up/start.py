@@ -55,13 +55,18 @@ def start_request(
     forwarded: Mapping[str, str],
     attempt: int = 0,
     interruption_url: str | None = None,
+    where: Mapping[str, str] | None = None,
 ) -> dict[str, object]:
     """The `start` entry for one task: its command, and an env made only of what the plan and
-    job.forward_env name (never the controller's environment implicitly)."""
+    job.forward_env name (never the controller's environment implicitly). `where`: what the
+    task runs in, {"venv": path} (the job's environment) or {"python": path} (default: the
+    host's python, whose directory comes first on the task's PATH)."""
+    where = dict(where or {"python": agent.python})
     command = task.command
     if task.is_server:
         server = f"{agent.agent_dir}/tfserver.py"
-        command = f"exec {shlex.quote(agent.python)} {shlex.quote(server)}"
+        python = f"{where['venv']}/bin/python" if "venv" in where else agent.python
+        command = f"exec {shlex.quote(python)} {shlex.quote(server)}"
     request: dict[str, object] = {
         "name": task.name,
         "command": command,
@@ -72,6 +77,7 @@ def start_request(
             protocol.ATTEMPT_ENV: str(attempt),
         },
     }
+    request.update(where)
     if task.cpus is not None:
         request["cpus"] = task.cpus  # the supervisor pins the task before exec
     if interruption_url is not None:
@@ -95,6 +101,7 @@ def start_group(
     on_started: Callable[[str, list[TaskStatus]], None],
     attempt: int = 0,
     release: Collection[str] = (),
+    where: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
     that answered (on this thread). Any host failing makes a JobFailed naming each such host;
@@ -106,7 +113,9 @@ def start_group(
     def start_on(member: Member) -> list[TaskStatus]:
         url = member.host.interruption_url
         requests = [
-            start_request(t, member.agent, run_id, forwarded, attempt, url)
+            start_request(
+                t, member.agent, run_id, forwarded, attempt, url, (where or {}).get(t.name)
+            )
             for t in grouped[member.name]
         ]
         return member.agent.start(run_id, requests, grace, release=member.name in release)
@@ -184,6 +193,7 @@ class StartPhase:
             on_started=started,
             attempt=board.attempt,
             release=released,
+            where=self.run.interpreters,
         )
 
 

@@ -22,6 +22,9 @@ class RunState:
     plan: Plan
     clock: Callable[[], float] = time.monotonic
     board: TaskBoard = field(init=False)
+    # What each task runs in, by name: {"venv": path} or {"python": path} (up/environment.py);
+    # every start of the task, restarts included, sends it.
+    interpreters: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.board = TaskBoard(self.plan.tasks)

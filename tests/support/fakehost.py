@@ -87,6 +87,8 @@ class FakeHost:
         self.facts: protocol.HelloReply = {
             "hostname": name,
             "python": "3.11.2",
+            "machine": "x86_64",
+            "glibc": "2.36",
             "tensorflow": "2.21.0",
             "workdir": f"/fake/{name}/.tfdeploy",
             "disk_free": 10**12,
@@ -98,6 +100,7 @@ class FakeHost:
             "shared_with": [],  # host ids whose tokens this host's workdir holds
         }
         self.requests: list[dict[str, Any]] = []
+        self.venvs: set[str] = set()
         self.reserved: dict[int, str] = {}  # TF port -> run id holding it (remote/reservations)
         self.detached: set[str] = set()  # runs whose lease `detach` dropped
         self.tasks: dict[str, FakeTask] = {}
@@ -198,13 +201,37 @@ class FakeHost:
         self.stand_ins = set()  # the run's code arriving ends its network check (remote/store.py)
         blobs = req.get("blobs", [])
         self.store.update(blob[0] for blob in blobs)
-        lacking = sorted({f[1] for f in req.get("files", [])} - self.store)
+        wanted = {f[1] for f in req.get("files", [])} | set(req.get("keep", []))
+        lacking = sorted(wanted - self.store)
         if lacking and req.get("or_missing") and not blobs:  # as remote/store.py answers
             return {"missing": lacking}
         if lacking:
             return {"ok": False, "error": f"the store lacks the content of {len(lacking)} file(s)"}
         placed: protocol.MaterializeReply = {"files": len(req.get("files", []))}
         return dict(placed)
+
+    def _op_env(self, req: dict[str, Any]) -> protocol.EnvReply:
+        """As remote/envop.py answers: a venv per hash, built once; its wheels in the store."""
+        lacking = [w[0] for w in req.get("wheels", []) if w[1] not in self.store]
+        if lacking:
+            return {"ok": False, "error": f"the store lacks the wheel {lacking[0]}"}  # type: ignore[typeddict-item]
+        venv = f"{self.facts['workdir']}/envs/{req['hash']}"
+        built = venv not in self.venvs
+        self.venvs.add(venv)
+        checked = [f"/usr/bin/python{self.facts['python'][:4]}", venv]
+        return {
+            "venv": venv,
+            "built": built,
+            "waited": False,
+            "installer": "pip" if built else None,
+            "seconds": 1.0 if built else 0.0,
+            "python": self.facts["python"],
+            "tensorflow": self.facts["tensorflow"],
+            "interpreters": {
+                "checked": checked,
+                "found": {w: checked for w in req.get("words", [])},
+            },
+        }
 
     def _op_setup(self, req: dict[str, Any]) -> protocol.SetupReply:
         return {"ran": True, "code": 0, "tail": []}

@@ -171,9 +171,10 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
             "job.comand: unknown key (known keys here: artifacts, artifacts_to, code, command, "
             "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, "
             "lease_seconds, max_restarts, "
-            "name, netcheck, on_failure, port, python, require_tensorflow, restart_backoff, "
-            "retry_exit_codes, role_commands, secret_env, setup, stall_timeout, start_timeout, "
-            "stop_grace, tensorboard, workdir)",
+            "name, netcheck, on_failure, port, python, require_tensorflow, requirements, "
+            "restart_backoff, retry_exit_codes, role_commands, role_requirements, secret_env, "
+            "setup, stall_timeout, start_timeout, stop_grace, system_site_packages, tensorboard, "
+            "wheels_from, workdir)",
             "did you mean 'command'?",
             id="unknown-job-key",
         ),

@@ -242,6 +242,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_IDLE, P.IdleBase, P.IdleRequest, P.IdleReply),
     (P.OP_PEERS, P.PeersBase, P.PeersRequest, *P.PeersReply.__args__, P.ChainEntry),
     (P.OP_PRUNE, P.PruneBase, P.PruneRequest, P.PruneReply),
+    (P.OP_ENVIRONMENT, P.EnvBase, P.EnvRequest, P.EnvReply),
 ]
 
 

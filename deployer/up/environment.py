@@ -1,0 +1,298 @@
+"""The job's Python environment in `up`: resolved once here, sent with the code, installed once
+per host and environment, and the one the tasks run in (docs/environments.md).
+
+- `Environments.resolve`, after preflight's hellos (which report each host's Python, machine
+  and glibc) and before anything is sent: hosts are grouped by environment hash and each
+  distinct environment is resolved once (deployer/envs, cached on this machine).
+- `Environments.extras`: the wheels, added to the push as contents stored but not placed in
+  the code directory: only what a host's store lacks travels, through the fan-out.
+- `Environments.install`, after the push: the `env` op on every host builds or reuses the venv
+  and answers its TensorFlow and the interpreter each task's first word names there; the
+  TensorFlow and interpreter checks of preflight run on those answers.
+- `Environments.where`: each task's (and setup's) interpreter: {"venv": path} or, without
+  requirements, {"python": host python}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deployer.config.model import Host, Job, Requirements, WheelsFrom
+from deployer.config.plan import Plan, Task
+from deployer.core.errors import HostError, HostsFailed
+from deployer.core.text import join_names, plural
+from deployer.envs.platform import HostPlatform
+from deployer.envs.resolve import ResolveError, resolve
+from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
+from deployer.envs.wheelhouse import Wheelhouse
+from deployer.hosts.fleet import Fleet, Member
+from deployer.push.sync import CodeFile, Manifest
+from remote import interpreters as words_of
+from remote import protocol
+
+INSTALL_TIMEOUT_S = 3600.0  # a TensorFlow install with CUDA wheels takes minutes, not seconds
+
+
+def requirements_of(job: Job, host: Host, task: Task | None = None) -> Requirements:
+    """A task's requirements: its role's, else its host's (the job's unless the host says)."""
+    if task is not None and task.role in job.role_requirements:
+        return job.role_requirements[task.role]
+    return host.requirements
+
+
+def uses_requirements(plan: Plan) -> frozenset[str]:
+    """The hosts where some task (or the host's setup) runs in an environment of the job's."""
+    hosts = {h.name: h for h in plan.hosts}
+    return frozenset(
+        h.name
+        for h in plan.hosts
+        if h.requirements is not None
+        or any(requirements_of(plan.job, hosts[t.host], t) for t in plan.tasks_on(h.name))
+    )
+
+
+def spec_of(requirements: Requirements, code: Path) -> EnvSpec:
+    if isinstance(requirements, str):
+        return from_file(code / requirements, base=code)
+    return from_lines(list(requirements or ()), base=code)
+
+
+def python_words(tasks: Sequence[Task]) -> list[str]:
+    """The first words of the tasks' commands that name a Python interpreter."""
+    found = [words_of.first_word(t.command) for t in tasks if not t.is_server and t.command]
+    return sorted({w for w in found if w and words_of.is_python_word(w)})
+
+
+def interpreter_problems(
+    host: str, answer: Mapping[str, object], checked_as: str
+) -> tuple[list[HostError], list[str]]:
+    """Each first word against the interpreter preflight checked: a different one is an error
+    naming both, one that is not found a warning."""
+    checked = answer.get("checked")
+    found: Mapping[str, object] = answer.get("found") or {}  # type: ignore[assignment]
+    problems, warnings = [], []
+    for word, ident in sorted(found.items()):
+        if ident is None:
+            warnings.append(
+                f"{host}: the tasks' `{word}` is not found on their PATH; preflight checked "
+                f"{checked_as}"
+            )
+        elif checked is not None and list(ident) != list(checked):  # type: ignore[call-overload]
+            parts = [str(x) for x in ident]  # type: ignore[attr-defined]
+            said = f"{parts[0]} (venv {parts[1]})" if parts[1:] and parts[1] else parts[0]
+            problems.append(
+                HostError(
+                    host,
+                    f"the tasks' `{word}` is {said}, not {checked_as}, which preflight checked: "
+                    "the tasks would run another Python than the one checked",
+                    hint=f"start the command with `python` or the full path of {checked_as}, "
+                    "or set job.python (or the host's python) to the interpreter the tasks use",
+                )
+            )
+    return problems, warnings
+
+
+@dataclass(frozen=True)
+class HostEnv:
+    """One environment on one host: for which requirements, platform and hash."""
+
+    requirements: Requirements
+    target: HostPlatform
+    hash: str
+    wheelhouse: Wheelhouse | None  # None: the host's own pip fetches (wheels_from = "hosts")
+    spec: EnvSpec
+
+
+@dataclass
+class Environments:
+    """Every host's environments for one `up`, and what the tasks run in."""
+
+    plan: Plan
+    refresh: bool = False
+    envs: dict[str, dict[str, HostEnv]] = field(default_factory=dict)  # host -> req key -> env
+    venvs: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> req key -> venv
+    resolved: int = 0  # distinct environments resolved (or read from the cache)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.envs)
+
+    def resolve(self, facts: Mapping[str, Mapping[str, object]]) -> list[str]:
+        """Groups hosts by environment hash and resolves each distinct one once. What to say."""
+        job = self.plan.job
+        hosts = {h.name: h for h in self.plan.hosts}
+        specs: dict[str, EnvSpec] = {}
+        groups: dict[str, tuple[EnvSpec, HostPlatform, list[str]]] = {}
+        for name in sorted(uses_requirements(self.plan)):
+            host, f = hosts[name], facts[name]
+            glibc = f.get("glibc")
+            target = HostPlatform.of(
+                str(f.get("python")), str(f.get("machine")), str(glibc) if glibc else None
+            )
+            wanted = [requirements_of(job, host, t) for t in self.plan.tasks_on(name)]
+            for requirements in dict.fromkeys([host.requirements, *wanted]):
+                if requirements is None:
+                    continue
+                key = _key(requirements)
+                if key not in specs:
+                    specs[key] = spec_of(requirements, job.code)
+                digest = env_hash(specs[key], target)
+                groups.setdefault(digest, (specs[key], target, []))[2].append(name)
+                self.envs.setdefault(name, {})[key] = HostEnv(
+                    requirements, target, digest, None, specs[key]
+                )
+        houses = {d: self._resolved(d, *group) for d, group in groups.items()}
+        for by_key in self.envs.values():
+            for key, env in by_key.items():
+                by_key[key] = dataclasses.replace(env, wheelhouse=houses[env.hash])
+        self.resolved = len(houses)
+        return [
+            f"environment {d[:12]} for {join_names(names)}: {target.describe()}, "
+            + (
+                f"{plural(len(h.wheels), 'wheel')}, {h.size} bytes"
+                if h
+                else 'installed from the hosts\' own index (wheels_from = "hosts")'
+            )
+            for d, (_, target, names) in groups.items()
+            for h in [houses[d]]
+        ]
+
+    def _resolved(
+        self, digest: str, spec: EnvSpec, target: HostPlatform, names: list[str]
+    ) -> Wheelhouse | None:
+        """One environment's wheels (None: the hosts fetch them); its error names its hosts."""
+        if self.plan.job.wheels_from is not WheelsFrom.CONTROLLER:
+            return None
+        try:
+            return resolve(spec, target, refresh=self.refresh)
+        except ResolveError as exc:
+            raise ResolveError(f"{join_names(names)}: {exc.message}", hint=exc.hint) from None
+
+    def extras(self) -> tuple[CodeFile, ...]:
+        """The wheels as contents of the push (absolute paths: read from the cache)."""
+        found: dict[str, CodeFile] = {}
+        for by_key in self.envs.values():
+            for env in by_key.values():
+                for w in env.wheelhouse.wheels if env.wheelhouse else ():
+                    path = str(env.wheelhouse.wheel_dir / w.file)  # type: ignore[union-attr]
+                    found.setdefault(w.sha256, CodeFile(path, w.sha256, 0o644, w.size))
+        return tuple(found[k] for k in sorted(found))
+
+    def install(
+        self, fleet: Fleet, members: Sequence[Member], run_id: str
+    ) -> tuple[dict[str, list[protocol.EnvReply]], list[str]]:
+        """The env op on every host with an environment; raises HostsFailed (nothing started)
+        for a build that failed, TensorFlow missing or disagreeing, a task's other Python."""
+        job = self.plan.job
+        with_env = [m for m in members if m.name in self.envs]
+
+        def on(member: Member) -> list[protocol.EnvReply]:
+            replies = []
+            words = python_words(self.plan.tasks_on(member.name))
+            for key, env in self.envs[member.name].items():
+                house = env.wheelhouse
+                request: protocol.EnvRequest = {
+                    "run_id": run_id,
+                    "hash": env.hash,
+                    "python": member.agent.python,
+                    "requirements": house.pinned.read_text()
+                    if house
+                    else env.spec.for_target(env.target),
+                    "wheels": [[w.file, w.sha256] for w in house.wheels] if house else [],
+                    "system_site_packages": job.system_site_packages,
+                    "online": house is None,
+                    "words": words,
+                }
+                reply = member.agent.env(request, INSTALL_TIMEOUT_S)
+                self.venvs.setdefault(member.name, {})[key] = reply["venv"]
+                replies.append(reply)
+            return replies
+
+        done = fleet.each(on, with_env, what="installing the job's environment failed")
+        problems: list[HostError] = []
+        warnings: list[str] = []
+        for host, replies in done.items():
+            for reply in replies:
+                checked = f"{reply['venv']}/bin/python"
+                found, said = interpreter_problems(host, reply["interpreters"], checked)
+                problems += found
+                warnings += said
+        problems += _tensorflow_problems(job, done)
+        if problems:
+            raise HostsFailed(problems)
+        return done, warnings
+
+    def where(self, task: Task) -> dict[str, str]:
+        """What the task runs in: its environment's venv, or the host python's directory."""
+        host = next(h for h in self.plan.hosts if h.name == task.host)
+        requirements = requirements_of(self.plan.job, host, task)
+        if requirements is not None and task.host in self.venvs:
+            return {"venv": self.venvs[task.host][_key(requirements)]}
+        return {"python": host.python}
+
+    def setup_where(self, host: Host) -> dict[str, str]:
+        """What setup runs in on `host`: the host's environment (its or the job's
+        requirements), else the host python's directory first on PATH."""
+        venvs = self.venvs.get(host.name, {})
+        if host.requirements is not None and _key(host.requirements) in venvs:
+            return {"venv": venvs[_key(host.requirements)]}
+        return {"python": host.python}
+
+    def lines(self, done: Mapping[str, Sequence[protocol.EnvReply]]) -> list[str]:
+        """One line per outcome: built where (installer, seconds), reused where."""
+        built = [
+            f"{h} ({r['installer']}, {r['seconds']:.1f} s)"
+            for h, rs in sorted(done.items())
+            for r in rs
+            if r["built"]
+        ]
+        reused = sorted({h for h, rs in done.items() for r in rs if not r["built"]})
+        out = []
+        if built:
+            out.append(f"environment built on {', '.join(built)}")
+        if reused:
+            out.append(f"environment reused on {', '.join(reused)}")
+        versions = sorted({r["python"] for rs in done.values() for r in rs})
+        tf = sorted({r["tensorflow"] or "-" for rs in done.values() for r in rs})
+        out.append(f"environment ok: python {'/'.join(versions)}, tensorflow {'/'.join(tf)}")
+        return out
+
+
+def _key(requirements: Requirements) -> str:
+    return requirements if isinstance(requirements, str) else "\n".join(requirements or ())
+
+
+def _tensorflow_problems(
+    job: Job, done: Mapping[str, Sequence[protocol.EnvReply]]
+) -> list[HostError]:
+    """preflight's TensorFlow rule, on the venvs: present (unless require_tensorflow = false or
+    setup may install it) and one version on every host."""
+    if not job.require_tensorflow:
+        return []
+    versions = {h: {r["tensorflow"] for r in rs} for h, rs in done.items()}
+    problems = [
+        HostError(
+            h,
+            f"TensorFlow is not installed in the job's environment ({rs[0]['venv']})",
+            hint="add tensorflow (or tensorflow-cpu) to the requirements, set "
+            "system_site_packages = true over a python that holds it, or "
+            "require_tensorflow = false for a job that does not use TensorFlow",
+        )
+        for h, rs in sorted(done.items())
+        if None in versions[h] and not job.setup
+    ]
+    known = {v for vs in versions.values() for v in vs if v}
+    if len(known) > 1:
+        problems += [
+            HostError(h, f"TensorFlow {'/'.join(sorted(str(v) for v in vs))} in its environment")
+            for h, vs in sorted(versions.items())
+        ]
+    return problems
+
+
+def with_extras(manifest: Manifest, extras: tuple[CodeFile, ...]) -> Manifest:
+    """The push's manifest with the wheels among its contents (stored, not placed)."""
+    return dataclasses.replace(manifest, extras=extras)

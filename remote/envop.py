@@ -1,0 +1,103 @@
+"""The env op: the job's venv on this host, from wheels the push left in the store.
+
+The wheels arrive as contents of the store (sent once, through the fan-out, like code); this op
+gives them their file names (venvs.link_wheels), builds or reuses WORKDIR/envs/<hash>/
+(venvs.ensure: once per host and environment, under a lock that holds on shared homes), and
+answers what preflight must check in that venv: its Python, its TensorFlow, and whether each
+task's first word is the venv's interpreter once the venv is activated.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import hostid
+import interpreters
+import layout
+import params
+import protocol
+import venvs
+
+# The venv's Python version and TensorFlow version, read from package metadata (importing
+# TensorFlow costs seconds); -I: the host's PYTHON* variables cannot point elsewhere.
+_PROBE = (
+    "import sys\n"
+    "from importlib import metadata\n"
+    "print(sys.version.split()[0])\n"
+    "for d in ('tensorflow', 'tensorflow-cpu', 'tensorflow-gpu', 'tf-nightly'):\n"
+    "    try:\n"
+    "        print(metadata.version(d)); break\n"
+    "    except metadata.PackageNotFoundError:\n"
+    "        pass\n"
+)
+
+
+def op_env(req: dict[str, Any]) -> protocol.EnvReply:
+    workdir = layout.workdir_path(req)
+    run_id = params.check_name(params.param(req, "run_id", str), "run id")
+    env_hash = params.param(req, "hash", str)
+    python = params.param(req, "python", str)
+    requirements = params.param(req, "requirements", str)
+    wheels = [_wheel(item) for item in params.param(req, "wheels", list, [])]
+    installer = params.param(req, "installer", str, "auto")
+    words = params.param(req, "words", list, [])
+    if not all(isinstance(w, str) for w in words):
+        raise params.AgentError("words must be strings")
+    try:
+        venv = venvs.env_path(workdir, env_hash)
+        found = venvs.link_wheels(workdir / "store", wheels, venv.with_name(f"{venv.name}.wheels"))
+        result = venvs.ensure(
+            workdir,
+            env_hash,
+            python=python,
+            requirements=requirements,
+            wheels=found,
+            host_id=hostid.identity(),
+            run_id=run_id,
+            system_site_packages=params.param(req, "system_site_packages", bool, False),
+            installer=installer,
+            online=params.param(req, "online", bool, False),
+        )
+    except venvs.EnvError as exc:
+        raise params.AgentError(str(exc)) from None
+    version, tensorflow = _probe(venv)
+    path = interpreters.venv_env(str(venv), os.environ).get("PATH")
+    return {
+        "venv": str(venv),
+        "built": bool(result["built"]),
+        "waited": bool(result["waited"]),
+        "installer": result["installer"],
+        "seconds": float(result["seconds"]),
+        "python": version,
+        "tensorflow": tensorflow,
+        "interpreters": interpreters.answer(str(venv / "bin" / "python"), words, path),
+    }
+
+
+def _wheel(item: Any) -> tuple[str, str]:
+    if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+        raise params.AgentError(f"each of 'wheels' must be [file name, sha256], got {item!r:.80}")
+    return item[0], params.check_hash(item[1])
+
+
+def _probe(venv: Path) -> tuple[str, str | None]:
+    """(Python version, TensorFlow version or None) as the venv's own interpreter sees them:
+    with system_site_packages, a TensorFlow of the base python counts, as it does for tasks."""
+    try:
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-I", "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        said = f"the environment's python {venv}/bin/python does not run: {exc}"
+        raise params.AgentError(said) from None
+    lines = done.stdout.split()
+    if done.returncode != 0 or not lines:
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise params.AgentError(f"the environment's python {venv}/bin/python does not run: {said}")
+    return lines[0], (lines[1] if len(lines) > 1 else None)

@@ -1,0 +1,153 @@
+"""`up` with `requirements` on lab hosts that reach nothing outside (issue 41): the environment
+is resolved here from a local index, sent with the code, installed once per host, and the one
+the tasks run in; preflight refuses a task's other Python, and a requirement with no wheel.
+
+Never touches PyPI: the wheels are built here (tests/support/wheels.py) and this machine's pip
+is pointed at a folder of them through PIP_* variables of the test's own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab import VENV_PYTHON, Lab
+from tests.support.lab_cli import tfdeploy
+from tests.support.wheels import make_wheel
+
+BASE = "/usr/bin/python3"  # the hosts' system Python: no tinypkg, no TensorFlow
+
+TRAIN = """\
+import os, sys
+import tinypkg, tinydep
+print("prefix", sys.prefix, "venv", os.environ.get("VIRTUAL_ENV"), "tinypkg", tinypkg.VALUE)
+"""
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of wheels that this machine's pip (and only it) resolves from."""
+    wheels = tmp_path / "index"
+    make_wheel(wheels, "tinypkg", requires=["tinydep"])
+    make_wheel(wheels, "tinydep", "2.0")
+    make_wheel(wheels, "onlyarm", "1.0", tag="cp311-cp311-manylinux_2_17_aarch64")
+    for name, value in {
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_CACHE_DIR": str(tmp_path / "pip-cache"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    return wheels
+
+
+def _code(tmp_path: Path, requirements: str) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRAIN)
+    (code / "requirements.txt").write_text(requirements)
+    return code
+
+
+def test_requirements_reach_isolated_hosts_once_and_tasks_run_in_the_venv(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    code = _code(tmp_path, "tinypkg==1.0\n")
+    job: dict[str, Any] = {
+        "python": BASE,
+        "requirements": "requirements.txt",
+        "require_tensorflow": False,
+    }
+    inventory = lab_inventory([[{"role": "worker"}], [{"role": "worker"}]], code=code, job=job)
+    state = tmp_path / "state"
+    first = tfdeploy("up", str(inventory), state=state, check_rc=0)
+    out = first.stdout
+    # (a) each task imported tinypkg from the job's venv, which is activated
+    found = re.findall(r"prefix (\S+) venv (\S+) tinypkg 1.0", out)
+    assert len(found) == 2, out
+    for prefix, venv in found:
+        assert prefix == venv and "/envs/" in venv, out
+    assert "environment built on" in out, out
+    # (b) the same job again: no wheel byte sent, nothing reinstalled
+    second = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
+    assert "0 bytes sent, every file was already there" in second, second
+    assert "environment reused on" in second and "environment built" not in second, second
+    assert len(re.findall(r"prefix (\S+) venv \1 tinypkg 1.0", second)) == 2, second
+
+
+def test_a_requirement_without_a_wheel_for_the_hosts_platform_starts_nothing(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    code = _code(tmp_path, "onlyarm==1.0\n")
+    job = {"python": BASE, "requirements": "requirements.txt", "require_tensorflow": False}
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=3)
+    said = result.stdout + result.stderr
+    assert "onlyarm==1.0: no wheel for CPython 3.11, manylinux" in said, said
+    assert "x86_64" in said and "Traceback" not in said, said
+    assert "pushed" not in said and "starting" not in said, said
+
+
+def test_a_venv_python_with_another_python3_on_path_is_refused_or_trains(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The venv user's case: python = a venv holding TensorFlow, command = "python3 train.py".
+    The venv's directory comes first on the task's PATH, so python3 is the venv's: it trains
+    (imports TensorFlow there), never a green preflight and dead tasks."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import sys, tensorflow\nprint('python', sys.prefix, 'tf', tensorflow.__version__)\n"
+    )
+    job = {"python": VENV_PYTHON, "command": "python3 train.py"}
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0)
+    assert re.search(r"python /opt/tfdeploy/venv tf \d", result.stdout), result.stdout
+
+
+def test_a_task_python_other_than_the_checked_one_is_refused_by_preflight(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('ran')\n")
+    job = {"python": VENV_PYTHON, "command": f"{BASE} train.py"}
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=3)
+    said = result.stdout + result.stderr
+    assert f"the tasks' `{BASE}` is" in said and VENV_PYTHON in said, said
+    assert "ran" not in result.stdout.split("error")[0] and "starting" not in said, said
+
+
+def test_tensorflow_from_system_site_packages_is_checked_in_the_venv_and_trains(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    """MWMS on 2 hosts; the job's venv is built on the lab's TF venv python with
+    system_site_packages: preflight finds TF through the venv, the tasks import both."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "requirements.txt").write_text("tinypkg==1.0\n")
+    (code / "train.py").write_text(
+        "import os, sys, tinypkg\n"
+        "import tensorflow as tf\n"
+        "s = tf.distribute.MultiWorkerMirroredStrategy()\n"
+        "with s.scope():\n"
+        "    v = tf.Variable(1.0)\n"
+        "venv = os.environ['VIRTUAL_ENV']\n"
+        "print('trained', s.num_replicas_in_sync, 'venv', venv, tinypkg.VALUE)\n"
+    )
+    job = {
+        "python": VENV_PYTHON,
+        "requirements": "requirements.txt",
+        "system_site_packages": True,
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "3"},
+    }
+    inventory = lab_inventory([[{"role": "worker"}], [{"role": "worker"}]], code=code, job=job)
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=600, check_rc=0)
+    out = result.stdout
+    assert re.search(r"environment ok: python 3\.\d+\.\d+, tensorflow \d", out), out
+    assert len(re.findall(r"trained 2 venv \S+/envs/\S+ 1.0", out)) == 2, out
