@@ -61,7 +61,7 @@ def test_a_stop_over_ssh_ends_a_setsid_sidecar_on_a_lab_host(lab: Any, run_id: s
     try:
         agent.call("materialize", run_id=run_id, job="j", files=[], lease_seconds=None)
         env = {"TFDEPLOY_RUN_ID": run_id}
-        agent.start(run_id, [{"name": "w", "command": ESCAPE, "env": env}], grace=1)
+        agent.start(run_id, [{"name": "worker:0", "command": ESCAPE, "env": env}], grace=1)
         pid_file = f"{agent.home}/hosts/*/runs/{run_id}/code/escaped.pid"
         read = ["sh", "-c", f"cat {pid_file}"]
         stray = int(wait_for(lambda: lab.run(host, read).stdout.strip(), timeout=10))
