@@ -15,6 +15,7 @@ import pytest
 
 import tests.lab
 from tests.lab import Lab, LabHost, LabUnsupported, cleanup, pythons, start_lab
+from tests.lab import containers as lab_containers
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
@@ -34,13 +35,33 @@ def bastion_lab() -> Iterator[Lab]:
     yield from _lab_session(2, "bastion")
 
 
-def _lab_session(n: int, topology: str) -> Iterator[Lab]:
+@pytest.fixture(scope="session")
+def container_lab() -> Iterator[Lab]:
+    """3 flat container hosts (tests/lab/containers.py): podman as root in each, each host with
+    its own image store; skips where podman cannot run (not root, not installed)."""
+    reason = lab_containers.available()
+    if reason is not None:
+        pytest.skip(reason)
+    yield from _lab_session(3, "flat", containers=True)
+
+
+@pytest.fixture
+def clean_container_lab(container_lab: Lab) -> Iterator[Lab]:
+    """The container lab, checked after the test: no process, port, tfdeploy container (of any
+    run, found by label) or mount of a host's image store left on any host."""
+    yield container_lab
+    left = {h.name: container_lab.leftovers(h) for h in container_lab.hosts}
+    left = {name: items for name, items in left.items() if items}
+    assert not left, f"the test left containers, processes or mounts on lab hosts: {left}"
+
+
+def _lab_session(n: int, topology: str, *, containers: bool = False) -> Iterator[Lab]:
     if tests.lab.lab_mode() == "netns":
         cleanup.clean_stale()  # namespaces and links of an earlier run that was SIGKILLed
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm)
     try:
-        the_lab = start_lab(n, topology)
+        the_lab = start_lab(n, topology, containers=containers)
     except LabUnsupported as e:  # the bastion topology on loopback: its tests skip, saying why
         pytest.skip(str(e))
     try:

@@ -42,21 +42,28 @@ def lab_mode() -> str:
     return "netns"
 
 
-def start_lab(n: int = 8, topology: str = "flat", *, persistent: bool = False) -> Lab:
+def start_lab(
+    n: int = 8, topology: str = "flat", *, persistent: bool = False, containers: bool = False
+) -> Lab:
     """Bring up `n` hosts ("flat"), or `n` private hosts behind a bastion ("bastion").
 
     Returns once every host's sshd accepts connections. A `persistent` lab (the CLI's) is not
     tied to this process: it outlives it and only `stop()` or `python -m tests.lab down` ends it.
+    `containers` makes container hosts (tests/lab/containers.py): namespace lab only.
     """
     if topology not in ("flat", "bastion"):
         raise LabError(f"unknown topology {topology!r}: use 'flat' or 'bastion'")
     if not 1 <= n <= MAX_HOSTS:
         raise LabError(f"a lab has 1 to {MAX_HOSTS} hosts, not {n}")
     mode = lab_mode()
+    if containers and mode != "netns":
+        raise LabUnsupported("container hosts need the namespace lab (root)")
     lab_id, directory = cleanup.new_lab_dir()
     lab: NamespaceLab | LoopbackLab
     if mode == "netns":
-        lab = NamespaceLab(lab_id=lab_id, directory=directory, persistent=persistent)
+        lab = NamespaceLab(
+            lab_id=lab_id, directory=directory, persistent=persistent, containers=containers
+        )
     else:
         lab = LoopbackLab(lab_id=lab_id, directory=directory, persistent=persistent)
     if not persistent:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.lab import cleanup, procs, sshconf
+from tests.lab import containers as lab_containers
 from tests.lab.base import HostRef, Lab, is_sshd, wait_until
 from tests.lab.model import VENV_PYTHON, LabError, LabHost, Proc
 from tests.lab.users import LoginUser, ensure_login_user
@@ -36,6 +37,7 @@ hostname {hostname}
 mount -t tmpfs -o mode=0700 lab-root /root
 mount -t tmpfs -o mode=1777 lab-tmp /tmp
 {home}
+{containers}
 ip link set lo up
 {links}
 mkdir -p /run/sshd
@@ -124,9 +126,13 @@ class NamespaceLab(Lab):
 
     isolated = True
 
-    def __init__(self, *, lab_id: str, directory: Path, persistent: bool = False) -> None:
+    def __init__(
+        self, *, lab_id: str, directory: Path, persistent: bool = False, containers: bool = False
+    ) -> None:
         super().__init__(lab_id=lab_id, directory=directory, user="root", python=VENV_PYTHON)
         self.persistent = persistent
+        # Container hosts (tests/lab/containers.py): podman runs in each host, own image store.
+        self.containers = containers
         self._slots: dict[str, _Slot] = {}
         self._unreachable: list[str] = []
         self.topology = "flat"
@@ -213,6 +219,8 @@ class NamespaceLab(Lab):
         self.dir.chmod(0o711)
         self.authorized_keys.chmod(0o644)
         known = []
+        if self.containers:
+            (self.dir / "containers.conf").write_text(lab_containers.CONTAINERS_CONF)
         for slot in self._slots.values():
             d = self.dir / slot.host.name
             conf = sshconf.sshd_config(
@@ -221,6 +229,7 @@ class NamespaceLab(Lab):
                 pid_file=d / "sshd.pid",
                 listen="0.0.0.0:22",
                 allow_users=["root", self.login_user],
+                set_env=self._container_env(slot.host.name),
             )
             (d / "sshd_config").write_text(conf)
             pub = (d / "ssh_host_ed25519_key.pub").read_text()
@@ -289,6 +298,7 @@ class NamespaceLab(Lab):
         script = _BOOT.format(
             hostname=shlex.quote(slot.host.hostname),
             home=self._home_mount(),
+            containers="\n".join(lab_containers.boot_lines()) if self.containers else "",
             links="\n".join(links),
             config=shlex.quote(str(d / "sshd_config")),
             log=shlex.quote(str(d / "sshd.log")),
@@ -350,6 +360,57 @@ class NamespaceLab(Lab):
         except OSError:
             return False
         return self._operstate(dev) == "up" and state == "3"
+
+    # -- container hosts -----------------------------------------------------------------------
+
+    def _container_env(self, name: str) -> list[str]:
+        """sshd `SetEnv` lines of a container host: the lab's containers.conf, its own store."""
+        if not self.containers:
+            return []
+        d = self.dir / name
+        (d / "storage.conf").write_text(lab_containers.storage_conf(d / "containers"))
+        return [
+            f"CONTAINERS_CONF={self.dir / 'containers.conf'}",
+            f"CONTAINERS_STORAGE_CONF={d / 'storage.conf'}",
+        ]
+
+    def podman(
+        self, host: HostRef, args: str, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """`podman ARGS` (a shell string) as root in the host, with the host's own store."""
+        if not self.containers:
+            raise LabError("podman needs a container lab (start_lab(..., containers=True))")
+        env = " ".join(shlex.quote(a) for a in self._container_env(self.host(host).name))
+        return self.run(host, f"env {env} podman {args}", timeout=timeout)
+
+    def import_test_image(self, host: HostRef, name: str = lab_containers.TEST_IMAGE) -> str:
+        """The busybox test image into the host's store as `name` (~0.2 s); returns `name`."""
+        tar = lab_containers.test_image_tar()
+        done = self.podman(host, f"import -q {shlex.quote(str(tar))} {shlex.quote(name)}")
+        if done.returncode != 0:
+            raise LabError(f"podman import on {self.host(host).name} failed: {done.stderr}")
+        return name
+
+    def containers_left(self, host: HostRef) -> list[str]:
+        """tfdeploy's containers (any run: found by label) and mounts of the host's store."""
+        if not self.containers:
+            return []
+        slot = self._live(host)
+        done = self.podman(host, lab_containers.ps_args())
+        if done.returncode != 0:
+            return [f"podman ps failed: {done.stderr.strip()}"]
+        found = [f"container {line}" for line in done.stdout.splitlines() if line.strip()]
+        store = str(self.dir / slot.host.name / "containers")
+        mounts = Path(f"/proc/{slot.init}/mountinfo").read_text().splitlines()
+        points = [line.split()[4] for line in mounts]
+        found += [f"mount {p}" for p in points if p.startswith((store, lab_containers.RUNROOT))]
+        return found
+
+    def _leftovers_now(self, h: LabHost) -> list[str]:
+        found = super()._leftovers_now(h)
+        if self.containers and not self._slot(h).crashed:
+            found += self.containers_left(h)
+        return found
 
     # -- the login user's home ---------------------------------------------------------------
 

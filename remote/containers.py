@@ -1,0 +1,272 @@
+"""Tasks in container images on a host: the runtime, a task's `run` argv, stop, cleanup, images.
+
+Stdlib only (the agent ships alone). Each function is one runtime command or a pure argv
+builder; the agent's ops call them (docs/containers.md says what each op needs).
+
+Why the shapes are what they are (each measured with podman 4.3 + runc; docs/containers.md):
+- `--init`: a task is the container's PID 1 otherwise, and the kernel drops every signal PID 1
+  has no handler for: a SIGTERM stop would do nothing until the grace ran out. The init
+  (catatonit under podman, tini under docker) forwards signals and exits with the task's status.
+- No `--rm`: the container is kept until the supervisor has recorded the exit, then removed by
+  name (`remove`), so the exit status is never lost to a removal race.
+- `podman run` in the foreground proxies SIGTERM/SIGINT to the container and exits with the
+  container's status (128+N for death by signal N). SIGKILL of the client leaves the container
+  running under its monitor (conmon), which is why every stop path ends with `remove_run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from typing import Sequence
+
+RUNTIMES = ("podman", "docker")  # the order a host's runtime is picked in
+LABEL_RUN = "tfdeploy.run"
+LABEL_TASK = "tfdeploy.task"
+TIMEOUT = 120.0  # a runtime command that hangs longer than this is a broken runtime
+_LOAD_TIMEOUT = 1800.0  # a few GB of layers into a slow disk
+
+
+class ContainerError(Exception):
+    """A runtime command failed; the message names the command and what it said."""
+
+
+def _run(argv: Sequence[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of one runtime command; never raises for a failure."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", "{} did not answer within {:.0f} s".format(" ".join(argv[:2]), timeout)
+    out = done.stdout.decode("utf-8", "replace")
+    return done.returncode, out, done.stderr.decode("utf-8", "replace")
+
+
+def _checked(argv: Sequence[str], timeout: float = TIMEOUT) -> str:
+    code, out, err = _run(argv, timeout)
+    if code != 0:
+        said = (err.strip() or out.strip() or "no output").splitlines()[-1]
+        raise ContainerError("`{}` failed (exit {}): {}".format(" ".join(argv), code, said))
+    return out
+
+
+# -- the runtime ---------------------------------------------------------------------------------
+
+
+def find_runtime(preferred: str | None = None) -> str | None:
+    """The runtime's program name: `preferred` if installed, else podman, else docker; None."""
+    names = (preferred,) if preferred else RUNTIMES
+    for name in names:
+        if name in RUNTIMES and shutil.which(name):
+            return name
+    return None
+
+
+def runtime_info(runtime: str) -> dict[str, object]:
+    """What preflight needs of a runtime, from its own `info`: usable by this user at all,
+    rootless or not (that decides how mounts get the login user's ownership), the host's
+    platform. Raises ContainerError with the runtime's own words when it cannot run."""
+    if runtime == "podman":
+        fmt = "{{json .Host.Security.Rootless}} {{.Host.OS}}/{{.Host.Arch}}"
+    else:
+        fmt = "{{json .SecurityOptions}} {{.OSType}}/{{.Architecture}}"
+    out = _checked([runtime, "info", "--format", fmt]).strip()
+    first, _, platform = out.rpartition(" ")
+    rootless = first == "true" if runtime == "podman" else "rootless" in first
+    return {"runtime": runtime, "rootless": rootless, "platform": normalize_platform(platform)}
+
+
+def normalize_platform(platform: str) -> str:
+    """`linux/amd64`; docker's `info` says x86_64/aarch64 where images say amd64/arm64."""
+    aliases = {"x86_64": "amd64", "aarch64": "arm64"}
+    os_name, _, arch = platform.strip().partition("/")
+    return f"{os_name.lower()}/{aliases.get(arch, arch)}"
+
+
+# -- names and the run argv ----------------------------------------------------------------------
+
+
+def container_name(run_id: str, task: str) -> str:
+    """`tfdeploy-<run>-<task>`: one container per task of a run; runtimes allow [a-zA-Z0-9_.-]."""
+    safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in f"{run_id}-{task}")
+    return "tfdeploy-" + safe
+
+
+def gpu_flags(runtime: str, gpus: Sequence[int]) -> list[str]:
+    """The flags that give a container exactly the host GPUs `gpus` (host indices).
+
+    podman: CDI, one `--device nvidia.com/gpu=I` per GPU (needs `nvidia-ctk cdi generate`).
+    docker: `--gpus "device=I,J"` (needs the NVIDIA container toolkit). Inside, the GPUs are
+    numbered 0..n-1 in this order; `task_env` sets CUDA_VISIBLE_DEVICES to match.
+    """
+    if not gpus:
+        return []
+    if runtime == "docker":
+        return ["--gpus", '"device={}"'.format(",".join(str(i) for i in gpus))]
+    flags: list[str] = []
+    for index in gpus:
+        flags += ["--device", f"nvidia.com/gpu={index}"]
+    return flags
+
+
+def task_env(env: dict[str, str], gpus: Sequence[int] | None) -> dict[str, str]:
+    """The task's environment as the container sees it.
+
+    The plan masks GPUs with CUDA_VISIBLE_DEVICES holding host indices; a container given only
+    those GPUs sees them as 0..n-1, so the host indices would name GPUs that are not there.
+    With `gpus` given (GPU flags in use), the variable becomes 0..n-1; without, it is kept.
+    """
+    out = dict(env)
+    if gpus:
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    return out
+
+
+def run_argv(
+    runtime: str,
+    *,
+    image: str,
+    run_id: str,
+    task: str,
+    command: str,
+    env: dict[str, str],
+    mounts: Sequence[str],
+    cwd: str,
+    uid: int,
+    gid: int,
+    rootless: bool = False,
+    gpus: Sequence[int] = (),
+) -> list[str]:
+    """`RUNTIME run ...` for one task: run it in the foreground, its output on our stdout.
+
+    `mounts` are host paths (the run's code directory, the workdir) mounted at the same paths,
+    so every path in the task's spec and environment holds inside as outside. Files written
+    there belong to the login user: a rootful runtime runs the task as `--user uid:gid`; rootless
+    podman maps the login user onto itself with `--userns keep-id` (a `--user` there would be a
+    subordinate uid outside). The host's network: TF ports as planned, the network check holds.
+    """
+    argv = [runtime, "run", "--init", "--name", container_name(run_id, task)]
+    argv += ["--label", f"{LABEL_RUN}={run_id}"]
+    argv += ["--label", f"{LABEL_TASK}={task}"]
+    argv += ["--network", "host", "--workdir", cwd]
+    if rootless and runtime == "podman":
+        argv += ["--userns", "keep-id"]
+    else:
+        argv += ["--user", f"{uid}:{gid}"]
+    for path in mounts:
+        argv += ["--volume", f"{path}:{path}"]
+    for key, value in sorted(task_env(env, gpus).items()):
+        argv += ["--env", f"{key}={value}"]
+    argv += gpu_flags(runtime, gpus)
+    argv += [image, "/bin/sh", "-c", command]
+    return argv
+
+
+def returncode(status: int) -> int:
+    """The task's status from the runtime client's: 128+N (N a signal, 1..64) is death by N,
+    as Popen says it (-N), so exit.json records a signal as for a task outside a container.
+
+    A task that itself exits 128+N is recorded as killed by N: the runtime reports both alike.
+    125-127 are the runtime's own failures (cannot create, cannot exec, not found).
+    """
+    if 128 < status <= 128 + 64:
+        return -(status - 128)
+    return status
+
+
+# -- stop and cleanup ----------------------------------------------------------------------------
+
+
+def stop(runtime: str, name: str, grace: float) -> None:
+    """SIGTERM to the task (through the container's init), SIGKILL after `grace` seconds, then
+    remove the container. Quiet for a container that is already gone."""
+    _run([runtime, "stop", "-t", str(max(0, round(grace))), name], TIMEOUT + grace)
+    remove(runtime, name)
+
+
+def remove(runtime: str, name: str) -> bool:
+    """Force-remove one container (killing it if it runs); False when there was none."""
+    code, _, _ = _run([runtime, "rm", "-f", name])
+    return code == 0
+
+
+def run_containers(runtime: str, run_id: str) -> list[str]:
+    """IDs of every container of the run on this host, running or not, found by its label."""
+    out = _checked([runtime, "ps", "-a", "-q", "--filter", f"label={LABEL_RUN}={run_id}"])
+    return out.split()
+
+
+def remove_run(runtime: str, run_id: str) -> list[str]:
+    """Force-remove every container of the run: the last step of every stop path (`down`, a
+    lease that expired, a supervisor that died), since killing a task's process group ends only
+    the runtime's client, not the container its monitor keeps. Returns the IDs it removed."""
+    found = run_containers(runtime, run_id)
+    if found:
+        _run([runtime, "rm", "-f", *found])
+    left = run_containers(runtime, run_id)
+    if left:
+        raise ContainerError(
+            "{} container(s) of run {} survive `{} rm -f`: {}".format(
+                len(left), run_id, runtime, " ".join(left)
+            )
+        )
+    return found
+
+
+# -- images --------------------------------------------------------------------------------------
+
+
+def image_exists(runtime: str, image: str) -> bool:
+    if runtime == "podman":
+        return _run([runtime, "image", "exists", image])[0] == 0
+    return _run([runtime, "image", "inspect", image])[0] == 0
+
+
+def image_platform(runtime: str, image: str) -> str:
+    """`os/arch` of a local image, as `runtime_info`'s platform is written."""
+    out = _checked([runtime, "image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", image])
+    return normalize_platform(out.strip().splitlines()[0])
+
+
+def platform_error(runtime: str, image: str, host_platform: str) -> str | None:
+    """None when the image runs on this host's platform, else what is wrong, for preflight."""
+    have = image_platform(runtime, image)
+    if have == host_platform:
+        return None
+    return (
+        f"image {image} is built for {have}, this host is {host_platform}: "
+        f"build or pull the {host_platform} variant"
+    )
+
+
+def pull(runtime: str, image: str) -> None:
+    """Pull through the host's own registry access (the default source of an image)."""
+    _checked([runtime, "pull", "-q", image], _LOAD_TIMEOUT)
+
+
+def load_oci(runtime: str, layout_dir: str, image: str) -> str:
+    """Load the image from an OCI layout directory (as the controller saved it) and tag it
+    `image`; returns its ID. podman 4.3 names an image loaded from a directory after the
+    directory's path (it ignores the layout's ref.name), so the ID is tagged and that
+    path-made name dropped. docker's `load` takes a tar stream, not a directory: podman only."""
+    if runtime != "podman":
+        raise ContainerError("loading an OCI layout directory needs podman, not " + runtime)
+    out = _checked([runtime, "pull", "-q", "oci:" + os.path.abspath(layout_dir)], _LOAD_TIMEOUT)
+    image_id = out.strip().splitlines()[-1]
+    _checked([runtime, "tag", image_id, image])
+    tags = json.loads(
+        _checked([runtime, "image", "inspect", "--format", "{{json .RepoTags}}", image_id])
+    )
+    for tag in tags or []:
+        if tag != image and not tag.endswith("/" + image):
+            _run([runtime, "untag", image_id, tag])
+    return image_id
