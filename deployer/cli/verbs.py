@@ -20,6 +20,8 @@ from deployer.core.errors import ExitStatus, HostsFailed, UsageError
 
 def plan_verb(args: argparse.Namespace, env: Env) -> int:
     plan = api.plan(args.inventory)
+    for warning in plan.warnings:  # stderr: a --json document on stdout stays whole
+        env.err.print(Text.assemble(("warning: ", "yellow"), warning))
     if args.json:
         env.raw_out.write(plan_json(plan) + "\n")
     else:

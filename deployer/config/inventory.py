@@ -30,6 +30,7 @@ from deployer.config.model import (
     Job,
     NetcheckMode,
     SSHSettings,
+    Strategy,
     TaskSpec,
     TensorBoard,
 )
@@ -234,6 +235,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         lease_seconds=t.number("lease_seconds", _JOB.lease_seconds, minimum=5),
         firewall=t.boolean("firewall", _JOB.firewall),
         netcheck=_netcheck(t),
+        strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),
         fanout=t.boolean("fanout", _JOB.fanout),
         require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow),
         artifacts=t.string_list("artifacts"),

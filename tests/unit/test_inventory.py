@@ -173,7 +173,7 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
             "lease_seconds, max_restarts, "
             "name, netcheck, on_failure, port, python, require_tensorflow, restart_backoff, "
             "retry_exit_codes, role_commands, secret_env, setup, stall_timeout, start_timeout, "
-            "stop_grace, tensorboard, workdir)",
+            "stop_grace, strategy, tensorboard, workdir)",
             "did you mean 'command'?",
             id="unknown-job-key",
         ),
