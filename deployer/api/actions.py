@@ -99,6 +99,31 @@ def pull_files(
             raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
 
 
+def newest_run(target: Target, verb: str, say: Say) -> Target:
+    """An inventory named without a run id (`logs`, `pull`): its job's newest run on the hosts
+    (the hosts are the record: another shell's runs count), said through `say`. A run id
+    named is kept as it is. Raises UsageError when no host has a run of the job, HostsFailed
+    when no host could be asked."""
+    if target.run_id is not None:
+        return target
+    found = discovered(target)
+    with Fleet(found.hosts) as fleet:
+        survey = survey_runs(fleet, found)
+    if not survey.runs:
+        if survey.failures:
+            raise HostsFailed(survey.failures, what="listing runs failed", outcome=None)
+        raise UsageError(
+            f"{verb}: {survey.nothing_found(found)}",
+            hint="`tfdeploy up INVENTORY` starts one; `tfdeploy status INVENTORY` lists runs",
+        )
+    newest = survey.runs[0].run_id  # newest first
+    say(
+        f"{verb}: run {newest}, the newest of job {found.inventory.job.name!r} on its hosts "
+        f"(`tfdeploy {verb} RUN_ID ...` for another; `tfdeploy status INVENTORY` lists them)"
+    )
+    return dataclasses.replace(found, run_id=newest)
+
+
 def terminate_sources(inventory: Inventory, when: tuple[str, ...], say: Say) -> None:
     """Ends the machines the inventory's sources created whose end is due at `when`; never one
     they only discovered."""

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deployer.api.actions import Say, discovered, pull_files, stop
+from deployer.api.actions import Say, discovered, newest_run, pull_files, stop
 from deployer.api.inventories import InventoryLike, load
 from deployer.config.inventory import discover_hosts
 from deployer.core.errors import HostError, UsageError
@@ -86,15 +86,17 @@ def pull(
     inventory: str | None = None,
     tasks: Sequence[str] | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
+    say: Say | None = None,
 ) -> PullResult:
     """`Run.pull` by run id: files the tasks wrote (glob patterns relative to each task's
     directory) into `to/<run id>/<role>-<index>/`; only contents missing here travel.
+    `run_id` an inventory file: its job's newest run on the hosts, said through `say`.
 
     Raises UsageError when `run_id` names no run, Interrupted on Ctrl-C (what arrived is
     kept; its hint is the command that fetches the rest)."""
-    target = resolve(run_id, inventory)
-    if target.run_id is None:
-        raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
+    target = newest_run(resolve(run_id, inventory), "pull", say or _nothing)
+    if inventory is None and target.run_id != run_id:
+        inventory = run_id  # the resume hint names the run and its inventory
     return pull_files(
         target, patterns, to, tasks=tasks, concurrency=concurrency, inventory=inventory
     )

@@ -160,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=verbs.status_verb)
 
     logs = subparsers.add_parser("logs", help="print (or follow) the logs of a run")
-    _target_args(logs, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    _target_args(
+        logs,
+        "run_id",
+        "a run id, or an inventory file: its job's newest run on the hosts, said on stderr",
+    )
     logs.add_argument("--task", type=_task_name, help="only this task, e.g. worker:1")
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep following until the run ends"
@@ -178,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     pull_ = subparsers.add_parser(
         "pull", help="copy files of a run's tasks home (only what is not here already)"
     )
-    _target_args(pull_, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    _target_args(
+        pull_,
+        "run_id",
+        "a run id, or an inventory file: its job's newest run on the hosts, said on stderr",
+    )
     pull_.add_argument(
         "paths",
         nargs="+",

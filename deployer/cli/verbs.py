@@ -119,6 +119,7 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
         inventory=args.inventory,
         tasks=args.task,
         concurrency=args.concurrency,
+        say=lambda note: env.err.print(Text(note), style="yellow"),
     )
     view = api.PlainView(env.raw_out)
     for refusal in result.refused:

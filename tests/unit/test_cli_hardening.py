@@ -118,11 +118,12 @@ def test_bad_logs_flags_are_usage_errors(
     assert complaint in capsys.readouterr().err
 
 
-def test_logs_help_names_no_inventory_as_its_argument(capsys: pytest.CaptureFixture[str]) -> None:
+def test_logs_help_says_an_inventory_means_its_newest_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert run_cli("logs", "--help")[0] == 0
-    usage = capsys.readouterr().out
-    assert "a run id (see `tfdeploy status INVENTORY`)" in usage
-    assert "an inventory file, or a run id" not in usage
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "a run id, or an inventory file: its job's newest run on the hosts" in usage
 
 
 def test_logs_into_a_closed_pipe_exits_141_quietly(finished_run: FinishedRun) -> None:
