@@ -11,7 +11,15 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deployer.api.actions import Say, discovered, newest_run, pull_files, stop
+from deployer.api.actions import (
+    ARTIFACTS_TIMEOUT_S,
+    Say,
+    discovered,
+    newest_run,
+    pull_files,
+    stop,
+    waiting_artifacts,
+)
 from deployer.api.inventories import InventoryLike, load
 from deployer.config.inventory import discover_hosts
 from deployer.core.errors import HostError, UsageError
@@ -30,6 +38,8 @@ class RunsFound:
     failures: list[HostError]
     run_id: str | None  # the run asked for; None: every run of the inventory's job
     nothing_found: str  # in words: what was sought, where, and what is there instead
+    # Detached runs that ended with job.artifacts not pulled yet (`down` pulls them), newest first
+    artifacts_waiting: tuple[str, ...] = ()
 
     def missing(self) -> UsageError:
         """The error for a run asked for by id that no host has."""
@@ -55,7 +65,10 @@ def status(target: str, *, inventory: str | None = None) -> RunsFound:
     found = discovered(resolve(target, inventory))
     with Fleet(found.hosts) as fleet:
         survey = survey_runs(fleet, found)
-    return RunsFound(survey.runs, survey.failures, found.run_id, survey.nothing_found(found))
+    waiting = tuple(waiting_artifacts(survey.runs, found.inventory.job))
+    return RunsFound(
+        survey.runs, survey.failures, found.run_id, survey.nothing_found(found), waiting
+    )
 
 
 def down(
@@ -65,16 +78,27 @@ def down(
     terminate: bool = False,
     say: Say | None = None,
     warn: Say | None = None,
+    artifacts: bool = True,
+    artifacts_timeout: float = ARTIFACTS_TIMEOUT_S,
 ) -> tuple[str, ...]:
     """Stops the runs of an inventory's job, or one run (finished tasks' escaped processes
     too), on every host; returns the hosts where something was stopped. `terminate` also ends
     every machine the host sources created. `say` receives what `tfdeploy down` prints,
-    `warn` its warnings (default: `say`).
+    `warn` its warnings (default: `say`). A detached run's job.artifacts come home after its
+    stop, before any machine is terminated (`artifacts=False` skips that; the pull is cut
+    after `artifacts_timeout` seconds, what arrived kept).
 
     Raises HostsFailed naming the hosts that could not be asked (after the others were
     stopped), UsageError for a run id no host has."""
     say = say or _nothing
-    stopped = stop(resolve(target, inventory), terminate=terminate, say=say, warn=warn)
+    stopped = stop(
+        resolve(target, inventory),
+        terminate=terminate,
+        say=say,
+        warn=warn,
+        artifacts=artifacts,
+        artifacts_timeout=artifacts_timeout,
+    )
     return tuple(sorted(set(stopped)))
 
 

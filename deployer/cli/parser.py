@@ -145,6 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="then terminate the EC2 instances tfdeploy launched for the job ([aws] launch)",
     )
+    down.add_argument(
+        "--no-artifacts",
+        action="store_true",
+        help="do not pull a detached run's job.artifacts after stopping it",
+    )
+    down.add_argument(
+        "--artifacts-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="cut that pull after SECONDS, keeping what arrived (default: 600)",
+    )
     down.set_defaults(handler=verbs.down_verb)
 
     status = subparsers.add_parser("status", help="tasks and states of runs, read from the hosts")

@@ -49,7 +49,8 @@ def next_steps(run_id: str, artifacts: Sequence[str], *, detached: bool) -> list
         f"  files: tfdeploy pull {run_id} {patterns}    (into ./tfdeploy-runs/{run_id}/)",
     ]
     if detached:
-        steps.append(f"  stop:  tfdeploy down {run_id}")
+        kept = ", then pulls its artifacts" if artifacts else ""
+        steps.append(f"  stop:  tfdeploy down {run_id}    (stops it{kept})")
     return [f"next, for run {run_id}:", *steps]
 
 

@@ -18,7 +18,8 @@ def test_up_ends_with_the_run_id_and_the_commands_to_look_at_it(
     tmp_path: Path,
     state: Path,  # noqa: F811
 ) -> None:
-    inventory = local_job(tmp_path, "echo run $TFDEPLOY_RUN_ID > out.txt", 'artifacts = ["*.txt"]')
+    job = f'artifacts = ["*.txt"]\nartifacts_to = "{tmp_path / "artifacts"}"'
+    inventory = local_job(tmp_path, "echo run $TFDEPLOY_RUN_ID > out.txt", job)
     code, out, err = run_cli("up", str(inventory))
     assert code == 0, out + err
     run_id = run_id_of(out)
@@ -33,7 +34,9 @@ def test_up_ends_with_the_run_id_and_the_commands_to_look_at_it(
     assert detached != run_id
     tail = [one_line(line) for line in out.splitlines()[-4:]]
     assert tail[0] == f"tfdeploy: next, for run {detached}:"
-    assert tail[3] == f"tfdeploy: stop: tfdeploy down {detached}"
+    assert (
+        tail[3] == f"tfdeploy: stop: tfdeploy down {detached} (stops it, then pulls its artifacts)"
+    )
     assert run_cli("down", detached)[0] == 0
 
     # The inventory alone: its job's newest run (the detached one), said on stderr.
