@@ -223,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(tunnel, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
     tunnel.add_argument("remote_port", type=_port, metavar="REMOTE_PORT")
     tunnel.add_argument("local_port", type=_port, nargs="?", metavar="LOCAL_PORT")
-    tunnel.add_argument("--task", type=_task_name, help="the task whose host (default: chief:0)")
+    tunnel.add_argument(
+        "--task", type=_task_name, help="the task whose host (default: chief:0, else worker:0)"
+    )
     tunnel.set_defaults(handler=verbs.tunnel_verb)
 
     prune = subparsers.add_parser(

@@ -460,3 +460,13 @@ def test_status_logs_and_down_create_nothing_on_a_host_without_the_workdir(
     logs = tfdeploy("logs", "hard-20261123T000000Z-abcd", "-i", str(inventory), state=state)
     assert logs.returncode == 2, logs.stdout + logs.stderr
     assert not (tmp_path / "wd").exists()
+
+
+def test_tunnel_help_names_the_default_task_the_code_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployer.config.roles import LEAD_TASKS
+
+    assert run_cli("tunnel", "--help")[0] == 0
+    usage = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {', else '.join(LEAD_TASKS)})" in usage
