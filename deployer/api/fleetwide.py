@@ -11,7 +11,15 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deployer.api.actions import Say, discovered, pull_files, stop
+from deployer.api.actions import (
+    ARTIFACTS_TIMEOUT_S,
+    Say,
+    discovered,
+    newest_run,
+    pull_files,
+    stop,
+    waiting_artifacts,
+)
 from deployer.api.inventories import InventoryLike, load
 from deployer.config.inventory import discover_hosts
 from deployer.core.errors import HostError, UsageError
@@ -30,6 +38,8 @@ class RunsFound:
     failures: list[HostError]
     run_id: str | None  # the run asked for; None: every run of the inventory's job
     nothing_found: str  # in words: what was sought, where, and what is there instead
+    # Detached runs that ended with job.artifacts not pulled yet (`down` pulls them), newest first
+    artifacts_waiting: tuple[str, ...] = ()
 
     def missing(self) -> UsageError:
         """The error for a run asked for by id that no host has."""
@@ -55,7 +65,10 @@ def status(target: str, *, inventory: str | None = None) -> RunsFound:
     found = discovered(resolve(target, inventory))
     with Fleet(found.hosts) as fleet:
         survey = survey_runs(fleet, found)
-    return RunsFound(survey.runs, survey.failures, found.run_id, survey.nothing_found(found))
+    waiting = tuple(waiting_artifacts(survey.runs, found.inventory.job))
+    return RunsFound(
+        survey.runs, survey.failures, found.run_id, survey.nothing_found(found), waiting
+    )
 
 
 def down(
@@ -65,16 +78,27 @@ def down(
     terminate: bool = False,
     say: Say | None = None,
     warn: Say | None = None,
+    artifacts: bool = True,
+    artifacts_timeout: float = ARTIFACTS_TIMEOUT_S,
 ) -> tuple[str, ...]:
     """Stops the runs of an inventory's job, or one run (finished tasks' escaped processes
     too), on every host; returns the hosts where something was stopped. `terminate` also ends
     every machine the host sources created. `say` receives what `tfdeploy down` prints,
-    `warn` its warnings (default: `say`).
+    `warn` its warnings (default: `say`). A detached run's job.artifacts come home after its
+    stop, before any machine is terminated (`artifacts=False` skips that; the pull is cut
+    after `artifacts_timeout` seconds, what arrived kept).
 
     Raises HostsFailed naming the hosts that could not be asked (after the others were
     stopped), UsageError for a run id no host has."""
     say = say or _nothing
-    stopped = stop(resolve(target, inventory), terminate=terminate, say=say, warn=warn)
+    stopped = stop(
+        resolve(target, inventory),
+        terminate=terminate,
+        say=say,
+        warn=warn,
+        artifacts=artifacts,
+        artifacts_timeout=artifacts_timeout,
+    )
     return tuple(sorted(set(stopped)))
 
 
@@ -86,15 +110,17 @@ def pull(
     inventory: str | None = None,
     tasks: Sequence[str] | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
+    say: Say | None = None,
 ) -> PullResult:
     """`Run.pull` by run id: files the tasks wrote (glob patterns relative to each task's
     directory) into `to/<run id>/<role>-<index>/`; only contents missing here travel.
+    `run_id` an inventory file: its job's newest run on the hosts, said through `say`.
 
     Raises UsageError when `run_id` names no run, Interrupted on Ctrl-C (what arrived is
     kept; its hint is the command that fetches the rest)."""
-    target = resolve(run_id, inventory)
-    if target.run_id is None:
-        raise UsageError("pull needs a run id (see `tfdeploy status INVENTORY`)")
+    target = newest_run(resolve(run_id, inventory), "pull", say or _nothing)
+    if inventory is None and target.run_id != run_id:
+        inventory = run_id  # the resume hint names the run and its inventory
     return pull_files(
         target, patterns, to, tasks=tasks, concurrency=concurrency, inventory=inventory
     )

@@ -12,7 +12,7 @@ import itertools
 import os
 from collections.abc import Callable
 
-from deployer.api.actions import Say, discovered, inventory_masker
+from deployer.api.actions import Say, discovered, inventory_masker, newest_run
 from deployer.core.errors import HostError, HostsFailed, TfdeployError, UsageError
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import Fleet
@@ -60,7 +60,7 @@ def read_logs(
     HostsFailed when hosts cannot be asked and the archive has nothing of the run.
     """
     say = _once(say or _nothing)
-    hide = hide or logs_masker(run_id, inventory)
+    given, hide = hide, hide or logs_masker(run_id, inventory)
     reader = _Reader(run_id, task, tail, lambda label, lines: on_lines(label, _masked(hide, lines)))
     if RUN_ID.match(run_id) and not sync and archive_ended(run_id):
         if not damaged(run_id, task):
@@ -70,8 +70,22 @@ def read_logs(
             say(note)
         say("reading the run's hosts instead")
     found = discovered(target() if target is not None else resolve(run_id, inventory))
-    if found.run_id is None:
-        raise UsageError("logs needs a run id (see `tfdeploy status INVENTORY`)")
+    if found.run_id is None:  # an inventory: its newest run, by the same rule as a run id
+        newest = newest_run(found, "logs", say).run_id
+        assert newest is not None
+        where = inventory or run_id  # the inventory file: its env tables mask the secrets
+        read_logs(
+            newest,
+            on_lines,
+            inventory=where,
+            task=task,
+            tail=tail,
+            follow=follow,
+            sync=sync,
+            say=say,
+            hide=given,
+        )
+        return
     reader.run_id = found.run_id
     with Fleet(found.hosts) as fleet:
         if sync:

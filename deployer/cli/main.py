@@ -45,8 +45,8 @@ def run(argv: Sequence[str], env: Env) -> int:
         if args.traceback:  # for debugging; the exit status stays the error's own
             env.err.print(Text(traceback.format_exc().rstrip()))
         env.err.print(Text.assemble(("error: ", "bold red"), exc.message))
-        if exc.hint:
-            env.err.print(Text.assemble(("hint: ", "yellow"), exc.hint))
+        for hint in (exc.hint or "").splitlines():  # one `hint:` per line (per host, HostsFailed)
+            env.err.print(Text.assemble(("hint: ", "yellow"), hint))
         return exc.exit_status
     except KeyboardInterrupt as exc:
         env.err.print("interrupted", style="yellow")

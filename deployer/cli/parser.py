@@ -155,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="then terminate the EC2 instances tfdeploy launched for the job ([aws] launch)",
     )
+    down.add_argument(
+        "--no-artifacts",
+        action="store_true",
+        help="do not pull a detached run's job.artifacts after stopping it",
+    )
+    down.add_argument(
+        "--artifacts-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="cut that pull after SECONDS, keeping what arrived (default: 600)",
+    )
     down.set_defaults(handler=verbs.down_verb)
 
     status = subparsers.add_parser("status", help="tasks and states of runs, read from the hosts")
@@ -170,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=verbs.status_verb)
 
     logs = subparsers.add_parser("logs", help="print (or follow) the logs of a run")
-    _target_args(logs, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    _target_args(
+        logs,
+        "run_id",
+        "a run id, or an inventory file: its job's newest run on the hosts, said on stderr",
+    )
     logs.add_argument("--task", type=_task_name, help="only this task, e.g. worker:1")
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep following until the run ends"
@@ -188,7 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     pull_ = subparsers.add_parser(
         "pull", help="copy files of a run's tasks home (only what is not here already)"
     )
-    _target_args(pull_, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
+    _target_args(
+        pull_,
+        "run_id",
+        "a run id, or an inventory file: its job's newest run on the hosts, said on stderr",
+    )
     pull_.add_argument(
         "paths",
         nargs="+",
@@ -213,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(tunnel, "run_id", "a run id (see `tfdeploy status INVENTORY`)")
     tunnel.add_argument("remote_port", type=_port, metavar="REMOTE_PORT")
     tunnel.add_argument("local_port", type=_port, nargs="?", metavar="LOCAL_PORT")
-    tunnel.add_argument("--task", type=_task_name, help="the task whose host (default: chief:0)")
+    tunnel.add_argument(
+        "--task", type=_task_name, help="the task whose host (default: chief:0, else worker:0)"
+    )
     tunnel.set_defaults(handler=verbs.tunnel_verb)
 
     prune = subparsers.add_parser(

@@ -20,6 +20,8 @@ from deployer.core.errors import ExitStatus, HostsFailed, UsageError
 
 def plan_verb(args: argparse.Namespace, env: Env) -> int:
     plan = api.plan(args.inventory)
+    for warning in plan.warnings:  # stderr: a --json document on stdout stays whole
+        env.err.print(Text.assemble(("warning: ", "yellow"), warning))
     if args.json:
         env.raw_out.write(plan_json(plan) + "\n")
     else:
@@ -68,6 +70,8 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
         args.target,
         inventory=args.inventory,
         terminate=args.terminate,
+        artifacts=not args.no_artifacts,
+        artifacts_timeout=args.artifacts_timeout,
         say=functools.partial(_say, env),
         warn=lambda line: env.err.print(Text(line)),
     )
@@ -85,6 +89,14 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
         fit = env.out.is_terminal and not args.all  # a pipe or file gets every task
         brief = not args.all and found.run_id is None  # a run named gets its tasks
         env.out.print(status_table(runs, env.out.height if fit else None, brief_ended=brief))
+    for run_id in found.artifacts_waiting if not args.json else ():
+        env.err.print(
+            Text(
+                f"run {run_id} has ended; its job.artifacts are not pulled yet: "
+                f"`tfdeploy down {run_id}` pulls them"
+            ),
+            style="yellow",
+        )
     if found.failures:
         shown = "the other hosts' answers are shown" if runs or args.json else None
         raise HostsFailed(found.failures, what="listing runs failed", outcome=shown)
@@ -119,6 +131,7 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
         inventory=args.inventory,
         tasks=args.task,
         concurrency=args.concurrency,
+        say=lambda note: env.err.print(Text(note), style="yellow"),
     )
     view = api.PlainView(env.raw_out)
     for refusal in result.refused:

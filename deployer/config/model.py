@@ -27,6 +27,16 @@ class NetcheckMode(StrEnum):
     OFF = "off"  # none (false, --no-netcheck)
 
 
+class Strategy(StrEnum):
+    """job.strategy: the tf.distribute strategy the job's script builds."""
+
+    AUTO = "auto"  # no ps tasks: "mwms"; ps tasks: "pss" (a missing chief is then a warning)
+    MWMS = "mwms"  # MultiWorkerMirroredStrategy: chief and workers all-reduce
+    PSS = "pss"  # ParameterServerStrategy: a chief coordinates, workers and ps serve
+    MIRRORED = "mirrored"  # MirroredStrategy per task (TF_CONFIG unread): no cluster rule
+    TF1 = "tf1"  # TF1 between-graph replication: workers and ps, worker 0 leads
+
+
 class EvaluatorFailure(StrEnum):
     """job.evaluator_failure: what a failed evaluator does to a job whose training succeeded."""
 
@@ -170,6 +180,7 @@ class Job:
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
+    strategy: Strategy = Strategy.AUTO  # the tf.distribute strategy, for plan's rules (tfrules.py)
     netcheck: NetcheckMode = NetcheckMode.AUTO  # preflight tries TF connections (netplan.py)
     fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
     require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)

@@ -27,6 +27,8 @@ from deployer.config.roles import (
     has_port,
     role,
 )
+from deployer.config.tfrules import check as check_tf_rules
+from deployer.config.tfrules import warnings as tf_warnings
 from deployer.core.errors import InventoryError
 from remote import protocol
 
@@ -123,6 +125,13 @@ class Plan:
         learn something about the hosts after the first plan (GPU counts, a replacement)."""
         return make_plan(dataclasses.replace(self.inventory, hosts=tuple(hosts)))
 
+    @cached_property
+    def warnings(self) -> tuple[str, ...]:
+        """TensorFlow's rules this plan breaks without TF refusing it (config/tfrules.py).
+        Hosts with `gpus = "auto"` and no count yet are left to preflight."""
+        unknown = {h.name for h in self.inventory.hosts if h.gpus_auto and not h.gpus}
+        return tuple(tf_warnings(self.job.strategy, self.tasks, unknown))
+
     def tasks_on(self, host: str) -> tuple[Task, ...]:
         return self._by_host.get(host, ())
 
@@ -159,6 +168,7 @@ def make_plan(inventory: Inventory) -> Plan:
     file = str(inventory.path)
     slots = _place_tasks(inventory)
     _check_roles(slots, file)
+    check_tf_rules(inventory.job.strategy, [s.role for s in slots], file)
     _check_failure_policy(inventory.job, slots, file)
     _check_ports(slots, file)
     cluster: dict[str, list[str]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from deployer.core.text import plural
+from deployer.core.text import join_names, plural
 
 
 class ExitStatus(enum.IntEnum):
@@ -92,10 +92,30 @@ class HostsFailed(TfdeployError):
         outcome: str | None = "nothing was started",
     ) -> None:
         lines = "\n".join(f"  {f.message}" for f in failures)
-        hints = sorted({f.hint for f in failures if f.hint})
         head = f"{what} on {plural(len(failures), 'host')}" + (f"; {outcome}" if outcome else "")
-        super().__init__(f"{head}:\n{lines}", hint="\n".join(hints) or None)
+        super().__init__(f"{head}:\n{lines}", hint=per_host_hints(failures) or None)
         self.failures = failures
+
+
+def per_host_hints(failures: list[HostError]) -> str:
+    """One line per distinct hint, each naming its hosts, in the order the hosts failed; a hint
+    many hosts share is one line ("12 hosts: is sshd running ...?"): the CLI prints each line
+    as a `hint:` of its own."""
+    hosts: dict[str, list[str]] = {}
+    for f in failures:
+        if f.hint:
+            for line in f.hint.splitlines():
+                named = hosts.setdefault(line, [])
+                if f.host not in named:
+                    named.append(f.host)
+    return "\n".join(f"{_hosts_named(names)}: {hint}" for hint, names in hosts.items())
+
+
+def _hosts_named(names: list[str]) -> str:
+    """'h1', 'h1 and h2', 'h1, h2 and h3'; more than three: '12 hosts'."""
+    if len(names) > 3:
+        return plural(len(names), "host")
+    return join_names(names)
 
 
 class NetworkBlocked(TfdeployError):

@@ -187,3 +187,17 @@ def _json_kind(data: object) -> str:
     if data is None:
         return "null"
     return {list: "an array", str: "a string", bool: "a boolean"}.get(type(data), "a number")
+
+
+def mark_artifacts_pulled(run_id: str, where: str) -> None:
+    """The marker `down` leaves once a detached run's job.artifacts are home: `status` stops
+    saying they are waiting. A convenience of this machine's state, like the record."""
+    folder = state_dir() / "runs"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (folder / f"{run_id}.artifacts").write_text(where + "\n", encoding="utf-8")
+
+
+def artifacts_pulled(run_id: str) -> bool:
+    return (
+        RUN_ID.match(run_id) is not None and (state_dir() / "runs" / f"{run_id}.artifacts").exists()
+    )

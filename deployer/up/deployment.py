@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployer.config.model import NetcheckMode
@@ -37,6 +38,20 @@ from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display, SteadyView, masked_view
+
+
+def next_steps(run_id: str, artifacts: Sequence[str], *, detached: bool) -> list[str]:
+    """`up`'s last lines: the run id again (it scrolled off with the push) and the commands
+    that look at the run later, from any shell of this machine."""
+    patterns = " ".join(shlex.quote(p) for p in artifacts) or "'PATTERN'"
+    steps = [
+        f"  logs:  tfdeploy logs {run_id}",
+        f"  files: tfdeploy pull {run_id} {patterns}    (into ./tfdeploy-runs/{run_id}/)",
+    ]
+    if detached:
+        kept = ", then pulls its artifacts" if artifacts else ""
+        steps.append(f"  stop:  tfdeploy down {run_id}    (stops it{kept})")
+    return [f"next, for run {run_id}:", *steps]
 
 
 @dataclass(frozen=True)
@@ -184,15 +199,17 @@ class Deployment:
         self.start_and_watch()
         if self.options.detach:
             self.detach()
-            self.view.step(
-                f"run {self.run_id} is running detached; stop it with `tfdeploy down {self.run_id}`"
-            )
+            self.view.step(f"run {self.run_id} is running detached")
+            for line in next_steps(self.run_id, self.plan.job.artifacts, detached=True):
+                self.view.step(line)
             return 0
         self.teardown()
         self.pull_artifacts()
         note = self.watching.evaluator_note()
-        if note:  # the last line says it, whatever teardown and the pull printed after
+        if note:  # the job's outcome is said last but for the next steps
             self.view.step(f"the job succeeded{note}")
+        for line in next_steps(self.run_id, self.plan.job.artifacts, detached=False):
+            self.view.step(line)
         return 0
 
     def _interrupted(self, signum: int) -> Interrupted:

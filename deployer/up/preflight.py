@@ -260,6 +260,7 @@ def _conclude(
             interpreters += said
     reports = gpu_reports(facts)
     final_plan, gpu_problems, warnings = check_gpus(plan, reports)
+    warnings = [*final_plan.warnings, *warnings]  # TF's rules, on the counts `gpus = "auto"` learnt
     problems += gpu_problems
     # An earlier attempt of this run (a restart, a replaced host) may still be letting go of
     # its GPUs: wait for it as teardown does, rather than refuse it as another's.

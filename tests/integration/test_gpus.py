@@ -143,6 +143,13 @@ def test_up_with_auto_gpus_assigns_warns_and_shows_usage(
         for s in view.steps
     ), view.steps
     assert "warning: forward_env: UNSET_HERE are not set here" in view.steps
+    # The split came out unequal, known only now: TF's MWMS rule said at preflight (tfrules.py).
+    assert (
+        "warning: MultiWorkerMirroredStrategy needs the same number of devices on every worker "
+        "(and the chief), or TF's behaviour is undefined: worker:0 and worker:1: 2 GPUs; "
+        "worker:2: CPU"
+    ) in view.steps
+    assert plan.warnings == ()  # the plan could not know: the GPU host's count was not learnt
     uses = {(r.name, r.gpu_use) for rows in view.rows for r in rows if r.gpu_use}
     assert uses == {("worker:0", "40% 2.0/45.0 GiB"), ("worker:1", "80% 2.0/45.0 GiB")}
 

@@ -358,3 +358,33 @@ def test_a_tunnel_half_closes_serves_400_connections_and_ends_with_its_run(
     said = " ".join(again.stderr.split())
     assert again.returncode == 2 and again.stdout == "", again
     assert f"error: worker:0 of run {run_id} has ended (stopped by tfdeploy)" in said, said
+
+
+def test_down_pulls_the_artifacts_of_a_detached_run_and_status_says_they_wait(
+    clean_lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    """`up --detach` pulls nothing when the run ends: the tasks write their checkpoints and
+    exit, `status` says the artifacts wait, `down` brings them into artifacts_to."""
+    to, state = tmp_path / "home", tmp_path / "state"
+    inventory = results(lab_inventory, code, to, 0, 0)
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    run_id = up.stdout.split("(run ")[1].split(")")[0]
+    waiting = f"run {run_id} has ended; its job.artifacts are not pulled yet"
+    deadline = time.monotonic() + 60
+    while waiting not in (status := tfdeploy("status", str(inventory), state=state)).stderr:
+        assert time.monotonic() < deadline, status.stdout + status.stderr
+        time.sleep(1)
+    assert not to.exists()  # nothing came home when the run ended
+    down = tfdeploy("down", str(inventory), state=state, check_rc=0)
+    assert f"run {run_id}: artifacts: pulled 4 files into" in down.stdout, down.stdout
+    for me in ("worker-0", "worker-1"):
+        assert (to / run_id / me / "out" / "ckpt" / f"{me}.bin").stat().st_size == 3_000_000
+    assert waiting not in tfdeploy("status", str(inventory), state=state).stderr
+    again = tfdeploy("down", run_id, state=state, check_rc=0)
+    assert "artifacts" not in again.stdout  # pulled once
+
+    # --no-artifacts: stopped, nothing pulled, and status still says they wait.
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    second = up.stdout.split("(run ")[1].split(")")[0]
+    down = tfdeploy("down", "--no-artifacts", second, state=state, check_rc=0)
+    assert "artifacts" not in down.stdout and not (to / second).exists()

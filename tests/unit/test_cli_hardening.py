@@ -118,11 +118,12 @@ def test_bad_logs_flags_are_usage_errors(
     assert complaint in capsys.readouterr().err
 
 
-def test_logs_help_names_no_inventory_as_its_argument(capsys: pytest.CaptureFixture[str]) -> None:
+def test_logs_help_says_an_inventory_means_its_newest_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert run_cli("logs", "--help")[0] == 0
-    usage = capsys.readouterr().out
-    assert "a run id (see `tfdeploy status INVENTORY`)" in usage
-    assert "an inventory file, or a run id" not in usage
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "a run id, or an inventory file: its job's newest run on the hosts" in usage
 
 
 def test_logs_into_a_closed_pipe_exits_141_quietly(finished_run: FinishedRun) -> None:
@@ -459,3 +460,13 @@ def test_status_logs_and_down_create_nothing_on_a_host_without_the_workdir(
     logs = tfdeploy("logs", "hard-20261123T000000Z-abcd", "-i", str(inventory), state=state)
     assert logs.returncode == 2, logs.stdout + logs.stderr
     assert not (tmp_path / "wd").exists()
+
+
+def test_tunnel_help_names_the_default_task_the_code_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployer.config.roles import LEAD_TASKS
+
+    assert run_cli("tunnel", "--help")[0] == 0
+    usage = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {', else '.join(LEAD_TASKS)})" in usage

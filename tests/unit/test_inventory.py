@@ -173,8 +173,8 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
             "lease_seconds, max_restarts, "
             "name, netcheck, on_failure, port, python, require_tensorflow, requirements, "
             "restart_backoff, retry_exit_codes, role_commands, role_requirements, secret_env, "
-            "setup, stall_timeout, start_timeout, stop_grace, system_site_packages, tensorboard, "
-            "wheels_from, workdir)",
+            "setup, stall_timeout, start_timeout, stop_grace, strategy, system_site_packages, "
+            "tensorboard, wheels_from, workdir)",
             "did you mean 'command'?",
             id="unknown-job-key",
         ),

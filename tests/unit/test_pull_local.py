@@ -5,43 +5,19 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import free_port, one_line, run_cli
+from tests.support.helpers import one_line, run_cli
+from tests.support.local_jobs import local_job, run_id_of, state  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def local_job(tmp: Path, command: str, job: str = "") -> Path:
-    """An inventory of one worker on this machine running `command` in its code directory."""
-    (tmp / "code").mkdir(exist_ok=True)
-    path = tmp / "inv.toml"
-    path.write_text(
-        f'[job]\nname = "pulls"\ncode = "code"\ncommand = {json.dumps(command)}\n'
-        f'workdir = "{tmp}/wd"\npython = "{sys.executable}"\nport = {free_port()}\n'
-        f"require_tensorflow = false\nstop_grace = 1\n{job}\n"
-        '[[hosts]]\nname = "local"\naddress = "127.0.0.1"\ntransport = "local"\n'
-        'tasks = [{ role = "worker" }]\n'
-    )
-    return path
-
-
-def run_id_of(out: str) -> str:
-    return next(w for w in out.split() if w.startswith("pulls-")).rstrip(")")
-
-
-@pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 def test_a_task_file_and_an_absolute_artifact_never_land_on_each_other(
-    tmp_path: Path, state: Path
+    tmp_path: Path,
+    state: Path,  # noqa: F811
 ) -> None:
     """The task writes a file `tmp`; the artifacts also name an absolute path below /tmp. Its
     copy once landed at worker-0/tmp/..., over the file: `internal error: IsADirectoryError`,
@@ -61,7 +37,8 @@ def test_a_task_file_and_an_absolute_artifact_never_land_on_each_other(
 
 
 def test_an_absolute_path_and_the_tasks_own_file_at_the_same_path_both_come_home(
-    tmp_path: Path, state: Path
+    tmp_path: Path,
+    state: Path,  # noqa: F811
 ) -> None:
     """`pull RUN /x/etc/hostname` while the task's directory has x/etc/hostname too: the host
     read the task's file for the absolute one, and the pull always failed `changed while being
@@ -82,7 +59,7 @@ def test_an_absolute_path_and_the_tasks_own_file_at_the_same_path_both_come_home
     assert (home / run_id / "worker-0.abs" / relative).read_text() == "the host's"
 
 
-def test_pull_to_a_file_exits_2_naming_it(tmp_path: Path, state: Path) -> None:
+def test_pull_to_a_file_exits_2_naming_it(tmp_path: Path, state: Path) -> None:  # noqa: F811
     """It exited 3, "a host is unreachable", with `connection failed: [Errno 20]`."""
     code, out, err = run_cli("up", str(local_job(tmp_path, "printf x > f")))
     assert code == 0, out + err
