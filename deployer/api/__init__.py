@@ -20,7 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getattr__ below
-    from deployer.api.deploy import check, plan, up
+    from deployer.api.deploy import check, environments, plan, up
     from deployer.api.fleetwide import Executed, RunsFound, down, execute, pull, status
     from deployer.api.forward import Forward, tunnel
     from deployer.api.handle import LogLine, Result, Run, TaskState, attach
@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getat
 # through this package, so an eager one here would make each command pay for all of them.
 _HOMES = {
     "check": "deployer.api.deploy",
+    "environments": "deployer.api.deploy",
     "plan": "deployer.api.deploy",
     "up": "deployer.api.deploy",
     "Executed": "deployer.api.fleetwide",
@@ -128,6 +129,7 @@ __all__ = [
     "attach",
     "check",
     "down",
+    "environments",
     "execute",
     "plan",
     "pull",

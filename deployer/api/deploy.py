@@ -22,6 +22,7 @@ from deployer.core.errors import TfdeployError, UsageError
 from deployer.core.text import plural
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.up.deployment import Deployment, UpOptions
+from deployer.up.environment import PlannedEnv, planned_environments
 
 PathLike = str | os.PathLike[str]
 # Which TF connections preflight tries: None or True (as the inventory's job.netcheck says),
@@ -56,6 +57,13 @@ def plan(inventory: InventoryLike, *, base: PathLike | None = None) -> Plan:
     Raises InventoryError for a wrong inventory.
     """
     return make_plan(discover_hosts(load(inventory, base=base), preview=True))
+
+
+def environments(plan: Plan) -> list[PlannedEnv]:
+    """Each host's Python environment (`requirements`) as far as this machine knows it without
+    asking a host: its hash, platform and wheels where an earlier `up` or `check` learnt the
+    host's platform and the wheels are resolved here, else "resolved at up"."""
+    return planned_environments(plan)
 
 
 def check(

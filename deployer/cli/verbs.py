@@ -8,12 +8,14 @@ the machinery its verb needs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import json
 
 from rich.text import Text
 
 from deployer import api
-from deployer.api.render import plan_json, plan_table, status_json, status_table
+from deployer.api.render import plan_document, plan_table, status_json, status_table
 from deployer.cli.console import Env
 from deployer.core.errors import ExitStatus, HostsFailed, UsageError
 
@@ -22,10 +24,15 @@ def plan_verb(args: argparse.Namespace, env: Env) -> int:
     plan = api.plan(args.inventory)
     for warning in plan.warnings:  # stderr: a --json document on stdout stays whole
         env.err.print(Text.assemble(("warning: ", "yellow"), warning))
+    planned = api.environments(plan)  # `requirements`: what this machine knows without a host
     if args.json:
-        env.raw_out.write(plan_json(plan) + "\n")
+        document = plan_document(plan)
+        document["environments"] = [dataclasses.asdict(e) for e in planned]
+        env.raw_out.write(json.dumps(document, indent=2) + "\n")
     else:
         env.out.print(plan_table(plan))
+        for e in planned:
+            env.out.print(Text(e.line()))
     return ExitStatus.OK
 
 

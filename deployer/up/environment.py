@@ -24,8 +24,9 @@ from deployer.config.model import Host, Job, Requirements, WheelsFrom
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import join_names, plural
+from deployer.envs import known, wheelhouse
 from deployer.envs.platform import HostPlatform
-from deployer.envs.resolve import ResolveError, resolve
+from deployer.envs.resolve import ResolveError, cache_root, resolve
 from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
 from deployer.envs.wheelhouse import Wheelhouse
 from deployer.hosts.fleet import Fleet, Member
@@ -144,6 +145,15 @@ class Environments:
                 self.envs.setdefault(name, {})[key] = HostEnv(
                     requirements, target, digest, None, specs[key]
                 )
+        known.remember(
+            {
+                known.host_key(hosts[n].address, hosts[n].python): {
+                    k: (str(facts[n][k]) if facts[n].get(k) else None)
+                    for k in ("python", "machine", "glibc")
+                }
+                for n in uses_requirements(self.plan)
+            }
+        )
         houses = {d: self._resolved(d, *group) for d, group in groups.items()}
         for by_key in self.envs.values():
             for key, env in by_key.items():
@@ -296,3 +306,59 @@ def _tensorflow_problems(
 def with_extras(manifest: Manifest, extras: tuple[CodeFile, ...]) -> Manifest:
     """The push's manifest with the wheels among its contents (stored, not placed)."""
     return dataclasses.replace(manifest, extras=extras)
+
+
+@dataclass(frozen=True)
+class PlannedEnv:
+    """What `plan` can say of one host's environment without asking the host: its hash and
+    wheels where this machine knows the host's platform from an earlier `up` or `check`."""
+
+    host: str
+    requirements: str  # as written: a file name, or the requirement lines joined
+    hash: str | None  # None: the host's platform is not known here yet
+    platform: str | None
+    wheels: int | None  # None: not resolved here yet
+    size: int | None
+
+    def line(self) -> str:
+        if self.hash is None:
+            return f"environment of {self.host} ({self.requirements}): resolved at up"
+        state = (
+            f"{plural(self.wheels, 'wheel')}, {self.size} bytes, resolved here"
+            if self.wheels is not None
+            else "resolved at up"
+        )
+        head = f"environment of {self.host} ({self.requirements})"
+        return f"{head}: {self.hash[:12]}, {self.platform}, {state}"
+
+
+def planned_environments(plan: Plan) -> list[PlannedEnv]:
+    """Every host's environments as far as this machine knows them (plan touches no host):
+    the platform from the last `up`/`check` that reached the host (envs/known.py), the wheels
+    from the resolver's cache. A requirements file that cannot be read is said, not raised."""
+    job, hosts = plan.job, {h.name: h for h in plan.hosts}
+    found: list[PlannedEnv] = []
+    for name in sorted(uses_requirements(plan)):
+        host = hosts[name]
+        wanted = [requirements_of(job, host, t) for t in plan.tasks_on(name)]
+        for requirements in dict.fromkeys([host.requirements, *wanted]):
+            if requirements is None:
+                continue
+            said = requirements if isinstance(requirements, str) else ", ".join(requirements)
+            target = known.recall(known.host_key(host.address, host.python))
+            if target is None:
+                found.append(PlannedEnv(name, said, None, None, None, None))
+                continue
+            digest = env_hash(spec_of(requirements, job.code), target)
+            house = wheelhouse.load(cache_root() / digest, digest)
+            found.append(
+                PlannedEnv(
+                    name,
+                    said,
+                    digest,
+                    target.describe(),
+                    len(house.wheels) if house else None,
+                    house.size if house else None,
+                )
+            )
+    return found

@@ -64,6 +64,8 @@ def test_requirements_reach_isolated_hosts_once_and_tasks_run_in_the_venv(
     }
     inventory = lab_inventory([[{"role": "worker"}], [{"role": "worker"}]], code=code, job=job)
     state = tmp_path / "state"
+    before = tfdeploy("plan", str(inventory), state=state, check_rc=0).stdout
+    assert before.count("(requirements.txt): resolved at up") == 2, before  # no host asked yet
     first = tfdeploy("up", str(inventory), state=state, check_rc=0)
     out = first.stdout
     # (a) each task imported tinypkg from the job's venv, which is activated
@@ -77,6 +79,12 @@ def test_requirements_reach_isolated_hosts_once_and_tasks_run_in_the_venv(
     assert "0 bytes sent, every file was already there" in second, second
     assert "environment reused on" in second and "environment built" not in second, second
     assert len(re.findall(r"prefix (\S+) venv \1 tinypkg 1.0", second)) == 2, second
+    # plan, touching no host, now names each host's environment: hash, platform, wheels
+    after = tfdeploy("plan", str(inventory), state=state, check_rc=0).stdout
+    known = re.findall(
+        r"\(requirements.txt\): ([0-9a-f]{12}), CPython 3\.\d+, (\S+), \d+ wheels?, ", after
+    )
+    assert len(known) == 2 and "resolved here" in after, after
 
 
 def test_a_requirement_without_a_wheel_for_the_hosts_platform_starts_nothing(

@@ -160,7 +160,7 @@ def test_the_stable_names_are_exported() -> None:
             *("TfdeployError", "UsageError", "InventoryError", "LocalError", "HostError"),
             *("HostsFailed", "NetworkBlocked", "JobFailed", "Interrupted", "ExitStatus"),
             *("status", "read_logs", "down", "pull", "tunnel", "execute", "terminal_view"),
-            *("RunsFound", "Forward", "Executed"),
+            *("RunsFound", "Forward", "Executed", "environments"),
         ]
     )
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
