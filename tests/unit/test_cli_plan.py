@@ -139,6 +139,7 @@ def test_plan_json_document() -> None:
             task("worker", 1, "cpu1", 3000, [], "tfdeploy:server"),
             task("ps", 0, "cpu1", 3001, [], "tfdeploy:server"),
         ],
+        "environments": [],  # no `requirements`: no environment of the job's own
     }
     assert "tok-SECRET-value" not in out
 
