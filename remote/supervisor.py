@@ -92,6 +92,7 @@ class _Supervisor:
             cwd = layout.task_cwd(self.run_dir, self.spec.get("cwd"))
             if self.container is not None:
                 argv = self._container_argv(cwd)
+                self._remove_container()  # an earlier attempt's, should its removal be late
             else:
                 argv = ["/bin/sh", "-c", _command(self.spec["command"], env.get("PATH"))]
             proc = subprocess.Popen(

@@ -21,6 +21,7 @@ import secrets
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ import pytest
 from tests.integration.conftest import _inventory_writer
 from tests.lab import Lab
 from tests.lab import containers as lab_containers
+from tests.support.gpus import FAKE, STATE_NAME, state
 from tests.support.lab_cli import tfdeploy
 
 pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
@@ -129,3 +131,210 @@ def test_an_image_built_here_is_sent_and_runs_every_task_with_its_tf_config(
     again = tfdeploy("up", str(inv), state=state, check_rc=0).stdout
     assert "image loaded" not in again and "to be sent" not in again, again
     assert again.count("built-here") == 2, again
+
+
+def _up_in_background(inv: Path, state: Path) -> subprocess.Popen[str]:
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(state), "COLUMNS": "200"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "deployer", "up", str(inv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_for_containers(lab: Lab, hosts: list[Any], timeout: float = 60) -> None:
+    """Until every host runs a tfdeploy container (the lab lists them by label)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(
+            any(x.startswith("container") for x in lab.containers_left(h))  # type: ignore[attr-defined]
+            for h in hosts
+        ):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the tasks' containers did not start")
+
+
+def test_ctrl_c_leaves_no_container_on_any_host(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "command": "echo started; sleep 300",
+        "require_tensorflow": False,
+        "stop_grace": 3,
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    up = _up_in_background(inv, tmp_path / "state")
+    try:
+        _wait_for_containers(lab, hosts)
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert up.returncode != 0, out
+    assert "Traceback" not in out, out
+    for h in hosts:  # clean_container_lab checks processes and mounts too, afterwards
+        assert lab.containers_left(h) == [], out  # type: ignore[attr-defined]
+
+
+def test_a_task_failure_ends_with_no_container_and_the_tasks_exit_code(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "require_tensorflow": False,
+        "stop_grace": 3,
+        "role_commands": {"chief": "sleep 300", "worker": "sleep 1; exit 7"},
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", timeout=180)
+    said = _said(result)
+    assert result.returncode != 0, said
+    assert "exit code 7" in said, said
+    for h in hosts:
+        assert lab.containers_left(h) == [], said  # type: ignore[attr-defined]
+
+
+def test_restart_job_ends_with_no_container_left(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Every attempt's containers go before the next starts (same names: tfdeploy-RUN-TASK)."""
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "require_tensorflow": False,
+        "stop_grace": 3,
+        "on_failure": "restart-job",
+        "max_restarts": 1,
+        "retry_exit_codes": [5],
+        "restart_backoff": 1,
+        "role_commands": {
+            "chief": "sleep 300",
+            "worker": "echo attempt $TFDEPLOY_ATTEMPT; sleep 1; exit 5",
+        },
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", timeout=240)
+    said = _said(result)
+    assert result.returncode != 0, said
+    assert "attempt 0" in said and "attempt 1" in said, said
+    for h in hosts:
+        assert lab.containers_left(h) == [], said  # type: ignore[attr-defined]
+
+
+# -- preflight: named, nothing started ------------------------------------------------------------
+
+
+def _nothing_started(said: str) -> None:
+    assert "pushed" not in said and "starting" not in said, said
+    assert "Traceback" not in said, said
+
+
+def test_a_host_without_the_runtime_fails_preflight_by_name(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "command": "true",
+        "require_tensorflow": False,
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]],
+        code=_code(tmp_path, ""),
+        job=job,
+        hosts=hosts,
+        per_host={hosts[1].name: {"container_runtime": "docker"}},
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=3)
+    said = _said(result)
+    # this machine (so each lab host) has docker's client, and no docker engine to answer it
+    assert f"{hosts[1].name}: docker cannot run containers for this user" in said, said
+    assert "Cannot connect to the Docker daemon" in said and "run `docker info`" in said, said
+    assert f"{hosts[0].name}:" not in said.split("error:")[-1], said
+    _nothing_started(said)
+
+
+def test_an_image_missing_everywhere_fails_preflight_on_every_host(
+    controller_podman: Lab, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    image = f"localhost/tfdeploy-i42/nowhere:{secrets.token_hex(4)}"
+    job = {"image": image, "command": "true", "require_tensorflow": False}
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=3)
+    said = _said(result)
+    for h in hosts:
+        assert f"{h.name}: image {image} is not on this host and cannot be pulled" in said, said
+    _nothing_started(said)
+    # sent from here instead: this machine lacks it too, and says so
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]],
+        code=_code(tmp_path, ""),
+        job={**job, "image_from": "controller"},
+        hosts=hosts,
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=2)
+    said = _said(result)
+    assert f"image {image} is not on this machine" in said, said
+    _nothing_started(said)
+
+
+def test_a_gpu_task_without_the_gpu_runtime_fails_preflight_by_name(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """h1 has a GPU (the nvidia-smi stand-in, tests/support/gpus.py) and no CDI spec."""
+    lab = controller_podman
+    h = lab.hosts[0]
+    script = [
+        "mkdir -p /root/bin",
+        f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
+        "chmod +x /root/bin/nvidia-smi",
+        f"printf %s {shlex.quote(state(1))} > /root/bin/{STATE_NAME}",
+    ]
+    assert lab.run(h, " && ".join(script)).returncode == 0
+    try:
+        job = {
+            "image": job_image,
+            "image_from": "controller",
+            "command": "true",
+            "require_tensorflow": False,
+        }
+        inv = inventory(
+            [[{"role": "worker", "gpus": [0]}]],
+            code=_code(tmp_path, ""),
+            job=job,
+            hosts=[h],
+            per_host={h.name: {"gpus": 1, "gpu_health": "off"}},
+        )
+        result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=3)
+    finally:
+        lab.run(h, "rm -rf /root/bin")
+    said = _said(result)
+    assert f"{h.name}: the tasks here have GPUs but no CDI spec names nvidia.com/gpu" in said, said
+    assert "nvidia-ctk cdi generate" in said, said
+    _nothing_started(said)
