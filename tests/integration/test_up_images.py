@@ -338,3 +338,51 @@ def test_a_gpu_task_without_the_gpu_runtime_fails_preflight_by_name(
     assert f"{h.name}: the tasks here have GPUs but no CDI spec names nvidia.com/gpu" in said, said
     assert "nvidia-ctk cdi generate" in said, said
     _nothing_started(said)
+
+
+TRAIN = """\
+import json, os
+import tensorflow as tf
+tf_config = json.loads(os.environ["TF_CONFIG"])
+index = tf_config["task"]["index"]
+s = tf.distribute.MultiWorkerMirroredStrategy()
+with s.scope():
+    w = tf.Variable(0.0)
+# Gradient descent on (w - 3)^2, each step's gradient all-reduced across the containers.
+for _ in range(20):
+    grad = s.reduce("MEAN", s.run(lambda: 2.0 * (w - 3.0)), axis=None)
+    w.assign_sub(0.1 * grad)
+total = s.reduce("SUM", s.run(lambda: tf.constant(float(index + 1))), axis=None)
+print("marker", open("/marker").read().strip(), "task", tf_config["task"]["type"], index,
+      "replicas", s.num_replicas_in_sync, "sum", float(total), "w", round(float(w.numpy()), 3))
+"""
+
+
+def test_mwms_trains_in_containers_on_hosts_that_never_saw_the_image(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Two workers, MultiWorkerMirroredStrategy over the hosts' network, each in its own
+    container of an image sent from here; TensorFlow from the lab's venv mounted read-only."""
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    assert not any(_has_image(lab, h, job_image) for h in hosts)
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "command": "/opt/tfdeploy/venv/bin/python train.py",
+        "require_tensorflow": False,  # the image's TensorFlow is not the host python's
+        "container_mounts": ["/usr:ro", "/lib:ro", "/lib64:ro", "/opt/tfdeploy/venv:ro"],
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "3"},
+    }
+    inv = inventory(
+        [[{"role": "worker"}], [{"role": "worker"}]],
+        code=_code(tmp_path, TRAIN),
+        job=job,
+        hosts=hosts,
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", timeout=600, check_rc=0)
+    out = result.stdout
+    found = re.findall(r"marker built-here task worker (\d) replicas 2 sum 3.0 w (\S+)", out)
+    assert sorted(i for i, _ in found) == ["0", "1"], out  # each saw the other's value
+    assert found[0][1] == found[1][1] and float(found[0][1]) > 2.9, out  # trained, in step
+    assert all(_has_image(lab, h, job_image) for h in hosts)
