@@ -280,9 +280,10 @@ def _role_images(t: Table) -> dict[str, str]:
 
 
 def _runtime(t: Table) -> str | None:
-    if not t.has("container_runtime"):
-        return None
-    return t.choice("container_runtime", ["podman", "docker"], "podman")
+    value = t.string("container_runtime")  # read even when absent: a typo gets its "did you mean"
+    if value is not None and value not in ("podman", "docker"):
+        t.fail("container_runtime", f"expected podman or docker, got {value!r}")
+    return value
 
 
 def _mounts(t: Table) -> tuple[str, ...]:
@@ -394,8 +395,8 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
             if t.has("requirements")
             else job.requirements
         ),
-        image=_image(t, "image") if t.has("image") else job.image,
-        container_runtime=_runtime(t) if t.has("container_runtime") else job.container_runtime,
+        image=_image(t, "image") or job.image,
+        container_runtime=_runtime(t) or job.container_runtime,
     )
 
 
