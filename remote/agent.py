@@ -357,6 +357,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_PEERS: op_peers,
     protocol.OP_PRUNE: _deferred("prune", "op_prune"),
     protocol.OP_ENVIRONMENT: _deferred("envop", "op_env"),
+    protocol.OP_IMAGE: _deferred("imageop", "op_image"),
 }
 
 

@@ -163,7 +163,9 @@ def run_argv(
     else:
         argv += ["--user", f"{uid}:{gid}"]
     for path in mounts:
-        argv += ["--volume", f"{path}:{path}"]
+        # "PATH:ro" mounts read-only (a host's toolchain or data set the task must not change).
+        bare, read_only = (path[:-3], True) if path.endswith(":ro") else (path, False)
+        argv += ["--volume", f"{bare}:{bare}" + (":ro" if read_only else "")]
     for key, value in sorted(task_env(env, gpus).items()):
         argv += ["--env", f"{key}={value}"]
     argv += gpu_flags(runtime, gpus)

@@ -33,6 +33,7 @@ OP_IDLE: Final = "idle"
 OP_PEERS: Final = "peers"
 OP_PRUNE: Final = "prune"
 OP_ENVIRONMENT: Final = "env"
+OP_IMAGE: Final = "image"
 OPS: Final = (
     OP_HELLO,
     OP_HAVE,
@@ -53,6 +54,7 @@ OPS: Final = (
     OP_PEERS,
     OP_PRUNE,
     OP_ENVIRONMENT,
+    OP_IMAGE,
 )
 
 # The "action" of the ops that have several: firewall, netcheck, peers.
@@ -66,6 +68,8 @@ NETCHECK_CLOSE: Final = "close"
 PEERS_RELAY: Final = "relay"
 PEERS_SEED: Final = "seed"
 PEERS_CLOSE: Final = "close"
+IMAGE_CHECK: Final = "check"
+IMAGE_LOAD: Final = "load"
 
 # The verdict of one netcheck probe, one per target; an unresolved name is "unresolved: <why>".
 PROBE_OK: Final = "ok"
@@ -632,6 +636,39 @@ class EnvReply(TypedDict):
     python: str  # the venv's Python version
     tensorflow: str | None  # the TensorFlow version installed in the venv (null: none)
     interpreters: InterpretersShape  # checked: the venv's python
+
+
+class ContainerShape(TypedDict):
+    """A start request's task item `container`: the task runs in this image (docs/containers.md)."""
+
+    image: str
+    runtime: str  # "podman" or "docker", as the image op found it
+    rootless: bool  # the runtime runs rootless for the login user (mounts: --userns keep-id)
+    mounts: list[str]  # host paths mounted at the same path: workdir, job's container_mounts
+    gpus: list[int]  # host GPU indices the plan gives the task
+
+
+class ImageBase(TypedDict):
+    run_id: str
+    action: str  # "check" (preflight) or "load" (after the push)
+    image: str
+
+
+class ImageRequest(ImageBase, total=False):
+    runtime: str  # the inventory's container_runtime; absent: podman, else docker
+    gpus: bool  # check: some task of this host has GPUs (the GPU runtime must be there)
+    pull: bool  # check: pull the image when the host lacks it (image_from = "hosts")
+    index: str  # load: the OCI layout's index.json, as the controller saved it
+    blobs: list[str]  # load: the layout's blobs (sha256), in the store already (push `keep`)
+
+
+class ImageReply(TypedDict):
+    runtime: str  # the runtime found
+    rootless: bool
+    platform: str  # the host's, "linux/amd64"
+    present: bool  # the image is in this host's store now (pulled or loaded if asked)
+    pulled: bool  # check with pull: the host pulled it now
+    image_platform: str | None  # the image's os/arch; null while it is absent
 
 
 # The replies of the ops with several actions, one shape per action (Union: `|` between

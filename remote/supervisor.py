@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import containers
 import daemon
 import exits
 import hostid
@@ -50,6 +51,7 @@ class _Supervisor:
         self.ticks: int | None = None
         self.watcher: spot.Watch | None = None
         self.notice: spot.Notice | None = None
+        self.container: dict[str, Any] | None = spec.get("container")
 
     def run(self) -> None:
         proc = self._spawn()
@@ -57,6 +59,8 @@ class _Supervisor:
             return
         self._watch_spot()
         returncode = self._watch(proc)
+        if self.container is not None and returncode >= 0:
+            returncode = containers.returncode(returncode)  # 128+N from the client: signal N
         ended = time.time()
         if self.watcher is not None:
             self.watcher.stop()
@@ -66,9 +70,11 @@ class _Supervisor:
         record = procs.exit_record(returncode, self.reason, ended)
         if self.reason == protocol.REASON_LEASE_EXPIRED:  # no controller will send a whole-run stop
             record["escaped"] = self._stop_strays()
+            self._remove_run_containers()
         if self.notice is not None:
             record["notice"] = {"action": self.notice.action, "time": self.notice.time}
         exits.write(self.task_dir, record)
+        self._remove_container()
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
         exits.reserve(self.task_dir)  # while the disk has room: the task may fill it
@@ -84,8 +90,13 @@ class _Supervisor:
                 # (and every thread it starts): no window where TF sizes pools for all CPUs.
                 os.sched_setaffinity(0, self.spec["cpus"])
             cwd = layout.task_cwd(self.run_dir, self.spec.get("cwd"))
+            if self.container is not None:
+                argv = self._container_argv(cwd)
+                self._remove_container()  # an earlier attempt's, should its removal be late
+            else:
+                argv = ["/bin/sh", "-c", _command(self.spec["command"], env.get("PATH"))]
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", _command(self.spec["command"], env.get("PATH"))],
+                argv,
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -111,6 +122,49 @@ class _Supervisor:
         }
         layout.write_json(self.task_dir / "pid.json", pids)
         return proc
+
+    def _container_argv(self, cwd: Path) -> list[str]:
+        """`RUNTIME run ...` in place of the task's shell (containers.run_argv): the task's own
+        environment only (the host's PATH and HOME mean nothing in the image), the workdir
+        (the run's code and task directories) and the job's mounts at their own paths."""
+        box = self.container
+        assert box is not None
+        workdir = self.run_dir.parents[3]  # WORKDIR/hosts/<id>/runs/<run>
+        mounts = [str(workdir), *box.get("mounts", [])]
+        if not str(cwd).startswith(str(workdir) + os.sep):
+            mounts.append(str(cwd))  # an absolute cwd of the task's own
+        env = {**self.spec.get("env", {}), protocol.HOST_ID_ENV: hostid.identity()}
+        return containers.run_argv(
+            box["runtime"],
+            image=box["image"],
+            run_id=self.run_dir.name,
+            task=self.spec["name"],
+            command=self.spec["command"],
+            env=env,
+            mounts=list(dict.fromkeys(mounts)),
+            cwd=str(cwd),
+            uid=os.getuid(),
+            gid=os.getgid(),
+            rootless=bool(box.get("rootless")),
+            gpus=box.get("gpus", []),
+        )
+
+    def _remove_container(self) -> None:
+        """The task's container goes once its exit is recorded; after a SIGKILL of the client
+        it still runs under conmon, and `rm -f` ends it."""
+        if self.container is not None:
+            containers.remove(
+                self.container["runtime"],
+                containers.container_name(self.run_dir.name, self.spec["name"]),
+            )
+
+    def _remove_run_containers(self) -> None:
+        """A lease that expired: no controller will send the whole-run stop that removes the
+        run's containers, so the first supervisor to see it does."""
+        if self.container is None:
+            return
+        with contextlib.suppress(containers.ContainerError):
+            containers.remove_run(self.container["runtime"], self.run_dir.name)
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> int:
         waker = _Waker(proc.pid)
@@ -174,6 +228,7 @@ class _Supervisor:
         if self.kill_at is not None:
             if now >= self.kill_at:
                 procs.signal_group(self.pgid, self.ticks, signal.SIGKILL)
+                self._remove_container()  # the SIGKILL ended the client, not the container
                 self.kill_at = None
             return
         if self.reason is not None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import containers
 import daemon
 import exits
 import layout
@@ -92,7 +93,55 @@ def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
         value = params.param(item, key, str, None)
         if value is not None:
             spec[key] = value
+    container = params.param(item, "container", dict, None)
+    if container is not None:
+        spec["container"] = container_spec(container, name)
     return spec
+
+
+def container_spec(item: dict[str, Any], name: str) -> dict[str, Any]:
+    """A task's `container` checked: the supervisor runs the task in this image (containers.py)."""
+    try:
+        runtime = params.param(item, "runtime", str)
+        image = params.param(item, "image", str)
+        mounts = params.param(item, "mounts", list, [])
+        gpus = params.param(item, "gpus", list, [])
+        rootless = params.param(item, "rootless", bool, False)
+    except params.AgentError as exc:
+        raise params.AgentError(f"task {name}: container: {exc}") from None
+    if runtime not in containers.RUNTIMES or not image or image.startswith("-"):
+        raise params.AgentError(f"task {name}: container runtime {runtime!r} / image {image!r}")
+    if not all(isinstance(m, str) and _mount_ok(m) for m in mounts):
+        raise params.AgentError(f"task {name}: container mounts must be absolute paths (PATH:ro)")
+    if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
+        raise params.AgentError(f"task {name}: container gpus must be GPU indices")
+    return {
+        "runtime": runtime,
+        "image": image,
+        "mounts": mounts,
+        "gpus": gpus,
+        "rootless": rootless,
+    }
+
+
+def _mount_ok(mount: str) -> bool:
+    path = mount[:-3] if mount.endswith(":ro") else mount
+    return os.path.isabs(path) and ":" not in path and "," not in path
+
+
+def remove_containers(run_dir: Path) -> list[str]:
+    """Every container of the run force-removed, for each runtime its tasks ran in: the last
+    step of a whole-run stop (`down`, a lease that expired, a supervisor that died), since a
+    SIGKILL of a task's group ends the runtime's client, not the container conmon keeps."""
+    runtimes = set()
+    for task_dir in layout.task_dirs(run_dir):
+        spec = layout.read_json(task_dir / "spec.json")
+        if isinstance(spec, dict) and isinstance(spec.get("container"), dict):
+            runtimes.add(str(spec["container"].get("runtime")))
+    removed: list[str] = []
+    for runtime in sorted(runtimes & set(containers.RUNTIMES)):
+        removed += containers.remove_run(runtime, run_dir.name)
+    return removed
 
 
 def spot_spec(item: dict[str, Any], name: str) -> dict[str, Any]:
@@ -328,6 +377,10 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
     if names is None or params.param(req, "escaped", bool, False):
         supervisors, groups = strays.run_groups(run_dir)
         reply["escaped"] = strays.stop(run_dir.name, grace, supervisors, groups)
+        try:
+            remove_containers(run_dir)
+        except containers.ContainerError as exc:
+            raise params.AgentError(str(exc)) from None
     if names is None:  # and its reserved ports, and a push's or check's server still serving
         workdir = layout.workdir_path(req)
         reservations.release(workdir, run_dir.name)

@@ -27,6 +27,7 @@ from deployer.config.model import (
     GpuPolicy,
     Host,
     HostSettings,
+    ImageFrom,
     Job,
     NetcheckMode,
     Requirements,
@@ -251,9 +252,53 @@ def _parse_job(t: Table, directory: Path) -> Job:
         wheels_from=WheelsFrom(
             t.choice("wheels_from", [w.value for w in WheelsFrom], _JOB.wheels_from)
         ),
+        image=_image(t, "image"),
+        role_images=_role_images(t),
+        image_from=ImageFrom(t.choice("image_from", [w.value for w in ImageFrom], _JOB.image_from)),
+        container_runtime=_runtime(t),
+        container_mounts=_mounts(t),
     )
     t.finish()
     return job
+
+
+def _image(t: Table, key: str) -> str | None:
+    """An image reference (`NAME:TAG`, `registry/name@sha256:...`), as the runtime takes it."""
+    value = t.string(key)
+    if value is not None and (not value or value.startswith("-") or re.search(r"\s", value)):
+        t.fail(key, f"expected an image name such as tensorflow/tensorflow:2.16.1, got {value!r}")
+    return value
+
+
+def _role_images(t: Table) -> dict[str, str]:
+    """`role_images = { evaluator = "eval:1" }`: a role's own image."""
+    roles = t.sub_table("role_images")
+    read = {role: _image(roles, role) or "" for role in roles.written_keys()}
+    for role in read:
+        if role not in TF_ROLES:
+            t.fail(f"role_images.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
+    roles.finish()
+    return read
+
+
+def _runtime(t: Table) -> str | None:
+    value = t.string("container_runtime")  # read even when absent: a typo gets its "did you mean"
+    if value is not None and value not in ("podman", "docker"):
+        t.fail("container_runtime", f"expected podman or docker, got {value!r}")
+    return value
+
+
+def _mounts(t: Table) -> tuple[str, ...]:
+    """Host paths mounted into each task's container at the same path; `PATH:ro` read-only."""
+    mounts = t.string_list("container_mounts")
+    for mount in mounts:
+        path = mount[:-3] if mount.endswith(":ro") else mount
+        if not path.startswith("/") or ":" in path or "," in path:
+            t.fail(
+                "container_mounts",
+                f"expected absolute paths, optionally ending in :ro, got {mount!r}",
+            )
+    return mounts
 
 
 def _requirements(t: Table, key: str, code: Path) -> Requirements:
@@ -352,6 +397,8 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
             if t.has("requirements")
             else job.requirements
         ),
+        image=_image(t, "image") or job.image,
+        container_runtime=_runtime(t) or job.container_runtime,
     )
 
 
@@ -385,6 +432,8 @@ def make_host(
         tasks=settings.tasks,
         key=key,
         requirements=settings.requirements,
+        image=settings.image,
+        container_runtime=settings.container_runtime,
     )
 
 

@@ -101,6 +101,13 @@ class WheelsFrom(StrEnum):
     HOSTS = "hosts"  # each host's own pip, index or mirror (online), its own configuration
 
 
+class ImageFrom(StrEnum):
+    """Where a job's container image comes from (docs/containers.md)."""
+
+    HOSTS = "hosts"  # each host pulls it with its own registry access, once, before the run
+    CONTROLLER = "controller"  # saved here as an OCI layout, sent with the code, loaded there
+
+
 @dataclass(frozen=True, kw_only=True)
 class Host:
     """A host of the inventory; the defaults are a `[[hosts]]` entry's (the parser reads them)."""
@@ -127,6 +134,8 @@ class Host:
     idle_minutes: float = 0.0
     idle_command: str | None = None  # how it stops itself; None: the agent's shutdown default
     requirements: Requirements = None  # the job's unless the host entry says otherwise
+    image: str | None = None  # the job's container image unless the host entry says otherwise
+    container_runtime: str | None = None  # podman or docker; None: podman, else docker
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,8 @@ class HostSettings:
     ssh: SSHSettings
     tasks: tuple[TaskSpec, ...]
     requirements: Requirements = None
+    image: str | None = None
+    container_runtime: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,3 +205,10 @@ class Job:
     role_requirements: dict[str, Requirements] = field(default_factory=dict)
     system_site_packages: bool = False  # the venv sees the base python's packages (a CUDA AMI)
     wheels_from: WheelsFrom = WheelsFrom.CONTROLLER
+    # Tasks in a container image (docs/containers.md): per host (`[[hosts]] image`) and per
+    # role (`role_images`), as requirements are.
+    image: str | None = None
+    role_images: dict[str, str] = field(default_factory=dict)
+    image_from: ImageFrom = ImageFrom.HOSTS
+    container_runtime: str | None = None  # podman or docker; None: podman, else docker
+    container_mounts: tuple[str, ...] = ()  # host paths at the same path inside; PATH:ro

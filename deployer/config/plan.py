@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from deployer.config.containers import check_images
 from deployer.config.inventory import Inventory
 from deployer.config.model import FailurePolicy, Host, Job, TaskSpec
 from deployer.config.roles import (
@@ -171,6 +172,7 @@ def make_plan(inventory: Inventory) -> Plan:
     check_tf_rules(inventory.job.strategy, [s.role for s in slots], file)
     _check_failure_policy(inventory.job, slots, file)
     _check_ports(slots, file)
+    check_images(inventory.job, [(s.host, s.role) for s in slots], file)
     cluster: dict[str, list[str]] = {}
     for s in slots:
         if s.role in CLUSTER_ROLES:

@@ -72,6 +72,12 @@ def image_id(image: str) -> str:
     return out.strip().splitlines()[0]
 
 
+def image_platform(image: str) -> str:
+    """`os/arch` of a local image, as a host's runtime says its platform (`linux/amd64`)."""
+    out = _podman("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", image)
+    return out.strip().splitlines()[0]
+
+
 def export_oci(image: str, root: Path) -> OciLayout:
     """The image as an OCI layout under `root/<image id>/`, saved only if not there yet.
 

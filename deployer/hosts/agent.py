@@ -181,6 +181,13 @@ class Agent(Channel):
         cleaned: protocol.EnvReply = cleaned_texts(reply)
         return cleaned
 
+    def image(self, request: protocol.ImageRequest, timeout: float) -> protocol.ImageReply:
+        """The job's image checked (pulled if asked) or loaded here; its texts are printed
+        (runtime, platforms): cleaned at the edge like the hello's."""
+        reply = self.ask(protocol.OP_IMAGE, protocol.ImageReply, timeout, **request)
+        cleaned: protocol.ImageReply = cleaned_texts(reply)
+        return cleaned
+
     def gpus(self, run_id: str | None = None) -> dict[str, Any]:
         """The `gpus` reply, its texts cleaned (GPU names, driver words are printed);
         deployer.hosts.gpus.GpuReport.from_json reads it. With `run_id` each compute process

@@ -23,6 +23,7 @@ from deployer.hosts.gpurelease import prove_released
 from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.push.sync import Manifest, scan
 from deployer.up import environment, firewall, netcheck
+from deployer.up.images import images_by_host
 from remote.protocol import InterpretersQuery
 
 MIN_FREE_DISK = 100 * 1024 * 1024
@@ -143,7 +144,8 @@ def preflight(
     mode = network or plan.job.netcheck
     listens = netcheck.listeners(plan, mode) if mode is not NetcheckMode.OFF else {}
     greeted = _Greeted(claim, listens)
-    greeted.in_venv = environment.uses_requirements(plan)
+    # Hosts whose tasks run in a venv or an image: their TensorFlow is not the host python's.
+    greeted.in_venv = environment.uses_requirements(plan) | frozenset(images_by_host(plan))
     try:
         findings = _conclude(plan, fleet, greeted, members, scanning, forwarded)
         if mode is not NetcheckMode.OFF:

@@ -14,6 +14,7 @@ from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
 from deployer.up.environment import Environments, uses_requirements, with_extras
+from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
 from deployer.up.teardown import Teardown
@@ -46,6 +47,7 @@ class Preparation:
         self.contacted_hosts = teardown.contacted
         self.refresh_env = refresh_env
         self.environment = Environments(run.plan)  # resolved after preflight (environment.py)
+        self.images = Images(run.plan)  # checked after preflight (images.py)
 
     def preflight(self, *, keep_stand_ins: bool = False) -> Findings:
         names = fold_names([m.name for m in self.members], join=", ".join)
@@ -65,7 +67,24 @@ class Preparation:
         for warning in findings.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {findings.summary}")
-        return self._resolve_environment(findings)
+        return self._check_images(self._resolve_environment(findings))
+
+    def _check_images(self, findings: Findings) -> Findings:
+        """The job's images checked on every host (pulled there, or saved here and added to
+        the push: images.py); nothing is sent when it fails, and the hosts drop the run."""
+        self.images = Images(self.run.plan)
+        if not self.images.any:
+            return findings
+        self.view.phase("checking the job's container image")
+        try:
+            lines = self.images.check(self.fleet, self.members, self.run.run_id)
+        except BaseException:
+            self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
+            raise
+        for line in lines:
+            self.view.step(line)
+        extras = findings.manifest.extras + self.images.extras()
+        return dataclasses.replace(findings, manifest=with_extras(findings.manifest, extras))
 
     def _resolve_environment(self, findings: Findings) -> Findings:
         """The job's environment resolved for the hosts' platforms, its wheels added to the
@@ -94,7 +113,12 @@ class Preparation:
             done, warnings = self.environment.install(self.fleet, hosts, self.run.run_id)
             for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
                 self.view.step(line)
-        self.run.interpreters = {t.name: self.environment.where(t) for t in self.run.plan.tasks}
+        for line in self.images.load(self.fleet, self.members, self.run.run_id):
+            self.view.step(line)
+        self.run.interpreters = {
+            t.name: {**self.environment.where(t), **self.images.where(t)}
+            for t in self.run.plan.tasks
+        }
 
     def push(
         self,

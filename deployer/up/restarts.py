@@ -34,7 +34,7 @@ def restart_task(
     run_id: str,
     forwarded: Mapping[str, str],
     name: str,
-    where: Mapping[str, str] | None = None,
+    where: Mapping[str, object] | None = None,
 ) -> None:
     """Same command, same TF_CONFIG, same host and port: PSS picks a restarted worker up."""
     watch = board[name]

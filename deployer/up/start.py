@@ -55,7 +55,7 @@ def start_request(
     forwarded: Mapping[str, str],
     attempt: int = 0,
     interruption_url: str | None = None,
-    where: Mapping[str, str] | None = None,
+    where: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """The `start` entry for one task: its command, and an env made only of what the plan and
     job.forward_env name (never the controller's environment implicitly). `where`: what the
@@ -66,6 +66,8 @@ def start_request(
     if task.is_server:
         server = f"{agent.agent_dir}/tfserver.py"
         python = f"{where['venv']}/bin/python" if "venv" in where else agent.python
+        if "container" in where:  # the image's own Python; the agent's directory is mounted
+            python = "python3"
         command = f"exec {shlex.quote(python)} {shlex.quote(server)}"
     request: dict[str, object] = {
         "name": task.name,
@@ -101,7 +103,7 @@ def start_group(
     on_started: Callable[[str, list[TaskStatus]], None],
     attempt: int = 0,
     release: Collection[str] = (),
-    where: Mapping[str, Mapping[str, str]] | None = None,
+    where: Mapping[str, Mapping[str, object]] | None = None,
 ) -> None:
     """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
     that answered (on this thread). Any host failing makes a JobFailed naming each such host;

@@ -24,7 +24,7 @@ class RunState:
     board: TaskBoard = field(init=False)
     # What each task runs in, by name: {"venv": path} or {"python": path} (up/environment.py);
     # every start of the task, restarts included, sends it.
-    interpreters: dict[str, dict[str, str]] = field(default_factory=dict)
+    interpreters: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.board = TaskBoard(self.plan.tasks)

@@ -34,11 +34,12 @@ def sshd_config(
 ) -> str:
     """An sshd_config for one lab host; every line here is one the deployer depends on.
 
-    `set_env` ("NAME=value") goes into every session's environment (sshd's SetEnv).
+    `set_env` ("NAME=value") goes into every session's environment (sshd's SetEnv). One
+    SetEnv line holds them all: sshd takes the first SetEnv line and ignores the others.
     """
     return "\n".join(
         [
-            *(f"SetEnv {assignment}" for assignment in set_env),
+            *([f"SetEnv {' '.join(set_env)}"] if set_env else []),
             f"ListenAddress {listen}",
             f"HostKey {host_key}",
             f"PidFile {pid_file}",

@@ -233,6 +233,22 @@ class FakeHost:
             },
         }
 
+    def _op_image(self, req: dict[str, Any]) -> protocol.ImageReply:
+        """As remote/imageop.py answers: podman as root on linux/amd64; the image present once
+        pulled (check with `pull`) or loaded (`load`)."""
+        images = self.__dict__.setdefault("images", set())
+        if req.get("pull") or req["action"] == protocol.IMAGE_LOAD:
+            images.add(req["image"])
+        present = req["image"] in images
+        return {
+            "runtime": "podman",
+            "rootless": False,
+            "platform": "linux/amd64",
+            "present": present,
+            "pulled": bool(req.get("pull")) and req["action"] == protocol.IMAGE_CHECK,
+            "image_platform": "linux/amd64" if present else None,
+        }
+
     def _op_setup(self, req: dict[str, Any]) -> protocol.SetupReply:
         return {"ran": True, "code": 0, "tail": []}
 

@@ -228,7 +228,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_HAVE, P.HaveRequest, P.HaveReply),
     (P.OP_MATERIALIZE, P.MaterializeBase, P.MaterializeRequest, P.MaterializeReply),
     (P.OP_SETUP, P.SetupRequest, P.SetupReply),
-    (P.OP_START, P.StartBase, P.StartRequest, P.TasksReply),
+    (P.OP_START, P.StartBase, P.StartRequest, P.TasksReply, P.ContainerShape),
     (P.OP_POLL, P.PollBase, P.PollRequest, P.PollBody, P.PollReply, P.LogShape),
     (P.OP_STOP, P.StopBase, P.StopRequest, P.StopReply, P.EscapedShape),
     (P.OP_RUNS, P.RunsRequest, P.RunsReply, P.RunShape),
@@ -243,6 +243,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_PEERS, P.PeersBase, P.PeersRequest, *P.PeersReply.__args__, P.ChainEntry),
     (P.OP_PRUNE, P.PruneBase, P.PruneRequest, P.PruneReply),
     (P.OP_ENVIRONMENT, P.EnvBase, P.EnvRequest, P.EnvReply),
+    (P.OP_IMAGE, P.ImageBase, P.ImageRequest, P.ImageReply),
 ]
 
 

@@ -1,0 +1,176 @@
+"""The image op: the job's container image on a host, checked in preflight, loaded after a push.
+
+- `check` (preflight, before anything starts): the runtime is installed and runs containers for
+  this user, the GPU runtime is there for a host with GPU tasks, the image is in the host's
+  store (pulled now with `pull`: the hosts' own registry access) and built for this host's
+  platform. Each failure is one sentence naming what to fix; nothing of the run starts.
+- `load` (after the push, `image_from = "controller"`): the push left the image's blobs in the
+  store (named by sha256, as an OCI layout names them); the layout is assembled from hard links
+  into the store, loaded into the runtime's store, and removed again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import containers
+import layout
+import params
+import protocol
+
+# Where the runtimes find CDI specs (podman's `--device nvidia.com/gpu=I` needs one).
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+# docker's `--gpus` needs the NVIDIA container toolkit: any of its programs on PATH.
+TOOLKIT = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-ctk")
+
+
+def op_image(req: dict[str, Any]) -> protocol.ImageReply:
+    params.check_name(params.param(req, "run_id", str), "run id")
+    action = params.param(req, "action", str)
+    image = _image_name(params.param(req, "image", str))
+    runtime, info = _runtime(params.param(req, "runtime", str, None))
+    pulled = False
+    if action == protocol.IMAGE_CHECK:
+        if params.param(req, "gpus", bool, False):
+            problem = gpu_runtime_problem(runtime)
+            if problem:
+                raise params.AgentError(problem)
+        if not containers.image_exists(runtime, image) and params.param(req, "pull", bool, False):
+            try:
+                containers.pull(runtime, image)
+            except containers.ContainerError as exc:
+                raise params.AgentError(
+                    f"image {image} is not on this host and cannot be pulled: {exc}"
+                ) from None
+            pulled = True
+    elif action == protocol.IMAGE_LOAD:
+        if not containers.image_exists(runtime, image):
+            _load(req, runtime, image)
+    else:
+        raise params.AgentError(f"image action must be check or load, got {action!r:.40}")
+    present = containers.image_exists(runtime, image)
+    platform = str(info["platform"])
+    have = containers.image_platform(runtime, image) if present else None
+    if have is not None and have != platform:
+        raise params.AgentError(
+            f"image {image} is built for {have}, this host is {platform}: "
+            f"build or pull the {platform} variant"
+        )
+    return {
+        "runtime": runtime,
+        "rootless": bool(info["rootless"]),
+        "platform": platform,
+        "present": present,
+        "pulled": pulled,
+        "image_platform": have,
+    }
+
+
+def _image_name(image: str) -> str:
+    # A name that starts with "-" would be read as a flag by the runtime.
+    if not image or image.startswith("-") or any(c.isspace() for c in image):
+        raise params.AgentError(f"{image!r:.80} is not an image name")
+    return image
+
+
+def _runtime(preferred: str | None) -> tuple[str, dict[str, object]]:
+    """The runtime and its `info`; a sentence naming the fix when it is missing or cannot run."""
+    if preferred is not None and preferred not in containers.RUNTIMES:
+        raise params.AgentError(f"container runtime must be podman or docker, got {preferred!r}")
+    runtime = containers.find_runtime(preferred)
+    if runtime is None:
+        wanted = preferred or "podman or docker"
+        raise params.AgentError(
+            f"no container runtime: {wanted} is not installed for this user "
+            f"(PATH {os.environ.get('PATH', '')}); install {preferred or 'podman'}"
+        )
+    try:
+        return runtime, containers.runtime_info(runtime)
+    except containers.ContainerError as exc:
+        raise params.AgentError(
+            f"{runtime} cannot run containers for this user: {exc}; run `{runtime} info` "
+            "as the login user and fix what it says"
+        ) from None
+
+
+def gpu_runtime_problem(runtime: str, cdi_dirs: tuple[str, ...] = CDI_DIRS) -> str | None:
+    """None when the runtime can give a container its GPUs, else what is missing and the fix.
+
+    podman gives GPUs through CDI: a spec naming nvidia.com/gpu (`nvidia-ctk cdi generate`);
+    docker through `--gpus`, which needs the NVIDIA container toolkit.
+    """
+    if runtime == "docker":
+        if any(shutil.which(p) for p in TOOLKIT):
+            return None
+        return (
+            "the tasks here have GPUs but the NVIDIA container toolkit is not installed "
+            "(docker's --gpus needs it): install nvidia-container-toolkit"
+        )
+    for directory in cdi_dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                text = Path(directory, name).read_text(errors="replace")
+            except OSError:
+                continue
+            if "nvidia.com/gpu" in text:
+                return None
+    return (
+        "the tasks here have GPUs but no CDI spec names nvidia.com/gpu in "
+        f"{' or '.join(cdi_dirs)}: run `sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`"
+    )
+
+
+def _load(req: dict[str, Any], runtime: str, image: str) -> None:
+    """The layout assembled from the store (hard links, no copy), loaded, then removed."""
+    index = params.param(req, "index", str)
+    blobs = [params.check_hash(b) for b in params.param(req, "blobs", list)]
+    try:
+        json.loads(index)
+    except ValueError:
+        raise params.AgentError("the image's index.json is not JSON") from None
+    workdir = layout.workdir_path(req)
+    store = workdir / "store"
+    root = layout.make_private_dir(workdir / "images")
+    # Lowercase: podman 4.3 names the loaded image after this path, and a reference with an
+    # uppercase letter (a run id's) is refused before the load begins.
+    where = root / f"tfdeploy-load-{os.getpid()}-{int(time.time() * 1000)}"
+    shutil.rmtree(where, ignore_errors=True)
+    try:
+        (where / "blobs" / "sha256").mkdir(parents=True)
+        (where / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
+        (where / "index.json").write_text(index)
+        for digest in blobs:
+            _link(store / digest, where / "blobs" / "sha256" / digest)
+        # podman 4.3 names the loaded image after the layout's path, and refuses a path that
+        # is no valid reference (`.tfdeploy`: a component may not start with a dot); a link
+        # of a tame name in the temporary directory stands in for it.
+        tame = Path(tempfile.gettempdir()) / where.name
+        tame.unlink(missing_ok=True)
+        tame.symlink_to(where)
+        try:
+            containers.load_oci(runtime, str(tame), image)
+        finally:
+            tame.unlink(missing_ok=True)
+    except containers.ContainerError as exc:
+        raise params.AgentError(f"loading image {image} failed: {exc}") from None
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _link(src: Path, dest: Path) -> None:
+    try:
+        os.link(str(src), str(dest))
+    except FileNotFoundError:
+        raise params.AgentError(f"the store lacks the image blob {src.name[:12]}") from None
+    except OSError:
+        shutil.copyfile(str(src), str(dest))

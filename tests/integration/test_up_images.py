@@ -1,0 +1,388 @@
+"""`up` with `[job] image` on container lab hosts (issue 42): the image built here is sent from
+this machine to hosts whose own stores never saw it (`image_from = "controller"`), or pulled by
+the hosts from a registry on the lab; each task runs in its own container with TF_CONFIG, and
+every way a run ends (its end, `down`, Ctrl-C, a task failure) leaves no container, port or mount
+on any host (`clean_container_lab`). Preflight refuses a host without a usable runtime, an image
+that no host has, and a GPU task where no GPU runtime is; nothing starts.
+
+TensorFlow cannot be put into an image here (no registry, no network; the busybox test image is
+2 MB): the TF test's image is busybox plus a marker file, and the Python with TensorFlow is the
+lab's /opt/tfdeploy/venv with the host's /usr, mounted read-only (`container_mounts`). The
+training runs inside the container, with the container's TF_CONFIG, on hosts whose image
+stores never held the image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import _inventory_writer
+from tests.lab import Lab
+from tests.lab import containers as lab_containers
+from tests.support.gpus import FAKE, STATE_NAME, state
+from tests.support.lab_cli import tfdeploy
+
+pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
+
+SHOW = """\
+import json, os
+tf = json.loads(os.environ["TF_CONFIG"])
+print("task", tf["task"]["type"], tf["task"]["index"], "cluster", json.dumps(tf["cluster"]))
+"""
+
+
+@pytest.fixture
+def controller_podman(clean_container_lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Lab:
+    """This machine's podman (the controller's, which saves the image) with the lab's
+    containers.conf: runc and no default ulimits, as this kernel needs (CONTAINER_NOTES.md)."""
+    monkeypatch.setenv("CONTAINERS_CONF", str(clean_container_lab.dir / "containers.conf"))  # type: ignore[attr-defined]
+    return clean_container_lab
+
+
+def _podman_here(*args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        ["podman", *args], input=stdin, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def job_image(controller_podman: Lab, tmp_path: Path) -> Iterator[str]:
+    """An image built here with `podman build` (the busybox test image plus a marker file),
+    under a name of this test's own; removed from this machine afterwards."""
+    base = f"localhost/tfdeploy-i42/base:{secrets.token_hex(4)}"
+    name = f"localhost/tfdeploy-i42/job:{secrets.token_hex(4)}"
+    _podman_here("import", "-q", str(lab_containers.test_image_tar()), base)
+    ctx = tmp_path / "image"
+    ctx.mkdir()
+    (ctx / "marker").write_text("built-here\n")
+    (ctx / "Containerfile").write_text(f"FROM {base}\nCOPY marker /marker\n")
+    _podman_here("build", "-q", "-t", name, str(ctx))
+    try:
+        yield name
+    finally:
+        subprocess.run(["podman", "rmi", "-f", name, base], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def inventory(controller_podman: Lab, tmp_path: Path) -> Callable[..., Path]:
+    return _inventory_writer(controller_podman, tmp_path, controller_podman.user)
+
+
+def _has_image(lab: Lab, host: Any, image: str) -> bool:
+    return lab.podman(host, f"image exists {shlex.quote(image)}").returncode == 0  # type: ignore[attr-defined]
+
+
+def _code(tmp_path: Path, script: str) -> Path:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text(script)
+    return code
+
+
+def _said(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def test_an_image_built_here_is_sent_and_runs_every_task_with_its_tf_config(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    code = _code(tmp_path, "")
+    (code / "train.sh").write_text(
+        'cat /marker; echo "TF_CONFIG=$TF_CONFIG"; echo "ids $(id -u):$(id -g)"\n'
+        "echo written > out-$TFDEPLOY_ATTEMPT.txt; ls -ln out-$TFDEPLOY_ATTEMPT.txt\n"
+    )
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "command": "sh train.sh",
+        "require_tensorflow": False,
+    }
+    hosts = lab.hosts[:2]
+    assert not any(_has_image(lab, h, job_image) for h in hosts)
+    inv = inventory([[{"role": "chief"}], [{"role": "worker"}]], code=code, job=job, hosts=hosts)
+    state = tmp_path / "state"
+    out = tfdeploy("up", str(inv), state=state, check_rc=0).stdout
+    assert out.count("built-here") == 2, out
+    configs = [json.loads(c) for c in re.findall(r"TF_CONFIG=(\{.*\})", out)]
+    assert sorted((c["task"]["type"], c["task"]["index"]) for c in configs) == [
+        ("chief", 0),
+        ("worker", 0),
+    ], out
+    assert all(c["cluster"] == configs[0]["cluster"] for c in configs), out
+    assert f"image loaded on {hosts[0].name} and {hosts[1].name}" in out, out
+    assert all(_has_image(lab, h, job_image) for h in hosts)
+    # a redeploy: the hosts hold the image, nothing is saved, sent or loaded
+    again = tfdeploy("up", str(inv), state=state, check_rc=0).stdout
+    assert "image loaded" not in again and "to be sent" not in again, again
+    assert again.count("built-here") == 2, again
+
+
+def _up_in_background(inv: Path, state: Path) -> subprocess.Popen[str]:
+    env = os.environ | {"TFDEPLOY_STATE_DIR": str(state), "COLUMNS": "200"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "deployer", "up", str(inv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_for_containers(lab: Lab, hosts: list[Any], timeout: float = 60) -> None:
+    """Until every host runs a tfdeploy container (the lab lists them by label)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(
+            any(x.startswith("container") for x in lab.containers_left(h))  # type: ignore[attr-defined]
+            for h in hosts
+        ):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the tasks' containers did not start")
+
+
+def test_ctrl_c_leaves_no_container_on_any_host(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "command": "echo started; sleep 300",
+        "require_tensorflow": False,
+        "stop_grace": 3,
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    up = _up_in_background(inv, tmp_path / "state")
+    try:
+        _wait_for_containers(lab, hosts)
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert up.returncode != 0, out
+    assert "Traceback" not in out, out
+    for h in hosts:  # clean_container_lab checks processes and mounts too, afterwards
+        assert lab.containers_left(h) == [], out  # type: ignore[attr-defined]
+
+
+def test_a_task_failure_ends_with_no_container_and_the_tasks_exit_code(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "require_tensorflow": False,
+        "stop_grace": 3,
+        "role_commands": {"chief": "sleep 300", "worker": "sleep 1; exit 7"},
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", timeout=180)
+    said = _said(result)
+    assert result.returncode != 0, said
+    assert "exit code 7" in said, said
+    for h in hosts:
+        assert lab.containers_left(h) == [], said  # type: ignore[attr-defined]
+
+
+def test_restart_job_ends_with_no_container_left(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Every attempt's containers go before the next starts (same names: tfdeploy-RUN-TASK)."""
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "require_tensorflow": False,
+        "stop_grace": 3,
+        "on_failure": "restart-job",
+        "max_restarts": 1,
+        "retry_exit_codes": [5],
+        "restart_backoff": 1,
+        "role_commands": {
+            "chief": "sleep 300",
+            "worker": "echo attempt $TFDEPLOY_ATTEMPT; sleep 1; exit 5",
+        },
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", timeout=240)
+    said = _said(result)
+    assert result.returncode != 0, said
+    assert "attempt 0" in said and "attempt 1" in said, said
+    for h in hosts:
+        assert lab.containers_left(h) == [], said  # type: ignore[attr-defined]
+
+
+# -- preflight: named, nothing started ------------------------------------------------------------
+
+
+def _nothing_started(said: str) -> None:
+    assert "pushed" not in said and "starting" not in said, said
+    assert "Traceback" not in said, said
+
+
+def test_a_host_without_the_runtime_fails_preflight_by_name(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "command": "true",
+        "require_tensorflow": False,
+    }
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]],
+        code=_code(tmp_path, ""),
+        job=job,
+        hosts=hosts,
+        per_host={hosts[1].name: {"container_runtime": "docker"}},
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=3)
+    said = _said(result)
+    # this machine (so each lab host) has docker's client, and no docker engine to answer it
+    assert f"{hosts[1].name}: docker cannot run containers for this user" in said, said
+    assert "Cannot connect to the Docker daemon" in said and "run `docker info`" in said, said
+    assert f"{hosts[0].name}:" not in said.split("error:")[-1], said
+    _nothing_started(said)
+
+
+def test_an_image_missing_everywhere_fails_preflight_on_every_host(
+    controller_podman: Lab, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    image = f"localhost/tfdeploy-i42/nowhere:{secrets.token_hex(4)}"
+    job = {"image": image, "command": "true", "require_tensorflow": False}
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]], code=_code(tmp_path, ""), job=job, hosts=hosts
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=3)
+    said = _said(result)
+    for h in hosts:
+        assert f"{h.name}: image {image} is not on this host and cannot be pulled" in said, said
+    _nothing_started(said)
+    # sent from here instead: this machine lacks it too, and says so
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]],
+        code=_code(tmp_path, ""),
+        job={**job, "image_from": "controller"},
+        hosts=hosts,
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=2)
+    said = _said(result)
+    assert f"image {image} is not on this machine" in said, said
+    _nothing_started(said)
+
+
+def test_a_gpu_task_without_the_gpu_runtime_fails_preflight_by_name(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """h1 has a GPU (the nvidia-smi stand-in, tests/support/gpus.py) and no CDI spec."""
+    lab = controller_podman
+    h = lab.hosts[0]
+    script = [
+        "mkdir -p /root/bin",
+        f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
+        "chmod +x /root/bin/nvidia-smi",
+        f"printf %s {shlex.quote(state(1))} > /root/bin/{STATE_NAME}",
+    ]
+    assert lab.run(h, " && ".join(script)).returncode == 0
+    try:
+        job = {
+            "image": job_image,
+            "image_from": "controller",
+            "command": "true",
+            "require_tensorflow": False,
+        }
+        inv = inventory(
+            [[{"role": "worker", "gpus": [0]}]],
+            code=_code(tmp_path, ""),
+            job=job,
+            hosts=[h],
+            per_host={h.name: {"gpus": 1, "gpu_health": "off"}},
+        )
+        result = tfdeploy("up", str(inv), state=tmp_path / "state", check_rc=3)
+    finally:
+        lab.run(h, "rm -rf /root/bin")
+    said = _said(result)
+    assert f"{h.name}: the tasks here have GPUs but no CDI spec names nvidia.com/gpu" in said, said
+    assert "nvidia-ctk cdi generate" in said, said
+    _nothing_started(said)
+
+
+TRAIN = """\
+import json, os
+import tensorflow as tf
+tf_config = json.loads(os.environ["TF_CONFIG"])
+index = tf_config["task"]["index"]
+s = tf.distribute.MultiWorkerMirroredStrategy()
+with s.scope():
+    w = tf.Variable(0.0)
+# Gradient descent on (w - 3)^2, each step's gradient all-reduced across the containers.
+for _ in range(20):
+    grad = s.reduce("MEAN", s.run(lambda: 2.0 * (w - 3.0)), axis=None)
+    w.assign_sub(0.1 * grad)
+total = s.reduce("SUM", s.run(lambda: tf.constant(float(index + 1))), axis=None)
+print("marker", open("/marker").read().strip(), "task", tf_config["task"]["type"], index,
+      "replicas", s.num_replicas_in_sync, "sum", float(total), "w", round(float(w.numpy()), 3))
+"""
+
+
+def test_mwms_trains_in_containers_on_hosts_that_never_saw_the_image(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Two workers, MultiWorkerMirroredStrategy over the hosts' network, each in its own
+    container of an image sent from here; TensorFlow from the lab's venv mounted read-only."""
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    assert not any(_has_image(lab, h, job_image) for h in hosts)
+    job = {
+        "image": job_image,
+        "image_from": "controller",
+        "command": "/opt/tfdeploy/venv/bin/python train.py",
+        "require_tensorflow": False,  # the image's TensorFlow is not the host python's
+        "container_mounts": ["/usr:ro", "/lib:ro", "/lib64:ro", "/opt/tfdeploy/venv:ro"],
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "3"},
+    }
+    inv = inventory(
+        [[{"role": "worker"}], [{"role": "worker"}]],
+        code=_code(tmp_path, TRAIN),
+        job=job,
+        hosts=hosts,
+    )
+    result = tfdeploy("up", str(inv), state=tmp_path / "state", timeout=600, check_rc=0)
+    out = result.stdout
+    found = re.findall(r"marker built-here task worker (\d) replicas 2 sum 3.0 w (\S+)", out)
+    assert sorted(i for i, _ in found) == ["0", "1"], out  # each saw the other's value
+    assert found[0][1] == found[1][1] and float(found[0][1]) > 2.9, out  # trained, in step
+    assert all(_has_image(lab, h, job_image) for h in hosts)
