@@ -86,8 +86,10 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
     if args.json:
         env.raw_out.write(status_json(runs, found.failures) + "\n")
     elif runs:
-        fit = env.out.is_terminal and not args.all  # a pipe or file gets every task
-        brief = not args.all and found.run_id is None  # a run named gets its tasks
+        # A pipe or file gets every task of every run, ended or not (scripts read them); a
+        # terminal folds to its height and an ended run to one line, unless --all or a run named.
+        fit = env.out.is_terminal and not args.all
+        brief = fit and found.run_id is None
         env.out.print(status_table(runs, env.out.height if fit else None, brief_ended=brief))
     for run_id in found.artifacts_waiting if not args.json else ():
         env.err.print(
