@@ -15,7 +15,7 @@ from rich.text import Text
 from deployer import api
 from deployer.api.render import plan_json, plan_table, status_json, status_table
 from deployer.cli.console import Env
-from deployer.core.errors import ExitStatus, HostsFailed, UsageError
+from deployer.core.errors import ExitStatus, HostsFailed, NothingMatched, UsageError
 
 
 def plan_verb(args: argparse.Namespace, env: Env) -> int:
@@ -138,8 +138,17 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
     view = api.PlainView(env.raw_out)
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")
+    if not result.files and not result.not_kept:
+        raise NothingMatched(result.nothing_matched(), hint=NOTHING_MATCHED_HINT)
     view.step(result.summary())
     return ExitStatus.INCOMPLETE if result.not_kept else ExitStatus.OK
+
+
+NOTHING_MATCHED_HINT = (
+    "a relative pattern names files below the task's directory on its host (the run's code "
+    "directory, where the task ran: `ckpt/**`, not the path on this machine); an absolute one "
+    "names the host's own files"
+)
 
 
 def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
