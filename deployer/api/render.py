@@ -73,7 +73,22 @@ def plan_table(plan: Plan) -> RenderableType:
         # Text, not str: addresses come from the inventory and rich would parse "[...]" as markup.
         table.add_row(task.name, task.host, Text(address), gpus, Text(task.command))
     parts: list[RenderableType] = [source_table(s) for s in plan.inventory.tables]
-    return Group(*parts, table, *_tf_configs(plan))
+    return Group(*parts, table, *_gpu_masks(plan, auto), *_tf_configs(plan))
+
+
+def _gpu_masks(plan: Plan, auto: set[str]) -> list[RenderableType]:
+    """Each task's CUDA_VISIBLE_DEVICES as `up` exports it (Task.env), shell-quoted so that the
+    empty mask of a task without GPUs (TF sees none) reads as `""`. A task whose share of a
+    `gpus = "auto"` host is split at preflight says so instead of a value it may not get."""
+    lines = Text()
+    for task in plan.tasks:
+        lines.append(f"{task.name:<12}", style="bold")
+        if _gpu_text(task, task.host in auto) == "auto":
+            lines.append(' CUDA_VISIBLE_DEVICES: split at preflight (gpus = "auto")\n')
+        else:
+            mask = task.env["CUDA_VISIBLE_DEVICES"] or '""'
+            lines.append(f" CUDA_VISIBLE_DEVICES={mask}\n")
+    return [_heading("CUDA_VISIBLE_DEVICES per task"), lines]
 
 
 def _tf_configs(plan: Plan) -> list[RenderableType]:

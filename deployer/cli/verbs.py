@@ -17,7 +17,7 @@ from rich.text import Text
 from deployer import api
 from deployer.api.render import plan_document, plan_table, status_json, status_table
 from deployer.cli.console import Env
-from deployer.core.errors import ExitStatus, HostsFailed, UsageError
+from deployer.core.errors import ExitStatus, HostsFailed, NothingMatched, UsageError
 
 
 def plan_verb(args: argparse.Namespace, env: Env) -> int:
@@ -93,8 +93,10 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
     if args.json:
         env.raw_out.write(status_json(runs, found.failures) + "\n")
     elif runs:
-        fit = env.out.is_terminal and not args.all  # a pipe or file gets every task
-        brief = not args.all and found.run_id is None  # a run named gets its tasks
+        # A pipe or file gets every task of every run, ended or not (scripts read them); a
+        # terminal folds to its height and an ended run to one line, unless --all or a run named.
+        fit = env.out.is_terminal and not args.all
+        brief = fit and found.run_id is None
         env.out.print(status_table(runs, env.out.height if fit else None, brief_ended=brief))
     for run_id in found.artifacts_waiting if not args.json else ():
         env.err.print(
@@ -143,8 +145,17 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
     view = api.PlainView(env.raw_out)
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")
+    if not result.files and not result.not_kept:
+        raise NothingMatched(result.nothing_matched(), hint=NOTHING_MATCHED_HINT)
     view.step(result.summary())
     return ExitStatus.INCOMPLETE if result.not_kept else ExitStatus.OK
+
+
+NOTHING_MATCHED_HINT = (
+    "a relative pattern names files below the task's directory on its host (the run's code "
+    "directory, where the task ran: `ckpt/**`, not the path on this machine); an absolute one "
+    "names the host's own files"
+)
 
 
 def tunnel_verb(args: argparse.Namespace, env: Env) -> int:

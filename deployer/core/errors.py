@@ -17,6 +17,9 @@ class ExitStatus(enum.IntEnum):
     # `pull`: every other file arrived, but some it listed did not, each named (they changed
     # while they were sent: a task still writing them): pulling again may get them.
     INCOMPLETE = 4
+    # `pull`: no pattern matched a file on any task asked: nothing came (a typo, a path relative
+    # to the wrong place, or a run that has not written it yet).
+    NOTHING_MATCHED = 5
     INTERRUPTED = 130
     # stdout was a pipe whose reader went away (`tfdeploy logs RUN | head -1`): 128 + SIGPIPE,
     # what a shell reports for tools that die of SIGPIPE; tfdeploy exits quietly instead.
@@ -62,6 +65,13 @@ class LocalError(TfdeployError):
     names the local path and the cause."""
 
     exit_status = ExitStatus.USAGE
+
+
+class NothingMatched(TfdeployError):
+    """`pull`'s patterns named no file on any task it asked: not a success a script may take for
+    one (exit 5), and no host's fault either."""
+
+    exit_status = ExitStatus.NOTHING_MATCHED
 
 
 class HostError(TfdeployError):

@@ -43,7 +43,7 @@ from deployer.core.errors import (
     TfdeployError,
     UsageError,
 )
-from deployer.core.text import plural
+from deployer.core.text import join_names, plural, task_order
 from deployer.hosts.agent import Agent
 from deployer.hosts.fetching import Fetched, FetchOrder
 from deployer.hosts.fleet import Fleet, Member, Pending
@@ -69,17 +69,23 @@ class PullResult:
     # Files listed to come that did not (they changed while sent; in `refused` too): a pull
     # again may get them. A pattern or link the host refused is not counted: it never comes.
     not_kept: int = 0
+    # "worker:0 and worker:1 of h1 share ...": tasks of one host whose files landed once.
+    shared: tuple[str, ...] = ()
 
     def summary(self) -> str:
         if not self.files:
-            where = ", ".join(self.places) or "any task"
-            return f"no file matched {', '.join(self.patterns)} on {where}; nothing was pulled"
+            return self.nothing_matched()
         news = f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')})"
         if not self.fetched_files:
             news = "0 bytes sent, every file was already here"
         elif self.fetched_files < self.files:  # a file was here, or a content came for two
             news += ", the rest already here"
-        return f"pulled {plural(self.files, 'file')} into {self.destination}: {news}"
+        shared = "".join(f"; {note}" for note in self.shared)
+        return f"pulled {plural(self.files, 'file')} into {self.destination}: {news}{shared}"
+
+    def nothing_matched(self) -> str:
+        where = ", ".join(self.places) or "any task"
+        return f"no file matched {', '.join(self.patterns)} on {where}; nothing was pulled"
 
 
 def artifacts_home(fleet: Fleet, job: Job, run_id: str, hosts: Iterable[str]) -> list[str]:
@@ -154,6 +160,7 @@ def pull(
             f"no host of the inventory knows run {run_id}"
             + (f" or task {', '.join(tasks)}" if tasks else "")
         )
+    listed, shared = _once_per_host(listed)
     wanted: list[Wanted] = []
     refused: list[str] = []
     for host, by_task in sorted(listed.items()):
@@ -203,7 +210,43 @@ def pull(
         destination=base,
         patterns=tuple(patterns),
         places=tuple(f"{n}@{h}" for h, by_task in sorted(listed.items()) for n in sorted(by_task)),
+        shared=tuple(shared),
     )
+
+
+def _once_per_host(
+    listed: dict[str, dict[str, Collected]],
+) -> tuple[dict[str, dict[str, Collected]], list[str]]:
+    """Each host's files listed once: the tasks of one host run in the run's one code directory
+    on it (remote/layout.py, `task_cwd`), so a path two of them list is one file (an absolute
+    path is the host's anyway). It lands in the folder of the first of them in task order
+    (chief before worker, worker:0 before worker:1) and nowhere else; the notes say so, per host.
+    """
+    out: dict[str, dict[str, Collected]] = {}
+    notes: list[str] = []
+    for host, by_task in sorted(listed.items()):
+        first_of: dict[str, str] = {}  # path -> the first task that listed it
+        sharers: dict[str, set[str]] = {}  # a first task -> the later ones that listed its paths
+        once: dict[str, set[str]] = {}  # a first task -> its paths the later ones listed too
+        out[host] = {}
+        for name in sorted(by_task, key=task_order):
+            own = []
+            for remote in by_task[name].files:
+                first = first_of.setdefault(remote.path, name)
+                if first == name:
+                    own.append(remote)
+                else:
+                    sharers.setdefault(first, set()).add(name)
+                    once.setdefault(first, set()).add(remote.path)
+            out[host][name] = replace(by_task[name], files=tuple(own))
+        for first, others in sharers.items():
+            names = join_names([first, *sorted(others, key=task_order)])
+            files = plural(len(once[first]), "file")
+            notes.append(
+                f"{names} share one directory on {host}: "
+                f"{files} landed once, in {task_folder(first)}/"
+            )
+    return out, notes
 
 
 def _collect(

@@ -79,7 +79,7 @@ def _detached(
         job={"name": "bulk", "command": f"python3 write.py {size} {mode}", "stop_grace": 1},
     )
     up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
-    run_id = up.stdout.split("tfdeploy down ")[1].split("`")[0]
+    run_id = up.stdout.split("tfdeploy down ")[1].split()[0].strip("`")  # the next steps
     runs.append(run_id)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -220,7 +220,7 @@ def test_a_file_still_written_is_refused_alone_and_the_others_arrive(
     job = {"name": "append", "command": "python3 append.py", "stop_grace": 1}
     inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
     up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
-    run_id = up.stdout.split("tfdeploy down ")[1].split("`")[0]
+    run_id = up.stdout.split("tfdeploy down ")[1].split()[0].strip("`")  # the next steps
     runs.append(run_id)
     deadline = time.monotonic() + 60
     while "wrote" not in tfdeploy("logs", run_id, state=tmp_path / "state").stdout:
@@ -284,7 +284,7 @@ def _started(lab_inventory: Any, tmp_path: Path, command: str, runs: list[str]) 
         job={"name": "faults", "command": command, "stop_grace": 1},
     )
     up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
-    run_id = up.stdout.split("tfdeploy down ")[1].split("`")[0]
+    run_id = up.stdout.split("tfdeploy down ")[1].split()[0].strip("`")  # the next steps
     runs.append(run_id)
     deadline = time.monotonic() + 60
     while "ready" not in tfdeploy("logs", run_id, state=tmp_path / "state").stdout:
@@ -409,7 +409,7 @@ def test_a_symlink_loop_and_the_whole_file_system_are_refused_at_once(
         )
     assert [p.name for p in home.rglob("*") if p.is_file()] == ["f"]
     whole = tfdeploy("pull", run_id, "/", "--to", str(home), state=tmp_path / "state", timeout=60)
-    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert whole.returncode == 5, whole.stdout + whole.stderr  # nothing was pulled
     assert "not pulled: worker:0@h1: /: names the host's whole file system" in whole.stdout
-    assert "no file matched / on worker:0@h1; nothing was pulled" in whole.stdout
+    assert "error: no file matched / on worker:0@h1; nothing was pulled" in whole.stderr
     assert time.monotonic() - began < 30

@@ -133,10 +133,10 @@ def test_artifacts_and_pull_bring_files_home_once(
     )
     assert "0 bytes sent, every file was already here" in again.stdout
     escape = tfdeploy("pull", run_id, "../run.json", "--to", str(to), state=tmp_path / "state")
-    assert escape.returncode == 0 and "'..' may not climb out" in escape.stdout
+    assert escape.returncode == 5 and "'..' may not climb out" in escape.stdout
     # it said "every file was already here" (issue #28, item 13)
     assert "no file matched ../run.json on worker:0@h1, worker:1@h2; nothing was pulled" in (
-        escape.stdout
+        escape.stderr
     )
     assert not list(to.rglob("run.json"))
 

@@ -1,5 +1,6 @@
-"""A one-worker job on this machine (`transport = "local"`) for tests that run the real CLI and
-agent without the lab, and the state folder such a test keeps its run records in."""
+"""A job of one worker (or several on one host) on this machine (`transport = "local"`) for tests
+that run the real CLI and agent without the lab, and the state folder such a test keeps its run
+records in."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from tests.support.helpers import free_port
 
 
-def local_job(tmp: Path, command: str, job: str = "") -> Path:
-    """An inventory of one worker on this machine running `command` in its code directory."""
+def local_job(tmp: Path, command: str, job: str = "", tasks: int = 1) -> Path:
+    """An inventory of one worker (or `tasks` workers, sharing the host's one code directory as
+    tasks of one host do) on this machine running `command` in its code directory."""
     (tmp / "code").mkdir(exist_ok=True)
     path = tmp / "inv.toml"
     path.write_text(
@@ -21,7 +23,7 @@ def local_job(tmp: Path, command: str, job: str = "") -> Path:
         f'workdir = "{tmp}/wd"\npython = "{sys.executable}"\nport = {free_port()}\n'
         f"require_tensorflow = false\nstop_grace = 1\n{job}\n"
         '[[hosts]]\nname = "local"\naddress = "127.0.0.1"\ntransport = "local"\n'
-        'tasks = [{ role = "worker" }]\n'
+        f'tasks = [{{ role = "worker", count = {tasks} }}]\n'
     )
     return path
 

@@ -84,6 +84,41 @@ def test_plan_table() -> None:
     assert "tok-SECRET-value" not in out
 
 
+def _masks(out: str) -> list[str]:
+    """The lines of the plan's "CUDA_VISIBLE_DEVICES per task" section, spaces collapsed."""
+    section = out.split("CUDA_VISIBLE_DEVICES per task\n", 1)[1].split("\n\n", 1)[0]
+    return [" ".join(line.split()) for line in section.splitlines()]
+
+
+def test_plan_prints_each_tasks_cuda_visible_devices_as_up_exports_it(tmp_path: Path) -> None:
+    """Every task's mask, the empty one (no GPUs: TF sees none) quoted so it can be seen, and a
+    `gpus = "auto"` share said to be split at preflight rather than guessed."""
+    code, out, err = run_cli("plan", str(GOOD))
+    assert (code, err) == (0, "")
+    assert _masks(out) == [
+        "chief:0 CUDA_VISIBLE_DEVICES=0",
+        "worker:0 CUDA_VISIBLE_DEVICES=1",
+        'evaluator:0 CUDA_VISIBLE_DEVICES=""',
+        'worker:1 CUDA_VISIBLE_DEVICES=""',
+        'ps:0 CUDA_VISIBLE_DEVICES=""',
+    ]
+    inventory = tmp_path / "auto.toml"
+    inventory.write_text(
+        '[job]\nname = "a"\ncode = "."\ncommand = "python3 t.py"\nstrategy = "tf1"\n\n'
+        '[[hosts]]\naddress = "10.0.0.1"\ngpus = 4\ntasks = [{ role = "worker", count = 2 }]\n\n'
+        '[[hosts]]\naddress = "10.0.0.2"\ngpus = "auto"\n'
+        'tasks = [{ role = "worker" }, { role = "ps" }]\n'
+    )
+    code, out, err = run_cli("plan", str(inventory))
+    assert (code, err) == (0, "")
+    assert _masks(out) == [
+        "worker:0 CUDA_VISIBLE_DEVICES=0,1",
+        "worker:1 CUDA_VISIBLE_DEVICES=2,3",
+        'worker:2 CUDA_VISIBLE_DEVICES: split at preflight (gpus = "auto")',
+        'ps:0 CUDA_VISIBLE_DEVICES=""',
+    ]
+
+
 def test_plan_json_document() -> None:
     code, out, err = run_cli("plan", "--json", str(GOOD))
     assert (code, err) == (0, "")

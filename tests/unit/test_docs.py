@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -210,3 +211,28 @@ def test_no_install_hint_names_the_other_projects_distribution() -> None:
     files = [*EVERY, ROOT / "inventories" / "aws.toml", *(ROOT / "deployer").rglob("*.py")]
     found = [str(p.relative_to(ROOT)) for p in files if wrong.search(p.read_text())]
     assert not found, f"install hints naming PyPI's unrelated `tfdeploy`: {found}"
+
+
+def _layout_entries() -> set[str]:
+    """The root entries docs/architecture.md's "Repository layout" names (each `name:` or
+    `name/:` in its list)."""
+    text = (DOCS / "architecture.md").read_text()
+    section = text.split("## Repository layout", 1)[1].split("\n## ", 1)[0]
+    items = "\n".join(line for line in section.splitlines() if line.startswith(("- ", "  ")))
+    return {span.strip("`:").rstrip("/") for span in re.findall(r"`[^`/\s]+/?`:", items)}
+
+
+def test_no_file_at_the_repository_root_that_the_layout_does_not_list() -> None:
+    """What git would commit at the root (tracked, or new and not ignored) is each named in the
+    layout, and everything the layout names is there: a stray output file (a bench's `up`) fails."""
+    git = ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"]
+    try:
+        listed = subprocess.run(git, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the root's entries cannot be told from build outputs")
+    at_root = {path.split("/", 1)[0] for path in listed.splitlines()}
+    layout = _layout_entries()
+    assert {"README.md", "deployer", "remote", "tests", ".gitignore"} <= layout
+    stray = sorted(at_root - layout)
+    assert not stray, f"at the repository root but not in docs/architecture.md's layout: {stray}"
+    assert not layout - at_root, f"in the layout but not at the root: {sorted(layout - at_root)}"

@@ -71,3 +71,47 @@ def test_pull_to_a_file_exits_2_naming_it(tmp_path: Path, state: Path) -> None: 
         f"error: cannot pull into {home}: {home} is a file, not a folder "
         "hint: name a folder (--to, or artifacts_to in the inventory)"
     )
+
+
+def test_a_file_two_tasks_of_one_host_share_lands_once_and_the_summary_says_where(
+    tmp_path: Path,
+    state: Path,  # noqa: F811
+) -> None:
+    """Both workers run in the host's one code directory of the run: each once got the other's
+    file in its own folder (worker-0/from-worker-1 and worker-1/from-worker-0)."""
+    write = "printf $TFDEPLOY_TASK > from-{task_index}"
+    code, out, err = run_cli("up", str(local_job(tmp_path, write, tasks=2)))
+    assert code == 0, out + err
+    run_id = run_id_of(out)
+    home = tmp_path / "home"
+    code, out, err = run_cli("pull", run_id, "from-*", "--to", str(home))
+    assert (code, err) == (0, ""), one_line(out + err)
+    base = home / run_id
+    landed = sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
+    assert landed == ["worker-0/from-0", "worker-0/from-1"]
+    assert (base / "worker-0" / "from-1").read_text() == "worker:1"
+    assert one_line(out).endswith(
+        f"pulled 2 files into {base}: 16 bytes sent (2 files); worker:0 and worker:1 share one "
+        "directory on local: 2 files landed once, in worker-0/"
+    ), out
+
+
+def test_a_pull_that_matches_nothing_on_every_task_exits_5_naming_what_and_where(
+    tmp_path: Path,
+    state: Path,  # noqa: F811
+) -> None:
+    """It said `no file matched ...; nothing was pulled` and exited 0, which a script takes for
+    its checkpoints having come."""
+    code, out, err = run_cli("up", str(local_job(tmp_path, "printf x > f", tasks=2)))
+    assert code == 0, out + err
+    run_id = run_id_of(out)
+    home = tmp_path / "home"
+    code, out, err = run_cli("pull", run_id, "ckpt/**", "nope.txt", "--to", str(home))
+    assert (code, out) == (5, ""), one_line(out + err)
+    assert one_line(err).startswith(
+        "error: no file matched ckpt/**, nope.txt on worker:0@local, worker:1@local; nothing "
+        "was pulled hint: a relative pattern names files below the task's directory"
+    ), err
+    assert not (home / run_id).exists() or not any((home / run_id).rglob("*"))
+    code, out, err = run_cli("pull", run_id, "nope.txt", "f", "--to", str(home))
+    assert code == 0, one_line(out + err)  # one pattern matched: the rest is not an error

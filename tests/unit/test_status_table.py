@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from deployer.api.render import status_json, status_table
 from deployer.cli.parser import build_parser
 from deployer.hosts.reply_types import TaskStatus
 from deployer.results.runs import HostRun
+from tests.support.helpers import one_line, run_cli
+from tests.support.local_jobs import local_job, run_id_of, state  # noqa: F401 (a fixture)
 
 T0 = 1_700_000_000.0
 RUN = "fleet-20261124T052848Z-0db3"
@@ -111,3 +115,21 @@ def test_ended_runs_are_one_line_each_after_the_running_ones() -> None:
 def test_tasks_are_listed_by_role_and_index_whatever_order_hosts_answered() -> None:
     runs = list(reversed(fleet(12)))
     assert tasks_in(shown(runs, height=None)) == [f"worker:{i}" for i in range(12)]
+
+
+@pytest.mark.timeout(120)
+def test_piped_status_lists_every_task_of_an_ended_run(
+    tmp_path: Path,
+    state: Path,  # noqa: F811
+) -> None:
+    """Through the CLI with stdout a pipe (run_cli's is no terminal): an ended run's tasks are
+    each listed, as the README says pipes get, not the terminal's one line `ended, 2 exited 0`."""
+    inventory = local_job(tmp_path, "true", tasks=2)
+    code, out, err = run_cli("up", str(inventory))
+    assert code == 0, out + err
+    run_id = run_id_of(out)
+    code, out, err = run_cli("status", str(inventory))
+    assert (code, err) == (0, ""), one_line(out + err)
+    assert f"run {run_id}: ended" not in out, out
+    assert tasks_in(out.splitlines()) == ["worker:0", "worker:1"], out
+    assert sum("exited 0" in line for line in out.splitlines()) == 2, out
