@@ -9,13 +9,13 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import pytest
 
 import tests.lab
-from tests.lab import Lab, LabHost, LabUnsupported, cleanup, pythons, start_lab
+from tests.lab import Lab, LabUnsupported, cleanup, pythons, start_lab
 from tests.lab import containers as lab_containers
+from tests.support.lab_inventories import inventory_writer
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
@@ -70,32 +70,6 @@ def _lab_session(n: int, topology: str, *, containers: bool = False) -> Iterator
         the_lab.stop()
 
 
-def _inventory_writer(lab: Lab, tmp_path: Path, default_user: str) -> Callable[..., Path]:
-    def write(
-        tasks: list[list[dict[str, Any]]],
-        *,
-        code: str | Path | None = None,
-        job: dict[str, Any] | None = None,
-        ssh: dict[str, Any] | None = None,
-        hosts: list[LabHost] | None = None,
-        name: str = "inventory.toml",
-        user: str | None = None,
-        per_host: dict[str, dict[str, Any]] | None = None,
-    ) -> Path:
-        job_table = {"code": str(code or tmp_path)} | (job or {})
-        return lab.write_inventory(
-            tmp_path / name,
-            tasks=tasks,
-            job=job_table,
-            ssh=ssh,
-            hosts=hosts,
-            user=user or default_user,
-            per_host=per_host,
-        )
-
-    return write
-
-
 @pytest.fixture
 def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
     """`lab_inventory(tasks, code=, job=, ssh=, hosts=, user=, per_host=)`: one in tmp_path.
@@ -103,7 +77,7 @@ def lab_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
     Logs in as `lab.user` (root in the namespace lab) unless `user` says otherwise; `per_host`
     adds keys to hosts' entries by name, e.g. {"h1": {"python": lab_python("3.9")}}.
     """
-    return _inventory_writer(lab, tmp_path, lab.user)
+    return inventory_writer(lab, tmp_path, lab.user)
 
 
 @pytest.fixture
@@ -113,7 +87,7 @@ def lab_user_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
     In the namespace lab each host gives that user a private home (a tmpfs) unless
     `lab_shared_home` is in use; on loopback it is the runner's own user and home.
     """
-    return _inventory_writer(lab, tmp_path, lab.login_user)
+    return inventory_writer(lab, tmp_path, lab.login_user)
 
 
 @pytest.fixture

@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import _inventory_writer
 from tests.lab import Lab
 from tests.lab import containers as lab_containers
 from tests.support.gpus import FAKE, STATE_NAME, state
 from tests.support.lab_cli import tfdeploy
+from tests.support.lab_inventories import inventory_writer
 
 pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
 
@@ -80,7 +80,7 @@ def job_image(controller_podman: Lab, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def inventory(controller_podman: Lab, tmp_path: Path) -> Callable[..., Path]:
-    return _inventory_writer(controller_podman, tmp_path, controller_podman.user)
+    return inventory_writer(controller_podman, tmp_path, controller_podman.user)
 
 
 def _has_image(lab: Lab, host: Any, image: str) -> bool:
