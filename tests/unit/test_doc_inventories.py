@@ -83,7 +83,9 @@ def test_the_multi_host_examples_install_packages_with_requirements(which: str) 
         job = tomllib.loads(AWS.read_text())["job"]
     assert job.get("requirements"), f"{which}: the job's packages belong in `requirements`"
     pip = [c for c in job.get("setup", []) if re.search(r"\bpip3?\b.*\binstall\b", c)]
-    assert not pip, f"{which}: setup installs packages with pip (no index on a private subnet): {pip}"
+    assert not pip, (
+        f"{which}: setup installs packages with pip (no index on a private subnet): {pip}"
+    )
 
 
 def test_every_mwms_worker_of_the_readme_example_has_the_same_gpu_count() -> None:
