@@ -1,4 +1,4 @@
-"""`sudo /opt/tfdeploy/venv/bin/python -m bench.env [--cells small@4,tf@4,capped:sklearn@16,capped:tf@4]
+"""`sudo /opt/tfdeploy/venv/bin/python -m bench.env [--cells small@4,tf@4,capped:tf@4]
 [--reps 1] [--rate 100mbit] [--only by-hand|tfdeploy] [--dry-run] [--out docs/bench/env.md]`
 
 A job's Python environment, from nothing on the hosts to every worker's first training step, on
