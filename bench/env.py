@@ -18,8 +18,8 @@ with tbf, checked by measurement first; then "one uplink copy", a single `scp -r
 wheelhouse to one host over the same link, is timed too). Sets: small (a few small wheels), sklearn
 (scikit-learn with NumPy and SciPy), tf (examples/digits/requirements.txt: tensorflow-cpu and
 scikit-learn). Every task is a worker; the tf set runs examples/digits/mwms.py (one epoch, no
-checkpoints), the others a few lines that import the set and take one step. Phases end at: resolve
-(the wheels are here), send (on every host), install (a venv on every host), running (every task
+checkpoints), the others a few lines that import the set and take one step. Phases end at:
+preflight (tfdeploy's `preflight ok`), resolve (the wheels are here), send (on every host), install (a venv on every host), running (every task
 printed its first line), first step (every worker printed `first step done`). Uplink bytes are what
 this machine sent into the lab during the arm (tx_bytes of the lab's bridge: frames, SSH
 included; what hosts pass to each other is not in it). Peak RSS: tfdeploy's own process; by hand,
@@ -181,8 +181,8 @@ def _fmt_sample(s: Sample) -> str:
 
 # -- the report -----------------------------------------------------------------------------------
 
-PHASES = ["resolve", "send", "install", "running", "first"]
-HEADS = ["resolve", "send", "install", "start", "first step"]
+PHASES = ["preflight", "resolve", "send", "install", "running", "first"]
+HEADS = ["preflight", "resolve", "send", "install", "start", "first step"]
 
 
 def durations(s: Sample) -> list[float | None]:

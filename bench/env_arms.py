@@ -275,21 +275,22 @@ class Arms:
         return s
 
 
-# tfdeploy's plain step lines that end each phase (the first line matching, in order).
+# tfdeploy's plain step lines that end each phase: (pattern, the last match or the first).
 PHASE_LINES = {
-    "resolve": r"^tfdeploy: .*(resolved|environment .*(cached|ready here))",
-    "send": r"^tfdeploy: .*(wheels|environment) .*(sent|on every host|in place)",
-    "install": r"^tfdeploy: .*(installed|venv.*(ready|built|reused))",
+    "preflight": (r"^tfdeploy: preflight ok", False),
+    "resolve": (r"^tfdeploy: environment [0-9a-f]{12} for ", True),  # one line per platform
+    "send": (r"^tfdeploy: pushed ", False),
+    "install": (r"^tfdeploy: environment (built|reused) on ", True),
 }
-INSTALLING = r"^tfdeploy: .*(installing|building) .*(venv|environment)"
+INSTALLING = r"^tfdeploy: environment built on "
 
 
 def tfdeploy_phases(lines: list[tuple[float, str]]) -> dict[str, float]:
     found = {}
-    for phase, pattern in PHASE_LINES.items():
-        t = next((t for t, line in lines if re.search(pattern, line)), None)
-        if t is not None:
-            found[phase] = t
+    for phase, (pattern, last) in PHASE_LINES.items():
+        seen = [t for t, line in lines if re.search(pattern, line)]
+        if seen:
+            found[phase] = seen[-1] if last else seen[0]
     return found
 
 
