@@ -19,11 +19,12 @@ wheelhouse to one host over the same link, is timed too). Sets: small (a few sma
 (scikit-learn with NumPy and SciPy), tf (examples/digits/requirements.txt: tensorflow-cpu and
 scikit-learn). Every task is a worker; the tf set runs examples/digits/mwms.py (one epoch, no
 checkpoints), the others a few lines that import the set and take one step. Phases end at:
-preflight (tfdeploy's `preflight ok`), resolve (the wheels are here), send (on every host), install (a venv on every host), running (every task
-printed its first line), first step (every worker printed `first step done`). Uplink bytes are what
-this machine sent into the lab during the arm (tx_bytes of the lab's bridge: frames, SSH
-included; what hosts pass to each other is not in it). Peak RSS: tfdeploy's own process; by hand,
-the largest process the arm ran here. The lab's hosts share this machine's cores: installing N
+preflight (tfdeploy's `preflight ok`), resolve (the wheels are here), send (on every host),
+install (a venv on every host), running (every task printed its first line), first step (every
+worker printed `first step done`). Uplink bytes are what this machine sent into the lab during
+the arm (tx_bytes of the lab's bridge: frames, SSH included; what hosts pass to each other is
+not in it). Peak RSS: tfdeploy's own process; by hand, the largest process the arm ran here.
+The lab's hosts share this machine's cores: installing N
 venvs at once is CPU-bound here, which a real fleet is not.
 """
 
