@@ -47,7 +47,7 @@ from bench.env_arms import Arms, Sample, pip_download, wheelhouse_bytes
 from bench.fanout import check_cap
 from bench.report import tee_to
 from bench.tools import BenchError, make_tmp
-from tests.lab import Lab, start_lab
+from tests.lab import Lab, LabHost, start_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits"
@@ -165,7 +165,7 @@ def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: 
     return res
 
 
-def _one(bench: Arms, arm: str, hosts: list, state: Path, cell: Cell) -> Sample:
+def _one(bench: Arms, arm: str, hosts: list[LabHost], state: Path, cell: Cell) -> Sample:
     if arm == "by-hand":
         return bench.by_hand(hosts)
     name = f"{cell.set}-{cell.hosts}-{arm}"
@@ -242,6 +242,10 @@ def cell_table(res: CellResult, arms: list[str]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
 def cell_notes(res: CellResult, cell: Cell) -> list[str]:
     """The targets' comparisons, each as its own line (medians)."""
     s = res.samples
@@ -265,12 +269,11 @@ def cell_notes(res: CellResult, cell: Cell) -> list[str]:
     if None not in install:
         notes.append(f"install, tfdeploy ÷ by hand: {_ratio(install[0], install[1])}")
     if s.get("warm") and s.get("no-reqs"):
-        added = [end("warm", p) for p in ("running", "first")]
-        base = [end("no-reqs", p) for p in ("running", "first")]
-        if None not in added + base:
+        added = [_diff(end("warm", p), end("no-reqs", p)) for p in ("running", "first")]
+        if None not in added:
             notes.append(
-                f"warm, added against no requirements: {added[0] - base[0]:+.2f} s to every task "
-                f"running, {added[1] - base[1]:+.2f} s to first step; uplink "
+                f"warm, added against no requirements: {added[0]:+.2f} s to every task "
+                f"running, {added[1]:+.2f} s to first step; uplink "
                 f"{_fmt_bytes(statistics.median(x.uplink for x in s['warm']))} against "
                 f"{_fmt_bytes(statistics.median(x.uplink for x in s['no-reqs']))}; "
                 f"reinstalled: {'yes' if any(x.reinstalled for x in s['warm']) else 'no'}"

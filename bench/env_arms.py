@@ -20,11 +20,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from bench.tools import BenchError
 from tests.lab import Lab, LabHost
 
 TIMEOUT = 1800.0
+T = TypeVar("T")
 HAND_DIR = "/root/bench-env"  # by hand: the wheelhouse, the code and the venv on each host
 SCP_DIR = "/root/bench-env-scp"
 WORKDIR = "/root/.tfdeploy"
@@ -121,7 +123,7 @@ class _PeakRss:
             self._thread.join()
 
 
-def parallel(fn: Callable[[LabHost], object], hosts: list[LabHost]) -> list:
+def parallel(fn: Callable[[LabHost], T], hosts: list[LabHost]) -> list[T]:
     with ThreadPoolExecutor(max_workers=min(len(hosts), 32)) as pool:
         return list(pool.map(fn, hosts))
 
@@ -296,10 +298,10 @@ def tfdeploy_phases(lines: list[tuple[float, str]]) -> dict[str, float]:
 
 def task_marks(per_task: list[list[tuple[float, str]]], n: int) -> dict[str, float]:
     """ "running": every task printed its first line; "first": every task its first step."""
-    marks = {}
+    marks: dict[str, float] = {}
     for key, text in (("running", RUNNING), ("first", FIRST_STEP)):
-        seen = [next((t for t, line in lines if text in line), None) for lines in per_task]
-        seen = [t for t in seen if t is not None]
+        found = [next((t for t, line in lines if text in line), None) for lines in per_task]
+        seen = [t for t in found if t is not None]
         if len(seen) == n:
             marks[key] = max(seen)
     if "first" not in marks:
