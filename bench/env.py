@@ -265,6 +265,9 @@ def cell_notes(res: CellResult, cell: Cell) -> list[str]:
             sent = span(arm, "resolve", "send")
             if sent is not None:
                 notes.append(f"{ARMS[arm]}: send ÷ one uplink copy {_ratio(sent, copy)}")
+    used = {x.installer for x in s.get("tfdeploy", []) if x.installer}
+    if used:
+        notes.append(f"tfdeploy's installer on the hosts (its output): {', '.join(sorted(used))}")
     install = [span(a, "send", "install") for a in ("tfdeploy", "by-hand")]
     if None not in install:
         notes.append(f"install, tfdeploy ÷ by hand: {_ratio(install[0], install[1])}")

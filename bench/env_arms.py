@@ -46,6 +46,7 @@ class Sample:
     uplink: int = 0
     rss_kb: int = 0  # the largest process this arm ran on this machine
     reinstalled: bool | None = None  # tfdeploy: its output said it built a venv
+    installer: str = ""  # tfdeploy: the installer its output named (uv or pip)
 
 
 @dataclass
@@ -273,6 +274,13 @@ class Arms:
                 per_task.setdefault(m.group(1), []).append((t, m.group(2)))
         s.phases.update(task_marks(list(per_task.values()), len(hosts)))
         s.reinstalled = any(re.search(INSTALLING, line) for _, line in done.lines)
+        used = {
+            m
+            for _, line in done.lines
+            if re.search(INSTALLING, line)
+            for m in re.findall(r"\((uv|pip), ", line)
+        }
+        s.installer = "/".join(sorted(used))
         self.last_output = done.lines
         return s
 
