@@ -353,10 +353,24 @@ def _run(args: argparse.Namespace, cells: list[Cell], arms: list[str]) -> int:
         "step: until every worker printed `first step done`); medians"
         + (f" of {args.reps} runs" if args.reps > 1 else ", one run per arm")
         + f". Rate cap {args.rate} in capped cells.\n\n"
-        f"Machine: {report.machine()}. Load average before/after: {load_before} / "
+        f"tfdeploy: {_tree()}. Machine: {report.machine()}. Load average before/after: {load_before} / "
         f"{report.load()}; uptime before: {uptime_before}. Bench wall time {elapsed / 60:.1f} min."
     )
     return 0
+
+
+def _tree() -> str:
+    """Which tfdeploy ran: the checkout's commit (and whether it had changes), where known."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "a tree outside git"
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", "deployer", "remote", "bench"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return f"commit {head.stdout.strip()}" + (" with local changes" if dirty else "")
 
 
 def _uptime() -> str:
