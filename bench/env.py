@@ -353,8 +353,8 @@ def _run(args: argparse.Namespace, cells: list[Cell], arms: list[str]) -> int:
         "step: until every worker printed `first step done`); medians"
         + (f" of {args.reps} runs" if args.reps > 1 else ", one run per arm")
         + f". Rate cap {args.rate} in capped cells.\n\n"
-        f"tfdeploy: {_tree()}. Machine: {report.machine()}. Load average before/after: {load_before} / "
-        f"{report.load()}; uptime before: {uptime_before}. Bench wall time {elapsed / 60:.1f} min."
+        f"tfdeploy: {_tree()}. Machine: {report.machine()}. Load average before/after: "
+        f"{load_before} / {report.load()}; uptime before: {uptime_before}. Bench wall time {elapsed / 60:.1f} min."
     )
     return 0
 
