@@ -354,7 +354,8 @@ def _run(args: argparse.Namespace, cells: list[Cell], arms: list[str]) -> int:
         + (f" of {args.reps} runs" if args.reps > 1 else ", one run per arm")
         + f". Rate cap {args.rate} in capped cells.\n\n"
         f"tfdeploy: {_tree()}. Machine: {report.machine()}. Load average before/after: "
-        f"{load_before} / {report.load()}; uptime before: {uptime_before}. Bench wall time {elapsed / 60:.1f} min."
+        f"{load_before} / {report.load()}; uptime before: {uptime_before}. "
+        f"Bench wall time {elapsed / 60:.1f} min."
     )
     return 0
 
