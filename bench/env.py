@@ -363,15 +363,17 @@ def _run(args: argparse.Namespace, cells: list[Cell], arms: list[str]) -> int:
 def _tree() -> str:
     """Which tfdeploy ran: the checkout's commit (and whether it had changes), where known."""
     git = ["git", "-C", str(ROOT)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run([*git, "log", "-1", "--format=%h %p"], capture_output=True, text=True)
     if head.returncode != 0:
         return "a tree outside git"
+    commit, *parents = head.stdout.split()
+    merged = f" (a merge of {' and '.join(parents)})" if len(parents) > 1 else ""
     dirty = subprocess.run(
         [*git, "status", "--porcelain", "--", "deployer", "remote", "bench"],
         capture_output=True,
         text=True,
     ).stdout.strip()
-    return f"commit {head.stdout.strip()}" + (" with local changes" if dirty else "")
+    return f"commit {commit}{merged}" + (" with local changes" if dirty else "")
 
 
 def _uptime() -> str:
