@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(step {int(step)}), attempt {os.environ.get('TFDEPLOY_ATTEMPT', '0')}"
         )
 
+    first_step = True
     for epoch in range(int(epoch_done) + 1, args.epochs + 1):
         if args.fail_at_epoch == epoch and me == args.fail_task:
             common.log(f"{me}: injected failure at epoch {epoch} (--fail-at-epoch), exiting 1")
@@ -121,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         for x, y in dist_dataset:
             total += float(train_step(x, y))
             steps += 1
+            if first_step:
+                # "Time to first step": when the environment, the cluster and the first
+                # collective all worked (bench.env reads this line).
+                common.log(f"{me}: first step done")
+                first_step = False
         step.assign_add(steps)
         epoch_done.assign(epoch)
         if manager is not None:
