@@ -65,18 +65,21 @@ def op_gpus(req: dict[str, Any]) -> protocol.GpusReply:
     reply["gpus"] = [g for g in reply["gpus"] if g is not None]
     reply["lost"] = [{"pci_bus_id": bus, "reason": why} for bus, why in lost]
     run_id = req.get("run_id")
-    reply["apps"] = [
-        {
-            "gpu_uuid": r[0],
-            "pid": _number(r[1]),
-            "process_name": r[2],
-            "used_memory": _number(r[3]),
-            "run": _of_run(_number(r[1]), run_id) if run_id else None,
-        }
-        for r in apps
-        if len(r) >= 4
-    ]
+    reply["apps"] = [_app(r, run_id) for r in apps if len(r) >= 4]
     return reply
+
+
+def _app(row: list[str], run_id: str | None) -> dict[str, Any]:
+    pid = _number(row[1])
+    run, task = _of_run(pid, run_id) if run_id else (None, None)
+    return {
+        "gpu_uuid": row[0],
+        "pid": pid,
+        "process_name": row[2],
+        "used_memory": _number(row[3]),
+        "run": run,
+        "task": task,
+    }
 
 
 def _query_gpus(
@@ -137,16 +140,24 @@ def _query(smi: str, query: str) -> tuple[list[list[str]], list[tuple[str, str]]
     return [r for r in rows if any(r)], lost, None
 
 
-def _of_run(pid: int | None, run_id: str) -> bool | None:
-    """Whether the process's environment carries TFDEPLOY_RUN_ID=run_id (children inherit it).
-    None when this host cannot tell: a pid of another PID namespace (a container) or user."""
+def _of_run(pid: int | None, run_id: str) -> tuple[bool | None, str | None]:
+    """Whether the process's environment carries TFDEPLOY_RUN_ID=run_id, and then its
+    TFDEPLOY_TASK: the environment, not the pid, because the process on the GPU is often not
+    the task's own (a shell, a launcher such as torchrun, a DataLoader worker) and may have
+    left the task's process group (setsid); children inherit the environment whatever they do.
+    (None, None) when this host cannot tell: a pid of another PID namespace (a container) or
+    user."""
     if pid is None:
-        return None
+        return None, None
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return None
-    return f"{protocol.RUN_ID_ENV}={run_id}".encode() in environ.split(b"\0")
+        return None, None
+    if f"{protocol.RUN_ID_ENV}={run_id}".encode() not in environ:
+        return False, None
+    prefix = f"{protocol.TASK_ENV}=".encode()
+    task = next((e[len(prefix) :] for e in environ if e.startswith(prefix)), None)
+    return True, task.decode(errors="replace") if task is not None else None
 
 
 def _number(text: str) -> int | None:

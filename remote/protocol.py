@@ -435,6 +435,7 @@ class GpuAppShape(TypedDict):
     process_name: str
     used_memory: float | None
     run: bool | None  # of the request's run (its environment says so); null: cannot tell
+    task: str | None  # the process's TFDEPLOY_TASK when it is of the request's run, else null
 
 
 class GpuLostShape(TypedDict):

@@ -7,19 +7,26 @@
 # Run from a copy of the repository. OUTPUT (default /tmp/tfdeploy-gpu-check/gpu.md) is meant
 # for docs/bench/gpu.md: each step's command and output, as Markdown.
 #
-# The wheels tfdeploy needs, binary ones included (paramiko needs cryptography, bcrypt and
-# PyNaCl), fetched beforehand on a machine with an index, for the GPU machine's Python
-# (python3 --version there; 3.12 below) and platform:
+# Run it as root or as any user that may use the GPU; it starts nothing outside /tmp and stops
+# every task it started. Each tfdeploy command is cut after STEP_S seconds (default 240); the
+# whole check takes 2 to 4 minutes on an H100.
+#
+# Prepare beforehand, on any machine with a package index: the wheels of tfdeploy's
+# dependencies (pyproject.toml's `dependencies`, with theirs: paramiko needs cryptography,
+# bcrypt and PyNaCl, binary wheels), for CPython 3.12 on manylinux x86_64 (a GPU machine with
+# another Python needs --python-version of its own: `python3 --version` there):
 #
 #   pip download --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#       --platform manylinux2014_x86_64 --platform any \
-#       -d wheels 'paramiko>=3.4,<6' 'rich>=13.7' 'pathspec>=0.12'
+#       --platform manylinux2014_x86_64 \
+#       -d wheels 'paramiko>=3.4,<6' 'rich>=13.7' 'pathspec>=0.12' 'packaging>=23'
 #
-# The script installs them from WHEELS_DIR with `pip install --no-index` into a venv that also
-# sees the system's packages (PyTorch). TFDEPLOY_PY=/path/to/python skips that and uses a
-# Python that already has them. The tasks run with `python3` from PATH (TASK_PY= to change):
-# the one with PyTorch.
+# and copy `wheels/` and this repository to the GPU machine. The script unpacks the wheels into
+# /tmp/tfdeploy-gpu-check/site and puts it first on tfdeploy's PYTHONPATH: no pip, venv or
+# index is needed there (Debian's and Ubuntu's python3 lack venv without python3-venv), and the
+# system's packages (PyTorch) stay visible. TFDEPLOY_PY=/path/to/python skips that and uses a
+# Python (3.11+) that already has them. The tasks run with `python3` from PATH (TASK_PY= to
+# change): the one with PyTorch.
 #
 # Steps (each prints what it shows; the first that fails ends the script with exit 1):
 #   1. preflight's GPU health check on the real nvidia-smi (`tfdeploy check`); MIG mode is
@@ -37,6 +44,9 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=/tmp/tfdeploy-gpu-check
 OUT=${2:-$WORK/gpu.md}
 TASK_PY=${TASK_PY:-python3}
+STEP_S=${STEP_S:-240}
+DEPENDENCIES=(paramiko rich pathspec packaging cryptography.hazmat.bindings._rust bcrypt nacl.bindings)
+rm -rf "$WORK/state" "$WORK/site"
 mkdir -p "$WORK" "$(dirname "$OUT")"
 : > "$OUT"
 
@@ -63,16 +73,37 @@ failed() {
 }
 
 # -- tfdeploy's Python -------------------------------------------------------------------------
+command -v script > /dev/null || fail "script (util-linux) is needed for step 5's pseudo-terminal"
 if [ -n "${TFDEPLOY_PY:-}" ]; then
     PY=$TFDEPLOY_PY
+    SITE=
 else
-    python3 -m venv --system-site-packages "$WORK/venv"
-    "$WORK/venv/bin/pip" install -q --no-index --find-links "$WHEELS" \
-        'paramiko>=3.4,<6' 'rich>=13.7' 'pathspec>=0.12' \
-        || fail "cannot install tfdeploy's wheels from $WHEELS (see the pip download above)"
-    PY=$WORK/venv/bin/python
+    PY=$(command -v python3) || fail "no python3 on PATH (or set TFDEPLOY_PY)"
+    SITE=$WORK/site
+    compgen -G "$WHEELS/*.whl" > /dev/null \
+        || fail "no wheels in $WHEELS: prepare them with the pip download in this script's header"
+    # A wheel is a zip of the installed files: unpacked onto the path, it imports as installed.
+    "$PY" - "$WHEELS" "$SITE" <<'UNPACK' || fail "cannot unpack the wheels of $WHEELS"
+import pathlib, sys, zipfile
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+UNPACK
 fi
-tfdeploy() { PYTHONPATH=$REPO TFDEPLOY_STATE_DIR=$WORK/state "$PY" -m deployer "$@"; }
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || fail "$PY is Python $("$PY" -c 'import platform; print(platform.python_version())'); tfdeploy needs 3.11+ (TFDEPLOY_PY=/path/to/python3.11+)"
+missing=$(PYTHONPATH=$SITE "$PY" -c '
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        print(f"{name} ({type(e).__name__}: {e})")
+' "${DEPENDENCIES[@]}")
+[ -z "$missing" ] || fail "$PY ($("$PY" -c 'import platform; print(platform.python_version(), platform.machine())')) cannot import: $missing. The wheels must be for this Python and machine: pip download --python-version X.Y (see this script's header)"
+tfdeploy() {
+    timeout -k 20 "$STEP_S" env PYTHONPATH="$REPO${SITE:+:$SITE}" TFDEPLOY_STATE_DIR="$WORK/state" \
+        "$PY" -m deployer "$@"
+}
 export COLUMNS=160
 
 say "# tfdeploy on a real GPU: scripts/gpu-check.sh"
@@ -118,6 +149,9 @@ say "## 1. Preflight's GPU health check on the real nvidia-smi"
 INV=$(inventory health "" '[{ role = "worker" }]')
 shown tfdeploy check "$INV" || failed "tfdeploy check failed: the GPU health check refused this machine's GPU (above)"
 
+"$TASK_PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' > /dev/null 2>&1 \
+    || fail "torch with CUDA not found for $TASK_PY: steps 2 to 5 run PyTorch programs on the GPU (TASK_PY=/path/to/python with PyTorch)"
+
 say ""
 say "## 2. gpus = \"auto\": the masked task sees the GPU, the one with gpus = [] sees none"
 INV=$(inventory mask "" '[{ role = "worker", gpus = [0], command = "'"$TASK_PY"' gpu_task.py see 1" }, { role = "worker", gpus = [], command = "'"$TASK_PY"' gpu_task.py see 0" }]')
@@ -154,7 +188,7 @@ say ""
 say "## 5. The live view's GPU use column, in a pseudo-terminal"
 INV=$(inventory live "" '[{ role = "worker", command = "'"$TASK_PY"' gpu_task.py burn 25" }]')
 code=0
-script -qfec "env COLUMNS=160 LINES=30 PYTHONPATH=$REPO TFDEPLOY_STATE_DIR=$WORK/state $PY -m deployer up $INV" "$WORK/live.typescript" > /dev/null || code=$?
+script -qfec "timeout -k 20 $STEP_S env COLUMNS=160 LINES=30 PYTHONPATH=$REPO${SITE:+:$SITE} TFDEPLOY_STATE_DIR=$WORK/state $PY -m deployer up $INV" "$WORK/live.typescript" > /dev/null || code=$?
 # The last frame that shows the column, without the terminal's control sequences.
 sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\r//g' "$WORK/live.typescript" > "$WORK/live.txt"
 say ""
@@ -167,4 +201,5 @@ grep -q "GPU use" "$WORK/live.txt" || fail "the live view showed no GPU use colu
 grep -Eq "[1-9][0-9]?% [0-9.]+/[0-9.]+ GiB" "$WORK/live.txt" || fail "the GPU use column never showed a non-zero utilization"
 
 say ""
-say "All five steps passed."
+say "All five steps passed in $SECONDS s."
+echo "the output is in $OUT: copy it to docs/bench/gpu.md" >&2

@@ -25,6 +25,7 @@ from deployer.config.inventory import discover_hosts
 from deployer.core.errors import HostError, UsageError
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.transport import CommandResult
+from deployer.results.gpuuse import with_gpu_use
 from deployer.results.pull import PullResult
 from deployer.results.runs import HostRun, resolve, survey_runs
 
@@ -65,10 +66,9 @@ def status(target: str, *, inventory: str | None = None) -> RunsFound:
     found = discovered(resolve(target, inventory))
     with Fleet(found.hosts) as fleet:
         survey = survey_runs(fleet, found)
+        runs = with_gpu_use(fleet, survey.runs)
     waiting = tuple(waiting_artifacts(survey.runs, found.inventory.job))
-    return RunsFound(
-        survey.runs, survey.failures, found.run_id, survey.nothing_found(found), waiting
-    )
+    return RunsFound(runs, survey.failures, found.run_id, survey.nothing_found(found), waiting)
 
 
 def down(

@@ -6,7 +6,7 @@ import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
@@ -236,12 +236,13 @@ def status_rows(height: int, runs: int) -> int:
 
 def _run_tasks(host_runs: list[HostRun], at_most: int | None) -> list[RenderableType]:
     rows = sorted(((r.host, t) for r in host_runs for t in r.tasks), key=_row_order)
+    gpu = {(r.host, u.task): u.text() for r in host_runs for u in r.gpu_use}
     if at_most is None or len(rows) <= at_most + 2:  # the 2 lines that folding adds
-        return [RunTasks(rows)]
+        return [RunTasks(rows, gpu)]
     folded = fold(rows, at_most, _status_interest, lambda row: _kind(row[1]))
     tally = tally_lines((t.name.partition(":")[0], _kind(t)) for _, t in rows)
     more = f"{more_line(folded)} (`status --all` lists every task)"
-    return [Text("\n".join(tally)), RunTasks(folded.shown), Text(more, style="dim")]
+    return [Text("\n".join(tally)), RunTasks(folded.shown, gpu), Text(more, style="dim")]
 
 
 def _row_order(row: tuple[str, TaskStatus]) -> tuple[tuple[str, int], str]:
@@ -291,17 +292,27 @@ def _failed_evaluators(host_run: HostRun) -> list[TaskStatus]:
 
 class RunTasks:
     """The tasks of one run as a table that fits the width it is given: columns are dropped
-    (start time first) before any number would have to wrap; host and state text may wrap."""
+    (start time first) before any number would have to wrap; host and state text may wrap.
+    The GPU column (a running task's utilization and memory) is there while a task has one."""
 
     OPTIONAL = ("started",)  # dropped, in this order, while the table does not fit
 
-    def __init__(self, rows: list[tuple[str, TaskStatus]]) -> None:
+    def __init__(
+        self, rows: list[tuple[str, TaskStatus]], gpu: Mapping[tuple[str, str], str] | None = None
+    ) -> None:
         self.rows = rows  # (host, task)
+        self.gpu = gpu or {}  # (host, task name) -> "40% 500 MiB"
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        cells = [self._cells(host, t) for host, t in self.rows]
+        gpu = self.gpu
+        cells = [
+            self._cells(host, t) | {"GPU": gpu.get((host, t.name), "")} for host, t in self.rows
+        ]
         shown = [
-            c for c in self.COLUMNS if c != "restarts" or any(t.restarts for _, t in self.rows)
+            c
+            for c in self.COLUMNS
+            if (c != "restarts" or any(t.restarts for _, t in self.rows))
+            and (c != "GPU" or any(row["GPU"] for row in cells))
         ]
         for column in self.OPTIONAL:
             if self._width(shown, cells) <= options.max_width:
@@ -309,7 +320,7 @@ class RunTasks:
             shown.remove(column)
         yield self._table(shown, cells)
 
-    COLUMNS = ("task", "host", "pid", "state", "started", "restarts")
+    COLUMNS = ("task", "host", "pid", "state", "GPU", "started", "restarts")
 
     @staticmethod
     def _cells(host: str, t: TaskStatus) -> dict[str, str]:
@@ -385,7 +396,8 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
                     "detached": r.detached,
                     # evaluators of this host that ended by themselves without success
                     "failed_evaluators": [t.name for t in _failed_evaluators(r)],
-                    "tasks": [t.__dict__ for t in r.tasks],
+                    # a running task's GPU use: {gpus, memory_mib, utilization}, else null
+                    "tasks": [t.__dict__ | {"gpu": _gpu_json(r, t)} for t in r.tasks],
                 }
                 for r in runs
             ],
@@ -393,3 +405,8 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
         },
         indent=2,
     )
+
+
+def _gpu_json(run: HostRun, task: TaskStatus) -> dict[str, object] | None:
+    use = next((u for u in run.gpu_use if u.task == task.name), None)
+    return None if use is None else {k: v for k, v in use.__dict__.items() if k != "task"}

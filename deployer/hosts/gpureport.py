@@ -1,12 +1,16 @@
 """What one host's nvidia-smi reported (the `gpus` op's reply, read once at the edge): its GPUs,
-their health fields, the compute processes on them, and GPUs it cannot reach."""
+their health fields, the compute processes on them, and GPUs it cannot reach; and what that
+says of each running task's use (`status`, deployer/results/gpuuse.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from deployer.hosts.replies import task_name_ok
+from deployer.hosts.reply_types import TaskStatus
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class GpuApp:
     process_name: str = ""
     used_memory: int | None = None  # MiB
     run: bool | None = None  # of the run asked about; None: the host cannot tell (a container)
+    task: str | None = None  # its TFDEPLOY_TASK, when it is of the run asked about
 
     def text(self) -> str:
         memory = f"{self.used_memory} MiB" if self.used_memory is not None else "? MiB"
@@ -76,6 +81,8 @@ class GpuReport:
                     process_name=str(a.get("process_name", "")),
                     used_memory=_int(a.get("used_memory")),
                     run=a.get("run"),
+                    # a host's word becomes a key of `status --json`: a plan's task name or none
+                    task=a["task"] if task_name_ok(a.get("task")) else None,
                 )
                 for a in d.get("apps", [])
             ),
@@ -87,6 +94,48 @@ class GpuReport:
 
     def apps_on(self, gpu: Gpu) -> tuple[GpuApp, ...]:
         return tuple(a for a in self.apps if a.gpu_uuid == gpu.uuid)
+
+
+@dataclass(frozen=True)
+class TaskGpu:
+    """One running task's use of the GPUs, as nvidia-smi lists its processes."""
+
+    task: str
+    gpus: tuple[int, ...]  # indices of the GPUs its processes are on
+    memory_mib: int  # its processes' GPU memory, summed
+    utilization: int | None  # mean utilization.gpu (%) of those GPUs
+
+    def text(self) -> str:
+        """'40% 500 MiB': what the status table's GPU column says."""
+        percent = "?%" if self.utilization is None else f"{self.utilization}%"
+        return f"{percent} {self.memory_mib} MiB"
+
+
+def task_gpu_use(report: GpuReport, tasks: Sequence[TaskStatus]) -> tuple[TaskGpu, ...]:
+    """The running tasks' GPU use in one host's report (asked with their run's id)."""
+    running = {t.name for t in tasks if not t.finished}
+    by_pid: dict[int | None, str] = {
+        t.pid: t.name for t in tasks if not t.finished and t.pid is not None
+    }
+    held: dict[str, list[tuple[Gpu, GpuApp]]] = {}
+    for gpu in report.gpus:
+        for app in report.apps_on(gpu):
+            # its environment names the task; unreadable there (run None), its pid may
+            name = app.task if app.run else by_pid.get(app.pid) if app.run is None else None
+            if name is not None and name in running:
+                held.setdefault(name, []).append((gpu, app))
+    return tuple(_use(name, pairs) for name, pairs in sorted(held.items()))
+
+
+def _use(task: str, pairs: list[tuple[Gpu, GpuApp]]) -> TaskGpu:
+    gpus = {g.index: g for g, _ in pairs}
+    utils = [g.utilization for g in gpus.values() if g.utilization is not None]
+    return TaskGpu(
+        task=task,
+        gpus=tuple(sorted(gpus)),
+        memory_mib=sum(a.used_memory or 0 for _, a in pairs),
+        utilization=round(sum(utils) / len(utils)) if utils else None,
+    )
 
 
 def _int(value: object) -> int | None:

@@ -23,6 +23,7 @@ from deployer.core.errors import HostError, HostsFailed, UsageError
 from deployer.core.lines import MAX_LINE, LineAssembler
 from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.gpureport import TaskGpu
 from deployer.hosts.replies import Edge, text
 from deployer.hosts.reply_types import Escaped, TaskStatus
 from deployer.results.archive import LogArchive, read_runs
@@ -42,6 +43,7 @@ class HostRun:
     tasks: tuple[TaskStatus, ...]
     hosts: tuple[tuple[str, str], ...] = ()  # the run's own list: (name, address) of each host
     hosts_at: float = 0.0  # when that list was written (a replaced host gets a newer one)
+    gpu_use: tuple[TaskGpu, ...] = ()  # running tasks' GPU use (`status`: results/gpuuse.py)
 
     @property
     def active(self) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +25,8 @@ from deployer.hosts.fleet import Fleet
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.watch.view import TaskRow
 from tests.lab import Lab, LabHost
-from tests.support.gpus import FAKE, STATE_NAME, state, uuid
+from tests.support.gpus import install as install_fake
+from tests.support.gpus import state, uuid
 
 # -- on the lab, with the stand-in on one host ---------------------------------------------------
 
@@ -43,14 +43,7 @@ def fake_nvidia_smi(lab: Lab) -> Iterator[Callable[..., None]]:
 
     def install(host: LabHost, state_json: str | None = None) -> None:
         used.append(host)
-        script = [
-            "mkdir -p /root/bin",
-            f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
-            "chmod +x /root/bin/nvidia-smi",
-            f"printf %s {shlex.quote(state_json or state())} > /root/bin/{STATE_NAME}",
-        ]
-        done = lab.run(host, " && ".join(script))
-        assert done.returncode == 0, done.stderr
+        install_fake(lab, host, state_json)
 
     yield install
     for host in used:

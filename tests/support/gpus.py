@@ -7,6 +7,7 @@ The stand-in reads nvidia-smi.json next to itself (its docstring says what the f
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,3 +37,17 @@ def state(
         for i in range(n)
     ]
     return json.dumps({"gpus": entries, **rest})
+
+
+def install(lab: Any, host: Any, state_json: str | None = None) -> None:
+    """The stand-in in a lab host's /root/bin (the agent looks in ~/bin), reading `state_json`
+    (default: `state()`); again on the same host: the new state only. Each namespace-lab host
+    has a private /root, so hosts can differ."""
+    script = [
+        "mkdir -p /root/bin",
+        f"printf %s {shlex.quote(FAKE.read_text())} > /root/bin/nvidia-smi",
+        "chmod +x /root/bin/nvidia-smi",
+        f"printf %s {shlex.quote(state_json or state())} > /root/bin/{STATE_NAME}",
+    ]
+    done = lab.run(host, " && ".join(script))
+    assert done.returncode == 0, done.stderr

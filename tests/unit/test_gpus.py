@@ -83,6 +83,34 @@ def test_agent_op_parses_nvidia_smi_output(tmp_path: Path) -> None:
     assert GpuReport.from_json(__import__("json").loads(done.stdout)).nvidia_smi is None
 
 
+def test_agent_drops_a_health_field_the_driver_does_not_know_and_asks_again(
+    tmp_path: Path,
+) -> None:
+    """An older driver has no row remapping: nvidia-smi refuses the whole query (exit 2) for
+    one unknown field; the agent leaves that field out and still gets every GPU's health."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(FAKE)
+    unknown = ["remapped_rows.pending", "remapped_rows.failure"]
+    pending = {1: {"retired_pages.pending": "Yes"}}
+    (bin_dir / STATE_NAME).write_text(state(2, gpus=pending, unsupported=unknown))
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(REMOTE)!r}); import agent; "
+        'print(json.dumps(agent.handle(b\'{"v": 1, "op": "gpus", "workdir": "/tmp"}\')))'
+    )
+    env = os.environ | {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    got = GpuReport.from_json(__import__("json").loads(done.stdout))
+    assert got.error is None, got.error
+    assert [g.index for g in got.gpus] == [0, 1]
+    assert set(got.gpus[1].health) == {
+        "ecc.errors.uncorrected.volatile.total",
+        "retired_pages.pending",
+        "mig.mode.current",
+    }
+    assert got.gpus[1].health["retired_pages.pending"] == "Yes"  # the rest is still read
+
+
 # -- pure checks --------------------------------------------------------------------------------
 
 
