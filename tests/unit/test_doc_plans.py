@@ -66,3 +66,19 @@ def test_every_inventory_of_the_docs_plans_without_a_warning(
     assert code == 0, f"{name} does not plan:\n{err}"
     assert "warning" not in err, f"{name} plans with a warning:\n{err}"
     assert "TF_CONFIG" in out
+
+
+def test_every_code_path_the_docs_name_resolves_from_the_inventories_folder() -> None:
+    """`code = "..."` in prose and fragments too (examples/digits/README.md's included) is read
+    as the blocks are: relative to inventories/."""
+    pages = [*PAGES, ROOT / "examples" / "digits" / "README.md"]
+    named = {
+        (page.name, code)
+        for page in pages
+        for code in re.findall(r'\bcode = "([^"]+)"', page.read_text())
+    }
+    assert ("README.md", "../examples/digits") in named
+    missing = sorted(
+        f"{page}: {code}" for page, code in named if not (ROOT / "inventories" / code).is_dir()
+    )
+    assert not missing, f"code paths that are not folders from inventories/: {missing}"
