@@ -68,9 +68,7 @@ def test_every_inventory_key_the_parser_accepts_is_in_the_every_key_section(
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    action = next(
-        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
-    )
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return dict(action.choices)
 
 
@@ -86,10 +84,7 @@ def _stated_default(action: argparse.Action) -> str | None:
 
 def _readme_rows() -> dict[str, str]:
     text = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("\n## ", 1)[0]
-    return {
-        m.group(1): m.group(0)
-        for m in re.finditer(r"^\| `tfdeploy (\w+) [^\n]*", text, re.M)
-    }
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `tfdeploy (\w+) [^\n]*", text, re.M)}
 
 
 def test_every_default_of_an_option_the_commands_table_shows_is_the_one_help_has() -> None:
