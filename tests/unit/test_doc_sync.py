@@ -126,3 +126,19 @@ def test_docs_describe_what_holds_not_development_history() -> None:
         if m
     ]
     assert not found, f"development history in the docs (say what holds now): {found}"
+
+
+def test_the_readme_keeps_two_set_up_commands_and_a_screenful_of_pages() -> None:
+    """A newcomer's fresh machine needs the quick start's install-and-run and the test command;
+    they are the README's only indented command blocks (the others are fenced, in their section),
+    and the README stays short enough to read through (the reference is docs/)."""
+    text = (ROOT / "README.md").read_text()
+    indented = re.findall(
+        r"^ {4}(\S.*)$", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S), re.M
+    )
+    assert indented == [
+        'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[examples]" && '
+        "tfdeploy up inventories/local.toml",
+        "scripts/test.sh",
+    ]
+    assert len(text.splitlines()) <= 350, "the README grew past 350 lines: move reference to docs/"
