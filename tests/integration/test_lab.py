@@ -484,6 +484,10 @@ def test_cli_up_writes_a_ready_inventory_and_down_removes_the_lab(tmp_path: Path
         )
         assert done.stdout == "up\n", done.stderr
         assert h["ssh"]["port"] > 0 and data["ssh"]["host_keys"] == "strict"
+        # The README's first multi-host run: the digits example, run by this interpreter.
+        job = data["job"]
+        assert job["code"] == str(REPO / "examples" / "digits") and job["python"] == sys.executable
+        assert job["command"] == "python3 mwms.py" and job["artifacts"] == ["ckpt/**"]
     finally:
         down = subprocess.run([*cli, "down", lab_id], cwd=REPO, capture_output=True, text=True)
     assert down.returncode == 0, down.stderr

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from tests.lab import LabError, cleanup, start_lab
 
+# The README's first multi-host run: the bundled MWMS example, its checkpoints as artifacts.
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
+
 
 def _up(args: argparse.Namespace) -> int:
     lab = start_lab(args.n, args.topology, persistent=True)
     tasks = [[{"role": "worker"}] for _ in lab.hosts]
-    job = {"code": str(Path(args.code).resolve()), "command": args.command}
+    # The hosts run the interpreter that started the lab (they see this machine's files but
+    # /root and /tmp): the quick start's .venv or /opt/tfdeploy/venv, whichever has TensorFlow.
+    job = {
+        "name": "digits",
+        "code": str(Path(args.code).resolve()),
+        "command": args.command,
+        "python": sys.executable,
+        "artifacts": ["ckpt/**"],
+    }
     user = lab.login_user if args.as_user else None
     inventory = lab.write_inventory(args.inventory, tasks=tasks, job=job, user=user)
     print(
@@ -59,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("n", type=int, help="number of hosts")
     up.add_argument("--topology", choices=["flat", "bastion"], default="flat")
     up.add_argument("--inventory", default="lab.toml", help="where to write the inventory")
-    up.add_argument("--code", default=os.getcwd(), help="job.code of the inventory")
-    up.add_argument("--command", default="python3 train.py", help="job.command of the inventory")
+    up.add_argument("--code", default=str(EXAMPLE), help="job.code of the inventory")
+    up.add_argument("--command", default="python3 mwms.py", help="job.command of the inventory")
     up.add_argument(
         "--as-user",
         action="store_true",
