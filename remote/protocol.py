@@ -585,9 +585,13 @@ class PeersPidReply(TypedDict):
     pid: int
 
 
-class ChainEntry(TypedDict):
-    host: str
-    error: str
+class ChainEntryBase(TypedDict):
+    error: str  # "" when that host stored everything
+
+
+class ChainEntry(ChainEntryBase, total=False):
+    host: str  # the host id of a host the stream reached
+    hop: list[Any]  # [address, port] of the next host, when the stream never reached it
 
 
 class ChainReply(TypedDict):
