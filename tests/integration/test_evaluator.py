@@ -68,7 +68,9 @@ def test_a_failed_evaluator_is_reported_at_once_in_the_last_line_and_in_status(
         f"tfdeploy: job succeeded: worker:0 and worker:1 exited 0, but the evaluator failed "
         f"(evaluator:0@{h3}: exit code 3); stopping the rest" in out
     )
-    assert out[-1] == (
+    # The outcome is the last line before the next steps (the run id and what to type next).
+    steps = max(i for i, line in enumerate(out) if line.startswith("tfdeploy: next, for run"))
+    assert out[steps - 1] == (
         f"tfdeploy: the job succeeded, but the evaluator failed (evaluator:0@{h3}: exit code 3)"
     )
     assert not any("waiting up to" in line for line in out)  # it had ended long before
