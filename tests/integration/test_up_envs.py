@@ -159,3 +159,50 @@ def test_tensorflow_from_system_site_packages_is_checked_in_the_venv_and_trains(
     out = result.stdout
     assert re.search(r"environment ok: python 3\.\d+\.\d+, tensorflow \d", out), out
     assert len(re.findall(r"trained 2 venv \S+/envs/\S+ 1.0", out)) == 2, out
+
+
+NATIVE = """\
+import sys
+import tinynative, tinypkg
+version = "%d.%d" % sys.version_info[:2]
+print("python", version, "native", tinynative.VALUE, "tinypkg", tinypkg.VALUE)
+"""
+
+
+def test_a_python_3_9_host_among_3_11_hosts_gets_wheels_of_its_own(
+    lab: Lab,
+    lab_inventory: Callable[..., Path],
+    lab_python: Callable[[str], str],
+    tmp_path: Path,
+    index: Path,
+) -> None:
+    """One requirements file, two platforms: each host's environment is resolved for its own
+    Python, so a wheel built per CPython version reaches each host in its own build."""
+    py39 = lab_python("3.9")
+    for tag in ("cp39-cp39", "cp311-cp311"):
+        files = {"tinynative.py": f"VALUE = {tag.split('-')[0]!r}\n".encode()}
+        make_wheel(index, "tinynative", "1.0", files=files, tag=f"{tag}-manylinux_2_17_x86_64")
+    code = _code(tmp_path, "tinypkg==1.0\ntinynative==1.0\n")
+    (code / "native.py").write_text(NATIVE)
+    h1, h2 = lab.hosts[:2]
+    job = {
+        "python": BASE,
+        "requirements": "requirements.txt",
+        "require_tensorflow": False,
+        "command": "python3 native.py",
+    }
+    inventory = lab_inventory(
+        [[{"role": "worker"}], [{"role": "worker"}]],
+        code=code,
+        job=job,
+        per_host={h2.name: {"python": py39}},
+    )
+    out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
+    said = re.findall(r"environment ([0-9a-f]{12}) for (\S+): CPython (3\.\d+),", out)
+    assert sorted((host, version) for _, host, version in said) == [
+        (h1.name, "3.11"),
+        (h2.name, "3.9"),
+    ], out
+    assert len({digest for digest, _, _ in said}) == 2, out  # two environments, two hashes
+    assert re.search(rf"^worker:0@{h1.name}\s+\| python 3.11 native cp311 tinypkg 1.0", out, re.M)
+    assert re.search(rf"^worker:1@{h2.name}\s+\| python 3.9 native cp39 tinypkg 1.0", out, re.M)
