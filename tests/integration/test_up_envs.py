@@ -100,6 +100,22 @@ def test_a_requirement_without_a_wheel_for_the_hosts_platform_starts_nothing(
     assert "pushed" not in said and "starting" not in said, said
 
 
+def test_a_dependency_conflict_is_said_in_pips_words_and_starts_nothing(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    for name, need in (("left", "shared<2"), ("right", "shared>=2")):
+        make_wheel(index, name, "1.0", requires=[need])
+    for version in ("1.0", "2.0"):
+        make_wheel(index, "shared", version)
+    code = _code(tmp_path, "left==1.0\nright==1.0\n")
+    job = {"python": BASE, "requirements": "requirements.txt", "require_tensorflow": False}
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=3)
+    said = result.stdout + result.stderr
+    assert "conflict" in said and "left" in said and "right" in said, said
+    assert "Traceback" not in said and "pushed" not in said and "starting" not in said, said
+
+
 def test_a_venv_python_with_another_python3_on_path_is_refused_or_trains(
     lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
