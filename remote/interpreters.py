@@ -12,7 +12,7 @@ import os
 import re
 import shlex
 import shutil
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 # The first words that name a Python interpreter: python, python3, python3.11 (or a path to one).
 _PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
@@ -108,7 +108,9 @@ def identity(word: str, path: str | None, cwd: str | None = None) -> tuple[str, 
     return real, root if os.path.isfile(os.path.join(root, "pyvenv.cfg")) else ""
 
 
-def answer(python: str, words: Sequence[str], path: str | None, cwd: str | None = None) -> dict:
+def answer(
+    python: str, words: Sequence[str], path: str | None, cwd: str | None = None
+) -> dict[str, Any]:
     """What preflight compares (PROTOCOL.md, `interpreters`): the identity of the interpreter it
     checked (`python`) and of each task's first word, each looked up on the task's `path`."""
 
