@@ -13,13 +13,14 @@ PIP=(-m pip install -q --disable-pip-version-check)
 
 need_apt=()
 for pair in sshd:openssh-server ssh:openssh-client ip:iproute2 rsync:rsync iptables:iptables \
-            nft:nftables pdsh:pdsh podman:podman runc:runc catatonit:catatonit newuidmap:uidmap; do
+            nft:nftables pdsh:pdsh podman:podman runc:runc catatonit:catatonit newuidmap:uidmap \
+            docker-registry:docker-registry; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || need_apt+=("${pair#*:}")
 done
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 # Container tests (docs/containers.md): podman with runc (crun refuses this kernel's hybrid
-# cgroups), catatonit for `--init`, uidmap for rootless podman, and a static busybox that the lab
-# turns into a 2 MB test image.
+# cgroups), catatonit for `--init`, uidmap for rootless podman, docker-registry (the registry the
+# pull test runs on a lab host), and a static busybox that the lab turns into a 2 MB test image.
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$TFDEPLOY_ROOT" = 1 ]; then

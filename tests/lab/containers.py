@@ -9,6 +9,8 @@ kernel and the lab's namespaces need (../shared/CONTAINER_NOTES.md, docs/contain
   runroot in the host's private /root, so a crash and revive is a reboot), the cgroup v1
   hierarchies on a tmpfs at /sys/fs/cgroup (`ip netns exec` remounted /sys without them) and a
   private /run/libpod (podman's tmp_dir, else shared by every host of the machine).
+- a registries.conf per lab: no short-name search; a registry a test runs on the lab is added
+  as insecure (plain HTTP) by `trust_registry`.
 - a tiny test image: a busybox-static root file system, its tarball built once and cached.
 """
 
@@ -38,6 +40,15 @@ RUNROOT = "/root/.lab-containers-run"
 IMAGE_CACHE = Path("/var/tmp/tfdeploy-images")
 BUSYBOX = Path("/bin/busybox")
 TEST_IMAGE = "localhost/tfdeploy-test/busybox:1"
+
+# The lab's registries.conf: no registry to search for short names (none is reachable from
+# here); a test that runs a registry on the lab adds it (`insecure_registry`).
+REGISTRIES_CONF = "unqualified-search-registries = []\n"
+
+
+def insecure_registry(address: str) -> str:
+    """registries.conf's entry letting podman pull from `address` over plain HTTP."""
+    return f'\n[[registry]]\nlocation = "{address}"\ninsecure = true\n'
 
 
 def storage_conf(graphroot: Path) -> str:

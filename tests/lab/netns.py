@@ -221,6 +221,7 @@ class NamespaceLab(Lab):
         known = []
         if self.containers:
             (self.dir / "containers.conf").write_text(lab_containers.CONTAINERS_CONF)
+            (self.dir / "registries.conf").write_text(lab_containers.REGISTRIES_CONF)
         for slot in self._slots.values():
             d = self.dir / slot.host.name
             conf = sshconf.sshd_config(
@@ -372,7 +373,16 @@ class NamespaceLab(Lab):
         return [
             f"CONTAINERS_CONF={self.dir / 'containers.conf'}",
             f"CONTAINERS_STORAGE_CONF={d / 'storage.conf'}",
+            f"CONTAINERS_REGISTRIES_CONF={self.dir / 'registries.conf'}",
         ]
+
+    def trust_registry(self, address: str) -> None:
+        """Every container host may pull from `address` (`ADDR:PORT`, plain HTTP): a registry a
+        test runs on the lab. The lab's registries.conf, not tfdeploy, marks it insecure."""
+        if not self.containers:
+            raise LabError("a registry needs a container lab (start_lab(..., containers=True))")
+        with (self.dir / "registries.conf").open("a") as f:
+            f.write(lab_containers.insecure_registry(address))
 
     def podman(
         self, host: HostRef, args: str, timeout: float = 60

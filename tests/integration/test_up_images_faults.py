@@ -1,0 +1,162 @@
+"""A container job's host loss and a controller killed mid-run (issue 42): the stop paths that no
+`down` reaches still end with no container on any host.
+
+Killing a task's process group ends the runtime's client, not the container its monitor (conmon)
+keeps; so these tests count the containers themselves (`lab.containers_left`, by the run label),
+not processes. A host cut off from the controller hears no whole-run stop: its supervisors see
+the lease lapse and remove the run's containers (remote/supervisor.py); a controller SIGKILLed
+sends nothing either, and the same lease path removes them on every host.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration import test_up_images as images
+from tests.lab import Lab
+from tests.support.faults import Up, final_states
+
+# the image tests' fixtures: this machine's podman, an image built here, the inventory writer
+controller_podman = images.controller_podman
+job_image = images.job_image
+inventory = images.inventory
+
+pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
+
+LEASE = 5
+
+
+def _code(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    return code
+
+
+def _sleepers(image: str) -> dict[str, Any]:
+    return {
+        "image": image,
+        "image_from": "controller",
+        "command": "echo started; sleep 300",
+        "require_tensorflow": False,
+        "stop_grace": 2,
+        "lease_seconds": LEASE,
+    }
+
+
+def _running(lab: Lab, host: Any) -> list[str]:
+    return [c for c in lab.containers_left(host) if c.startswith("container") and " Up " in c]  # type: ignore[attr-defined]
+
+
+def _wait_no_container(lab: Lab, hosts: list[Any], timeout: float) -> float:
+    """Seconds until no host holds a tfdeploy container; fails naming what is left."""
+    began = time.monotonic()
+    while True:
+        left = {h.name: lab.containers_left(h) for h in hosts}  # type: ignore[attr-defined]
+        if not any(left.values()):
+            return time.monotonic() - began
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"containers left after {timeout:g} s: {left}")
+        time.sleep(0.5)
+
+
+def test_a_cut_off_host_removes_its_containers_when_the_lease_lapses(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`up` tears down the surviving hosts (0 containers when it returns); the host it lost
+    keeps running, and its supervisors remove the run's containers once the lease lapses."""
+    lab = controller_podman
+    hosts, victim = lab.hosts[:3], lab.hosts[1]
+    inv = inventory(
+        [[{"role": "worker"}]] * 3, code=_code(tmp_path), job=_sleepers(job_image), hosts=hosts
+    )
+    up = Up(inv, state=tmp_path / "state")
+    try:
+        up.wait_for(r"worker:\d@\S+ \| started", count=3, timeout=120)
+        run_id = up.run_id()
+        assert all(_running(lab, h) for h in hosts), [lab.containers_left(h) for h in hosts]  # type: ignore[attr-defined]
+        lab.cut_link(victim)
+        try:
+            up.wait_for(rf"^tfdeploy: host {victim.name} lost after", timeout=30)
+            assert up.finish(timeout=120) == 1, up.report()
+            survivors = [h for h in hosts if h != victim]
+            for h in survivors:  # torn down before `up` returned
+                assert lab.containers_left(h) == [], (h.name, up.report())  # type: ignore[attr-defined]
+            # still cut off: only the host's own supervisors can end its container
+            took = _wait_no_container(lab, [victim], LEASE + 2 + 2 + 20)
+        finally:
+            lab.restore_link(victim)
+    finally:
+        if up.proc.poll() is None:
+            up.proc.kill()
+            up.finish()
+    print(f"cut-link: the lost host's container removed {took:.1f} s after `up` ended")
+    states = final_states(inv, run_id, tmp_path)
+    assert states[f"worker:1@{victim.name}"]["reason"] == "lease expired", states
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a crashed host's store keeps the run's container record (Created, no process): its "
+    "supervisors died with it, so no lease path runs to remove it",
+)
+def test_a_crashed_host_holds_no_container_of_the_run_once_revived(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lab = controller_podman
+    hosts, victim = lab.hosts[:3], lab.hosts[1]
+    inv = inventory(
+        [[{"role": "worker"}]] * 3, code=_code(tmp_path), job=_sleepers(job_image), hosts=hosts
+    )
+    up = Up(inv, state=tmp_path / "state")
+    try:
+        up.wait_for(r"worker:\d@\S+ \| started", count=3, timeout=120)
+        lab.crash_host(victim)
+        try:
+            up.wait_for(rf"^tfdeploy: host {victim.name} lost after", timeout=30)
+            assert up.finish(timeout=120) == 1, up.report()
+            for h in hosts:
+                if h != victim:
+                    assert lab.containers_left(h) == [], (h.name, up.report())  # type: ignore[attr-defined]
+        finally:
+            lab.revive_host(victim)
+    finally:
+        if up.proc.poll() is None:
+            up.proc.kill()
+            up.finish()
+    time.sleep(LEASE + 2)  # a lease's worth: nothing on the revived host acts on it
+    left = lab.containers_left(victim)  # type: ignore[attr-defined]
+    lab.podman(victim, "rm -af")  # type: ignore[attr-defined]  # (the lab's own cleanup)
+    assert left == [], left
+
+
+def test_a_killed_up_leaves_no_container_once_the_lease_lapses(
+    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A foreground `up` SIGKILLed: no stop is ever sent; every host's supervisors see the
+    lease lapse and remove the run's containers."""
+    lab = controller_podman
+    hosts = lab.hosts[:2]
+    inv = inventory(
+        [[{"role": "chief"}], [{"role": "worker"}]],
+        code=_code(tmp_path),
+        job=_sleepers(job_image),
+        hosts=hosts,
+    )
+    up = Up(inv, state=tmp_path / "state")
+    try:
+        up.wait_for(r":0@\S+ \| started", count=2, timeout=120)
+        run_id = up.run_id()
+    finally:
+        up.proc.kill()
+        up.finish()
+    time.sleep(1)
+    assert all(_running(lab, h) for h in hosts), "the containers died with the controller"
+    took = _wait_no_container(lab, hosts, LEASE + 2 + 2 + 20)
+    print(f"lease: every container removed {took + 1:.1f} s after `up` was killed")
+    states = final_states(inv, run_id, tmp_path, hosts=2)
+    assert {t["reason"] for t in states.values()} == {"lease expired"}, states
