@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import shlex
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +30,19 @@ REMOTE = Path(containers.__file__).resolve().parent
 IMAGE = lab_containers.TEST_IMAGE
 
 
+def _remote_on_hosts(lab: Lab) -> Path:
+    """remote/ copied into the lab's folder, which every host sees: the checkout may lie where
+    hosts cannot look (a clone under /tmp, which each lab host has of its own)."""
+    dest = lab.dir / "remote"
+    if not dest.is_dir():
+        shutil.copytree(REMOTE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
 def call(lab: Lab, host: Any, expr: str, timeout: float = 60) -> Any:
     """`expr` evaluated by remote/containers.py inside the host (its own store); JSON back."""
     code = (
-        f"import sys, json; sys.path.insert(0, {str(REMOTE)!r}); import containers\n"
+        f"import sys, json; sys.path.insert(0, {str(_remote_on_hosts(lab))!r}); import containers\n"
         f"print(json.dumps({expr}))"
     )
     env = " ".join(shlex.quote(a) for a in lab._container_env(lab.host(host).name))  # type: ignore[attr-defined]
