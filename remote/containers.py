@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import subprocess
-from typing import Sequence
+from typing import Mapping, Sequence
 
 RUNTIMES = ("podman", "docker")  # the order a host's runtime is picked in
 LABEL_RUN = "tfdeploy.run"
@@ -131,6 +131,14 @@ def task_env(env: dict[str, str], gpus: Sequence[int] | None) -> dict[str, str]:
     return out
 
 
+def client_env(
+    base: Mapping[str, str], env: Mapping[str, str], gpus: Sequence[int] = ()
+) -> dict[str, str]:
+    """The environment the runtime's client runs with: `base` (the host's, for the runtime
+    itself) and the task's variables, which `run_argv` passes into the container by name."""
+    return {**base, **task_env(dict(env), gpus)}
+
+
 def run_argv(
     runtime: str,
     *,
@@ -146,7 +154,8 @@ def run_argv(
     rootless: bool = False,
     gpus: Sequence[int] = (),
 ) -> list[str]:
-    """`RUNTIME run ...` for one task: run it in the foreground, its output on our stdout.
+    """`RUNTIME run ...` for one task: run it in the foreground, its output on our stdout. The
+    client must run with `client_env(...)` of the same `env` and `gpus`.
 
     `mounts` are host paths (the run's code directory, the workdir) mounted at the same paths,
     so every path in the task's spec and environment holds inside as outside. Files written
@@ -166,8 +175,11 @@ def run_argv(
         # "PATH:ro" mounts read-only (a host's toolchain or data set the task must not change).
         bare, read_only = (path[:-3], True) if path.endswith(":ro") else (path, False)
         argv += ["--volume", f"{bare}:{bare}" + (":ro" if read_only else "")]
-    for key, value in sorted(task_env(env, gpus).items()):
-        argv += ["--env", f"{key}={value}"]
+    # Names only: the runtime takes each value from its own environment (client_env), so no
+    # value (TF_CONFIG, a secret_env token) stands in the client's command line, which every
+    # user of the host can read in /proc.
+    for key in sorted(task_env(env, gpus)):
+        argv += ["--env", key]
     argv += gpu_flags(runtime, gpus)
     argv += [image, "/bin/sh", "-c", command]
     return argv

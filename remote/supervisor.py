@@ -91,7 +91,7 @@ class _Supervisor:
                 os.sched_setaffinity(0, self.spec["cpus"])
             cwd = layout.task_cwd(self.run_dir, self.spec.get("cwd"))
             if self.container is not None:
-                argv = self._container_argv(cwd)
+                argv, env = self._container_argv(cwd)
                 self._remove_container()  # an earlier attempt's, should its removal be late
             else:
                 argv = ["/bin/sh", "-c", _command(self.spec["command"], env.get("PATH"))]
@@ -123,10 +123,11 @@ class _Supervisor:
         layout.write_json(self.task_dir / "pid.json", pids)
         return proc
 
-    def _container_argv(self, cwd: Path) -> list[str]:
+    def _container_argv(self, cwd: Path) -> tuple[list[str], dict[str, str]]:
         """`RUNTIME run ...` in place of the task's shell (containers.run_argv): the task's own
         environment only (the host's PATH and HOME mean nothing in the image), the workdir
-        (the run's code and task directories) and the job's mounts at their own paths."""
+        (the run's code and task directories) and the job's mounts at their own paths. With the
+        environment its client runs with: the values travel there, never on its command line."""
         box = self.container
         assert box is not None
         workdir = self.run_dir.parents[3]  # WORKDIR/hosts/<id>/runs/<run>
@@ -134,7 +135,8 @@ class _Supervisor:
         if not str(cwd).startswith(str(workdir) + os.sep):
             mounts.append(str(cwd))  # an absolute cwd of the task's own
         env = {**self.spec.get("env", {}), protocol.HOST_ID_ENV: hostid.identity()}
-        return containers.run_argv(
+        gpus = box.get("gpus", [])
+        argv = containers.run_argv(
             box["runtime"],
             image=box["image"],
             run_id=self.run_dir.name,
@@ -146,8 +148,9 @@ class _Supervisor:
             uid=os.getuid(),
             gid=os.getgid(),
             rootless=bool(box.get("rootless")),
-            gpus=box.get("gpus", []),
+            gpus=gpus,
         )
+        return argv, containers.client_env(os.environ, env, gpus)
 
     def _remove_container(self) -> None:
         """The task's container goes once its exit is recorded; after a SIGKILL of the client

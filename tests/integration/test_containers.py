@@ -58,7 +58,20 @@ def login(lab: Lab) -> tuple[int, int, str]:
     return p.pw_uid, p.pw_gid, p.pw_dir
 
 
-def argv(lab: Lab, run_id: str, task: str, command: str, **kw: Any) -> list[str]:
+class RunArgv(list[str]):
+    """run_argv's words, with the values its `--env NAME`s take from the client's environment
+    (containers.client_env): the supervisor starts the client so, and so does podman_cmd."""
+
+    env: dict[str, str]
+
+    def detached(self) -> RunArgv:
+        """The same run with `-d` after `podman run`."""
+        words = RunArgv([*self[:2], "-d", *self[2:]])
+        words.env = self.env
+        return words
+
+
+def argv(lab: Lab, run_id: str, task: str, command: str, **kw: Any) -> RunArgv:
     uid, gid, home = login(lab)
     work = kw.pop("workdir", f"{home}/.tfdeploy")
     args = dict(
@@ -72,11 +85,15 @@ def argv(lab: Lab, run_id: str, task: str, command: str, **kw: Any) -> list[str]
         uid=uid,
         gid=gid,
     )
-    return containers.run_argv("podman", **{**args, **kw})
+    words = RunArgv(containers.run_argv("podman", **{**args, **kw}))
+    words.env = containers.client_env({}, args["env"], kw.get("gpus", ()))  # type: ignore[arg-type]
+    return words
 
 
-def podman_cmd(lab: Lab, host: Any, run_argv: list[str]) -> str:
-    env = " ".join(shlex.quote(a) for a in lab._container_env(lab.host(host).name))  # type: ignore[attr-defined]
+def podman_cmd(lab: Lab, host: Any, run_argv: RunArgv) -> str:
+    lab_env = lab._container_env(lab.host(host).name)  # type: ignore[attr-defined]
+    values = [f"{k}={v}" for k, v in run_argv.env.items()]
+    env = " ".join(shlex.quote(a) for a in [*lab_env, *values])
     return f"env {env} {shlex.join(run_argv)}"
 
 
@@ -171,7 +188,7 @@ def test_stop_is_grace_then_kill_and_removes_the_container(
     polite = argv(lab, "rStop", "polite", "trap 'exit 0' TERM; while :; do sleep 0.1; done")
     stubborn = argv(lab, "rStop", "stubborn", "trap '' TERM; while :; do sleep 0.1; done")
     for run in (polite, stubborn):
-        lab.run(host, f"{podman_cmd(lab, host, [*run[:2], '-d', *run[2:]])} >/dev/null")
+        lab.run(host, f"{podman_cmd(lab, host, run.detached())} >/dev/null")
     names = [containers.container_name("rStop", t) for t in ("polite", "stubborn")]
     took = []
     for name in names:

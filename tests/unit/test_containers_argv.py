@@ -35,7 +35,7 @@ def test_podman_run_argv_names_labels_host_network_mounts_env_and_user() -> None
     assert _pairs(argv, "--workdir") == [RUN["cwd"]]
     assert _pairs(argv, "--user") == ["1001:1002"]
     assert _pairs(argv, "--volume") == [f"{m}:{m}" for m in RUN["mounts"]]
-    assert sorted(_pairs(argv, "--env")) == sorted(f"{k}={v}" for k, v in RUN["env"].items())
+    assert sorted(_pairs(argv, "--env")) == sorted(RUN["env"])  # names; values: client_env
     assert argv[-4:] == ["localhost/job:1", "/bin/sh", "-c", RUN["command"]]
     assert "--device" not in argv and "--gpus" not in argv
 
@@ -53,7 +53,20 @@ def test_podman_gpus_through_cdi_one_device_each_and_renumbered_inside() -> None
     argv = containers.run_argv("podman", **{**RUN, "env": env}, gpus=[2, 5])
     assert _pairs(argv, "--device") == ["nvidia.com/gpu=2", "nvidia.com/gpu=5"]
     # The container has only GPUs 2 and 5, numbered 0 and 1 inside.
-    assert "CUDA_VISIBLE_DEVICES=0,1" in _pairs(argv, "--env")
+    assert "CUDA_VISIBLE_DEVICES" in _pairs(argv, "--env")
+    assert containers.client_env({}, env, [2, 5])["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_no_value_of_the_tasks_environment_stands_in_the_command_line() -> None:
+    """Every user of a host reads a process's command line in /proc: a secret_env token or
+    TF_CONFIG passed as `--env K=V` would be theirs. The client's environment carries them."""
+    env = {**RUN["env"], "API_TOKEN": "tok-SECRET-value"}
+    for runtime in ("podman", "docker"):
+        argv = containers.run_argv(runtime, **{**RUN, "env": env}, gpus=[0])
+        assert not [a for a in argv if "tok-SECRET-value" in a or "TF_CONFIG=" in a], argv
+        client = containers.client_env({"PATH": "/usr/bin"}, env, [0])
+        assert client["API_TOKEN"] == "tok-SECRET-value" and client["PATH"] == "/usr/bin"
+        assert client["TF_CONFIG"] == env["TF_CONFIG"]
 
 
 def test_docker_gpus_flag_names_the_device_indices() -> None:
