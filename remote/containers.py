@@ -219,6 +219,16 @@ def run_containers(runtime: str, run_id: str) -> list[str]:
     return out.split()
 
 
+def labelled_runs(runtime: str) -> list[str]:
+    """The run id of every container of a tfdeploy run on this host, running or not."""
+    found = _checked([runtime, "ps", "-a", "-q", "--filter", f"label={LABEL_RUN}"]).split()
+    if not found:
+        return []
+    template = "{{index .Config.Labels " + json.dumps(LABEL_RUN) + "}}"
+    out = _checked([runtime, "inspect", "--format", template, *found])
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
 def remove_run(runtime: str, run_id: str) -> list[str]:
     """Force-remove every container of the run: the last step of every stop path (`down`, a
     lease that expired, a supervisor that died), since killing a task's process group ends only

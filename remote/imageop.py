@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 import containers
 import layout
 import params
+import procs
 import protocol
 
 # Where the runtimes find CDI specs (podman's `--device nvidia.com/gpu=I` needs one).
@@ -37,6 +39,7 @@ def op_image(req: dict[str, Any]) -> protocol.ImageReply:
     runtime, info = _runtime(params.param(req, "runtime", str, None))
     pulled = False
     if action == protocol.IMAGE_CHECK:
+        _remove_orphans(runtime, layout.runs_dir(layout.workdir_path(req)))
         if params.param(req, "gpus", bool, False):
             problem = gpu_runtime_problem(runtime)
             if problem:
@@ -70,6 +73,31 @@ def op_image(req: dict[str, Any]) -> protocol.ImageReply:
         "pulled": pulled,
         "image_platform": have,
     }
+
+
+def _remove_orphans(runtime: str, runs: Path) -> None:
+    """Containers of runs with no live task on this host go before a new run is checked: a host
+    that crashed lost its supervisors (which remove their containers) but not its image store,
+    so the record of a container outlives them. A run with a task still live here (starting,
+    running) is left alone, whichever job it belongs to."""
+    ended = (protocol.STATE_EXITED, protocol.STATE_LOST)
+    try:
+        run_ids = containers.labelled_runs(runtime)
+    except containers.ContainerError:
+        return  # the check below says what is wrong with the runtime
+    for run_id in run_ids:
+        try:
+            params.check_name(run_id, "run id")
+        except params.AgentError:
+            continue  # a label tfdeploy did not write
+        run_dir = runs / run_id
+        if run_dir.is_dir() and any(
+            t.get("state") not in ended for t in procs.run_statuses(run_dir)
+        ):
+            continue
+        # What survives `rm -f` is the runtime's to explain; the new run goes on.
+        with contextlib.suppress(containers.ContainerError):
+            containers.remove_run(runtime, run_id)
 
 
 def _image_name(image: str) -> str:

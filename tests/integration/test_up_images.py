@@ -12,6 +12,8 @@ training runs inside the container, with the container's TF_CONFIG, on hosts who
 stores never held the image.
 """
 
+# ruff: noqa: F811  # the shared fixtures (tests/support/image_jobs.py) are parameters here
+
 from __future__ import annotations
 
 import json
@@ -23,17 +25,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.lab import Lab
-from tests.lab import containers as lab_containers
 from tests.support.gpus import FAKE, STATE_NAME, state
+from tests.support.image_jobs import (  # noqa: F401 (fixtures)
+    controller_podman,
+    inventory,
+    job_image,
+    podman_here,
+)
 from tests.support.lab_cli import tfdeploy
-from tests.support.lab_inventories import inventory_writer
 
 pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
 
@@ -42,45 +48,6 @@ import json, os
 tf = json.loads(os.environ["TF_CONFIG"])
 print("task", tf["task"]["type"], tf["task"]["index"], "cluster", json.dumps(tf["cluster"]))
 """
-
-
-@pytest.fixture
-def controller_podman(clean_container_lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Lab:
-    """This machine's podman (the controller's, which saves the image) with the lab's
-    containers.conf: runc and no default ulimits, as this kernel needs (CONTAINER_NOTES.md)."""
-    monkeypatch.setenv("CONTAINERS_CONF", str(clean_container_lab.dir / "containers.conf"))  # type: ignore[attr-defined]
-    return clean_container_lab
-
-
-def _podman_here(*args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        ["podman", *args], input=stdin, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-@pytest.fixture
-def job_image(controller_podman: Lab, tmp_path: Path) -> Iterator[str]:
-    """An image built here with `podman build` (the busybox test image plus a marker file),
-    under a name of this test's own; removed from this machine afterwards."""
-    base = f"localhost/tfdeploy-i42/base:{secrets.token_hex(4)}"
-    name = f"localhost/tfdeploy-i42/job:{secrets.token_hex(4)}"
-    _podman_here("import", "-q", str(lab_containers.test_image_tar()), base)
-    ctx = tmp_path / "image"
-    ctx.mkdir()
-    (ctx / "marker").write_text("built-here\n")
-    (ctx / "Containerfile").write_text(f"FROM {base}\nCOPY marker /marker\n")
-    _podman_here("build", "-q", "-t", name, str(ctx))
-    try:
-        yield name
-    finally:
-        subprocess.run(["podman", "rmi", "-f", name, base], capture_output=True, timeout=120)
-
-
-@pytest.fixture
-def inventory(controller_podman: Lab, tmp_path: Path) -> Callable[..., Path]:
-    return inventory_writer(controller_podman, tmp_path, controller_podman.user)
 
 
 def _has_image(lab: Lab, host: Any, image: str) -> bool:
@@ -99,7 +66,10 @@ def _said(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_an_image_built_here_is_sent_and_runs_every_task_with_its_tf_config(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     lab = controller_podman
     code = _code(tmp_path, "")
@@ -158,7 +128,10 @@ def _wait_for_containers(lab: Lab, hosts: list[Any], timeout: float = 60) -> Non
 
 
 def test_ctrl_c_leaves_no_container_on_any_host(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     lab = controller_podman
     hosts = lab.hosts[:2]
@@ -188,7 +161,10 @@ def test_ctrl_c_leaves_no_container_on_any_host(
 
 
 def test_a_task_failure_ends_with_no_container_and_the_tasks_exit_code(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     lab = controller_podman
     hosts = lab.hosts[:2]
@@ -211,7 +187,10 @@ def test_a_task_failure_ends_with_no_container_and_the_tasks_exit_code(
 
 
 def test_restart_job_ends_with_no_container_left(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     """Every attempt's containers go before the next starts (same names: tfdeploy-RUN-TASK)."""
     lab = controller_podman
@@ -250,7 +229,10 @@ def _nothing_started(said: str) -> None:
 
 
 def test_a_host_without_the_runtime_fails_preflight_by_name(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     lab = controller_podman
     hosts = lab.hosts[:2]
@@ -277,7 +259,9 @@ def test_a_host_without_the_runtime_fails_preflight_by_name(
 
 
 def test_an_image_missing_everywhere_fails_preflight_on_every_host(
-    controller_podman: Lab, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     lab = controller_podman
     hosts = lab.hosts[:2]
@@ -305,7 +289,10 @@ def test_an_image_missing_everywhere_fails_preflight_on_every_host(
 
 
 def test_a_gpu_task_without_the_gpu_runtime_fails_preflight_by_name(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     """h1 has a GPU (the nvidia-smi stand-in, tests/support/gpus.py) and no CDI spec."""
     lab = controller_podman
@@ -359,7 +346,10 @@ print("marker", open("/marker").read().strip(), "task", tf_config["task"]["type"
 
 
 def test_mwms_trains_in_containers_on_hosts_that_never_saw_the_image(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     """Two workers, MultiWorkerMirroredStrategy over the hosts' network, each in its own
     container of an image sent from here; TensorFlow from the lab's venv mounted read-only."""

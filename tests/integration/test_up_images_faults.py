@@ -8,6 +8,8 @@ the lease lapse and remove the run's containers (remote/supervisor.py); a contro
 sends nothing either, and the same lease path removes them on every host.
 """
 
+# ruff: noqa: F811  # the shared fixtures (tests/support/image_jobs.py) are parameters here
+
 from __future__ import annotations
 
 import time
@@ -17,14 +19,17 @@ from typing import Any
 
 import pytest
 
-from tests.integration import test_up_images as images
 from tests.lab import Lab
 from tests.support.faults import Up, final_states
+from tests.support.image_jobs import (  # noqa: F401 (fixtures)
+    controller_podman,
+    inventory,
+    job_image,
+    podman_here,
+)
+from tests.support.lab_cli import tfdeploy
 
 # the image tests' fixtures: this machine's podman, an image built here, the inventory writer
-controller_podman = images.controller_podman
-job_image = images.job_image
-inventory = images.inventory
 
 pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
 
@@ -65,7 +70,10 @@ def _wait_no_container(lab: Lab, hosts: list[Any], timeout: float) -> float:
 
 
 def test_a_cut_off_host_removes_its_containers_when_the_lease_lapses(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     """`up` tears down the surviving hosts (0 containers when it returns); the host it lost
     keeps running, and its supervisors remove the run's containers once the lease lapses."""
@@ -99,13 +107,11 @@ def test_a_cut_off_host_removes_its_containers_when_the_lease_lapses(
     assert states[f"worker:1@{victim.name}"]["reason"] == "lease expired", states
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a crashed host's store keeps the run's container record (Created, no process): its "
-    "supervisors died with it, so no lease path runs to remove it",
-)
-def test_a_crashed_host_holds_no_container_of_the_run_once_revived(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+def test_a_crashed_hosts_container_is_removed_by_the_next_preflight(
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     lab = controller_podman
     hosts, victim = lab.hosts[:3], lab.hosts[1]
@@ -128,14 +134,22 @@ def test_a_crashed_host_holds_no_container_of_the_run_once_revived(
         if up.proc.poll() is None:
             up.proc.kill()
             up.finish()
-    time.sleep(LEASE + 2)  # a lease's worth: nothing on the revived host acts on it
-    left = lab.containers_left(victim)  # type: ignore[attr-defined]
-    lab.podman(victim, "rm -af")  # type: ignore[attr-defined]  # (the lab's own cleanup)
-    assert left == [], left
+    # Its supervisors died with it; its image store did not: the container's record is still
+    # there (no process, no port). The next preflight that reaches the host removes it.
+    before = lab.containers_left(victim)  # type: ignore[attr-defined]
+    try:
+        check = tfdeploy("check", str(inv), state=tmp_path / "state")
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert lab.containers_left(victim) == [], (before, check.stdout)  # type: ignore[attr-defined]
+    finally:
+        lab.podman(victim, "rm -af")  # type: ignore[attr-defined]  # (the lab's own cleanup)
 
 
 def test_a_killed_up_leaves_no_container_once_the_lease_lapses(
-    controller_podman: Lab, job_image: str, inventory: Callable[..., Path], tmp_path: Path
+    controller_podman: Lab,
+    job_image: str,
+    inventory: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     """A foreground `up` SIGKILLed: no stop is ever sent; every host's supervisors see the
     lease lapse and remove the run's containers."""

@@ -8,6 +8,8 @@ through sshd's `SetEnv CONTAINERS_REGISTRIES_CONF`): a host's own configuration,
 fleet; tfdeploy passes no TLS flag of its own.
 """
 
+# ruff: noqa: F811  # the shared fixtures (tests/support/image_jobs.py) are parameters here
+
 from __future__ import annotations
 
 import re
@@ -22,16 +24,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import test_up_images as images
 from tests.lab import Lab, LabHost
+from tests.support.image_jobs import (  # noqa: F401 (fixtures)
+    controller_podman,
+    inventory,
+    job_image,
+    podman_here,
+)
 from tests.support.lab_cli import tfdeploy
 
 pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
 
 # the image tests' fixtures: this machine's podman, an image built here, the inventory writer
-controller_podman = images.controller_podman
-job_image = images.job_image
-inventory = images.inventory
 
 PORT = 5000
 REGISTRY_CONF = """\
@@ -113,11 +117,11 @@ def test_every_host_pulls_the_image_once_from_a_registry_before_anything_starts(
     lab = controller_podman
     hosts = lab.hosts[:2]
     image = f"{registry.address}/test:1"
-    images._podman_here("tag", job_image, image)
+    podman_here("tag", job_image, image)
     try:
-        images._podman_here("push", "-q", "--tls-verify=false", image)
+        podman_here("push", "-q", "--tls-verify=false", image)
     finally:
-        images._podman_here("rmi", image)  # this machine keeps job_image only
+        podman_here("rmi", image)  # this machine keeps job_image only
     assert not any(_holds(lab, h, image) for h in hosts)
     code = tmp_path / "code"
     code.mkdir()
