@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -69,7 +70,7 @@ def test_a_1_gb_file_pushes_and_pulls_with_bounded_memory(tmp_path: Path) -> Non
     try:
         code_up, peak_up, out = _peak_mb([*cli, "up", "--detach", str(inventory)], env)
         assert code_up == 0, out
-        run_id = out.split("tfdeploy down ")[1].split("`")[0]
+        run_id = re.search(r"run (\S+) is running detached", out)[1]
         stored = list((tmp_path / "wd").glob("store/[0-9a-f]*"))
         assert [p.stat().st_size for p in stored] == [SIZE]  # arrived whole, hash checked
         home = tmp_path / "home"
