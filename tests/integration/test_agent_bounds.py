@@ -65,6 +65,10 @@ def test_a_stop_over_ssh_ends_a_setsid_sidecar_on_a_lab_host(lab: Any, run_id: s
         pid_file = f"{agent.home}/hosts/*/runs/{run_id}/code/escaped.pid"
         read = ["sh", "-c", f"cat {pid_file}"]
         stray = int(wait_for(lambda: lab.run(host, read).stdout.strip(), timeout=10))
+        # `$!` is known once the shell forked, before setsid left the group and exec'd sleep: a
+        # stop in between would end it with the group, as no escape at all.
+        cmdline = ["sh", "-c", f"tr '\\0' ' ' < /proc/{stray}/cmdline"]
+        wait_for(lambda: lab.run(host, cmdline).stdout.strip() == "sleep 600", timeout=10)
         report = agent.stop(run_id, grace=1)
         assert [(e.pid, e.cmd) for e in report.escaped] == [(stray, "sleep 600")]
         # Gone, or a zombie its reaper has not collected yet: on loopback that is this machine's
