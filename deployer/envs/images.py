@@ -12,13 +12,13 @@ docker is not handled here: `docker save` writes a tar archive, not a directory 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployer.core.digest import sha256_file
 from deployer.core.errors import LocalError
 
 SAVE_TIMEOUT = 1800.0
@@ -103,21 +103,13 @@ def layout_blobs(path: Path) -> tuple[Blob, ...]:
         raise LocalError(f"{path} is not an OCI image layout 1.0.0: {layout}")
     blobs = []
     for f in sorted((path / "blobs" / "sha256").iterdir()):
-        digest = _sha256(f)
+        digest = sha256_file(f)
         if digest != f.name:
             raise LocalError(
                 f"blob {f} holds sha256:{digest}, not what its name says: delete {path}"
             )
         blobs.append(Blob(f"sha256:{digest}", f.stat().st_size))
     return tuple(blobs)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def new_bytes(old: OciLayout | None, new: OciLayout) -> int:

@@ -16,11 +16,12 @@ size checked: a wheel deleted or truncated by hand makes the entry stale, not wr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from deployer.core.digest import sha256_file
 
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -87,18 +88,11 @@ def _parts(filename: str) -> dict[str, str]:
     return match.groupdict()
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write(path: Path, key: str, platform: str, requirements: str) -> Wheelhouse:
     """The manifest and pinned list of the wheels now in `path/wheels` (an entry being built)."""
     wheels = tuple(
-        Wheel(w.name, sha256_of(w), w.stat().st_size) for w in sorted((path / WHEELS).glob("*.whl"))
+        Wheel(w.name, sha256_file(w), w.stat().st_size)
+        for w in sorted((path / WHEELS).glob("*.whl"))
     )
     pins = "".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels)
     (path / PINNED).write_text(pins)

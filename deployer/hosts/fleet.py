@@ -7,8 +7,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from deployer.config.model import Host
 from deployer.core.errors import HostError, HostsFailed
@@ -117,9 +119,9 @@ class Fleet:
             with self._busy_lock:
                 self._busy[member.name] = self._busy.get(member.name, 0) + 1
             try:
-                pending.settle(True, fn(member))
+                pending.set_result(fn(member))
             except BaseException as exc:  # handed to the collecting thread
-                pending.settle(False, exc)
+                pending.set_exception(exc)
             finally:
                 with self._busy_lock:
                     self._busy[member.name] -= 1
@@ -220,34 +222,21 @@ def _close_quietly(member: Member) -> None:
         member.agent.close_session()
 
 
-class Pending(Generic[T]):
-    """The outcome of one call started by Fleet.submit."""
+class Pending(Future[T]):
+    """The outcome of one call started by Fleet.submit: a Future that knows its host, and whose
+    result turns a socket error the transport did not classify into a HostError naming it."""
 
     def __init__(self, host: str) -> None:
+        super().__init__()
         self.host = host
-        self._event = threading.Event()
-        self._ok = False
-        self._value: object = None
-
-    def settle(self, ok: bool, value: object) -> None:
-        self._ok, self._value = ok, value
-        self._event.set()
-
-    def done(self) -> bool:
-        return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        """Whether the call finished within timeout (None: waits for it)."""
+        done, _ = futures_wait([self], timeout)
+        return bool(done)
 
-    def result(self) -> T:
-        """The value, or the call's error: HostError as is, an unclassified OSError as one."""
-        if not self._event.is_set():
-            raise RuntimeError(f"the call to {self.host} has not finished")
-        if self._ok:
-            return self._value  # type: ignore[return-value]
-        if isinstance(self._value, HostError):
-            raise self._value
-        if isinstance(self._value, OSError):  # a socket error the transport did not classify
-            raise HostError(self.host, f"connection failed: {self._value}") from self._value
-        assert isinstance(self._value, BaseException)
-        raise self._value
+    def result(self, timeout: float | None = None) -> T:
+        try:
+            return super().result(timeout)
+        except OSError as exc:  # HostError is no OSError: it passes as it is
+            raise HostError(self.host, f"connection failed: {exc}") from exc

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from deployer.config.model import Job
+from deployer.core.digest import sha256_file
 from deployer.core.errors import (
     HostError,
     HostsFailed,
@@ -368,7 +369,7 @@ def _inside_run(dest: Path, root: Path) -> None:
 
 
 def _has(dest: Path, sha256: str | None) -> bool:
-    return sha256 is not None and dest.is_file() and _sha256(dest) == sha256
+    return sha256 is not None and dest.is_file() and sha256_file(dest) == sha256
 
 
 def _replicas(listed: dict[str, dict[str, Collected]]) -> bool:
@@ -461,7 +462,7 @@ class _Replicas:
             source = sources[self.key(item[2], item[3])]
             dest = source[3]
             if dest not in contents:  # not in `landed`: another pull here brought it meanwhile
-                sha256 = landed.get(dest) or (_sha256(dest) if dest.is_file() else "")
+                sha256 = landed.get(dest) or (sha256_file(dest) if dest.is_file() else "")
                 contents[dest] = (source[2].size, sha256)
             if (
                 item is source
@@ -822,11 +823,3 @@ def _hasher(f: BinaryIO, size: int) -> Any:
         hasher.update(chunk)
         left -= len(chunk)
     return hasher
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
