@@ -377,9 +377,9 @@ def handle(raw: bytes) -> dict[str, Any]:
     try:
         result = op(req)
     except params.StreamError as exc:
-        return {**_error(str(exc)), END_SESSION: True}
+        return {**_error(str(exc), exc.code, exc.subject), END_SESSION: True}
     except params.AgentError as exc:
-        return _error(str(exc))
+        return _error(str(exc), exc.code, exc.subject)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         return _error(f"op {req['op']} failed on this host: {exc.strerror or exc}{where}")
@@ -390,8 +390,14 @@ END_SESSION = "_end_session"  # never sent: a reply after which `serve` stops re
 THEN = "_then"  # never sent: what a session does once the reply is out (a one-shot call: nothing)
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"v": protocol.PROTOCOL_VERSION, "ok": False, "error": message}
+def _error(
+    message: str, code: str = protocol.FAIL_REFUSED, subject: str | None = None
+) -> dict[str, Any]:
+    reply: dict[str, Any] = {"v": protocol.PROTOCOL_VERSION, "ok": False, "error": message}
+    reply["code"] = code
+    if subject is not None:
+        reply["subject"] = subject
+    return reply
 
 
 F_SETPIPE_SZ = 1031  # Linux's fcntl; the module names it only from Python 3.10

@@ -61,7 +61,8 @@ def run_path(req: dict[str, Any], *, must_exist: bool = True) -> Path:
     path = runs_dir(workdir) / run_id
     if must_exist and not (path / "run.json").is_file():
         raise params.AgentError(
-            f"there is no run {run_id!r} of this host in {workdir}: materialize it first"
+            f"there is no run {run_id!r} of this host in {workdir}: materialize it first",
+            protocol.FAIL_NO_RUN,
         )
     return path
 

@@ -6,6 +6,8 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
+import protocol
+
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _TASK_RE = re.compile(r"[A-Za-z0-9._-]+(:[0-9]+)?")
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
@@ -13,7 +15,15 @@ _MISSING: Any = object()
 
 
 class AgentError(Exception):
-    """A request the agent cannot honour; the message becomes the reply's error sentence."""
+    """A request the agent cannot honour; the message becomes the reply's error sentence, and
+    `code` (protocol.FAIL_*) what the control side matches."""
+
+    def __init__(
+        self, message: str, code: str = protocol.FAIL_REFUSED, subject: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.subject = subject
 
 
 class StreamError(AgentError):

@@ -111,6 +111,14 @@ EXIT_REASONS: Final = (
     REASON_PREEMPTED,
 )
 
+# What a failure reply (ok: false) is about: its "code", beside the "error" sentence a person
+# reads. The control side matches the code, never the sentence, so the words stay free to improve.
+FAIL_REFUSED: Final = "refused"  # every failure without a code of its own below
+FAIL_RUN_STOPPED: Final = "run stopped"  # `down` stopped the run: nothing of it starts again
+FAIL_NO_RUN: Final = "no run"  # this host holds no such run
+FAIL_DAMAGED: Final = "damaged"  # a content arrived damaged or short: "subject" is its sha256
+FAIL_CODES: Final = (FAIL_REFUSED, FAIL_RUN_STOPPED, FAIL_NO_RUN, FAIL_DAMAGED)
+
 # `agent.py serve` ends a session after this long without a request, with this exit status
 # (EX_TEMPFAIL): "left while idle; the request sent as it left was never read, send it again".
 # The bootstrap's answer when this agent version is not installed on the host: the control side
@@ -183,6 +191,17 @@ def agent_id(files: Iterable[tuple[str, bytes]]) -> str:
 # error naming the op and the field) and builds its requests as them, so mypy catches a key typo.
 # Python 3.8 has no NotRequired: a shape with optional keys is a required base and a
 # `total=False` subclass. Annotations stay strings on the host (never evaluated there).
+
+
+class FailureBody(TypedDict):
+    """Every failure reply of every op (ok: false)."""
+
+    error: str  # the host's words for a person: cleaned before they reach a terminal
+    code: str  # one of FAIL_CODES
+
+
+class FailureReply(FailureBody, total=False):
+    subject: str  # with FAIL_DAMAGED: the sha256 of the content that arrived damaged
 
 
 class Envelope(TypedDict):

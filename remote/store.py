@@ -160,7 +160,11 @@ def _copy_through(
             left -= len(chunk)
         damaged = left or hasher.hexdigest() != digest
     if damaged:
-        raise params.AgentError(f"the content of {digest[:12]} arrived damaged or short")
+        raise params.AgentError(
+            f"the content of {digest[:12]} arrived damaged or short",
+            protocol.FAIL_DAMAGED,
+            subject=digest,
+        )
 
 
 def _write_all(out: Any, data: bytes) -> None:

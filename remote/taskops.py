@@ -45,7 +45,10 @@ def op_start(req: dict[str, Any]) -> protocol.TasksReply:
     # Under the run lock, so a whole-run stop sees either none or all of these tasks.
     with layout.run_lock(run_dir):
         if layout.run_stopped(run_dir):
-            raise params.AgentError(f"run {run_dir.name} was stopped; nothing of it starts again")
+            raise params.AgentError(
+                f"run {run_dir.name} was stopped; nothing of it starts again",
+                protocol.FAIL_RUN_STOPPED,
+            )
         for spec, dirname in zip(specs, dirnames):
             if procs.task_state(run_dir / "tasks" / dirname)[0] == protocol.STATE_RUNNING:
                 raise params.AgentError(
@@ -342,7 +345,9 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
     if not run_dir.is_dir():
         # Ctrl-C before the code reached this host: there is nothing to stop, and that is fine.
         if names:
-            raise params.AgentError(f"there is no run {run_dir.name!r} on this host")
+            raise params.AgentError(
+                f"there is no run {run_dir.name!r} on this host", protocol.FAIL_NO_RUN
+            )
         reservations.release(layout.workdir_path(req), run_dir.name)
         layout.stop_stand_ins(req, run_dir.name)
         return {"tasks": [], "escaped": []}

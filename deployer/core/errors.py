@@ -79,10 +79,25 @@ class HostError(TfdeployError):
 
     exit_status = ExitStatus.UNREACHABLE
 
-    def __init__(self, host: str, cause: str, *, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        cause: str,
+        *,
+        hint: str | None = None,
+        code: str | None = None,
+        subject: str | None = None,
+    ) -> None:
         super().__init__(f"{host}: {cause}", hint=hint)
         self.host = host
         self.cause = cause
+        self.code = code  # an agent's failure reply: its protocol.FAIL_* code, matched, not `cause`
+        self.subject = subject  # what that failure is about, where its code needs it
+
+
+class HostKeyRefused(HostError):
+    """A host's SSH key was not the one expected (unknown, changed, or not the one its cloud
+    console listed): never worth a retry, whatever else is still waiting for the host."""
 
 
 class HostsFailed(TfdeployError):

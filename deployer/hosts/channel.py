@@ -22,7 +22,7 @@ from deployer.hosts.bootstrap import (
     agent_files_message,
     agent_id,
 )
-from deployer.hosts.replies import Edge, text
+from deployer.hosts.replies import Edge, failure, text
 from deployer.hosts.reply_types import cleaned_texts
 from deployer.hosts.transport import Session, SessionEnded, Transport
 from remote import protocol
@@ -286,8 +286,8 @@ class Channel:
             detail = (stderr or stdout).decode(errors="replace").strip()
             last = detail.splitlines()[-1] if detail else f"exit code {exit_code}"
             raise HostError(self.host, f"the tfdeploy agent failed: {text(last)}") from None
-        if not reply.get("ok"):  # the host's words: cleaned before they can reach a terminal
-            raise HostError(self.host, text(reply.get("error", "the agent refused the request")))
+        if not reply.get("ok"):
+            raise failure(self.host, reply)
         return reply
 
     def _no_interpreter(self, exit_code: int, stderr: str) -> HostError:

@@ -14,7 +14,7 @@ import threading
 
 import paramiko
 
-from deployer.core.errors import HostError
+from deployer.core.errors import HostError, HostKeyRefused
 
 log = logging.getLogger(__name__)
 
@@ -271,8 +271,8 @@ def append_known_host(path: str, hostname: str, key: paramiko.PKey) -> None:
 
 def unknown_key_error(
     host: str, address: str, port: int, known_hosts: str, exc: UnknownHostKey, via: str = ""
-) -> HostError:
-    return HostError(
+) -> HostKeyRefused:
+    return HostKeyRefused(
         host,
         f"{via}host key of {key_name(address, port)} is not in {known_hosts} "
         f"(server offered {exc.key.get_name()} {exc.key.fingerprint}); refusing to connect",
@@ -285,8 +285,8 @@ def unknown_key_error(
 
 def unexpected_key_error(
     host: str, address: str, port: int, exc: UnexpectedHostKey, via: str = ""
-) -> HostError:
-    return HostError(
+) -> HostKeyRefused:
+    return HostKeyRefused(
         host,
         f"{via}host key of {key_name(address, port)} ({exc.key.get_name()} "
         f"{exc.key.fingerprint}) is not one its EC2 console output lists "
@@ -302,8 +302,8 @@ def changed_key_error(
     known_hosts: str,
     exc: paramiko.BadHostKeyException,
     via: str = "",
-) -> HostError:
-    return HostError(
+) -> HostKeyRefused:
+    return HostKeyRefused(
         host,
         f"{via}HOST KEY CHANGED for {key_name(address, port)}: known_hosts has "
         f"{exc.expected_key.fingerprint}, server offered {exc.key.fingerprint}; "

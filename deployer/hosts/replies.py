@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from deployer.config.roles import ROLES
 from deployer.core.errors import HostError
 from deployer.core.lines import clean
+from remote import protocol
 
 # A decimal index without sign, leading zeros or more digits than any plan has.
 TASK_NAME = re.compile(r"([a-z]+):(0|[1-9][0-9]{0,8})")
@@ -220,3 +221,19 @@ def _is(value: object, kind: object) -> bool:
 def _hints(shape: Any) -> dict[str, Any]:
     """A shape's fields and their types (remote/protocol.py keeps them as strings)."""
     return typing.get_type_hints(shape)
+
+
+def failure(host: str, reply: Mapping[str, Any]) -> HostError:
+    """An ok:false reply as the HostError the rest of the control side matches by its code
+    (protocol.FAIL_*). A code this side does not know counts as a plain refusal; a subject is
+    kept only where it is what its code says it is (a content's sha256)."""
+    code = reply.get("code")
+    if code not in protocol.FAIL_CODES:
+        code = protocol.FAIL_REFUSED
+    subject = reply.get("subject")
+    if not (
+        code == protocol.FAIL_DAMAGED and isinstance(subject, str) and _SHA256.fullmatch(subject)
+    ):
+        subject = None
+    cause = text(reply.get("error", "the agent refused the request"))
+    return HostError(host, cause, code=str(code), subject=subject)

@@ -198,7 +198,7 @@ def send_contents(
             **params,
         )
     except HostError as exc:
-        changed = _changed(manifest.root, contents, exc.cause)
+        changed = _changed(manifest.root, contents, exc)
         if changed is None:
             raise
         raise changed from None
@@ -233,11 +233,13 @@ def _contents(root: Path, contents: Sequence[CodeFile]) -> Iterator[bytes]:
                 raise _changed_error(root, code_file)
 
 
-def _changed(root: Path, contents: Sequence[CodeFile], cause: str) -> InventoryError | None:
-    """The host's "content of <hash> arrived damaged" about a file of ours: it changed on disk
-    between hashing and sending, and saying which file is the useful error."""
+def _changed(root: Path, contents: Sequence[CodeFile], exc: HostError) -> InventoryError | None:
+    """The host's "content arrived damaged" (protocol.FAIL_DAMAGED) about a file of ours: it
+    changed on disk between hashing and sending, and saying which file is the useful error."""
+    if exc.code != protocol.FAIL_DAMAGED:
+        return None
     for code_file in contents:
-        if f"content of {code_file.sha256[:12]} arrived damaged" in cause:
+        if code_file.sha256 == exc.subject:
             return _changed_error(root, code_file)
     return None
 

@@ -50,8 +50,8 @@ from deployer.hosts.fetching import Fetched, FetchOrder
 from deployer.hosts.fleet import Fleet, Member, Pending
 from deployer.hosts.replies import PERMISSIONS, task_name_ok
 from deployer.hosts.reply_types import Collected, RemoteFile
+from remote import protocol
 
-NO_RUN = "there is no run"  # remote/layout.py's words for a host that does not hold the run
 PARTS = ".partial"  # DIR/<run-id>/.partial/: contents on their way (no task folder is so named)
 STOP_WAIT_S = 3.0  # after Ctrl-C, how long the transfers get to stop before `pull` returns
 
@@ -273,7 +273,7 @@ def _collect(
     except KeyboardInterrupt:
         fleet.interrupt()
         raise
-    failures = [f for f in failures if NO_RUN not in f.cause]  # a host the run did not use
+    failures = [f for f in failures if f.code != protocol.FAIL_NO_RUN]  # a host it did not use
     if failures:
         raise HostsFailed(failures, what="listing the files to pull failed", outcome=None)
     return listed

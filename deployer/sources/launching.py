@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from deployer.config.model import Host
 from deployer.config.sources import Say
-from deployer.core.errors import HostError, HostsFailed
+from deployer.core.errors import HostError, HostKeyRefused, HostsFailed
 from deployer.core.text import plural
 from deployer.hosts.fleet import open_transport
 
@@ -92,7 +92,7 @@ def wait_for_ssh(
 
 
 def _refused_key(exc: HostError) -> bool:
-    return "host key" in exc.cause.lower()
+    return isinstance(exc, HostKeyRefused)
 
 
 @contextlib.contextmanager

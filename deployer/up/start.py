@@ -21,7 +21,6 @@ from deployer.watch.view import Display
 from remote import protocol
 
 # What the agent answers a start in a run that `down` stopped (remote/taskops.py).
-STOPPED_ELSEWHERE = "was stopped; nothing of it starts again"
 
 
 def start_groups(plan: Plan) -> list[list[Task]]:
@@ -125,7 +124,7 @@ def start_group(
     started, failures = fleet.each_settled(start_on, [fleet.member(h) for h in grouped])
     for host, statuses in started.items():
         on_started(host, statuses)
-    if failures and all(STOPPED_ELSEWHERE in f.cause for f in failures):
+    if failures and all(f.code == protocol.FAIL_RUN_STOPPED for f in failures):
         raise JobFailed(
             f"run {run_id} was stopped from elsewhere (`tfdeploy down`); nothing of it starts "
             "again",
