@@ -347,10 +347,47 @@ class SetupReply(TypedDict):
     tail: list[str]
 
 
+class ContainerShape(TypedDict):
+    """A start request's task item `container`: the task runs in this image (docs/containers.md)."""
+
+    image: str
+    runtime: str  # "podman" or "docker", as the image op found it
+    rootless: bool  # the runtime runs rootless for the login user (mounts: --userns keep-id)
+    mounts: list[str]  # host paths mounted at the same path: workdir, job's container_mounts
+    gpus: list[int]  # host GPU indices the plan gives the task
+
+
+class SpotShape(TypedDict):
+    """A start request's task item `spot`: where its supervisor polls for an interruption
+    notice, how often, and how long before the machine goes it sends SIGKILL."""
+
+    url: str
+    interval: float
+    margin: float
+
+
+class StartTaskBase(TypedDict):
+    name: str
+    command: str
+    env: dict[str, str]
+
+
+class StartTask(StartTaskBase, total=False):
+    """One task of a start request. What it runs in: `venv` (the job's environment, activated)
+    or `python` (the host python, its directory first on PATH), and `container` (the image's
+    own Python, in that image) beside them."""
+
+    cwd: str
+    cpus: str  # a CPU list ("0-3,8"): the supervisor pins the task before exec
+    spot: SpotShape
+    venv: str
+    python: str
+    container: ContainerShape
+
+
 class StartBase(TypedDict):
     run_id: str
-    # {"name", "command", "env", "cwd"?, "cpus"?, "spot"?, "venv"? | "python"?}
-    tasks: list[dict[str, Any]]
+    tasks: list[StartTask]
     grace: float
 
 
@@ -660,16 +697,6 @@ class EnvReply(TypedDict):
     python: str  # the venv's Python version
     tensorflow: str | None  # the TensorFlow version installed in the venv (null: none)
     interpreters: InterpretersShape  # checked: the venv's python
-
-
-class ContainerShape(TypedDict):
-    """A start request's task item `container`: the task runs in this image (docs/containers.md)."""
-
-    image: str
-    runtime: str  # "podman" or "docker", as the image op found it
-    rootless: bool  # the runtime runs rootless for the login user (mounts: --userns keep-id)
-    mounts: list[str]  # host paths mounted at the same path: workdir, job's container_mounts
-    gpus: list[int]  # host GPU indices the plan gives the task
 
 
 class ImageBase(TypedDict):

@@ -33,7 +33,7 @@ class Agent(Channel):
         return self.ask(protocol.OP_HAVE, protocol.HaveReply, **request)["missing"]
 
     def start(
-        self, run_id: str, tasks: list[dict[str, Any]], grace: float, *, release: bool = False
+        self, run_id: str, tasks: list[protocol.StartTask], grace: float, *, release: bool = False
     ) -> list[TaskStatus]:
         """`release`: then drop the run's port reservations here (as `release` would)."""
         request: protocol.StartRequest = {"run_id": run_id, "tasks": tasks, "grace": grace}
@@ -41,7 +41,7 @@ class Agent(Channel):
             request["release"] = True
         reply = self.ask(protocol.OP_START, protocol.TasksReply, **request)
         edge = Edge(self.host, protocol.OP_START)
-        named = {str(t.get("name")) for t in tasks}
+        named = {t["name"] for t in tasks}
         return [TaskStatus.from_json(t, edge, named) for t in reply["tasks"]]
 
     def poll(

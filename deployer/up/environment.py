@@ -30,6 +30,7 @@ from deployer.envs.resolve import ResolveError, cache_root, resolve
 from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
 from deployer.envs.wheelhouse import Wheelhouse
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.task_runtime import TaskRuntime
 from deployer.push.sync import CodeFile, Manifest
 from remote import interpreters as words_of
 from remote import protocol
@@ -235,21 +236,21 @@ class Environments:
             raise HostsFailed(problems)
         return done, warnings
 
-    def where(self, task: Task) -> dict[str, str]:
+    def runtime(self, task: Task) -> TaskRuntime:
         """What the task runs in: its environment's venv, or the host python's directory."""
         host = next(h for h in self.plan.hosts if h.name == task.host)
         requirements = requirements_of(self.plan.job, host, task)
         if requirements is not None and task.host in self.venvs:
-            return {"venv": self.venvs[task.host][_key(requirements)]}
-        return {"python": host.python}
+            return TaskRuntime(host.python, venv=self.venvs[task.host][_key(requirements)])
+        return TaskRuntime(host.python)
 
-    def setup_where(self, host: Host) -> dict[str, str]:
+    def setup_runtime(self, host: Host) -> TaskRuntime:
         """What setup runs in on `host`: the host's environment (its or the job's
         requirements), else the host python's directory first on PATH."""
         venvs = self.venvs.get(host.name, {})
         if host.requirements is not None and _key(host.requirements) in venvs:
-            return {"venv": venvs[_key(host.requirements)]}
-        return {"python": host.python}
+            return TaskRuntime(host.python, venv=venvs[_key(host.requirements)])
+        return TaskRuntime(host.python)
 
     def lines(self, done: Mapping[str, Sequence[protocol.EnvReply]]) -> list[str]:
         """One line per outcome: built where (installer, seconds), reused where."""

@@ -181,11 +181,11 @@ class Images:
         fleet.each(on, chosen, what="loading the job's container image failed")
         return [f"image loaded on {join_names(sorted(lacking))}"]
 
-    def where(self, task: Task) -> dict[str, object]:
-        """The task's `container` for its start request; {} for a task outside an image."""
+    def container(self, task: Task) -> protocol.ContainerShape | None:
+        """The task's `container` for its start request; None for a task outside an image."""
         image = task_image(self.plan, task)
         if image is None or task.host not in self.checked:
-            return {}
+            return None
         reply = self.checked[task.host][image]
         container: protocol.ContainerShape = {
             "image": image,
@@ -194,4 +194,4 @@ class Images:
             "mounts": list(self.plan.job.container_mounts),
             "gpus": list(task.gpus),
         }
-        return {"container": container}
+        return container

@@ -115,8 +115,8 @@ class Preparation:
                 self.view.step(line)
         for line in self.images.load(self.fleet, self.members, self.run.run_id):
             self.view.step(line)
-        self.run.interpreters = {
-            t.name: {**self.environment.where(t), **self.images.where(t)}
+        self.run.runtimes = {
+            t.name: self.environment.runtime(t).in_container(self.images.container(t))
             for t in self.run.plan.tasks
         }
 
@@ -152,7 +152,11 @@ class Preparation:
         self.view.step(f"setup ({commands}) on {plural(len(members), 'host')}")
         ran = self.fleet.each(
             lambda m: run_setup(
-                m, self.run.run_id, job, manifest, self.environment.setup_where(m.host)
+                m,
+                self.run.run_id,
+                job,
+                manifest,
+                self.environment.setup_runtime(m.host).setup_fields(),
             ),
             members,
             what="setup failed",

@@ -68,9 +68,9 @@ class Recovery:
 
     def restart_task(self, name: str) -> None:
         run = self.run
-        where = run.interpreters.get(name)
+        runtime = run.runtimes.get(name)
         restart_task(
-            self.fleet, run.board, self.view, run.plan, run.run_id, self.forwarded, name, where
+            self.fleet, run.board, self.view, run.plan, run.run_id, self.forwarded, name, runtime
         )
 
     # ---- on_failure = "restart-job": every task again ------------------------------------------

@@ -14,6 +14,7 @@ from deployer.core.secrets import mask_text
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.reply_types import StopReport, escaped_text
+from deployer.hosts.task_runtime import TaskRuntime
 from deployer.up.start import start_request
 from deployer.watch.board import TaskBoard
 from deployer.watch.view import Display
@@ -34,7 +35,7 @@ def restart_task(
     run_id: str,
     forwarded: Mapping[str, str],
     name: str,
-    where: Mapping[str, object] | None = None,
+    runtime: TaskRuntime | None = None,
 ) -> None:
     """Same command, same TF_CONFIG, same host and port: PSS picks a restarted worker up."""
     watch = board[name]
@@ -52,7 +53,7 @@ def restart_task(
             forwarded,
             board.attempt,
             member.host.interruption_url,
-            where,
+            runtime,
         )
         statuses = member.agent.start(run_id, [request], plan.job.stop_grace)
     except HostError as exc:

@@ -3,7 +3,6 @@ phase that sends them wave after wave."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from deployer.config.plan import Plan, Task
@@ -14,6 +13,7 @@ from deployer.core.text import plural
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.reply_types import TaskStatus
+from deployer.hosts.task_runtime import TaskRuntime
 from deployer.watch.loop import Watch
 from deployer.watch.poller import Poller
 from deployer.watch.runstate import RunState
@@ -54,21 +54,16 @@ def start_request(
     forwarded: Mapping[str, str],
     attempt: int = 0,
     interruption_url: str | None = None,
-    where: Mapping[str, object] | None = None,
-) -> dict[str, object]:
+    runtime: TaskRuntime | None = None,
+) -> protocol.StartTask:
     """The `start` entry for one task: its command, and an env made only of what the plan and
-    job.forward_env name (never the controller's environment implicitly). `where`: what the
-    task runs in, {"venv": path} (the job's environment) or {"python": path} (default: the
-    host's python, whose directory comes first on the task's PATH)."""
-    where = dict(where or {"python": agent.python})
+    job.forward_env name (never the controller's environment implicitly). `runtime`: what the
+    task runs in (default: the host's python, whose directory comes first on its PATH)."""
+    runtime = runtime or TaskRuntime(python=agent.python)
     command = task.command
-    if task.is_server:
-        server = f"{agent.agent_dir}/tfserver.py"
-        python = f"{where['venv']}/bin/python" if "venv" in where else agent.python
-        if "container" in where:  # the image's own Python; the agent's directory is mounted
-            python = "python3"
-        command = f"exec {shlex.quote(python)} {shlex.quote(server)}"
-    request: dict[str, object] = {
+    if task.is_server:  # in an image, the agent's directory is mounted at the same path
+        command = runtime.server_command(agent.agent_dir)
+    request: protocol.StartTask = {
         "name": task.name,
         "command": command,
         "env": {
@@ -78,7 +73,7 @@ def start_request(
             protocol.ATTEMPT_ENV: str(attempt),
         },
     }
-    request.update(where)
+    runtime.apply(request)
     if task.cpus is not None:
         request["cpus"] = task.cpus  # the supervisor pins the task before exec
     if interruption_url is not None:
@@ -102,7 +97,7 @@ def start_group(
     on_started: Callable[[str, list[TaskStatus]], None],
     attempt: int = 0,
     release: Collection[str] = (),
-    where: Mapping[str, Mapping[str, object]] | None = None,
+    runtimes: Mapping[str, TaskRuntime] | None = None,
 ) -> None:
     """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
     that answered (on this thread). Any host failing makes a JobFailed naming each such host;
@@ -115,7 +110,7 @@ def start_group(
         url = member.host.interruption_url
         requests = [
             start_request(
-                t, member.agent, run_id, forwarded, attempt, url, (where or {}).get(t.name)
+                t, member.agent, run_id, forwarded, attempt, url, (runtimes or {}).get(t.name)
             )
             for t in grouped[member.name]
         ]
@@ -194,7 +189,7 @@ class StartPhase:
             on_started=started,
             attempt=board.attempt,
             release=released,
-            where=self.run.interpreters,
+            runtimes=self.run.runtimes,
         )
 
 

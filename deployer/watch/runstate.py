@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from deployer.config.model import Host
 from deployer.config.plan import Plan
+from deployer.hosts.task_runtime import TaskRuntime
 from deployer.watch.board import TaskBoard
 
 
@@ -22,9 +23,9 @@ class RunState:
     plan: Plan
     clock: Callable[[], float] = time.monotonic
     board: TaskBoard = field(init=False)
-    # What each task runs in, by name: {"venv": path} or {"python": path} (up/environment.py);
-    # every start of the task, restarts included, sends it.
-    interpreters: dict[str, dict[str, object]] = field(default_factory=dict)
+    # What each task runs in, by name (up/environment.py and up/images.py decide it); every
+    # start of the task, restarts included, sends it.
+    runtimes: dict[str, TaskRuntime] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.board = TaskBoard(self.plan.tasks)

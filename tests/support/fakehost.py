@@ -206,7 +206,7 @@ class FakeHost:
         if lacking and req.get("or_missing") and not blobs:  # as remote/store.py answers
             return {"missing": lacking}
         if lacking:
-            return {"ok": False, "error": f"the store lacks the content of {len(lacking)} file(s)"}
+            return _failure(f"the store lacks the content of {len(lacking)} file(s)")
         placed: protocol.MaterializeReply = {"files": len(req.get("files", []))}
         return dict(placed)
 
@@ -214,7 +214,7 @@ class FakeHost:
         """As remote/envop.py answers: a venv per hash, built once; its wheels in the store."""
         lacking = [w[0] for w in req.get("wheels", []) if w[1] not in self.store]
         if lacking:
-            return {"ok": False, "error": f"the store lacks the wheel {lacking[0]}"}  # type: ignore[typeddict-item]
+            return _failure(f"the store lacks the wheel {lacking[0]}")  # type: ignore[return-value]
         venv = f"{self.facts['workdir']}/envs/{req['hash']}"
         built = venv not in self.venvs
         self.venvs.add(venv)
@@ -254,10 +254,10 @@ class FakeHost:
 
     def _op_start(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["run_id"] in self.stopped_runs:  # as remote/taskops.py answers
-            return {
-                "ok": False,
-                "error": f"run {req['run_id']} was stopped; nothing of it starts again",
-            }
+            return _failure(
+                f"run {req['run_id']} was stopped; nothing of it starts again",
+                protocol.FAIL_RUN_STOPPED,
+            )
         started = []
         for spec in req["tasks"]:
             old = self.tasks.get(spec["name"])
@@ -366,7 +366,7 @@ class FakeHost:
     def _op_fetch(self, req: dict[str, Any]) -> dict[str, Any]:
         data = self.files[req["task"]].get(req["path"])
         if data is None:  # gone since it was listed: the agent's words for it
-            return {"ok": False, "error": f"{req['path']}: not a file of task {req['task']}"}
+            return _failure(f"{req['path']}: not a file of task {req['task']}")
         chunk = data[req["offset"] :]
         if req.get("hash"):  # the whole file's sha256 and "stood still" follow the bytes
             chunk += hashlib.sha256(data).hexdigest().encode() + b"1"
@@ -495,3 +495,9 @@ class RecordingView:
 
     def close(self) -> None:
         self.closed = True
+
+
+def _failure(error: str, code: str = protocol.FAIL_REFUSED) -> dict[str, Any]:
+    """A failure reply's fields (ok: false), as remote/agent.py's `_error` builds them."""
+    failure: protocol.FailureReply = {"error": error, "code": code}
+    return {"ok": False, **failure}

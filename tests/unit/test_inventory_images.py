@@ -79,14 +79,12 @@ def test_a_tasks_container_carries_its_image_runtime_mounts_and_gpus(tmp_path: P
         h.name: {i: dict(reply) for i in ("job/img:1", "host/img:2")} for h in the_plan.hosts
     }  # type: ignore[misc]
     chief = next(t for t in the_plan.tasks if t.role == "chief")
-    assert images.where(chief) == {
-        "container": {
-            "image": "job/img:1",
-            "runtime": "podman",
-            "rootless": True,
-            "mounts": ["/data:ro"],
-            "gpus": [],
-        }
+    assert images.container(chief) == {
+        "image": "job/img:1",
+        "runtime": "podman",
+        "rootless": True,
+        "mounts": ["/data:ro"],
+        "gpus": [],
     }
 
 

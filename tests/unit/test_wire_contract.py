@@ -12,12 +12,13 @@ shape and the fake follow.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from pathlib import Path
 from typing import Any
 
-from deployer.hosts.replies import Edge, _hints
+from deployer.hosts.replies import Edge, _hints, failure
 from remote import protocol
 from tests.support.agent import call, ok, status, wait_for
 from tests.support.fakehost import FakeClock, FakeHost
@@ -182,6 +183,37 @@ def test_the_fake_host_and_a_real_agent_answer_with_the_same_shapes(
     assert not problems, "\n".join(problems)
 
 
+def test_a_failure_is_the_same_code_and_shape_from_the_fake_and_a_real_agent(
+    workdir: Path, run_id: str
+) -> None:
+    """A start after `down` stopped the run: both sides answer ok:false with the code the
+    control side matches (protocol.FAIL_RUN_STOPPED), never only a sentence."""
+    fake = FakeHost("a", FakeClock())
+    script = {op: fields for op, _, fields in _script(run_id, _free_port())}
+    for op in (protocol.OP_HELLO, protocol.OP_MATERIALIZE):
+        ok(call(workdir, op, **script[op]))
+        _fake_call(fake, op, script[op])
+    for ask in (lambda op, f: ok(call(workdir, op, **f)), functools.partial(_fake_call, fake)):
+        ask(protocol.OP_STOP, {"run_id": run_id, "grace": 0, "tasks": None})
+    real = call(workdir, protocol.OP_START, **script[protocol.OP_START])
+    said = _fake_call(fake, protocol.OP_START, script[protocol.OP_START])
+    for side, reply in (("agent", real), ("fake", said)):
+        assert reply["ok"] is False, (side, reply)
+        Edge(f"the {side}", protocol.OP_START).reply(reply, protocol.FailureReply)
+        assert not beyond(reply, protocol.FailureReply), (side, reply)
+        assert reply["code"] == protocol.FAIL_RUN_STOPPED, (side, reply)
+    error = failure("h1", real)
+    assert (error.code, error.host) == (protocol.FAIL_RUN_STOPPED, "h1")
+
+
+def test_a_failure_code_the_control_side_does_not_know_is_a_plain_refusal() -> None:
+    error = failure("h1", {"ok": False, "error": "\x1b]52;c;ZWNobw==\x07no", "code": "x" * 99})
+    assert error.code == protocol.FAIL_REFUSED and "\x1b" not in error.cause
+    damaged = {"ok": False, "error": "e", "code": protocol.FAIL_DAMAGED}
+    assert failure("h1", {**damaged, "subject": "../../etc"}).subject is None
+    assert failure("h1", {**damaged, "subject": "ab" * 32}).subject == "ab" * 32
+
+
 def test_a_reply_that_lacks_a_field_of_its_shape_is_a_protocol_error_naming_it() -> None:
     edge = Edge("web1", protocol.OP_POLL)
     try:
@@ -228,7 +260,16 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_HAVE, P.HaveRequest, P.HaveReply),
     (P.OP_MATERIALIZE, P.MaterializeBase, P.MaterializeRequest, P.MaterializeReply),
     (P.OP_SETUP, P.SetupRequest, P.SetupReply),
-    (P.OP_START, P.StartBase, P.StartRequest, P.TasksReply, P.ContainerShape),
+    (
+        P.OP_START,
+        P.StartBase,
+        P.StartRequest,
+        P.StartTaskBase,
+        P.StartTask,
+        P.SpotShape,
+        P.ContainerShape,
+        P.TasksReply,
+    ),
     (P.OP_POLL, P.PollBase, P.PollRequest, P.PollBody, P.PollReply, P.LogShape),
     (P.OP_STOP, P.StopBase, P.StopRequest, P.StopReply, P.EscapedShape),
     (P.OP_RUNS, P.RunsRequest, P.RunsReply, P.RunShape),
