@@ -20,9 +20,41 @@ import json
 import os
 import shutil
 import subprocess
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
-RUNTIMES = ("podman", "docker")  # the order a host's runtime is picked in
+
+class Runtime(NamedTuple):
+    """What one container runtime does its own way, in one place: everything else in this
+    module is the same command for both (`run`, `stop`, `rm`, `ps`, `inspect`, `pull`, `tag`)."""
+
+    name: str
+    info_format: str  # `info --format`: "<rootless evidence> <os>/<arch>"
+    rootless: Callable[[str], bool]  # from the evidence that format prints
+    keep_id: bool  # rootless, it maps the login user onto itself (`--userns keep-id`)
+    gpus_through: str  # "cdi" (`--device nvidia.com/gpu=I`) or "toolkit" (`--gpus device=I,J`)
+    exists_argv: Callable[[str], list[str]]  # exit 0 when the image is here
+    loads_oci_dir: bool  # pulls an OCI layout directory (`oci:PATH`) as it is
+
+
+PODMAN = Runtime(
+    name="podman",
+    info_format="{{json .Host.Security.Rootless}} {{.Host.OS}}/{{.Host.Arch}}",
+    rootless=lambda said: said == "true",
+    keep_id=True,
+    gpus_through="cdi",
+    exists_argv=lambda image: ["podman", "image", "exists", image],
+    loads_oci_dir=True,
+)
+DOCKER = Runtime(
+    name="docker",
+    info_format="{{json .SecurityOptions}} {{.OSType}}/{{.Architecture}}",
+    rootless=lambda said: "rootless" in said,
+    keep_id=False,
+    gpus_through="toolkit",
+    exists_argv=lambda image: ["docker", "image", "inspect", image],
+    loads_oci_dir=False,  # `docker load` takes a tar stream, not a directory
+)
+RUNTIMES = {r.name: r for r in (PODMAN, DOCKER)}  # in the order a host's runtime is picked
 LABEL_RUN = "tfdeploy.run"
 LABEL_TASK = "tfdeploy.task"
 TIMEOUT = 120.0  # a runtime command that hangs longer than this is a broken runtime
@@ -64,7 +96,7 @@ def _checked(argv: Sequence[str], timeout: float = TIMEOUT) -> str:
 
 def find_runtime(preferred: str | None = None) -> str | None:
     """The runtime's program name: `preferred` if installed, else podman, else docker; None."""
-    names = (preferred,) if preferred else RUNTIMES
+    names = (preferred,) if preferred else tuple(RUNTIMES)
     for name in names:
         if name in RUNTIMES and shutil.which(name):
             return name
@@ -75,13 +107,10 @@ def runtime_info(runtime: str) -> dict[str, object]:
     """What preflight needs of a runtime, from its own `info`: usable by this user at all,
     rootless or not (that decides how mounts get the login user's ownership), the host's
     platform. Raises ContainerError with the runtime's own words when it cannot run."""
-    if runtime == "podman":
-        fmt = "{{json .Host.Security.Rootless}} {{.Host.OS}}/{{.Host.Arch}}"
-    else:
-        fmt = "{{json .SecurityOptions}} {{.OSType}}/{{.Architecture}}"
-    out = _checked([runtime, "info", "--format", fmt]).strip()
+    described = RUNTIMES[runtime]
+    out = _checked([runtime, "info", "--format", described.info_format]).strip()
     first, _, platform = out.rpartition(" ")
-    rootless = first == "true" if runtime == "podman" else "rootless" in first
+    rootless = described.rootless(first)
     return {"runtime": runtime, "rootless": rootless, "platform": normalize_platform(platform)}
 
 
@@ -110,7 +139,7 @@ def gpu_flags(runtime: str, gpus: Sequence[int]) -> list[str]:
     """
     if not gpus:
         return []
-    if runtime == "docker":
+    if RUNTIMES[runtime].gpus_through == "toolkit":
         return ["--gpus", '"device={}"'.format(",".join(str(i) for i in gpus))]
     flags: list[str] = []
     for index in gpus:
@@ -167,7 +196,7 @@ def run_argv(
     argv += ["--label", f"{LABEL_RUN}={run_id}"]
     argv += ["--label", f"{LABEL_TASK}={task}"]
     argv += ["--network", "host", "--workdir", cwd]
-    if rootless and runtime == "podman":
+    if rootless and RUNTIMES[runtime].keep_id:
         argv += ["--userns", "keep-id"]
     else:
         argv += ["--user", f"{uid}:{gid}"]
@@ -250,9 +279,7 @@ def remove_run(runtime: str, run_id: str) -> list[str]:
 
 
 def image_exists(runtime: str, image: str) -> bool:
-    if runtime == "podman":
-        return _run([runtime, "image", "exists", image])[0] == 0
-    return _run([runtime, "image", "inspect", image])[0] == 0
+    return _run(RUNTIMES[runtime].exists_argv(image))[0] == 0
 
 
 def image_platform(runtime: str, image: str) -> str:
@@ -282,7 +309,7 @@ def load_oci(runtime: str, layout_dir: str, image: str) -> str:
     `image`; returns its ID. podman 4.3 names an image loaded from a directory after the
     directory's path (it ignores the layout's ref.name), so the ID is tagged and that
     path-made name dropped. docker's `load` takes a tar stream, not a directory: podman only."""
-    if runtime != "podman":
+    if not RUNTIMES[runtime].loads_oci_dir:
         raise ContainerError("loading an OCI layout directory needs podman, not " + runtime)
     out = _checked([runtime, "pull", "-q", "oci:" + os.path.abspath(layout_dir)], _LOAD_TIMEOUT)
     image_id = out.strip().splitlines()[-1]

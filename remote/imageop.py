@@ -133,7 +133,7 @@ def gpu_runtime_problem(runtime: str, cdi_dirs: tuple[str, ...] = CDI_DIRS) -> s
     podman gives GPUs through CDI: a spec naming nvidia.com/gpu (`nvidia-ctk cdi generate`);
     docker through `--gpus`, which needs the NVIDIA container toolkit.
     """
-    if runtime == "docker":
+    if containers.RUNTIMES[runtime].gpus_through == "toolkit":
         if any(shutil.which(p) for p in TOOLKIT):
             return None
         return (
