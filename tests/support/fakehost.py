@@ -334,6 +334,20 @@ class FakeHost:
             "dry_run": bool(req.get("dry_run", False)),
         }
 
+    def _op_idle(self, req: dict[str, Any]) -> protocol.IdleReply:
+        """As remote/idle.py answers: 0 minutes disarms; else armed, with a watchdog's pid."""
+        minutes = float(req["minutes"])
+        if minutes == 0:
+            return {"armed": False, "pid": None, "minutes": 0.0}
+        return {"armed": True, "pid": 4242, "minutes": minutes}
+
+    def _op_peers(self, req: dict[str, Any]) -> dict[str, Any]:
+        """As remote/peers.py answers a close (nothing relays through a fake host)."""
+        if req["action"] != protocol.PEERS_CLOSE:
+            return _failure("the fake host relays no stream: its tests push without peers")
+        closed: protocol.ClosedReply = {"closed": False}
+        return dict(closed)
+
     def _op_firewall(self, req: dict[str, Any]) -> protocol.FirewallReply:
         if req["action"] == protocol.FIREWALL_CHECK:
             return {"backend": "nft", "problem": None}

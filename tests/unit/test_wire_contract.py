@@ -98,6 +98,12 @@ def _script(run_id: str, port: int) -> list[tuple[str, Any, dict[str, Any]]]:
         (protocol.OP_RUNS, protocol.RunsReply, {}),
         (protocol.OP_RELEASE, protocol.ReleaseReply, {"run_id": run_id}),
         (protocol.OP_PRUNE, protocol.PruneReply, {"keep": 1, "dry_run": True, "grace": 0}),
+        (protocol.OP_IDLE, protocol.IdleReply, {"minutes": 0}),
+        (
+            protocol.OP_PEERS,
+            protocol.ClosedReply,
+            {"action": protocol.PEERS_CLOSE, "run_id": run_id},
+        ),
     ]
 
 
