@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from typing import Protocol
 
 # CSI sequences (colours, cursor moves); OSC/DCS/APC/PM/SOS strings (a terminal title, a
 # hyperlink, OSC 52's clipboard) up to their BEL or ST terminator, whole; then any other
@@ -113,6 +114,19 @@ class LineAssembler:
         rest = self._partial + self._decoder.decode(b"", final=True)
         self._partial = ""
         return [clean(rest)] if rest.strip() else []
+
+
+class Assembler(Protocol):
+    """Bytes in, display lines out: LineAssembler, or RawLines for `--raw`."""
+
+    def feed(self, data: bytes) -> list[str]: ...
+    def flush(self) -> list[str]: ...
+
+
+def lines_of(data: bytes) -> list[str]:
+    """All of a finished output (an `exec` command's) as clean display lines."""
+    lines = LineAssembler()
+    return lines.feed(data) + lines.flush()
 
 
 class RawLines:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.core.lines import LineAssembler
+from deployer.core.lines import Assembler, LineAssembler
 from deployer.core.statedir import state_dir
 from deployer.hosts.replies import task_name_ok
 
@@ -254,14 +254,16 @@ def archive_ended(run_id: str) -> bool:
     return bool(_read_index(run_dir(run_id)).get("ended"))
 
 
-def read_runs(run_id: str, task: str | None = None) -> Iterator[tuple[str, list[str]]]:
+def read_runs(
+    run_id: str, task: str | None = None, make: Callable[[], Assembler] = LineAssembler
+) -> Iterator[tuple[str, list[str]]]:
     """The archived lines as (label, lines) runs, a MB of the file at a time: what a printer
     wants (a million lines one by one cost more than reading them), in bounded memory."""
     directory = run_dir(run_id)
     for name, entry in _tasks(directory).items():
         if task is not None and name != task:
             continue
-        assembler = LineAssembler()
+        assembler = make()
         label = f"{name}@{entry['host']}"
         path = directory / _file_name(name)
         for part in (path.with_suffix(".log.1"), path):
@@ -293,7 +295,7 @@ def _kept_from(entry: _File, path: Path) -> int:
     return max(0, entry.base - _size_of(path.with_suffix(".log.1")))
 
 
-def _chunks(path: Path, assembler: LineAssembler) -> Iterator[list[str]]:
+def _chunks(path: Path, assembler: Assembler) -> Iterator[list[str]]:
     try:
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):

@@ -193,7 +193,7 @@ def test_tasks_start_in_tensorflows_order(tmp_path: Path) -> None:
         ("l\u200er\u200fa\u061c", "l\ufffdr\ufffda\ufffd"),  # direction marks
         ("ze\u200bro\u200c\u200d\u2060\ufeff", "ze\ufffdro\ufffd\ufffd\ufffd\ufffd"),  # zero-width
         ("one\u2028two\u2029", "one\ufffdtwo\ufffd"),  # line and paragraph separators
-        ("\u2013 \u201cq\u201d\u202f\u2026", "\u2013 \u201cq\u201d\u202f\u2026"),  # 0xE2-led, printable
+        ("\u2013 \u201cq\u201d\u202f\u2026", "\u2013 \u201cq\u201d\u202f\u2026"),  # 0xE2-led
     ],
 )
 def test_clean_keeps_what_a_terminal_finally_shows(raw: str, shown: str) -> None:
