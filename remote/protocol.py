@@ -525,9 +525,13 @@ class CollectRequest(CollectBase, total=False):
     hash_only: dict[str, list[str]]
 
 
-class CollectedShape(TypedDict):
+class CollectedBase(TypedDict):
     files: list[list[Any]]  # [path, size, mode, sha256 or null]
     refused: list[str]
+
+
+class CollectedShape(CollectedBase, total=False):
+    unread: int  # of `refused`, files and folders there that could not be read (PATH_MAX...)
 
 
 class CollectReply(TypedDict):

@@ -147,10 +147,10 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
     view = api.PlainView(env.raw_out)
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")
-    if not result.files and not result.not_kept:
+    if not result.files and not result.not_kept and not result.unread:
         raise NothingMatched(result.nothing_matched(), hint=NOTHING_MATCHED_HINT)
     view.step(result.summary())
-    return ExitStatus.INCOMPLETE if result.not_kept else ExitStatus.OK
+    return ExitStatus.INCOMPLETE if result.not_kept or result.unread else ExitStatus.OK
 
 
 NOTHING_MATCHED_HINT = (

@@ -68,9 +68,8 @@ def test_exec_prints_a_hosts_hostile_output_as_text(
     """The issue's exploit: `exec INV -- "printf '\\033]52;c;ZWNobw==\\033\\\\'"` wrote the
     clipboard, piped and on a terminal; every other class went through as well."""
     inventory = lab_inventory([[{"role": "worker"}]] * 2, job={"name": "ex"})
-    script = tmp_path / "printer.py"
-    script.write_text(PRINTER)
-    command = f"{clean_lab.python} {script}; printf '\\033]52;c;ZWNobw==\\033\\\\'"
+    printer = f"{clean_lab.python} -c {shlex.quote(PRINTER)}"  # a host's /tmp is its own
+    command = f"{printer}; printf '\\033]52;c;ZWNobw==\\033\\\\'"
     out = _tfdeploy(["exec", str(inventory), "--", command], tmp_path, terminal=terminal)
     _assert_safe(out, terminal=terminal)
     shown = out.decode()
@@ -81,7 +80,7 @@ def test_exec_prints_a_hosts_hostile_output_as_text(
 def test_exec_raw_gives_the_bytes_back(clean_lab: Lab, lab_inventory: Any, tmp_path: Path) -> None:
     inventory = lab_inventory([[{"role": "worker"}]], job={"name": "ex"})
     command = "printf 'a\\033]52;c;ZWNobw==\\033\\\\b\\342\\200\\256c\\n'"
-    out = _tfdeploy(["exec", str(inventory), "--raw", "--", command], tmp_path, terminal=False)
+    out = _tfdeploy(["exec", "--raw", str(inventory), "--", command], tmp_path, terminal=False)
     assert out == "a\x1b]52;c;ZWNobw==\x1b\\b\u202ec\n".encode()
 
 
