@@ -61,6 +61,7 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         "store_empty": _store_empty(workdir),
         "busy_ports": busy,
         "reserved_by": {str(port): holder for port, holder in held.items()},
+        "reserved_state": {str(p): reservations.state(workdir, h) for p, h in held.items()},
         "agent_id": layout.agent_id(),
         "host_id": hostid.identity(),
         "shared_with": others,

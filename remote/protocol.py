@@ -268,6 +268,7 @@ class HelloFacts(TypedDict):
 
 
 class HelloReply(HelloFacts, total=False):
+    reserved_state: dict[str, str]  # per port of reserved_by: "running" or "starting"
     runs: list[RunShape]  # asked with `runs`
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
     interpreters: InterpretersShape  # asked with `interpreters`

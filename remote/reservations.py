@@ -85,6 +85,12 @@ def _holder(
     return record["run_id"] if now - beat <= float(record.get("lease_seconds") or 0) else None
 
 
+def state(workdir: Path, run_id: str) -> str:
+    """Whether a run holding ports here is "running" (a task of it runs on this host) or
+    "starting" (reserved by an `up` between its preflight and its start)."""
+    return "running" if _tasks_run(layout.runs_dir(workdir) / run_id) else "starting"
+
+
 def release(workdir: Path, run_id: str) -> int:
     """Drops every reservation of the run on this host; how many ports it held."""
     directory = _ports_dir(workdir)

@@ -96,7 +96,8 @@ def test_task_output_is_text_in_up_and_in_logs_from_hosts_and_archive(
     up = _tfdeploy(["up", "--no-netcheck", str(inventory)], tmp_path, terminal=terminal)
     _assert_safe(up, terminal=terminal)
     assert up.decode().count(SHOWN) >= 2, up.decode()  # the live view or plain lines showed it
-    [run_dir] = (tmp_path / "state" / "runs").iterdir()  # `up` saw it end: the archive is read
+    [index] = (tmp_path / "state" / "runs").glob("*/archive.json")
+    run_dir = index.parent  # `up` saw the run end: `logs` reads its archive
     archived = _tfdeploy(["logs", run_dir.name], tmp_path, terminal=terminal)
     _assert_safe(archived, terminal=terminal)
     assert archived.decode().count(SHOWN) == 2, archived.decode()
