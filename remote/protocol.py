@@ -215,6 +215,7 @@ class HelloRequest(TypedDict, total=False):
     ports: list[int]
     run_id: str
     lease_seconds: float | None
+    job: str  # the run's job, kept with its reservation (`down INVENTORY` finds it by it)
     runs: bool
     hosts_of: str
     listen: Listen
@@ -239,9 +240,7 @@ class TaskStatusShape(TypedDict):
     frozen: bool
 
 
-class RunShape(TypedDict):
-    """One run of a runs reply (and of a hello with `runs`)."""
-
+class RunBase(TypedDict):
     run_id: str
     job: str | None
     created: float
@@ -249,6 +248,14 @@ class RunShape(TypedDict):
     hosts: list[list[str]] | None
     hosts_at: float | None
     tasks: list[TaskStatusShape]
+
+
+class RunShape(RunBase, total=False):
+    """One run of a runs reply (and of a hello with `runs`)."""
+
+    # No task yet, and its `up` is preparing it (pushing, installing, setting up, starting):
+    # a run for `down`, `status` and `prune` from its preflight's reservation on.
+    starting: bool
 
 
 class HelloFacts(TypedDict):

@@ -44,10 +44,13 @@ class HostRun:
     hosts: tuple[tuple[str, str], ...] = ()  # the run's own list: (name, address) of each host
     hosts_at: float = 0.0  # when that list was written (a replaced host gets a newer one)
     gpu_use: tuple[TaskGpu, ...] = ()  # running tasks' GPU use (`status`: results/gpuuse.py)
+    # No task yet: its `up` is preparing it (pushing, installing, setting up, starting). A run
+    # from its preflight's reservation on: `down` stops it, and the host then refuses the rest.
+    starting: bool = False
 
     @property
     def active(self) -> bool:
-        return any(not t.finished for t in self.tasks)
+        return self.starting or any(not t.finished for t in self.tasks)
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,7 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         tasks=tuple(TaskStatus.from_json(t, edge) for t in edge.items(tasks or [], "tasks")),
         hosts=pairs,
         hosts_at=float(hosts_at) if isinstance(hosts_at, int | float) else 0.0,
+        starting=r.get("starting") is True and not tasks,
     )
 
 

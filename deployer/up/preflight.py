@@ -380,6 +380,7 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
         lease_seconds=claim.lease_seconds,
         listen=(listen.ports, listen.seconds) if listen is not None else None,
         interpreters=asked,
+        job=plan.job.name,
     )
     greeted.claimed.add(member.name)  # one set.add per thread: safe under the GIL
     if listen is not None and facts.get("listening"):
