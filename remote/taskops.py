@@ -339,7 +339,7 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
     run_dir = layout.run_path(req, must_exist=False)
     grace = grace_param(req)
     names = params.param(req, "tasks", list, None)
-    if not run_dir.is_dir():
+    if not (run_dir / "run.json").is_file():
         # Before the code reached this host (`down`, or Ctrl-C, while `up` pushed): nothing to
         # stop, but its `up` may still push and start. The stop marker, in a folder of its own,
         # makes this host refuse every later reservation, code and start of the run.
