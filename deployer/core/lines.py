@@ -21,11 +21,13 @@ from typing import Protocol
 # CSI sequences (colours, cursor moves); OSC/DCS/APC/PM/SOS strings (a terminal title, a
 # hyperlink, OSC 52's clipboard) up to their BEL or ST terminator, whole; then any other
 # two-byte escape. Each also in its one-character C1 form (U+009B CSI, U+009D OSC, U+0090 DCS,
-# U+009C ST...), which a UTF-8 terminal (xterm, VTE) obeys as it does the ESC form.
+# U+009C ST...), which a UTF-8 terminal (xterm, VTE) obeys as it does the ESC form. In the log
+# archive NUL stands for ESC and DEL for the BEL that may end a string (see `defang`).
 _ANSI = re.compile(
-    r"(?:\x1b\[|\x9b)[0-9;?]*[ -/]*[@-~]"
-    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c|$)"
-    r"|\x1b[@-_]"
+    r"(?:[\x1b\x00]\[|\x9b)[0-9;?]*[ -/]*[@-~]"
+    r"|(?:[\x1b\x00][\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x00\x7f\x9c]*"
+    r"(?:\x07|[\x1b\x00]\\|\x7f|\x9c|$)"
+    r"|[\x1b\x00][@-_]"
 )
 # C0 controls but tab (a line has no newline), DEL and the C1 controls U+0080-U+009F.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -60,10 +62,36 @@ def _controls_in(data: bytes) -> bool:
     return any(lead in data and p.search(data) is not None for lead, p in _MULTIBYTE_UTF8)
 
 
+# The log archive's form of a host's bytes (`defang`): the same length, so the archive keeps
+# the host log's byte offsets, and no byte that drives a terminal that `cat`s the file. ESC
+# becomes NUL and every other C0 control but tab, newline, \r and \b (a progress bar's, which
+# only move the cursor on its line) DEL: terminals show either as nothing. A C1 control becomes
+# NUL and its 7-bit form (U+009B CSI: NUL "["), an invisible character of three bytes U+FFFD,
+# U+061C NUL "?". clean() reads NUL as the ESC it stood for and DEL as a string's end: `logs`
+# shows an archived line as `up` showed it live.
+_C0_SOURCES = bytes([*range(0x00, 0x08), 0x0B, 0x0C, *range(0x0E, 0x20)])
+_C0_STAND_INS = bytes.maketrans(
+    _C0_SOURCES, bytes(0x00 if b == 0x1B else 0x7F for b in _C0_SOURCES)
+)
+_C1_UTF8 = re.compile(rb"\xc2([\x80-\x9f])")
+_INVISIBLE_UTF8 = re.compile(rb"\xe2(?:\x80[\x8b-\x8f\xa8-\xae]|\x81[\xa0\xa6-\xa9])|\xef\xbb\xbf")
+
+
+def defang(data: bytes) -> bytes:
+    """`data` as the log archive keeps it: as long as it was, nothing in it a terminal obeys."""
+    if not _controls_in(data):
+        return data
+    data = data.translate(_C0_STAND_INS)
+    data = _C1_UTF8.sub(lambda m: bytes((0, m[1][0] - 0x40)), data)
+    return _INVISIBLE_UTF8.sub(MARKER.encode(), data).replace(b"\xd8\x9c", b"\x00?")
+
+
 def clean(line: str) -> str:
     """The text a terminal would finally show for one line, invisible characters marked."""
     if line.isprintable():  # most lines: no escape, \r, \b, C0, C1 or format char (C speed)
         return line.rstrip()
+    if "\x00" in line:
+        line = line.replace("\x00?", MARKER)  # the archive's U+061C (see defang)
     line = _ANSI.sub("", line)
     if "\r" in line:
         parts = [p for p in line.split("\r") if p]

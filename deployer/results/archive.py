@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.core.lines import Assembler, LineAssembler
+from deployer.core.lines import Assembler, LineAssembler, defang
 from deployer.core.statedir import state_dir
 from deployer.hosts.replies import task_name_ok
 
@@ -111,7 +111,7 @@ class LogArchive:
         position = offset - entry.base
         if position < 0:  # already rotated past these bytes
             data, position = data[-position:], 0
-        flags = os.O_WRONLY | os.O_CREAT
+        flags = os.O_RDWR | os.O_CREAT  # read: a character cut between two writes
         if position > _size_of(path):
             # The file went away (or was cut short) under us: a write past its end would fill
             # the gap with NUL bytes. Start it afresh here and remember what is gone.
@@ -121,6 +121,12 @@ class LogArchive:
             self._save()
         fd = os.open(path, flags, 0o600)
         try:
+            # What a terminal would obey never lands in a file a person may `cat` (the filter of
+            # deployer/core/lines.py, same length): a character cut between two writes is
+            # defanged with the bytes before it, read back.
+            back = min(3, position) if data and 0x80 <= data[0] < 0xC0 else 0
+            before = os.pread(fd, back, position - back) if back else b""
+            data, position = defang(before + data), position - len(before)
             view = memoryview(data)
             while view:  # a disk filling up takes part of a write, then fails the next
                 written = os.pwrite(fd, view, position)

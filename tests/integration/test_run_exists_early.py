@@ -9,6 +9,7 @@ The agent's side alone: tests/unit/test_run_exists_early.py.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,10 @@ def _nothing_ran(lab: Lab, marker: str) -> None:
 def _down_while(up: Up, inventory: Path, tmp_path: Path, hosts: list[str]) -> str:
     down = tfdeploy("down", str(inventory), state=tmp_path / "other-shell", timeout=60)
     assert down.returncode == 0, down.stdout + down.stderr
-    run_id = up.run_id()
+    found = re.search(r"stopped run (\S+) on", down.stdout)  # `up` has not said it yet
+    assert found, down.stdout + up.report()
+    run_id = found.group(1)
+    assert run_id.startswith("early-")
     for host in hosts:  # said per host, and what it means for the `up` under way
         assert (
             f"stopped run {run_id} on {host} before any task of it started (its `up` was "
