@@ -67,7 +67,8 @@ def read_logs(
     given, hide = hide, hide or logs_masker(run_id, inventory)
     reader = _Reader(run_id, task, tail, lambda label, lines: on_lines(label, _masked(hide, lines)))
     reader.assembler = RawLines if raw else LineAssembler
-    if RUN_ID.match(run_id) and not sync and archive_ended(run_id):
+    # --raw asks the hosts first: the archive keeps what a terminal obeys only defanged.
+    if RUN_ID.match(run_id) and not sync and not raw and archive_ended(run_id):
         if not damaged(run_id, task):
             reader.archived(say)  # `up` saw it end: all of it is here, the hosts may be gone
             return

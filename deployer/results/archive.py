@@ -1,7 +1,8 @@
 """The local log archive: every task's output, kept on this machine as `up` streams it.
 
 Logs live on the hosts, and hosts go away (terminated instances, a lab torn down, a crashed
-disk). So `up` also writes each task's raw bytes to `<state>/runs/<run-id>/<role>-<index>.log`,
+disk). So `up` also writes each task's bytes to `<state>/runs/<run-id>/<role>-<index>.log`
+(what a terminal obeys defanged, same length: deployer/core/lines.py `defang`),
 by the byte offsets the polls carry (a re-read or a reconnect never duplicates a byte), and
 `tfdeploy logs RUN_ID` reads them back when the hosts cannot be asked. A file is bounded: past
 `limit` bytes it is rotated once (`.log.1`), so a task keeps at most twice that here.
