@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Tuple
@@ -28,6 +29,7 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
     ports = _ports(req, "ports")  # a refused request must create nothing: check first
     run_id = params.param(req, "run_id", str, None)
     lease = params.param(req, "lease_seconds", (int, float), None)
+    job = params.param(req, "job", str, None)  # named in the reservation: `down INVENTORY`
     if run_id is not None:
         run_id = params.check_name(run_id, "run id")
     layout.make_private_dir(workdir)
@@ -37,7 +39,7 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
     if run_id is None:
         busy, held = [p for p in ports if not _bindable(p)], {}
     else:
-        busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable)
+        busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable, job)
     # `runs`: the reply carries what op_runs would (status, down): one round trip less.
     extra: dict[str, Any] = {"runs": op_runs(req)["runs"]} if with_runs else {}
     listen = params.param(req, "listen", dict, None)
@@ -61,6 +63,7 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         "store_empty": _store_empty(workdir),
         "busy_ports": busy,
         "reserved_by": {str(port): holder for port, holder in held.items()},
+        "reserved_state": {str(p): reservations.state(workdir, h) for p, h in held.items()},
         "agent_id": layout.agent_id(),
         "host_id": hostid.identity(),
         "shared_with": others,
@@ -258,13 +261,17 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
     """Every run here. A run's list of all its hosts comes only while it is active, or for the
     run named by `hosts_of`: each host holds every run it ever ran, and N hosts' lists of N
     hosts for every old run made `status` and `down` fetch N² x runs of history."""
-    root = layout.runs_dir(layout.workdir_path(req))
+    workdir = layout.workdir_path(req)
+    root = layout.runs_dir(workdir)
     hosts_of = params.param(req, "hosts_of", str, None)
-    found = []
+    found: list[Any] = [_claimed(run_id, c) for run_id, c in reservations.claims(workdir).items()]
+    now = time.time()
     for run_dir in root.iterdir() if root.is_dir() else []:
         if not run_dir.is_dir():
             continue
         meta = layout.read_json(run_dir / "run.json")
+        if not isinstance(meta, dict) and layout.run_stopped(run_dir):
+            continue  # stopped before its code came (`down` during a push): nothing ran
         meta = meta if isinstance(meta, dict) else {}
         created = meta.get("created")
         if not isinstance(created, (int, float)):
@@ -281,9 +288,38 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
                 "hosts": meta.get("hosts") if listed else None,
                 "hosts_at": meta.get("hosts_at") if listed else None,
                 "tasks": tasks,
+                "starting": not tasks and _preparing(run_dir, meta, now),
             }
         )
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
+
+
+def _claimed(run_id: str, claim: dict[str, Any]) -> protocol.RunShape:
+    """A run whose `up` reserved its ports here and is pushing its code: no folder yet."""
+    return {
+        "run_id": run_id,
+        "job": claim["job"],
+        "created": claim["reserved"],
+        "detached": False,
+        "hosts": None,
+        "hosts_at": None,
+        "tasks": [],
+        "starting": True,
+    }
+
+
+def _preparing(run_dir: Path, meta: dict[str, Any], now: float) -> bool:
+    """A run without tasks that its `up` is still preparing (setup, environment, the start
+    under way): not stopped, and its controller's lease is live."""
+    if layout.run_stopped(run_dir) or meta.get("detached"):
+        return False
+    lease = meta.get("lease_seconds")
+    if not isinstance(lease, (int, float)) or isinstance(lease, bool):
+        lease = protocol.DEFAULT_RESERVATION_S
+    try:
+        return now - (run_dir / "lease").stat().st_mtime <= float(lease)
+    except OSError:
+        return False
 
 
 def op_release(req: dict[str, Any]) -> protocol.ReleaseReply:

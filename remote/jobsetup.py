@@ -35,8 +35,12 @@ def op_setup(req: dict[str, Any]) -> protocol.SetupReply:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.exists():
             return {"ran": False, "code": 0, "tail": []}
+        if layout.run_stopped(run_dir):  # `down` before setup: its `up` is told, not a failure
+            raise layout.StoppedRun(run_dir.name)
         layout.touch(run_dir / "lease")
         code, tail = _run_setup(run_dir, commands, env, venv, python)
+        if code != 0 and layout.run_stopped(run_dir):  # stopped under way (`down`): say so
+            raise layout.StoppedRun(run_dir.name)
         if code == 0:
             layout.write_json(marker, {"run_id": run_dir.name, "ended": time.time()})
     return {"ran": True, "code": code, "tail": tail}

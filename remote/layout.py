@@ -54,12 +54,25 @@ def runs_dir(workdir: Path) -> Path:
     return host_dir(workdir) / "runs"
 
 
+class StoppedRun(params.AgentError):
+    """A run stopped on this host: no reservation, code, setup or task of it any more."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"run {run_id} was stopped on this host (`tfdeploy down`, or its own `up`'s "
+            "teardown) before it started; nothing of it starts here",
+            protocol.FAIL_RUN_STOPPED,
+        )
+
+
 def run_path(req: dict[str, Any], *, must_exist: bool = True) -> Path:
     """This host's directory of the run named by the request's workdir and run_id."""
     workdir = workdir_path(req)
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
     path = runs_dir(workdir) / run_id
     if must_exist and not (path / "run.json").is_file():
+        if run_stopped(path):  # stopped before its code came (`down` during the push)
+            raise StoppedRun(run_id)
         raise params.AgentError(
             f"there is no run {run_id!r} of this host in {workdir}: materialize it first",
             protocol.FAIL_NO_RUN,

@@ -234,6 +234,7 @@ class HelloRequest(TypedDict, total=False):
     ports: list[int]
     run_id: str
     lease_seconds: float | None
+    job: str  # the run's job, kept with its reservation (`down INVENTORY` finds it by it)
     runs: bool
     hosts_of: str
     listen: Listen
@@ -258,9 +259,7 @@ class TaskStatusShape(TypedDict):
     frozen: bool
 
 
-class RunShape(TypedDict):
-    """One run of a runs reply (and of a hello with `runs`)."""
-
+class RunBase(TypedDict):
     run_id: str
     job: str | None
     created: float
@@ -268,6 +267,14 @@ class RunShape(TypedDict):
     hosts: list[list[str]] | None
     hosts_at: float | None
     tasks: list[TaskStatusShape]
+
+
+class RunShape(RunBase, total=False):
+    """One run of a runs reply (and of a hello with `runs`)."""
+
+    # No task yet, and its `up` is preparing it (pushing, installing, setting up, starting):
+    # a run for `down`, `status` and `prune` from its preflight's reservation on.
+    starting: bool
 
 
 class HelloFacts(TypedDict):
@@ -287,6 +294,7 @@ class HelloFacts(TypedDict):
 
 
 class HelloReply(HelloFacts, total=False):
+    reserved_state: dict[str, str]  # per port of reserved_by: "running" or "starting"
     runs: list[RunShape]  # asked with `runs`
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
     interpreters: InterpretersShape  # asked with `interpreters`
@@ -581,9 +589,13 @@ class CollectRequest(CollectBase, total=False):
     hash_only: dict[str, list[str]]
 
 
-class CollectedShape(TypedDict):
+class CollectedBase(TypedDict):
     files: list[list[Any]]  # [path, size, mode, sha256 or null]
     refused: list[str]
+
+
+class CollectedShape(CollectedBase, total=False):
+    unread: int  # of `refused`, files and folders there that could not be read (PATH_MAX...)
 
 
 class CollectReply(TypedDict):

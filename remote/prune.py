@@ -37,6 +37,7 @@ import layout
 import params
 import procs
 import protocol
+import reservations
 import sharedlock
 import venvs
 
@@ -95,6 +96,7 @@ def _prune(
                 removed = _judge_run(run_dir, now, grace, dry, tally, unlinked)
         if removed:
             gone.add(run_dir)
+    tally.running += sorted(reservations.claims(workdir))  # pushing: no folder to judge yet
     users = _run_ids(workdir, gone)
     _prune_envs(workdir, users, now, grace, dry, tally)
     _prune_store(workdir / "store", store, unlinked, now, grace, dry, tally)

@@ -41,8 +41,12 @@ def reserve(
     ports: list[int],
     lease_seconds: float | None,
     bindable: Callable[[int], bool],
+    job: str | None = None,
 ) -> tuple[list[int], dict[int, str]]:
-    """(busy ports, {port: run id holding it}); reserves all of `ports` only when none is busy."""
+    """(busy ports, {port: run id holding it}); reserves all of `ports` only when none is busy.
+    A run stopped here (`down` while its `up` pushed) is refused: nothing of it starts."""
+    if layout.run_stopped(layout.runs_dir(workdir) / run_id):
+        raise layout.StoppedRun(run_id)
     directory = layout.make_private_dir(_ports_dir(workdir))
     lease = protocol.DEFAULT_RESERVATION_S if lease_seconds is None else float(lease_seconds)
     now = time.time()
@@ -58,7 +62,7 @@ def reserve(
                 held[port] = holder
         busy = [p for p in ports if p in held or not bindable(p)]
         if not busy:
-            record = {"run_id": run_id, "reserved": now, "lease_seconds": lease}
+            record = {"run_id": run_id, "reserved": now, "lease_seconds": lease, "job": job}
             for port in ports:
                 layout.write_json(directory / f"{port}.json", record)
     return busy, held
@@ -83,6 +87,37 @@ def _holder(
     with contextlib.suppress(OSError):
         beat = max(beat, (run_dir / "lease").stat().st_mtime)
     return record["run_id"] if now - beat <= float(record.get("lease_seconds") or 0) else None
+
+
+def claims(workdir: Path) -> dict[str, dict[str, Any]]:
+    """The runs an `up` is preparing here that have no run folder yet (it is pushing their
+    code): {run id: {"job", "reserved"}} of the live reservations not handed to tasks. From
+    its preflight on, a run exists for `down`, `status` and `prune` (issue 47)."""
+    directory = _ports_dir(workdir)
+    if not directory.is_dir():
+        return {}
+    now, found = time.time(), {}
+    for path in directory.glob("*.json"):
+        record: Any = layout.read_json(path)
+        if not isinstance(record, dict) or record.get("until_bound"):
+            continue
+        run_id = record.get("run_id")
+        if not isinstance(run_id, str) or (layout.runs_dir(workdir) / run_id).exists():
+            continue
+        beat = record.get("reserved")
+        lease = record.get("lease_seconds")
+        if not isinstance(beat, (int, float)) or not isinstance(lease, (int, float)):
+            continue
+        if now - float(beat) <= float(lease):
+            job = record.get("job")
+            found[run_id] = {"job": job if isinstance(job, str) else None, "reserved": beat}
+    return found
+
+
+def state(workdir: Path, run_id: str) -> str:
+    """Whether a run holding ports here is "running" (a task of it runs on this host) or
+    "starting" (reserved by an `up` between its preflight and its start)."""
+    return "running" if _tasks_run(layout.runs_dir(workdir) / run_id) else "starting"
 
 
 def release(workdir: Path, run_id: str) -> int:

@@ -52,8 +52,8 @@ def op_collect(req: dict[str, Any]) -> protocol.CollectReply:
         name = str(spec["name"])
         cwd = layout.task_cwd(run_dir, spec.get("cwd"))
         which = _paths(only, name) if only is not None else None
-        files, refused = collect(cwd, patterns, hashed, which)
-        found[name] = {"files": files, "refused": refused}
+        files, refused, unread = collect(cwd, patterns, hashed, which)
+        found[name] = {"files": files, "refused": refused, "unread": unread}
     return {"tasks": found}
 
 
@@ -69,13 +69,16 @@ def collect(
     patterns: list[str],
     hashed: bool = True,
     only: frozenset[str] | None = None,
-) -> tuple[list[list[Any]], list[str]]:
-    """([[path, size, mode, sha256]], [refusals]) for `patterns` under `cwd`: every pattern
+) -> tuple[list[list[Any]], list[str], int]:
+    """([[path, size, mode, sha256]], [refusals], unread) for `patterns` under `cwd`: every pattern
     walked (within the limits) before anything is hashed. Unhashed (sha256 null) when the
     controller has nothing to compare with: `fetch` hashes as it sends instead, so a first pull
     reads each file once, not twice (for a checkpoint no longer in the page cache, the time of
     a whole extra pass over the disk). With `only`, just those paths (as listed) are hashed:
-    replicas' copies, whose contents the controller compares with what another host sent."""
+    replicas' copies, whose contents the controller compares with what another host sent.
+    `unread` counts the files and folders that are there but could not be read (a path past
+    PATH_MAX, no permission): each is in the refusals too, and the pull is incomplete (exit 4),
+    where a refused pattern or link is the user's to change."""
     walk = _Walk(cwd)
     listed: dict[str, Path] = {}
     refused: list[str] = []
@@ -95,11 +98,12 @@ def collect(
             files.append([shown, info.st_size, info.st_mode & 0o777, digest])
         except OSError as exc:  # gone or unreadable since the walk: the others still come
             refused.append(f"{shown}: could not be read ({exc.strerror or exc}); not pulled")
+            walk.unread += 1
     refused = list(dict.fromkeys(refused + walk.notes))
     if len(refused) > MAX_REFUSED:
         more = len(refused) - MAX_REFUSED
         refused = [*refused[:MAX_REFUSED], f"... and {more} more not pulled"]
-    return files, refused
+    return files, refused, walk.unread
 
 
 class _Walk:
@@ -109,6 +113,7 @@ class _Walk:
         self.cwd = cwd
         self.entries = 0  # looked at, over all patterns of the task
         self.notes: list[str] = []  # matches not pulled, and why
+        self.unread = 0  # of those, files and folders there that could not be read
         self._pattern = ""
         self._real_dirs: dict[str, str] = {}  # folder -> its real path (one realpath each)
 
@@ -203,7 +208,15 @@ class _Walk:
         try:
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: e.name)
-        except OSError:
+        except FileNotFoundError:
+            return []  # gone since it was seen: nothing there to pull
+        except OSError as exc:  # past PATH_MAX, no permission: what it holds is not pulled
+            shown = (
+                str(folder) if self._pattern.startswith("/") else os.path.relpath(folder, self.cwd)
+            )
+            why = exc.strerror or str(exc)
+            self.notes.append(f"{shown}/: could not be listed ({why}); nothing in it was pulled")
+            self.unread += 1
             return []
         self.entries += len(entries)
         if self.entries > MAX_ENTRIES:

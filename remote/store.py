@@ -75,6 +75,8 @@ def op_materialize(req: dict[str, Any]) -> protocol.MaterializeReply:
     if missing:
         count, first = len(missing), missing[0]
         raise params.AgentError(f"the store lacks the content of {count} file(s), {first!r} first")
+    if layout.run_stopped(run_dir):  # `down` while this code was on its way: it starts nothing
+        raise layout.StoppedRun(run_dir.name)
     layout.make_private_dir(run_dir)
     _write_run_json(req, run_dir)
     layout.touch(run_dir / "lease")

@@ -45,10 +45,7 @@ def op_start(req: dict[str, Any]) -> protocol.TasksReply:
     # Under the run lock, so a whole-run stop sees either none or all of these tasks.
     with layout.run_lock(run_dir):
         if layout.run_stopped(run_dir):
-            raise params.AgentError(
-                f"run {run_dir.name} was stopped; nothing of it starts again",
-                protocol.FAIL_RUN_STOPPED,
-            )
+            raise layout.StoppedRun(run_dir.name)
         for spec, dirname in zip(specs, dirnames):
             if procs.task_state(run_dir / "tasks" / dirname)[0] == protocol.STATE_RUNNING:
                 raise params.AgentError(
@@ -342,12 +339,18 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
     run_dir = layout.run_path(req, must_exist=False)
     grace = grace_param(req)
     names = params.param(req, "tasks", list, None)
-    if not run_dir.is_dir():
-        # Ctrl-C before the code reached this host: there is nothing to stop, and that is fine.
+    if not (run_dir / "run.json").is_file():
+        # Before the code reached this host (`down`, or Ctrl-C, while `up` pushed): nothing to
+        # stop, but its `up` may still push and start. The stop marker, in a folder of its own,
+        # makes this host refuse every later reservation, code and start of the run.
         if names:
             raise params.AgentError(
                 f"there is no run {run_dir.name!r} on this host", protocol.FAIL_NO_RUN
             )
+        layout.make_private_dir(run_dir)
+        with layout.run_lock(run_dir):
+            if not layout.run_stopped(run_dir):
+                _mark_stopped(run_dir, {"requested": time.time(), "grace": grace, "early": True})
         reservations.release(layout.workdir_path(req), run_dir.name)
         layout.stop_stand_ins(req, run_dir.name)
         return {"tasks": [], "escaped": []}

@@ -74,7 +74,7 @@ def stop(
         shown = [s for s in stopped if s.anything]
         hide = inventory_masker(found_target.inventory)
         for s in shown:
-            say(f"stopped run {s.run.run_id} on {s.run.host}")
+            say(f"stopped run {s.run.run_id} on {s.run.host}{_before_start(s.run)}")
             if s.escaped:
                 say(f"{s.run.host}: {escaped_text(s.escaped, hide)}")
         if artifacts:  # before any machine is terminated: they are the files' only copy
@@ -226,6 +226,16 @@ def unknown_run(target: Target, survey: Survey) -> UsageError:
     return UsageError(
         survey.nothing_found(target),
         hint="`tfdeploy status INVENTORY` lists the runs on the inventory's hosts",
+    )
+
+
+def _before_start(run: HostRun) -> str:
+    """What stopping a run its `up` was still preparing means, for `down`'s line."""
+    if not run.starting:
+        return ""
+    return (
+        " before any task of it started (its `up` was preparing it): the host refuses the "
+        "rest of it, and that `up` starts nothing"
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from deployer.api.actions import Say, discovered, inventory_masker, newest_run
 from deployer.core.errors import HostError, HostsFailed, TfdeployError, UsageError
+from deployer.core.lines import Assembler, LineAssembler, RawLines
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import Fleet
 from deployer.results.archive import (
@@ -47,12 +48,15 @@ def read_logs(
     say: Say | None = None,
     target: Callable[[], Target] | None = None,
     hide: Masker | None = None,
+    raw: bool = False,
 ) -> None:
     """Calls `on_lines(label, lines)` with what the run's tasks (or `task`, e.g. "worker:0")
     printed, secrets masked: from this machine's archive once `up` saw the run end, else from
     the hosts (and from the archive when they cannot be asked). `tail`: each task's last
     `tail` lines; `follow`: until every task has ended; `sync`: copy what the hosts have into
-    the archive, then read it. `say` receives notes on where the lines come from (a damaged
+    the archive, then read it. `raw`: the lines as the tasks wrote them, escape sequences and
+    control characters included (by default the output filter, deployer/core/lines.py, makes
+    them safe for a terminal). `say` receives notes on where the lines come from (a damaged
     or cut archive). `inventory` names the run's inventory file when this machine has no
     record of the run.
 
@@ -62,7 +66,9 @@ def read_logs(
     say = _once(say or _nothing)
     given, hide = hide, hide or logs_masker(run_id, inventory)
     reader = _Reader(run_id, task, tail, lambda label, lines: on_lines(label, _masked(hide, lines)))
-    if RUN_ID.match(run_id) and not sync and archive_ended(run_id):
+    reader.assembler = RawLines if raw else LineAssembler
+    # --raw asks the hosts first: the archive keeps what a terminal obeys only defanged.
+    if RUN_ID.match(run_id) and not sync and not raw and archive_ended(run_id):
         if not damaged(run_id, task):
             reader.archived(say)  # `up` saw it end: all of it is here, the hosts may be gone
             return
@@ -84,6 +90,7 @@ def read_logs(
             sync=sync,
             say=say,
             hide=given,
+            raw=raw,
         )
         return
     reader.run_id = found.run_id
@@ -95,7 +102,13 @@ def read_logs(
             return
         try:
             seen = follow_logs(
-                fleet, found.run_id, reader.emit, task=task, tail=tail, follow=follow
+                fleet,
+                found.run_id,
+                reader.emit,
+                task=task,
+                tail=tail,
+                follow=follow,
+                assembler=reader.assembler,
             )
         except (HostError, HostsFailed) as exc:
             if not has_archive(found.run_id):
@@ -129,9 +142,10 @@ class _Reader:
 
     def __init__(self, run_id: str, task: str | None, tail: int | None, emit: Lines) -> None:
         self.run_id, self.task, self.tail, self.emit = run_id, task, tail, emit
+        self.assembler: Callable[[], Assembler] = LineAssembler
 
     def archived(self, say: Say, note: str | None = None) -> None:
-        runs = archived_runs(self.run_id, self.task, self.tail)
+        runs = archived_runs(self.run_id, self.task, self.tail, self.assembler)
         first = next(runs, None)
         if first is None and self.task:
             raise UsageError(

@@ -273,6 +273,9 @@ def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
         facts.append("created " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)))
     if any(r.detached for r in host_runs):
         facts.append("detached")
+    starting = sorted(r.host for r in host_runs if r.starting)
+    if starting:  # no task yet: its `up` is pushing, installing or setting it up there
+        facts.append(f"starting on {', '.join(starting)}: its `up` is preparing it")
     if facts:
         heading.append(f" ({', '.join(facts)})")
     _note_failed_evaluators(heading, host_runs)
@@ -394,6 +397,8 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
                     "job": r.job,
                     "created": r.created,
                     "detached": r.detached,
+                    # no task yet on this host: its `up` is preparing it (push, setup, start)
+                    "starting": r.starting,
                     # evaluators of this host that ended by themselves without success
                     "failed_evaluators": [t.name for t in _failed_evaluators(r)],
                     # a running task's GPU use: {gpus, memory_mib, utilization}, else null

@@ -29,6 +29,7 @@ from deployer.core.errors import (
     Terminated,
     TfdeployError,
 )
+from deployer.core.lines import clean_text
 
 
 def run(argv: Sequence[str], env: Env) -> int:
@@ -44,8 +45,10 @@ def run(argv: Sequence[str], env: Env) -> int:
     except TfdeployError as exc:
         if args.traceback:  # for debugging; the exit status stays the error's own
             env.err.print(Text(traceback.format_exc().rstrip()))
-        env.err.print(Text.assemble(("error: ", "bold red"), exc.message))
-        for hint in (exc.hint or "").splitlines():  # one `hint:` per line (per host, HostsFailed)
+        # A message may quote what a host said: the output filter makes it text, never control.
+        env.err.print(Text.assemble(("error: ", "bold red"), clean_text(exc.message)))
+        # One `hint:` per line (per host, HostsFailed).
+        for hint in clean_text(exc.hint or "").splitlines():
             env.err.print(Text.assemble(("hint: ", "yellow"), hint))
         return exc.exit_status
     except KeyboardInterrupt as exc:
@@ -64,7 +67,7 @@ def _internal_error(args: argparse.Namespace, env: Env) -> int:
     if args.traceback:
         raise  # called from an except block: re-raises the exception it handles
     last = traceback.format_exc().strip().splitlines()[-1]
-    env.err.print(Text.assemble(("internal error: ", "bold red"), last))
+    env.err.print(Text.assemble(("internal error: ", "bold red"), clean_text(last)))
     env.err.print(Text("hint: run again with --traceback and report it"))
     return ExitStatus.JOB_FAILED
 

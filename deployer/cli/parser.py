@@ -79,6 +79,15 @@ def _concurrency_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_count(1), default=32, help="hosts at once (32)")
 
 
+def _raw_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help=f"{what}: escape sequences and control characters included (by default they are "
+        "dropped and invisible characters marked: a host's output never drives your terminal)",
+    )
+
+
 TASK_NAME = re.compile(r"[a-z_]+:\d+")
 
 
@@ -199,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="copy what the hosts wrote since into the local archive, then print it",
     )
+    _raw_arg(logs, "the lines as the tasks wrote them")
     logs.set_defaults(handler=verbs.logs_verb)
 
     pull_ = subparsers.add_parser(
@@ -262,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     exec_ = subparsers.add_parser("exec", help="run a shell command on every host, output prefixed")
     exec_.add_argument("inventory", help="inventory TOML file")
+    _raw_arg(exec_, "each host's output as it wrote it, unprefixed")
     exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     _concurrency_arg(exec_)
     exec_.set_defaults(handler=verbs.exec_verb)

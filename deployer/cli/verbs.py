@@ -18,6 +18,7 @@ from deployer import api
 from deployer.api.render import plan_document, plan_table, status_json, status_table
 from deployer.cli.console import Env
 from deployer.core.errors import ExitStatus, HostsFailed, NothingMatched, UsageError
+from deployer.core.lines import clean_text, lines_of
 
 
 def plan_verb(args: argparse.Namespace, env: Env) -> int:
@@ -45,7 +46,7 @@ def up_verb(args: argparse.Namespace, env: Env) -> int:
         concurrency=args.concurrency,
         view=api.terminal_view(env.out, env.raw_out),
         say=functools.partial(_say, env),
-        warn=lambda line: env.err.print(Text(f"tfdeploy: {line}")),
+        warn=lambda line: env.err.print(Text(f"tfdeploy: {clean_text(line)}")),
     )
     return ExitStatus.OK
 
@@ -58,7 +59,7 @@ def _netcheck(args: argparse.Namespace) -> bool | str | None:
 
 
 def _say(env: Env, line: str) -> None:
-    env.out.print(Text(line))
+    env.out.print(Text(clean_text(line)))
 
 
 def check_verb(args: argparse.Namespace, env: Env) -> int:
@@ -80,7 +81,7 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
         artifacts=not args.no_artifacts,
         artifacts_timeout=args.artifacts_timeout,
         say=functools.partial(_say, env),
-        warn=lambda line: env.err.print(Text(line)),
+        warn=lambda line: env.err.print(Text(clean_text(line))),
     )
     return ExitStatus.OK
 
@@ -127,7 +128,8 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
         tail=args.tail,
         follow=args.follow,
         sync=args.sync,
-        say=lambda note: env.err.print(Text(note), style="yellow"),
+        say=lambda note: env.err.print(Text(clean_text(note)), style="yellow"),
+        raw=args.raw,
     )
     return ExitStatus.OK
 
@@ -140,15 +142,15 @@ def pull_verb(args: argparse.Namespace, env: Env) -> int:
         inventory=args.inventory,
         tasks=args.task,
         concurrency=args.concurrency,
-        say=lambda note: env.err.print(Text(note), style="yellow"),
+        say=lambda note: env.err.print(Text(clean_text(note)), style="yellow"),
     )
     view = api.PlainView(env.raw_out)
     for refusal in result.refused:
         view.step(f"not pulled: {refusal}")
-    if not result.files and not result.not_kept:
+    if not result.files and not result.not_kept and not result.unread:
         raise NothingMatched(result.nothing_matched(), hint=NOTHING_MATCHED_HINT)
     view.step(result.summary())
-    return ExitStatus.INCOMPLETE if result.not_kept else ExitStatus.OK
+    return ExitStatus.INCOMPLETE if result.not_kept or result.unread else ExitStatus.OK
 
 
 NOTHING_MATCHED_HINT = (
@@ -210,12 +212,29 @@ def exec_verb(args: argparse.Namespace, env: Env) -> int:
     view = api.PlainView(env.raw_out)
     failed = 0
     for host, result in ran.results.items():
-        out = (result.stdout + result.stderr).decode(errors="replace").splitlines()
-        view.lines(host, out)
+        if args.raw:  # the bytes as the host wrote them, unprefixed: asked for, never the default
+            _write_bytes(env, result.stdout + result.stderr)
+        else:  # a host is untrusted: its output is text for the terminal, never control
+            view.lines(host, lines_of(result.stdout + result.stderr))
         if result.exit_code != 0:
             failed += 1
-            view.step(f"{host}: exit code {result.exit_code}")
+            said = f"{host}: exit code {result.exit_code}"
+            if args.raw:  # stdout holds only the hosts' bytes
+                env.err.print(Text(f"tfdeploy: {said}"))
+            else:
+                view.step(said)
     if ran.unreachable:
         said = "the command ran on the other hosts" if ran.results else "the command ran nowhere"
         raise HostsFailed(ran.unreachable, what="exec failed", outcome=said)
     return ExitStatus.JOB_FAILED if failed else ExitStatus.OK
+
+
+def _write_bytes(env: Env, data: bytes) -> None:
+    """`data` to stdout unchanged (a text stream without a buffer, as a test's, gets it decoded)."""
+    env.raw_out.flush()
+    buffer = getattr(env.raw_out, "buffer", None)
+    if buffer is None:
+        env.raw_out.write(data.decode(errors="replace"))
+    else:
+        buffer.write(data)
+        buffer.flush()

@@ -15,7 +15,8 @@ class ExitStatus(enum.IntEnum):
     USAGE = 2
     UNREACHABLE = 3
     # `pull`: every other file arrived, but some it listed did not, each named (they changed
-    # while they were sent: a task still writing them): pulling again may get them.
+    # while they were sent: a task still writing them, pulling again may get them; or their
+    # host could not read them: a path past PATH_MAX, no permission).
     INCOMPLETE = 4
     # `pull`: no pattern matched a file on any task asked: nothing came (a typo, a path relative
     # to the wrong place, or a run that has not written it yet).

@@ -89,6 +89,7 @@ class Channel:
         hosts_of: str | None = None,
         listen: tuple[Sequence[int], float] | None = None,
         interpreters: protocol.InterpretersQuery | None = None,
+        job: str | None = None,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
 
@@ -98,10 +99,14 @@ class Channel:
         With a run id, the free `ports` are reserved for that run on the host until it stops or
         its lease lapses (`lease_seconds` without a heartbeat): two `up` of one inventory started
         at once cannot both pass preflight. Ports reserved by another run come back busy.
+        `job` is kept with the reservation: until its code arrives, the run is that record
+        (`down INVENTORY` finds and stops it, and the host then refuses the rest of it).
         """
         hello: protocol.HelloRequest = {"ports": list(ports)}
         if run_id is not None:
             hello["run_id"], hello["lease_seconds"] = run_id, lease_seconds
+            if job is not None:
+                hello["job"] = job
             if listen is not None:  # the network check's stand-ins, when no port is busy
                 hello["listen"] = {"ports": list(listen[0]), "seconds": listen[1]}
         if interpreters is not None:

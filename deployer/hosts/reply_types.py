@@ -124,6 +124,7 @@ class RemoteFile:
 class Collected:
     files: tuple[RemoteFile, ...]
     refused: tuple[str, ...]  # patterns or matches not pulled, and why
+    unread: int = 0  # of those, files or folders there that could not be read: pull exits 4
 
     @classmethod
     def from_json(cls, raw: object, edge: Edge, task: str) -> Collected:
@@ -146,7 +147,8 @@ class Collected:
                     edge.sha256(entry[3], f"{field} sha256"),
                 )
             )
-        return cls(tuple(files), edge.texts(d.get("refused", []), f"{task}'s refused"))
+        refused = edge.texts(d.get("refused", []), f"{task}'s refused")
+        return cls(tuple(files), refused, edge.count(d.get("unread", 0), f"{task}'s unread"))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The local log archive: every task's output, kept on this machine as `up` streams it.
 
 Logs live on the hosts, and hosts go away (terminated instances, a lab torn down, a crashed
-disk). So `up` also writes each task's raw bytes to `<state>/runs/<run-id>/<role>-<index>.log`,
+disk). So `up` also writes each task's bytes to `<state>/runs/<run-id>/<role>-<index>.log`
+(what a terminal obeys defanged, same length: deployer/core/lines.py `defang`),
 by the byte offsets the polls carry (a re-read or a reconnect never duplicates a byte), and
 `tfdeploy logs RUN_ID` reads them back when the hosts cannot be asked. A file is bounded: past
 `limit` bytes it is rotated once (`.log.1`), so a task keeps at most twice that here.
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.core.lines import LineAssembler
+from deployer.core.lines import Assembler, LineAssembler, defang
 from deployer.core.statedir import state_dir
 from deployer.hosts.replies import task_name_ok
 
@@ -111,7 +112,7 @@ class LogArchive:
         position = offset - entry.base
         if position < 0:  # already rotated past these bytes
             data, position = data[-position:], 0
-        flags = os.O_WRONLY | os.O_CREAT
+        flags = os.O_RDWR | os.O_CREAT  # read: a character cut between two writes
         if position > _size_of(path):
             # The file went away (or was cut short) under us: a write past its end would fill
             # the gap with NUL bytes. Start it afresh here and remember what is gone.
@@ -121,6 +122,12 @@ class LogArchive:
             self._save()
         fd = os.open(path, flags, 0o600)
         try:
+            # What a terminal would obey never lands in a file a person may `cat` (the filter of
+            # deployer/core/lines.py, same length): a character cut between two writes is
+            # defanged with the bytes before it, read back.
+            back = min(3, position) if data and 0x80 <= data[0] < 0xC0 else 0
+            before = os.pread(fd, back, position - back) if back else b""
+            data, position = defang(before + data), position - len(before)
             view = memoryview(data)
             while view:  # a disk filling up takes part of a write, then fails the next
                 written = os.pwrite(fd, view, position)
@@ -254,14 +261,16 @@ def archive_ended(run_id: str) -> bool:
     return bool(_read_index(run_dir(run_id)).get("ended"))
 
 
-def read_runs(run_id: str, task: str | None = None) -> Iterator[tuple[str, list[str]]]:
+def read_runs(
+    run_id: str, task: str | None = None, make: Callable[[], Assembler] = LineAssembler
+) -> Iterator[tuple[str, list[str]]]:
     """The archived lines as (label, lines) runs, a MB of the file at a time: what a printer
     wants (a million lines one by one cost more than reading them), in bounded memory."""
     directory = run_dir(run_id)
     for name, entry in _tasks(directory).items():
         if task is not None and name != task:
             continue
-        assembler = LineAssembler()
+        assembler = make()
         label = f"{name}@{entry['host']}"
         path = directory / _file_name(name)
         for part in (path.with_suffix(".log.1"), path):
@@ -293,7 +302,7 @@ def _kept_from(entry: _File, path: Path) -> int:
     return max(0, entry.base - _size_of(path.with_suffix(".log.1")))
 
 
-def _chunks(path: Path, assembler: LineAssembler) -> Iterator[list[str]]:
+def _chunks(path: Path, assembler: Assembler) -> Iterator[list[str]]:
     try:
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):

@@ -70,11 +70,13 @@ class PullResult:
     # Files listed to come that did not (they changed while sent; in `refused` too): a pull
     # again may get them. A pattern or link the host refused is not counted: it never comes.
     not_kept: int = 0
+    # Files and folders the hosts found and could not read (a path past PATH_MAX): never came.
+    unread: int = 0
     # "worker:0 and worker:1 of h1 share ...": tasks of one host whose files landed once.
     shared: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        if not self.files:
+        if not self.files and not self.unread:
             return self.nothing_matched()
         news = f"{self.fetched_bytes} bytes sent ({plural(self.fetched_files, 'file')})"
         if not self.fetched_files:
@@ -82,6 +84,9 @@ class PullResult:
         elif self.fetched_files < self.files:  # a file was here, or a content came for two
             news += ", the rest already here"
         shared = "".join(f"; {note}" for note in self.shared)
+        if self.unread:  # each is named in a `not pulled:` line above
+            shared += f"; {plural(self.unread, 'file or folder', 'files or folders')} the hosts "
+            shared += "could not read did not come (named above)"
         return f"pulled {plural(self.files, 'file')} into {self.destination}: {news}{shared}"
 
     def nothing_matched(self) -> str:
@@ -154,6 +159,7 @@ def pull(
     """Pulls what `patterns` name of every task (or `tasks`) of the run, from every host (or
     `members`)."""
     check_destination(to)
+    umask.cache_clear()  # read once a pull, here, before its threads
     base = to / run_id
     listed = _collect(fleet, run_id, patterns, tasks, members, hashed=base.exists())
     if not any(listed.values()):
@@ -164,9 +170,11 @@ def pull(
     listed, shared = _once_per_host(listed)
     wanted: list[Wanted] = []
     refused: list[str] = []
+    unread = 0
     for host, by_task in sorted(listed.items()):
         for name, collected in sorted(by_task.items()):
             refused += [f"{name}@{host}: {why}" for why in collected.refused]
+            unread += collected.unread
             wanted += _destinations(fleet.member(host), name, collected, base)
     top = base.resolve()
     for _, _, _, dest in wanted:
@@ -205,6 +213,7 @@ def pull(
     return PullResult(
         files=len(wanted) - not_kept,
         not_kept=not_kept,
+        unread=unread,
         fetched_bytes=sent,
         fetched_files=fetch.fetched,
         refused=tuple(refused),
@@ -511,6 +520,24 @@ def _one_source_per_content(
     return sources
 
 
+def local_mode(mode: int) -> int:
+    """A pulled file's mode, as scp gives it: the host's permission bits less this process's
+    umask (a group- or world-writable bit a host chose never lands unasked; 0644 for none)."""
+    return ((mode & PERMISSIONS) or 0o644) & ~umask()
+
+
+@functools.cache
+def umask() -> int:
+    """This process's umask, read without setting it (os.umask sets it, for every thread)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as status:
+            line = next(x for x in status if x.startswith("Umask:"))
+        return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # no /proc (not Linux): the one read, before any pull thread
+    os.umask(mask)
+    return mask
+
+
 def _copy(first: Path, dest: Path, mode: int, parts: Path) -> None:
     """A content already here, copied to another task's file: through a private temporary
     file in `parts` (never a longer name beside `dest`), renamed into place."""
@@ -522,7 +549,7 @@ def _copy(first: Path, dest: Path, mode: int, parts: Path) -> None:
         try:
             with os.fdopen(fd, "wb") as out, first.open("rb") as src:
                 _copy_contents(src, out)
-                os.fchmod(out.fileno(), (mode & PERMISSIONS) or 0o644)
+                os.fchmod(out.fileno(), local_mode(mode))
             _inside_run(dest, parts.parent)
             os.replace(tmp, dest)
         except BaseException:
@@ -741,7 +768,7 @@ class _Landing:
                 raise _changed(host, self.name, remote)
             self.sha256 = want
             with _writing(self.dest):
-                os.fchmod(self.out.fileno(), (remote.mode & PERMISSIONS) or 0o644)
+                os.fchmod(self.out.fileno(), local_mode(remote.mode))
                 _inside_run(self.dest, self.root)
                 os.replace(self.part, self.dest)
         return got.count

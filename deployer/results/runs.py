@@ -20,7 +20,7 @@ from deployer.config.inventory import Inventory
 from deployer.config.model import Host
 from deployer.config.roles import LEAD_TASKS
 from deployer.core.errors import HostError, HostsFailed, UsageError
-from deployer.core.lines import MAX_LINE, LineAssembler
+from deployer.core.lines import MAX_LINE, Assembler, LineAssembler
 from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpureport import TaskGpu
@@ -44,10 +44,13 @@ class HostRun:
     hosts: tuple[tuple[str, str], ...] = ()  # the run's own list: (name, address) of each host
     hosts_at: float = 0.0  # when that list was written (a replaced host gets a newer one)
     gpu_use: tuple[TaskGpu, ...] = ()  # running tasks' GPU use (`status`: results/gpuuse.py)
+    # No task yet: its `up` is preparing it (pushing, installing, setting up, starting). A run
+    # from its preflight's reservation on: `down` stops it, and the host then refuses the rest.
+    starting: bool = False
 
     @property
     def active(self) -> bool:
-        return any(not t.finished for t in self.tasks)
+        return self.starting or any(not t.finished for t in self.tasks)
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,7 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         tasks=tuple(TaskStatus.from_json(t, edge) for t in edge.items(tasks or [], "tasks")),
         hosts=pairs,
         hosts_at=float(hosts_at) if isinstance(hosts_at, int | float) else 0.0,
+        starting=r.get("starting") is True and not tasks,
     )
 
 
@@ -316,14 +320,16 @@ def follow_logs(
     tail: int | None = None,
     follow: bool = False,
     interval: float = 0.5,
+    assembler: Callable[[], Assembler] = LineAssembler,
 ) -> bool:
     """Prints a run's logs by byte offset; with follow, until every task has finished.
 
     Returns False when no host knows the run (or the task). `tail` N starts each task's log at
     the N-th last line (0: print only what comes next), never in the middle of a line.
+    `assembler` makes the lines (the output filter; RawLines for `logs --raw`).
     """
     offsets: dict[tuple[str, str], int] = {}
-    assemblers: dict[tuple[str, str], LineAssembler] = {}
+    assemblers: dict[tuple[str, str], Assembler] = {}
     first, seen = True, False
     while True:
         active = False
@@ -335,7 +341,7 @@ def follow_logs(
                 if key not in offsets:
                     start = tail is not None and first
                     offsets[key] = _tail_start(member, run_id, s, tail) if start else 0
-                    assemblers[key] = LineAssembler()
+                    assemblers[key] = assembler()
             for label, lines in _read_logs(member, run_id, wanted, offsets, assemblers).items():
                 if lines:
                     emit(label, lines)
@@ -375,17 +381,20 @@ def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
 
 
 def archived_runs(
-    run_id: str, task: str | None, tail: int | None
+    run_id: str,
+    task: str | None,
+    tail: int | None,
+    assembler: Callable[[], Assembler] = LineAssembler,
 ) -> Iterator[tuple[str, list[str]]]:
     """The archive's lines of a run (or one task) as (label, lines) runs, read as they are
     wanted; with `tail`, each task's last `tail`."""
     if tail is None:
-        yield from read_runs(run_id, task)
+        yield from read_runs(run_id, task, assembler)
         return
     if tail == 0:
         return  # nothing to print: no need to read it
     last: dict[str, deque[str]] = {}
-    for label, lines in read_runs(run_id, task):
+    for label, lines in read_runs(run_id, task, assembler):
         last.setdefault(label, deque(maxlen=tail)).extend(lines)
     for label, kept in last.items():
         if kept:
@@ -495,7 +504,7 @@ def _read_logs(
     run_id: str,
     statuses: list[TaskStatus],
     offsets: dict[tuple[str, str], int],
-    assemblers: dict[tuple[str, str], LineAssembler],
+    assemblers: dict[tuple[str, str], Assembler],
 ) -> dict[str, list[str]]:
     """Reads every task's log up to its current end; returns the complete lines per label."""
     out: dict[str, list[str]] = {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan
-from deployer.core.errors import Interrupted
+from deployer.core.errors import HostsFailed, Interrupted
 from deployer.core.secrets import Masker
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
@@ -245,7 +245,12 @@ class Deployment:
         """Every task started: the run now outlives this controller on every host (its lease
         is dropped). A host that cannot be told fails the `up`, and teardown stops the run:
         half of a run, left to lapse on one host, is no detached run."""
-        self.fleet.each(lambda m: m.agent.detach(self.run_id), self.members, what="detach failed")
+        _, failures = self.fleet.each_settled(lambda m: m.agent.detach(self.run_id), self.members)
+        if failures:  # raised before the teardown that stops them: `up` prints it after
+            tasks, hosts = plural(len(self.plan.tasks), "task"), plural(len(self.members), "host")
+            started = f"{tasks} of run {self.run_id} had started on {hosts}, and were stopped"
+            why = "a run detached on only some hosts is no detached run"
+            raise HostsFailed(failures, what="detach failed", outcome=f"{started} ({why})")
 
     def check(self) -> int:
         """`tfdeploy check`: preflight alone. Its port reservations are given back at once."""

@@ -7,6 +7,7 @@ the phases after it work from one plan that never changes under them.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -46,7 +47,7 @@ def host_problems(
 ) -> list[HostError]:
     """Busy TF ports, a missing TensorFlow (unless setup may install it), too little disk."""
     problems = []
-    problems += _busy_ports(host, facts)
+    problems += _busy_ports(host, facts, job.name)
     if not facts.get("tensorflow") and not job.setup and job.require_tensorflow:
         problems.append(
             HostError(
@@ -69,22 +70,18 @@ def host_problems(
     return problems
 
 
-def _busy_ports(host: str, facts: Mapping[str, object]) -> list[HostError]:
+def _busy_ports(host: str, facts: Mapping[str, object], job: str) -> list[HostError]:
     busy = [int(p) for p in facts.get("busy_ports") or []]  # type: ignore[attr-defined]
     if not busy:
         return []
     held: Mapping[str, str] = facts.get("reserved_by") or {}  # type: ignore[assignment]
-    runs = sorted({held[str(p)] for p in busy if str(p) in held})
+    # "running" (a task of that run runs on the host) or "starting" (an `up` of it is between
+    # its preflight and its start); an agent older than issue 47 says neither.
+    states: Mapping[str, str] = facts.get("reserved_state") or {}  # type: ignore[assignment]
+    runs = {held[str(p)]: states.get(str(p)) for p in sorted(busy) if str(p) in held}
     ports = ", ".join(str(p) for p in busy)
-    if runs:  # another `up` is between its preflight and its start
-        return [
-            HostError(
-                host,
-                f"TF port(s) {ports} already in use: reserved by run {', '.join(runs)}",
-                hint="another `up` of this job is starting; wait for it or stop it "
-                f"(`tfdeploy down {runs[0]}`)",
-            )
-        ]
+    if runs:
+        return [_held_by(host, ports, run, state, job) for run, state in sorted(runs.items())]
     return [
         HostError(
             host,
@@ -92,6 +89,32 @@ def _busy_ports(host: str, facts: Mapping[str, object]) -> list[HostError]:
             hint="stop what holds them (`tfdeploy status` lists runs) or set another port",
         )
     ]
+
+
+def _held_by(host: str, ports: str, run: str, state: str | None, job: str) -> HostError:
+    """The TF ports are another run's: which run, whose, and whether it runs or is starting."""
+    ours = re.fullmatch(rf"{re.escape(job)}-\d{{8}}T\d{{6}}Z-[0-9a-f]{{4}}", run) is not None
+    whose = "another run of this job" if ours else "a run of another job"
+    down = f"`tfdeploy down {run}`"
+    if state == "running":
+        return HostError(
+            host,
+            f"TF port(s) {ports} already in use: run {run} ({whose}) is running there",
+            hint=f"stop that run ({down}) or give this job another port (job.port)",
+        )
+    if state == "starting":
+        return HostError(
+            host,
+            f"TF port(s) {ports} already in use: reserved by run {run} ({whose}), which an "
+            "`up` is starting (between its preflight and its start)",
+            hint=f"wait for that `up`, or stop it ({down})",
+        )
+    return HostError(
+        host,
+        f"TF port(s) {ports} already in use: reserved by run {run} ({whose})",
+        hint=f"`tfdeploy status` says whether it runs; stop it ({down}) or give this job "
+        "another port (job.port)",
+    )
 
 
 @dataclass(frozen=True)
@@ -357,6 +380,7 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
         lease_seconds=claim.lease_seconds,
         listen=(listen.ports, listen.seconds) if listen is not None else None,
         interpreters=asked,
+        job=plan.job.name,
     )
     greeted.claimed.add(member.name)  # one set.add per thread: safe under the GIL
     if listen is not None and facts.get("listening"):

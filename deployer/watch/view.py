@@ -29,6 +29,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 
+from deployer.core.lines import clean_text
 from deployer.core.secrets import Masker
 from deployer.watch.board import TaskRow
 from deployer.watch.table import Heard, region_rows, task_colour, task_panel
@@ -101,7 +102,7 @@ class PlainView:
         self._gone = False
 
     def step(self, text: str) -> None:
-        self._write(f"tfdeploy: {text}\n")
+        self._write(f"tfdeploy: {clean_text(text)}\n")  # it may quote a host: never control
 
     def phase(self, text: str) -> None:
         """Nothing: a pipe gets events, and the step that ends a phase says how it went."""
@@ -206,13 +207,14 @@ class LiveView:
         return Group(*task_panel(self._rows, lines, heard), *status)
 
     def step(self, text: str) -> None:
+        text = clean_text(text)  # it may quote a host: never control
         self._status = text.partition("\n")[0]  # the whole text goes to the scrollback
         self._flush(Text(f"tfdeploy: {text}", style="bold"))  # after the lines before it
 
     def phase(self, text: str) -> None:
         """What goes on until the next step (a push, a teardown): the status line says it,
         the scrollback does not (the step that ends the phase says how it went)."""
-        self._status = text.partition("\n")[0]
+        self._status = clean_text(text).partition("\n")[0]
         self._live.refresh()
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
@@ -259,7 +261,7 @@ class MaskedView:
     """Any view, with the run's secret values masked in everything it shows: log lines, steps
     and the table's last lines. Tasks print what they like (a failing script dumps its env),
     and a token forwarded from this shell must not end up in a terminal's scrollback or a CI
-    log; the hosts' own logs and this machine's archive keep the raw bytes (docs/security.md)."""
+    log; the hosts' own logs and this machine's archive keep them (docs/security.md)."""
 
     def __init__(self, view: Display, hide: Callable[[str], str]) -> None:
         self.view = view

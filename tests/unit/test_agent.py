@@ -457,7 +457,9 @@ def test_a_whole_run_stop_ends_a_running_setup(workdir: Path) -> None:
     assert setup.stdout is not None and setup.wait(timeout=10) == 0
     assert time.monotonic() - began < 3
     reply = json.loads(setup.stdout.read())
-    assert reply["code"] == 128 + signal.SIGTERM and not alive(pid)
+    # Issue 47: not `exit code 143`, which `up` showed as a setup failure: the stop, named.
+    assert reply["ok"] is False and "run r1 was stopped on this host" in reply["error"]
+    assert not alive(pid)
     assert not (run_dir / "code/never.txt").exists()
     assert not (host_dir(workdir) / "setup/slow.ok").exists()
 

@@ -149,6 +149,7 @@ def test_a_hello_reserves_the_ports_until_the_run_stops(workdir: Path) -> None:
     assert again["busy_ports"] == []  # its own reservation does not block a run
     second = ok(call(workdir, "hello", ports=[port], run_id="second", lease_seconds=30))
     assert second["busy_ports"] == [port] and second["reserved_by"] == {str(port): "first"}
+    assert second["reserved_state"] == {str(port): "starting"}  # no task of "first" runs here
     plain = ok(call(workdir, "hello", ports=[port]))  # no run id: only the bind is checked
     assert plain["busy_ports"] == []
     # Preflight failed elsewhere (nothing of "first" reached this host): its stop releases.
@@ -198,6 +199,7 @@ def test_a_started_runs_reservation_lasts_until_its_task_binds_or_ends(
     ok(call(workdir, "start", run_id="r1", tasks=[task], grace=1, release=True))
     between = ok(call(workdir, "hello", ports=[port], run_id="r2", lease_seconds=30))
     assert between["busy_ports"] == [port] and between["reserved_by"] == {str(port): "r1"}
+    assert between["reserved_state"] == {str(port): "running"}  # issue 47: not "starting"
     (run_dir / "code/go").touch()
     if then == "binds":
         wait_for(lambda: (run_dir / "code/bound").exists())

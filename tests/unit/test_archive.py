@@ -3,10 +3,12 @@ reads it back when the hosts are gone (the lab's version: tests/integration/test
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from deployer.core.lines import LineAssembler
 from deployer.results.archive import (
     LogArchive,
     archive_ended,
@@ -38,6 +40,35 @@ def test_bytes_land_at_their_offsets_and_repeats_change_nothing() -> None:
     assert (run_dir("r-1") / "worker-0.log").read_bytes() == b"one\ntwo\nthree"
     assert list(read_lines("r-1")) == [("worker:0@h1", x) for x in ("one", "two", "three")]
     assert archive.size("worker:0") == 13 and not archive_ended("r-1")
+
+
+HOSTILE = (
+    "A\x07B\x1b[2JC\x1b]52;c;ZWNobw==\x1b\\D\x1bP1$qm\x1b\\E\u009b31mF\u009d0;T\u009cG\x00\x0e"
+    "\x7fH\u202eevil\u202cI\u2066J\u2069K\u200eL\u200fM\u061cN\u200bO\u200cP\u200dQ\u2060R"
+    "\ufeffS\u2028T\u2029U\x1b]0;t\x07V \u00e9\u2013\u00b0 50%\r100%\n"
+)
+
+
+def test_the_archive_holds_nothing_a_terminal_obeys_and_logs_reads_it_as_live() -> None:
+    """Issue 47: the archive is a file a person may `cat`; it held a task's escape sequences,
+    C1 controls and bidi overrides as written. Now every one is replaced byte for byte (offsets
+    stay the host log's), whatever the chunking, and `logs` shows what `up` showed live."""
+    data = (HOSTILE * 3).encode()
+    live = LineAssembler().feed(data)
+    for step in (1, 2, 3, 5, 7, 64):
+        run_id = f"r-h{step}"
+        archive = LogArchive(run_id)
+        for at in range(0, len(data), step):
+            archive.write("worker:0", "h1", at, data[at : at + step])
+        kept = (run_dir(run_id) / "worker-0.log").read_bytes()
+        assert len(kept) == len(data) == archive.size("worker:0")
+        assert not re.search(rb"[\x01-\x07\x0b\x0c\x0e-\x1f]|\xc2[\x80-\x9f]", kept), step
+        shown = kept.decode()
+        assert not any(
+            ch in shown for ch in "\u202a\u202e\u2066\u2069\u200b\u200e\u061c\u2028\ufeff"
+        )
+        assert "\u00e9\u2013\u00b0" in shown  # what is printable stays as it was
+        assert [line for _, line in read_lines(run_id)] == live, step
 
 
 def test_a_long_log_is_rotated_once_and_stays_bounded() -> None:

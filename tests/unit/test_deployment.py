@@ -454,3 +454,29 @@ def test_artifacts_to_under_home_is_expanded_and_shown_as_it_is(
     assert (home / "worker-0" / "ckpt" / "m.bin").read_bytes() == b"weights"
     assert not (tmp_path / "~").exists()
     assert any(s.startswith(f"artifacts: pulled 1 file into {home}") for s in h.view.steps)
+
+
+def test_a_failed_detach_says_what_was_started_and_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: the error said `detach failed on 1 host; nothing was started` after both
+    tasks had started, and teardown had just stopped them."""
+    from deployer.core.errors import HostError
+
+    h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
+    a, b = h.hosts["a"], h.hosts["b"]
+
+    def refuse(req: object) -> object:
+        raise HostError("b", "the disk is full")
+
+    monkeypatch.setattr(b, "_op_detach", refuse)
+    with pytest.raises(HostsFailed) as failed:
+        h.run(lambda now: None, detach=True)
+    message = failed.value.message
+    run_id = h.deployment.run_id
+    assert "nothing was started" not in message, message
+    assert message.startswith(
+        f"detach failed on 1 host; 2 tasks of run {run_id} had started on 2 hosts, and were "
+        "stopped (a run detached on only some hosts is no detached run):"
+    ), message
+    assert [len(host.ops("stop")) for host in (a, b)] == [1, 1]  # what it says happened

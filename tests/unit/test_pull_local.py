@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,51 @@ def test_a_pull_that_matches_nothing_on_every_task_exits_5_naming_what_and_where
     assert not (home / run_id).exists() or not any((home / run_id).rglob("*"))
     code, out, err = run_cli("pull", run_id, "nope.txt", "f", "--to", str(home))
     assert code == 0, one_line(out + err)  # one pattern matched: the rest is not an error
+
+
+def test_a_pulled_file_gets_this_machines_umask_as_scp_gives_it(
+    tmp_path: Path,
+    state: Path,  # noqa: F811
+) -> None:
+    """Issue 47: a host's mode was kept `& 0o777` only, so a file the host made group- and
+    world-writable (0666, 0777) landed so here, whatever the user's umask said."""
+    write = "printf a > open && chmod 666 open && printf b > run && chmod 777 run"
+    code, out, err = run_cli("up", str(local_job(tmp_path, write)))
+    assert code == 0, out + err
+    run_id = run_id_of(out)
+    old = os.umask(0o027)
+    try:
+        code, out, err = run_cli("pull", run_id, "open", "run", "--to", str(tmp_path / "home"))
+    finally:
+        os.umask(old)
+    assert code == 0, one_line(out + err)
+    folder = tmp_path / "home" / run_id / "worker-0"
+    assert stat.S_IMODE((folder / "open").stat().st_mode) == 0o640
+    assert stat.S_IMODE((folder / "run").stat().st_mode) == 0o750
+
+
+def test_a_file_past_path_max_is_named_and_the_pull_exits_4(
+    tmp_path: Path,
+    state: Path,  # noqa: F811
+) -> None:
+    """Issue 47: a folder whose path exceeds PATH_MAX could not be listed, and the walk passed
+    over it without a word: `pulled 1 file`, exit 0, the deep checkpoint silently missing."""
+    deep = (
+        "import os\n"
+        "os.makedirs('deep', exist_ok=True); os.chdir('deep')\n"
+        "for _ in range(24):\n"  # 24 x 201 characters: past Linux's PATH_MAX (4096) from /
+        "    os.mkdir('d' * 200); os.chdir('d' * 200)\n"
+        "open('ckpt', 'w').write('lost')\n"
+    )
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "deep.py").write_text(deep)
+    job = local_job(tmp_path, f"{sys.executable} deep.py && printf ok > deep/near")
+    code, out, err = run_cli("up", str(job))
+    assert code == 0, out + err
+    run_id = run_id_of(out)
+    code, out, err = run_cli("pull", run_id, "deep/**", "--to", str(tmp_path / "home"))
+    said = one_line(out + err)
+    assert code == 4, said
+    assert "not pulled: worker:0@local: deep/" in said and "could not be listed" in said, said
+    assert "1 file or folder the hosts could not read did not come" in said, said
+    assert (tmp_path / "home" / run_id / "worker-0" / "deep" / "near").read_text() == "ok"

@@ -15,7 +15,7 @@ import pytest
 
 from deployer.config.plan import Plan
 from deployer.core.errors import HostError, InventoryError
-from deployer.core.lines import MAX_LINE, LineAssembler, clean
+from deployer.core.lines import MARKER, MAX_LINE, LineAssembler, clean
 from deployer.core.secrets import MASK, mask_text, masked
 from deployer.core.text import join_names, plural, size
 from deployer.hosts.reply_types import TaskStatus
@@ -187,6 +187,13 @@ def test_tasks_start_in_tensorflows_order(tmp_path: Path) -> None:
         ("x\x1b]52;c;aGk=\x1b\\y\x1b[2J", "xy"),  # OSC 52 writes the clipboard
         ("\u0085nel\u0080", "nel"),  # any other C1 control goes alone
         ("30\u00b0C \u00b11 \u00a0\u00e9", "30\u00b0C \u00b11 \u00a0\u00e9"),  # 0xC2-led, printable
+        # Issue 47: what hides or reorders text is marked, never passed (nor silently dropped)
+        ("evil\u202egnp.exe", "evil\ufffdgnp.exe"),  # right-to-left override
+        ("a\u2066b\u2069c\u202ad\u202ce", "a\ufffdb\ufffdc\ufffdd\ufffde"),  # isolates, embeddings
+        ("l\u200er\u200fa\u061c", "l\ufffdr\ufffda\ufffd"),  # direction marks
+        ("ze\u200bro\u200c\u200d\u2060\ufeff", "ze\ufffdro\ufffd\ufffd\ufffd\ufffd"),  # zero-width
+        ("one\u2028two\u2029", "one\ufffdtwo\ufffd"),  # line and paragraph separators
+        ("\u2013 \u201cq\u201d\u202f\u2026", "\u2013 \u201cq\u201d\u202f\u2026"),  # 0xE2-led
     ],
 )
 def test_clean_keeps_what_a_terminal_finally_shows(raw: str, shown: str) -> None:
@@ -230,6 +237,23 @@ def test_c1_controls_never_pass_the_assembler_in_any_chunking() -> None:
         got = lines.feed(data[:cut]) + lines.feed(data[cut:])
         assert got == ["ab  end \u00b0"] * 3, cut
         assert not any("\x80" <= ch <= "\x9f" for line in got for ch in line)
+
+
+INVISIBLE = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+INVISIBLE += "\u200b\u200c\u200d\u2060\ufeff\u2028\u2029"
+
+
+def test_invisible_characters_never_pass_the_assembler_in_any_chunking() -> None:
+    """Issue 47: bidi controls, zero-width characters and U+2028/2029 have no control byte in
+    UTF-8 (0xE2 0x80 0xAE...), so the fast path let them reach the terminal; cut anywhere,
+    each is the marker, and the printable 0xE2-led characters around them stay."""
+    text = f"a{INVISIBLE}b \u2013 \u2026 end\n" * 2
+    data = text.encode()
+    for cut in range(1, len(data)):
+        lines = LineAssembler()
+        got = lines.feed(data[:cut]) + lines.feed(data[cut:])
+        assert got == [f"a{MARKER * len(INVISIBLE)}b \u2013 \u2026 end"] * 2, cut
+        assert not any(ch in INVISIBLE for line in got for ch in line)
 
 
 def test_unterminated_and_runaway_lines() -> None:
