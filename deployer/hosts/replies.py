@@ -8,7 +8,7 @@ keeps only its permission bits, and a text is cleaned of control characters and 
 sequences before it can be printed. A reply that breaks the protocol (a wrong type, a missing
 field, a bad name) is a HostError naming the host, the op and the field, never a traceback.
 The writers add their own check against the run's folder right before each write
-(deployer/results/pull.py, archive.py): two checks, so one mistake is not a hole.
+(deployer/results/pull/, archive.py): two checks, so one mistake is not a hole.
 """
 
 from __future__ import annotations
