@@ -26,7 +26,7 @@ def with_gpu_use(fleet: Fleet, runs: Sequence[HostRun]) -> list[HostRun]:
     `runs` answer already said what the host has)."""
     active: dict[str, list[str]] = {}
     for r in runs:
-        if r.active and r.run_id not in active.setdefault(r.host, []):
+        if r.active and r.tasks and r.run_id not in active.setdefault(r.host, []):
             active[r.host].append(r.run_id)
     members = [fleet.member(h) for h in active]
 

@@ -176,6 +176,7 @@ class FakeHost:
             self.stand_ins = set(req["listen"]["ports"])
             facts["listening"] = 1
         facts["busy_ports"], facts["reserved_by"] = busy, {str(p): r for p, r in held.items()}
+        facts["reserved_state"] = {str(p): "starting" for p in held}  # as remote/agent.py says
         return facts
 
     def _op_release(self, req: dict[str, Any]) -> protocol.ReleaseReply:
@@ -374,7 +375,7 @@ class FakeHost:
                 for path, data in sorted(files.items())
                 if any(fnmatch.fnmatch(path, p) for p in req["patterns"])
             ]
-            found[task] = {"files": listed, "refused": []}
+            found[task] = {"files": listed, "refused": [], "unread": 0}
         return {"tasks": found}
 
     def _op_fetch(self, req: dict[str, Any]) -> dict[str, Any]:
