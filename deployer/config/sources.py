@@ -26,6 +26,9 @@ Say = Callable[[str], None]  # how a source tells the user what it does (launche
 AT_JOB_END = ("job-end",)
 AT_DOWN = ("down",)
 ANY_TIME = ("down", "job-end", "never")
+# A detached `up` started its run and leaves: a source hands what it holds for the job (a Slurm
+# allocation) to the run instead of ending it; nothing is due to end.
+AT_DETACH = ("detached",)
 
 
 @dataclass(frozen=True)
