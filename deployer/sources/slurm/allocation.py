@@ -17,10 +17,9 @@ from dataclasses import dataclass
 
 from deployer.config.sources import Say
 from deployer.core.errors import TfdeployError
-from deployer.hosts.fleet import open_transport
 from deployer.hosts.transport import Session
 from deployer.sources.slurm import batch
-from deployer.sources.slurm.cluster import Cluster, SlurmRefused, words
+from deployer.sources.slurm.cluster import Cluster, SlurmRefused, login_transport, words
 from deployer.sources.slurm.outputs import NEVER_REASONS, JobState, QueuedJob, say_duration
 from deployer.sources.slurm.settings import SlurmSettings
 
@@ -165,7 +164,7 @@ def start_keeper(held: Held, first_node: str) -> None:
     """The step on the first node that renews the body's lease while this process lives."""
     from deployer.hosts.step_transport import StepTransport
 
-    login = open_transport(held.cluster.login)
+    login = login_transport(held.cluster.login)
 
     transport = StepTransport(first_node, login, batch.step_launcher(held.job_id, first_node))
     session = transport.open_session(batch.keeper_argv(held.job_id))

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from deployer.config.model import Host, SSHSettings
 from deployer.core.errors import ExitStatus, TfdeployError
-from deployer.hosts.fleet import open_transport
+from deployer.hosts.fleet import open_transport, scheduler_env
+from deployer.hosts.local_transport import LocalTransport
 from deployer.hosts.transport import Transport
 from deployer.sources.slurm import outputs
 from deployer.sources.slurm.outputs import Node, Partition, QueuedJob
@@ -49,6 +50,13 @@ def login_host(settings: SlurmSettings, ssh: SSHSettings) -> Host:
     )
 
 
+def login_transport(login: Host) -> Transport:
+    """The login node's transport; here, with the Slurm client's configuration variable."""
+    if login.transport == "local":
+        return LocalTransport(login.name, env=scheduler_env())
+    return open_transport(login)
+
+
 class Cluster:
     """Slurm's commands on the login node."""
 
@@ -59,7 +67,7 @@ class Cluster:
     @classmethod
     def of(cls, settings: SlurmSettings, ssh: SSHSettings) -> Cluster:
         login = login_host(settings, ssh)
-        return cls(open_transport(login), login)
+        return cls(login_transport(login), login)
 
     def call(self, argv: Sequence[str], *, stdin: bytes = b"") -> tuple[int, str, str]:
         result = self.transport.run(argv, stdin=stdin, timeout=CALL_S)
