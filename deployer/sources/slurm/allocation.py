@@ -50,9 +50,21 @@ _HELD_LOCK = threading.Lock()
 
 
 def check_request(cluster: Cluster, settings: SlurmSettings) -> None:
-    """A request Slurm can never meet is refused now, in Slurm's words, before anything waits:
-    the partition's size and limits, then sbatch's own judgement (`--test-only`)."""
+    """A request Slurm can never meet is refused now, before anything waits: an unknown
+    partition, then sbatch's own judgement (`--test-only`, in Slurm's words), then the
+    partition's size and limits, which sbatch may accept and leave pending forever."""
     part = cluster.partition(settings.partition)
+    argv = batch.sbatch_argv(settings, test_only=True)
+    code, out, err = cluster.call(argv, stdin=batch.body(settings).encode())
+    if code != 0:
+        raise SlurmRefused(
+            f"Slurm refuses {settings.nodes} nodes in partition {part.name!r} for "
+            f"{settings.time}: {words(err, out)} (sbatch --test-only; the partition has "
+            f"{part.total_nodes} nodes, MaxNodes={_or_unlimited(part.max_nodes)}, "
+            f"MaxTime={_or_unlimited(part.max_time, say_duration)})",
+            hint=f"compare [slurm] with `scontrol show partition {part.name}` and "
+            "`sinfo -o '%P %D %l %G'`: nodes, time, gpus, constraint",
+        )
     where = f"partition {part.name!r}"
     if settings.nodes > part.total_nodes:
         raise SlurmRefused(
@@ -66,20 +78,16 @@ def check_request(cluster: Cluster, settings: SlurmSettings) -> None:
             f"(MaxNodes={part.max_nodes})",
             hint="lower nodes in [[slurm.hosts]], or choose another partition (`sinfo -s`)",
         )
-    asked = _limit(settings.time)
-    if part.max_time is not None and asked > part.max_time:
+    if part.max_time is not None and _limit(settings.time) > part.max_time:
         raise SlurmRefused(
-            f"time {settings.time} is over {where}'s limit of {say_duration(part.max_time)} "
-            "(MaxTime)",
+            f"time {settings.time} is over the time limit of {where}, "
+            f"{say_duration(part.max_time)} (MaxTime)",
             hint=f"set time in [slurm] to at most {say_duration(part.max_time)}",
         )
-    argv = batch.sbatch_argv(settings, test_only=True)
-    code, out, err = cluster.call(argv, stdin=batch.body(settings).encode())
-    if code != 0:
-        raise SlurmRefused(
-            f"Slurm refuses the allocation: {words(err, out)}",
-            hint="check the [slurm] keys against `sinfo -o '%P %D %l %G'` and `sbatch --test-only`",
-        )
+
+
+def _or_unlimited(value: int | None, say: Callable[[float], str] = str) -> str:
+    return "UNLIMITED" if value is None else say(value)
 
 
 def _limit(time_limit: str) -> int:
