@@ -52,6 +52,9 @@ class SourceTable:
     json_key: str  # the key of `documents` in `plan --json`, e.g. "instances"
     documents: tuple[dict[str, Any], ...] = ()
     to_launch: int = 0  # machines `up` would create first: `check` cannot check them yet
+    # `status` shows it above the runs (a Slurm allocation's state and time left); a table of
+    # what merely exists (EC2 instances) stays `plan`'s.
+    in_status: bool = False
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ def without_hosts(settings: SlurmSettings, found: Sequence[QueuedJob]) -> Discov
     return Discovered(
         hosts=(),
         instances=tuple(found),
-        table=SourceTable(title, COLUMNS, rows, "allocations", tuple(_doc(j) for j in found)),
+        table=SourceTable(
+            title, COLUMNS, rows, "allocations", tuple(_doc(j) for j in found), in_status=True
+        ),
     )
 
 
@@ -89,6 +91,7 @@ def allocated(cluster: Cluster, settings: SlurmSettings, job: QueuedJob) -> Disc
         rows=tuple(rows),
         json_key="nodes",
         documents=tuple(dict(zip(COLUMNS, r, strict=True)) for r in rows),
+        in_status=True,
     )
     return Discovered(hosts=tuple(hosts), instances=(job,), table=table)
 
