@@ -15,7 +15,7 @@ from deployer.config.schema import Table
 from deployer.config.sources import AT_DETACH, Discovered, Say, SourceContext, Sourced
 from deployer.sources.slurm import allocation, nodes
 from deployer.sources.slurm.cluster import Cluster
-from deployer.sources.slurm.outputs import JobState, say_duration
+from deployer.sources.slurm.outputs import JobState, QueuedJob, say_duration
 from deployer.sources.slurm.settings import SlurmSettings, parse_settings
 
 
@@ -71,6 +71,9 @@ class SlurmSource:
             allocation.start_keeper(allocation.HELD[settings.job_name], found.hosts[0].name)
             allocation.tell_keeper(settings.job_name, "keep")
         left = f", {say_duration(job.left)} left" if job.left is not None else ""
+        if settings.signal:
+            name, before = settings.signal
+            left += f"; its tasks get SIG{name} {say_duration(before)} before the time limit"
         names = ", ".join(h.name for h in found.hosts)
         say(f"allocation {job.id} runs on {names}{left}")
         return found
@@ -89,8 +92,10 @@ class SlurmSource:
         if "down" not in when:  # up's end
             if self.settings.keep_allocation and allocation.tell_keeper(name, "keep"):
                 allocation.release(name)
-                say("kept the allocation for the next up (keep_allocation; `tfdeploy down` "
-                    "releases it)")
+                say(
+                    "kept the allocation for the next up (keep_allocation; `tfdeploy down` "
+                    "releases it)"
+                )
                 return
             released = allocation.release(name)
             if released:
@@ -103,7 +108,7 @@ class SlurmSource:
             say(f"released allocation {job.id} ({job.state.value.lower()})")
 
 
-def _kept(cluster: Cluster, settings: SlurmSettings, say: Say) -> object:
+def _kept(cluster: Cluster, settings: SlurmSettings, say: Say) -> QueuedJob | None:
     """The job's allocation that a previous `up` kept, if it runs; another one of the job's name
     pending or running is refused (two `up` of one job would share nodes)."""
     found = cluster.named(settings.job_name)

@@ -160,7 +160,7 @@ def wait_running(
 
 
 def waiting_line(settings: SlurmSettings, job: QueuedJob, waited: float) -> str:
-    """"waiting for 2 nodes in gpu: Resources, 1m40s" (squeue's state when not PENDING)."""
+    """ "waiting for 2 nodes in gpu: Resources, 1m40s" (squeue's state when not PENDING)."""
     state = "" if job.state is JobState.PENDING else f"{job.state.value}, "
     return (
         f"waiting for {settings.nodes} nodes in {settings.partition}: {state}{job.reason}, "

@@ -43,7 +43,7 @@ def sbatch_argv(settings: SlurmSettings, *, test_only: bool = False) -> list[str
         "--qos": settings.qos,
         "--constraint": settings.constraint,
         "--reservation": settings.reservation,
-        "--signal": settings.signal,
+        "--signal": f"B:{settings.signal[0]}@{settings.signal[1]}" if settings.signal else None,
     }
     argv += [f"{name}={value}" for name, value in optional.items() if value is not None]
     if settings.exclusive:
@@ -57,13 +57,23 @@ def sbatch_argv(settings: SlurmSettings, *, test_only: bool = False) -> list[str
 def body(settings: SlurmSettings) -> str:
     """The batch script: holds the allocation while the lease is fresh (see the module's doc)."""
     lease = int(settings.lease_seconds)
+    relay = ""
+    if settings.signal:
+        name = settings.signal[0]
+        relay = f"""relay() {{
+  echo "SIG{name}: passed to the run's tasks"
+  srun --overlap -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q sh -c \\
+    'for s in $(pgrep -u "$(id -u)" -x tfd-supervisor); do pkill -{name} -P "$s"; done' || true
+}}
+trap relay {name}
+"""
     return f"""#!/bin/sh
 # tfdeploy: holds this allocation for job {settings.job!r} while its controller's lease is fresh.
 lease={LEASE_DIR}/tfdeploy-slurm-$SLURM_JOB_ID.lease
 touch "$lease"
 trap 'rm -f "$lease" "$lease.mode"' EXIT
 trap 'exit 0' TERM INT
-idle=0
+{relay}idle=0
 while :; do
   mode=$(cat "$lease.mode" 2>/dev/null || true)
   case $mode in

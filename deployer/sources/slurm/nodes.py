@@ -29,7 +29,11 @@ def preview(settings: SlurmSettings) -> Discovered:
         name = f"slurm-{i + 1}"
         hosts.append(
             make_host(
-                group.settings, name=name, address=name, tf_address=name, key=group.key,
+                group.settings,
+                name=name,
+                address=name,
+                tf_address=name,
+                key=group.key,
                 transport="ssh",
             )
         )
@@ -51,8 +55,7 @@ def preview(settings: SlurmSettings) -> Discovered:
 def without_hosts(settings: SlurmSettings, found: Sequence[QueuedJob]) -> Discovered:
     """`status` while the allocation waits (or there is none): its state, no host to ask."""
     rows = tuple(
-        ("-", "-", "-", j.id, f"{j.state.value.lower()} ({j.reason})", _left(j), "-")
-        for j in found
+        ("-", "-", "-", j.id, f"{j.state.value.lower()} ({j.reason})", _left(j), "-") for j in found
     )
     title = f"Slurm allocation of {settings.job_name}: " + ("none" if not found else "waiting")
     return Discovered(
@@ -78,7 +81,7 @@ def allocated(cluster: Cluster, settings: SlurmSettings, job: QueuedJob) -> Disc
     found = cluster.nodes(names)
     granted = cluster.granted_gpus(job.id, names) if settings.gpus_per_node else {}
     hosts, rows = [], []
-    for (group, i), name in zip(_slots(settings), names, strict=True):
+    for (group, _), name in zip(_slots(settings), names, strict=True):
         node = found.get(name)
         address = node.address if node is not None else name
         gpu_ids = granted.get(name, ())
@@ -106,7 +109,11 @@ def _host(
 ) -> Host:
     local = settings.login == LOCAL
     host = make_host(
-        group.settings, name=name, address=address, tf_address=address, key=group.key,
+        group.settings,
+        name=name,
+        address=address,
+        tf_address=address,
+        key=group.key,
         transport="ssh",
     )
     if gpu_ids:

@@ -204,7 +204,7 @@ def limit_seconds(word: str) -> int | None:
         return None
     numbers = [int(p) for p in parts]
     if dash:  # D-HH, D-HH:MM, D-HH:MM:SS
-        hours, minutes, seconds = (numbers + [0, 0])[:3]
+        hours, minutes, seconds = [*numbers, 0, 0][:3]
         return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
     if len(numbers) == 1:
         return numbers[0] * 60
@@ -253,7 +253,9 @@ def records(text: str) -> list[dict[str, str]]:
 
 def field(record: dict[str, str], key: str, command: str) -> str:
     if key not in record:
-        raise UnreadableOutput(command, f"no {key}=", " ".join(f"{k}={v}" for k, v in record.items()))
+        raise UnreadableOutput(
+            command, f"no {key}=", " ".join(f"{k}={v}" for k, v in record.items())
+        )
     return record[key]
 
 
@@ -270,7 +272,9 @@ def parse_nodes(text: str, command: str) -> dict[str, Node]:
     nodes = {}
     for record in records(text):
         name = field(record, "NodeName", command)
-        nodes[name] = Node(name, field(record, "NodeAddr", command), field(record, "State", command))
+        nodes[name] = Node(
+            name, field(record, "NodeAddr", command), field(record, "State", command)
+        )
     return nodes
 
 
@@ -333,7 +337,7 @@ def parse_granted_gpus(text: str, command: str, nodes: Sequence[str]) -> dict[st
 
 
 def index_list(text: str) -> list[int]:
-    """"0-1,3" -> [0, 1, 3]."""
+    """ "0-1,3" -> [0, 1, 3]."""
     out: list[int] = []
     for part in text.split(","):
         first, _, last = part.partition("-")

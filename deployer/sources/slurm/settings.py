@@ -19,8 +19,9 @@ LOCAL = "local"  # `login = "local"`: tfdeploy runs on the login node itself
 REACH = ("srun", "ssh")
 # Slurm's time formats (sbatch --time): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
-# sbatch --signal=[{R|B}:]<sig_num|sig_name>[@sig_time]; tfdeploy passes it as written.
-_SIGNAL = re.compile(r"^([RB]{1,2}:)?(SIG)?[A-Z0-9]+(@\d+)?$")
+# `signal`: NAME@SECONDS. Slurm signals the body (sbatch --signal=B:NAME@SECONDS), which passes
+# it to every task of the run on every node: tasks started by the agent are no step of their own.
+_SIGNAL = re.compile(r"^(?:SIG)?([A-Z][A-Z0-9]*)@(\d+)$")
 # An sbatch option of the user's own: long form, with its value after '='.
 _OPTION = re.compile(r"^--[a-z][a-z0-9-]*(=.+)?$")
 # Options tfdeploy sets itself: the user's extra options must not change what it relies on.
@@ -71,8 +72,10 @@ class SlurmSettings:
     wait: float = WAIT_S  # seconds a pending allocation may wait; 0: as long as it takes
     keep_allocation: bool = False  # the allocation outlives `up`, for the next one; `down` ends it
     reach: str = REACH[0]
-    signal: str | None = None  # sbatch --signal, e.g. "USR1@300"
-    lease_seconds: float = 60.0  # the job's lease: the allocation ends this long after its controller
+    signal: tuple[str, int] | None = None  # ("USR1", 300): the tasks' warning before the limit
+    lease_seconds: float = (
+        60.0  # the job's lease: the allocation ends this long after its controller
+    )
     key: str = "slurm"
 
     @property
@@ -170,12 +173,15 @@ def _options(t: Table) -> tuple[str, ...]:
     return options
 
 
-def _signal(t: Table) -> str | None:
+def _signal(t: Table) -> tuple[str, int] | None:
     value = t.string("signal")
-    if value is not None and not _SIGNAL.match(value):
+    if value is None:
+        return None
+    match = _SIGNAL.match(value)
+    if match is None:
         t.fail(
             "signal",
-            f'expected a signal and the seconds before the time limit, e.g. "USR1@300", got '
-            f"{value!r}",
+            f'expected a signal name and the seconds before the time limit, e.g. "USR1@300", '
+            f"got {value!r}",
         )
-    return value
+    return match.group(1), int(match.group(2))
