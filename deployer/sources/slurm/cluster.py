@@ -8,6 +8,7 @@ words (its stderr), naming the command.
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Sequence
 
 from deployer.config.model import Host, SSHSettings
@@ -20,6 +21,9 @@ from deployer.sources.slurm.outputs import Node, Partition, QueuedJob
 from deployer.sources.slurm.settings import LOCAL, SlurmSettings
 
 CALL_S = 60.0  # one Slurm command: slurmctld answers in milliseconds, or is in trouble
+# After scancel: how long to wait for the job to leave COMPLETING (Slurm's KillWait, 30 s by
+# default, plus the epilog); a cancel is not waited on longer than this.
+CANCEL_WAIT_S = 60.0
 
 
 class SlurmRefused(TfdeployError):
@@ -124,13 +128,21 @@ class Cluster:
         argv = ["scontrol", "show", "job", "-d", "-o", job_id]
         return outputs.parse_granted_gpus(self.checked(argv), shlex.join(argv), nodes)
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, *, wait: float = CANCEL_WAIT_S) -> None:
+        """scancel, then waits (up to `wait` s) until Slurm has ended the job's processes on
+        its nodes (no longer COMPLETING): once `up` or `down` returns, the nodes are free."""
         code, out, err = self.call(["scancel", job_id])
         if code != 0 and "Invalid job id" not in err and "already completing" not in err:
             raise SlurmUnreachable(
                 f"`scancel {job_id}` failed: {words(err, out)}",
                 hint=f"cancel it yourself on the login node: scancel {job_id}",
             )
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job is None or job.state.ended:  # COMPLETING is not ended yet
+                return
+            time.sleep(0.5)
 
 
 def words(err: str, out: str = "") -> str:
