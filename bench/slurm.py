@@ -11,12 +11,12 @@ node and two compute nodes), examples/digits/mwms.py on two allocated nodes, sid
                two nodes), the same code, interpreter and arguments; tfdeploy pushes the code
                through the login node itself (no shared filesystem assumed).
 
-Both use the lab's venv (/opt/tfdeploy/venv) on the nodes, so neither installs anything. Arms
-alternate within each repetition (by hand first), so load drifts hit both. Phases, each from the
-start of the arm: allocated (squeue shows the job RUNNING; tfdeploy: its line naming the nodes),
-running (every task printed its first line), first step (every worker printed "first step
-done"). After every arm the bench checks that squeue is empty and no process of the job is left
-on any host, and stops on anything left.
+Both use the lab's venv (/opt/tfdeploy/venv) on the nodes, so neither installs anything. The
+arms alternate which goes first from one repetition to the next, so load drifts hit both. Phases,
+each from the start of the arm: allocated (squeue shows the job RUNNING; tfdeploy: its line
+naming the nodes), running (every task printed its first line), first step (every worker printed
+"first step done"). After every arm the bench checks that squeue is empty and no process of the
+job is left on any host, and stops on anything left.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Sample:
 
     phases: dict[str, float] = field(default_factory=dict)
     total: float = 0.0  # to the job's end (the arm's command returned, squeue empty)
+    steps: list[tuple[float, str]] = field(default_factory=list)  # tfdeploy's own lines
 
 
 def _log(message: str) -> None:
@@ -175,7 +176,9 @@ def tfdeploy(lab: Lab, cluster: SlurmCluster, inv: Path, state: Path) -> Sample:
         for line in proc.stdout:
             now = time.monotonic() - began
             lines.append(line.rstrip("\n"))
-            if "allocated" not in s.phases and re.search(r"\ballocat\w* .*\bh\[?\d", line):
+            if not re.match(r"\S+@\S+ \| ", line):  # its own steps (not a task's output)
+                s.steps.append((now, line.rstrip()))
+            if "allocated" not in s.phases and re.search(r"allocation \d+ runs on ", line):
                 s.phases["allocated"] = now
             if RUNNING in line:
                 running.add(line.split(RUNNING, 1)[0])
@@ -239,6 +242,42 @@ def table(results: dict[str, list[Sample]], reps: int) -> str:
     return "\n".join(rows) + f"\n\n{note}"
 
 
+WHY = """What tfdeploy does in each phase that the script does not (its steps below, stamped):
+
+- to allocated: before `sbatch`, an SSH connection to the login node (host key checked), the
+  login node's preflight and `sbatch --test-only` (a request Slurm can never meet is refused
+  before anything waits); then the allocation's own body, which holds it and ends it if the
+  controller's lease lapses. The script is one `sbatch` over SSH.
+- to tasks running: the agent reaches every node as an `srun --overlap` step through the login
+  node, checks what preflight checks (Python, TensorFlow, ports, GPUs granted), the network check
+  between the nodes, and pushes the code into its content store (no shared filesystem assumed);
+  the script's tasks start from the shared filesystem with nothing checked.
+- to first step: the same program in both arms (TensorFlow's import, the dataset, MWMS's
+  collective setup, the first step's tracing): on this machine's two shared cores it dominates
+  both totals, so the ratio on a real cluster (cores per node, idle login node) is lower still."""
+
+
+def explain(results: dict[str, list[Sample]]) -> str:
+    """The medians' differences per phase and tfdeploy's steps of its median run."""
+    hand, tfd = results.get("by-hand", []), results.get("tfdeploy", [])
+    if not hand or not tfd:
+        return ""
+    lines = [WHY, "", "tfdeploy minus by hand, medians:"]
+    for key, label in (
+        ("allocated", "allocated"),
+        ("running", "tasks running"),
+        ("first", "first step"),
+    ):
+        a = statistics.median(s.phases[key] for s in tfd if key in s.phases)
+        b = statistics.median(s.phases[key] for s in hand if key in s.phases)
+        lines.append(f"- {label}: {a - b:+.1f} s")
+    ordered = sorted(tfd, key=lambda s: s.phases["first"])
+    middle = ordered[len(ordered) // 2]
+    lines += ["", "tfdeploy's own lines in its median run (seconds since `up` started):", ""]
+    lines += [f"    {t:6.1f}  {text}" for t, text in middle.steps]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     arms = [args.only] if args.only else list(ARMS)
     if "tfdeploy" in arms and (why := tfdeploy_available()) is not None:
@@ -253,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
         assert cluster is not None
         inv = inventory(lab, cluster, tmp / "slurm.toml", args.epochs)
         for rep in range(args.reps):
-            for arm in arms:
+            # Alternate which arm goes first, so a load trend does not favour one of them.
+            for arm in arms if rep % 2 == 0 else arms[::-1]:
                 if arm == "by-hand":
                     sample = by_hand(lab, cluster, args.epochs)
                 else:
@@ -271,6 +311,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"- machine: {report.machine()}")
     print(f"- load averages before / after: {load_before} / {report.load()}")
+    why = explain(results)
+    if why:
+        print()
+        print(why)
     return 0
 
 
