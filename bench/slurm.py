@@ -253,8 +253,15 @@ WHY = """What tfdeploy does in each phase that the script does not (its steps be
   between the nodes, and pushes the code into its content store (no shared filesystem assumed);
   the script's tasks start from the shared filesystem with nothing checked.
 - to first step: the same program in both arms (TensorFlow's import, the dataset, MWMS's
-  collective setup, the first step's tracing): on this machine's two shared cores it dominates
-  both totals, so the ratio on a real cluster (cores per node, idle login node) is lower still."""
+  collective setup, the first step's tracing). On this machine's two shared cores, under the
+  load below, it is most of both totals and varies by tens of seconds from run to run, more
+  than the whole difference: a first-step ratio under 1 here is that noise, not tfdeploy
+  being faster. tfdeploy's own cost is the "tasks running" difference, a few fixed seconds
+  (SSH and checks on the login node, one step per node, preflight, network check, push); where
+  TensorFlow starts in seconds (an idle node) those seconds weigh more in the ratio.
+- tfdeploy's later repetitions find the code already in the nodes' content store ("every file
+  was already there"), as a second `up` on a cluster does; the script reads the shared
+  filesystem every time."""
 
 
 def explain(results: dict[str, list[Sample]]) -> str:
