@@ -144,3 +144,14 @@ def test_killed_slurmd_marks_the_node_down_and_requeues_its_job(slurm: SlurmClus
     print(f"h2 down {down_after:.1f}s after its slurmd was killed (SlurmdTimeout={SLURMD_TIMEOUT})")
     slurm.check(f"scancel {job}")
     slurm.wait_job(job, "CANCELLED", timeout=30)
+
+
+def test_leftover_check_finds_a_process_that_left_its_job(slurm: SlurmCluster) -> None:
+    # Without cgroups a process that leaves with setsid outlives its step (on a real cluster the
+    # job's cgroup takes it): the check every Slurm test ends on must see it.
+    slurm.check("srun -N1 -w h2 sh -c 'setsid sleep 321 </dev/null >/dev/null 2>&1 &'")
+    left = slurm.leftovers(settle=1)
+    assert "squeue" not in left
+    assert any("sleep 321" in item for item in left.get("h2", [])), left
+    assert slurm.lab.kill_leftovers("h2")
+    assert slurm.leftovers() == {}
