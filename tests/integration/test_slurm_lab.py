@@ -155,3 +155,13 @@ def test_leftover_check_finds_a_process_that_left_its_job(slurm: SlurmCluster) -
     assert any("sleep 321" in item for item in left.get("h2", [])), left
     assert slurm.lab.kill_leftovers("h2")
     assert slurm.leftovers() == {}
+
+
+@pytest.mark.slow
+def test_a_crashed_node_comes_back_idle_when_its_host_is_revived(slurm: SlurmCluster) -> None:
+    lab = slurm.lab
+    lab.crash_host("h3")  # every process of the host dies at once, slurmd included
+    slurm.wait_nodes("down*", names=["h3"], timeout=SLURMD_TIMEOUT * 4 + 10)
+    lab.revive_host("h3")  # boots with its mounts and starts slurmd, as a rebooted node would
+    slurm.wait_nodes("idle", names=["h3"], timeout=30)
+    assert slurm.check("srun -N1 -w h3 hostname").strip() == slurm.node("h3").hostname
