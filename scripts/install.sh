@@ -32,6 +32,30 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
+# The Slurm lab (tests/lab/slurm.py, docs/testing.md): Debian's Slurm 22.05 and munge. Their
+# postinst starts the daemons in this machine's own namespace; a temporary policy-rc.d stops that
+# (the lab runs them inside its hosts). An existing policy-rc.d (containers have one) is kept.
+need_slurm=()
+for pair in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge; do
+  [ -x "/usr/sbin/${pair%%:*}" ] || [ -x "/usr/bin/${pair%%:*}" ] || need_slurm+=("${pair#*:}")
+done
+if [ ${#need_slurm[@]} -gt 0 ]; then
+  if [ "$TFDEPLOY_ROOT" = 1 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      policy=/usr/sbin/policy-rc.d
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
+    [ ${#need_apt[@]} -gt 0 ] || apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_slurm[@]}" >/dev/null
+    if [ -n "$policy" ]; then rm -f "$policy"; trap - EXIT; fi
+  else
+    echo "not installed (not root, so no apt): ${need_slurm[*]}; the Slurm lab's tests skip"
+  fi
+fi
+
 if [ -e "$VENV" ] && [ ! -w "$VENV" ]; then
   # Someone else's venv (e.g. root's /opt/tfdeploy/venv given as TFDEPLOY_VENV): used as it is;
   # scripts/test.sh puts this checkout first on PYTHONPATH, so its code is the one tested.

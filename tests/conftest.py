@@ -118,6 +118,8 @@ LAB_FIXTURES = {
     "lab_inventory",
     "lab_user_inventory",
     "lab_shared_home",
+    "slurm_lab",
+    "slurm",
 }
 # Every test of this folder needs real hosts: the lab's sshd hosts (or, marked `vagrant`, VMs).
 INTEGRATION = Path(__file__).resolve().parent / "integration"

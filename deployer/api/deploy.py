@@ -17,7 +17,7 @@ from deployer.api.views import View, events_to
 from deployer.config.inventory import discover_hosts
 from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan, make_plan
-from deployer.config.sources import AT_JOB_END
+from deployer.config.sources import AT_DETACH, AT_JOB_END
 from deployer.core.errors import TfdeployError, UsageError
 from deployer.core.text import plural
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
@@ -193,6 +193,8 @@ def up(
                 deployment = Deployment(the_plan, fleet, shown, options)
                 running = True
                 deployment.run()  # closes the view, whatever happens
+            if detach:  # the run goes on without this process: what a source holds is its now
+                terminate_sources(loaded, AT_DETACH, say)
         finally:
             if not detach:
                 try:

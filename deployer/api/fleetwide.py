@@ -22,6 +22,7 @@ from deployer.api.actions import (
 )
 from deployer.api.inventories import InventoryLike, load
 from deployer.config.inventory import discover_hosts
+from deployer.config.sources import SourceTable
 from deployer.core.errors import HostError, UsageError
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.transport import CommandResult
@@ -41,6 +42,8 @@ class RunsFound:
     nothing_found: str  # in words: what was sought, where, and what is there instead
     # Detached runs that ended with job.artifacts not pulled yet (`down` pulls them), newest first
     artifacts_waiting: tuple[str, ...] = ()
+    # What the host sources say beside the runs (a Slurm allocation: pending, running, time left)
+    sources: tuple[SourceTable, ...] = ()
 
     def missing(self) -> UsageError:
         """The error for a run asked for by id that no host has."""
@@ -68,7 +71,10 @@ def status(target: str, *, inventory: str | None = None) -> RunsFound:
         survey = survey_runs(fleet, found)
         runs = with_gpu_use(fleet, survey.runs)
     waiting = tuple(waiting_artifacts(survey.runs, found.inventory.job))
-    return RunsFound(runs, survey.failures, found.run_id, survey.nothing_found(found), waiting)
+    sources = tuple(t for t in found.inventory.tables if t.in_status)
+    return RunsFound(
+        runs, survey.failures, found.run_id, survey.nothing_found(found), waiting, sources
+    )
 
 
 def down(

@@ -15,7 +15,13 @@ import json
 from rich.text import Text
 
 from deployer import api
-from deployer.api.render import plan_document, plan_table, status_json, status_table
+from deployer.api.render import (
+    plan_document,
+    plan_table,
+    source_table,
+    status_json,
+    status_table,
+)
 from deployer.cli.console import Env
 from deployer.core.errors import ExitStatus, HostsFailed, NothingMatched, UsageError
 from deployer.core.lines import clean_text, lines_of
@@ -91,6 +97,8 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
     answers printed (a JSON document marks it `unreachable`), then exits 3 naming it."""
     found = api.status(args.target, inventory=args.inventory)
     runs = found.runs
+    for table in found.sources if not args.json else ():
+        env.out.print(source_table(table))
     if args.json:
         env.raw_out.write(status_json(runs, found.failures) + "\n")
     elif runs:

@@ -108,6 +108,16 @@ class ImageFrom(StrEnum):
     CONTROLLER = "controller"  # saved here as an OCI layout, sent with the code, loaded there
 
 
+@dataclass(frozen=True)
+class Via:
+    """How a host that is not reached directly is reached: commands run on `login` (over SSH
+    with the host's `ssh` settings, or on this machine when "local"), each wrapped in
+    `launcher` (a scheduler's step launcher: `srun --jobid=J --overlap -w NODE ... --`)."""
+
+    login: str
+    launcher: tuple[str, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Host:
     """A host of the inventory; the defaults are a `[[hosts]]` entry's (the parser reads them)."""
@@ -136,6 +146,10 @@ class Host:
     requirements: Requirements = None  # the job's unless the host entry says otherwise
     image: str | None = None  # the job's container image unless the host entry says otherwise
     container_runtime: str | None = None  # podman or docker; None: podman, else docker
+    # The GPU indices the host's `gpus` are, when a scheduler granted some of a node's GPUs
+    # (Slurm's IDX); a task's GPU i is gpu_ids[i]. Empty: 0..gpus-1.
+    gpu_ids: tuple[int, ...] = ()
+    via: Via | None = None  # reached through a login node and a launcher; None: directly
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,8 @@ def _assign_gpus(host: Host, specs: list[TaskSpec], file: str) -> list[tuple[int
             size = base + (extra if n == 0 else 0)
             result[i] = tuple(free[start : start + size])
             start += size
+    if host.gpu_ids:  # the i-th GPU the scheduler granted: masks stay inside the grant
+        result = [tuple(host.gpu_ids[g] for g in r if g < len(host.gpu_ids)) for r in result]
     return result
 
 

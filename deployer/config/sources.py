@@ -26,6 +26,9 @@ Say = Callable[[str], None]  # how a source tells the user what it does (launche
 AT_JOB_END = ("job-end",)
 AT_DOWN = ("down",)
 ANY_TIME = ("down", "job-end", "never")
+# A detached `up` started its run and leaves: a source hands what it holds for the job (a Slurm
+# allocation) to the run instead of ending it; nothing is due to end.
+AT_DETACH = ("detached",)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class SourceTable:
     json_key: str  # the key of `documents` in `plan --json`, e.g. "instances"
     documents: tuple[dict[str, Any], ...] = ()
     to_launch: int = 0  # machines `up` would create first: `check` cannot check them yet
+    # `status` shows it above the runs (a Slurm allocation's state and time left); a table of
+    # what merely exists (EC2 instances) stays `plan`'s.
+    in_status: bool = False
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,37 @@ def open_transport(host: Host) -> Transport:
     """Picks how to reach a host; SSH settings come from the inventory (host overrides [ssh]).
     The SSH stack (paramiko: a tenth of a second of imports) loads when a host needs it,
     so `plan`, `--help` and local runs start without it."""
+    if host.via is not None:  # a scheduler's node: job steps launched from its login node
+        from deployer.hosts.step_transport import StepTransport
+
+        return StepTransport(host.name, _login_transport(host), host.via.launcher)
     if host.transport == "local":
         return LocalTransport(host.name)
     from deployer.hosts.ssh import Endpoint
     from deployer.hosts.ssh_transport import SSHTransport
 
     return SSHTransport(Endpoint(host.name, host.address, host.ssh))
+
+
+def _login_transport(host: Host) -> Transport:
+    """The login node a `via` host is reached through: this machine, or SSH with the host's
+    ssh settings (the login's, which the source gave it). Named after the host, so errors
+    say whose command failed."""
+    assert host.via is not None
+    if host.via.login == "local":
+        return LocalTransport(host.name, env=scheduler_env())
+    from deployer.hosts.ssh import Endpoint
+    from deployer.hosts.ssh_transport import SSHTransport
+
+    return SSHTransport(Endpoint(host.name, host.via.login, host.ssh))
+
+
+def scheduler_env() -> dict[str, str]:
+    """What a local login keeps of this machine's environment besides a login's: the Slurm
+    client's own configuration (`SLURM_CONF`), which says where the cluster is."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k == "SLURM_CONF"}
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deployer.config.model import Host, SSHSettings
+from deployer.config.model import Host, SSHSettings, Via
 from deployer.core.errors import UsageError
 from deployer.core.statedir import state_dir
 
@@ -43,10 +43,13 @@ class RunHost:
     python: str
     workdir: str
     ssh: SSHSettings
+    via: Via | None = None  # a scheduler's node: its login and launcher (the allocation's id)
 
     @classmethod
     def of(cls, host: Host) -> RunHost:
-        return cls(host.name, host.address, host.transport, host.python, host.workdir, host.ssh)
+        return cls(
+            host.name, host.address, host.transport, host.python, host.workdir, host.ssh, host.via
+        )
 
     def host(self) -> Host:
         """A Host to connect to (no tasks: `down`, `status` and `logs` only ask its agent)."""
@@ -62,13 +65,17 @@ class RunHost:
             workdir=self.workdir,
             ssh=self.ssh,
             tasks=(),
+            via=self.via,
         )
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunHost:
         ssh = dict(d["ssh"])
         ssh["expected_keys"] = tuple(ssh.get("expected_keys") or ())
-        return cls(**{**d, "ssh": SSHSettings(**ssh)})
+        via = d.get("via")
+        if via is not None:
+            via = Via(via["login"], tuple(via["launcher"]))
+        return cls(**{**d, "ssh": SSHSettings(**ssh), "via": via})
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from deployer.config.inventory import load_inventory as _load
 from deployer.config.sources import SourceReader, SourceReaders
 
 # Table name -> module with `read`; imported only by an inventory that has the table.
-MODULES = {"aws": "deployer.sources.aws"}
+MODULES = {"aws": "deployer.sources.aws", "slurm": "deployer.sources.slurm"}
 
 
 def _reader(module: str) -> SourceReader:

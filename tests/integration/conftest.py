@@ -13,7 +13,7 @@ from types import FrameType
 import pytest
 
 import tests.lab
-from tests.lab import Lab, LabUnsupported, cleanup, pythons, start_lab
+from tests.lab import Lab, LabUnsupported, SlurmCluster, cleanup, pythons, start_lab
 from tests.lab import containers as lab_containers
 from tests.support.lab_inventories import inventory_writer
 
@@ -55,19 +55,48 @@ def clean_container_lab(container_lab: Lab) -> Iterator[Lab]:
     assert not left, f"the test left containers, processes or mounts on lab hosts: {left}"
 
 
-def _lab_session(n: int, topology: str, *, containers: bool = False) -> Iterator[Lab]:
+def _lab_session(
+    n: int, topology: str, *, containers: bool = False, slurm: bool = False
+) -> Iterator[Lab]:
     if tests.lab.lab_mode() == "netns":
         cleanup.clean_stale()  # namespaces and links of an earlier run that was SIGKILLed
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm)
     try:
-        the_lab = start_lab(n, topology, containers=containers)
+        the_lab = start_lab(n, topology, containers=containers, slurm=slurm)
     except LabUnsupported as e:  # the bastion topology on loopback: its tests skip, saying why
         pytest.skip(str(e))
     try:
         yield the_lab
     finally:
         the_lab.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_lab() -> Iterator[Lab]:
+    """A real Slurm cluster (tests/lab/slurm.py): h1 the login node (slurmctld, munged), h2 and
+    h3 compute nodes (slurmd, 2 CPUs and 2 fake GPUs each), partitions `debug` and `urgent`
+    (urgent preempts). Its SlurmCluster is `slurm_lab.slurm`; skips where Slurm is not
+    installed or there is no root."""
+    yield from _lab_session(3, "flat", slurm=True)
+
+
+@pytest.fixture
+def slurm(slurm_lab: Lab) -> Iterator[SlurmCluster]:
+    """The Slurm lab's cluster, checked after the test: squeue empty and no process of a job on
+    any host (it waits out KillWait). What a failing test left is then cancelled, killed and the
+    nodes healed, so the next test starts on an idle cluster."""
+    cluster = slurm_lab.slurm
+    assert isinstance(cluster, SlurmCluster)
+    cluster.heal()
+    yield cluster
+    left = cluster.leftovers()
+    if left:
+        cluster.cancel_all()
+        for h in slurm_lab.hosts:
+            slurm_lab.kill_leftovers(h)
+    cluster.heal()
+    assert not left, f"the test left Slurm jobs or processes behind: {left}"
 
 
 @pytest.fixture

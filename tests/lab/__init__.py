@@ -10,6 +10,8 @@ from tests.lab.base import Lab
 from tests.lab.loopback import LoopbackLab
 from tests.lab.model import VENV_PYTHON, LabError, LabHost, LabUnsupported, Proc
 from tests.lab.netns import MAX_HOSTS, NamespaceLab
+from tests.lab.slurm import SlurmCluster
+from tests.lab.slurm import missing as slurm_missing
 
 __all__ = [
     "VENV_PYTHON",
@@ -20,6 +22,7 @@ __all__ = [
     "LoopbackLab",
     "NamespaceLab",
     "Proc",
+    "SlurmCluster",
     "lab_mode",
     "start_lab",
 ]
@@ -43,13 +46,20 @@ def lab_mode() -> str:
 
 
 def start_lab(
-    n: int = 8, topology: str = "flat", *, persistent: bool = False, containers: bool = False
+    n: int = 8,
+    topology: str = "flat",
+    *,
+    persistent: bool = False,
+    containers: bool = False,
+    slurm: bool = False,
 ) -> Lab:
     """Bring up `n` hosts ("flat"), or `n` private hosts behind a bastion ("bastion").
 
     Returns once every host's sshd accepts connections. A `persistent` lab (the CLI's) is not
     tied to this process: it outlives it and only `stop()` or `python -m tests.lab down` ends it.
     `containers` makes container hosts (tests/lab/containers.py): namespace lab only.
+    `slurm` runs a Slurm cluster on the hosts (tests/lab/slurm.py, `lab.slurm`): h1 the login
+    node, the others compute nodes; namespace lab only, and the packages must be installed.
     """
     if topology not in ("flat", "bastion"):
         raise LabError(f"unknown topology {topology!r}: use 'flat' or 'bastion'")
@@ -58,11 +68,21 @@ def start_lab(
     mode = lab_mode()
     if containers and mode != "netns":
         raise LabUnsupported("container hosts need the namespace lab (root)")
+    if slurm:
+        if topology != "flat" or n < 2:
+            raise LabError("a Slurm lab is flat, with a login node and 1+ compute nodes (n >= 2)")
+        why = slurm_missing() if mode == "netns" else "a Slurm lab needs the namespace lab (root)"
+        if why is not None:
+            raise LabUnsupported(why)
     lab_id, directory = cleanup.new_lab_dir()
     lab: NamespaceLab | LoopbackLab
     if mode == "netns":
         lab = NamespaceLab(
-            lab_id=lab_id, directory=directory, persistent=persistent, containers=containers
+            lab_id=lab_id,
+            directory=directory,
+            persistent=persistent,
+            containers=containers,
+            slurm=slurm,
         )
     else:
         lab = LoopbackLab(lab_id=lab_id, directory=directory, persistent=persistent)

@@ -13,7 +13,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 
 
 def _up(args: argparse.Namespace) -> int:
-    lab = start_lab(args.n, args.topology, persistent=True)
+    lab = start_lab(args.n, args.topology, persistent=True, slurm=args.slurm)
     tasks = [[{"role": "worker"}] for _ in lab.hosts]
     # The hosts run the interpreter that started the lab (they see this machine's files but
     # /root and /tmp): the quick start's .venv or /opt/tfdeploy/venv, whichever has TensorFlow.
@@ -33,6 +33,13 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  {h.name:8} {h.address}:{h.port}  hostname {h.hostname}")
     print(f"inventory:  {inventory} (as {user or lab.user})")
     print(f"ssh:        ssh -F {lab.ssh_config} {lab.hosts[0].name}")
+    slurm = getattr(lab, "slurm", None)
+    if slurm is not None:
+        print(f"slurm:      login node {slurm.login.name} {slurm.login.address} (slurmctld)")
+        print(f"            compute nodes {', '.join(h.name for h in slurm.nodes)} (slurmd)")
+        print(f"            ssh -F {lab.ssh_config} {slurm.login.name} squeue")
+        print(f"            outside the hosts: SLURM_CONF={slurm.conf_dir / 'slurm.conf'} squeue")
+        print(f"            shared folder for job files: {slurm.shared}")
     print(f"stop with:  python -m tests.lab down {lab.id}")
     return 0
 
@@ -75,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         "--as-user",
         action="store_true",
         help="the inventory logs in as the lab's non-root user (private home on each host)",
+    )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="run a Slurm cluster: h1 the login node (slurmctld), the others compute nodes",
     )
     down = sub.add_parser("down", help="stop labs by id")
     down.add_argument("ids", nargs="*")

@@ -9,11 +9,14 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.lab.delay_proxy import DelayProxy
 from tests.lab.inventory import render_inventory
 from tests.lab.model import LabError, LabHost, LabUnsupported, Proc
+
+if TYPE_CHECKING:
+    from tests.lab.slurm import SlurmCluster
 
 HostRef = LabHost | str
 
@@ -36,6 +39,8 @@ class Lab:
     """A set of SSH hosts for tests. Subclasses: NamespaceLab (root) and LoopbackLab."""
 
     isolated: bool = False
+    # The Slurm cluster on the hosts of a lab started with `slurm=True` (namespace lab only).
+    slurm: SlurmCluster | None = None
 
     def __init__(self, *, lab_id: str, directory: Path, user: str, python: str) -> None:
         self.id = lab_id
@@ -226,13 +231,21 @@ class Lab:
         found = [
             f"process {p.pid} ({p.user}, state {p.state}): {p.cmdline}"
             for p in self.processes(h)
-            if not (self._is_init(p) or is_sshd(p))
+            if not (self._is_init(p) or self._is_service(p))
         ]
-        found += [f"listening port {port}" for port in sorted(self.listening_ports(h) - {h.port})]
+        ports = self.listening_ports(h) - {h.port} - self._service_ports(h)
+        found += [f"listening port {port}" for port in sorted(ports)]
         return found
 
     def _is_init(self, p: Proc) -> bool:
         return False
+
+    def _is_service(self, p: Proc) -> bool:
+        """A daemon the host runs for everyone (sshd; a Slurm lab's daemons), not a leftover."""
+        return is_sshd(p)
+
+    def _service_ports(self, h: LabHost) -> set[int]:
+        return set()
 
     def kill_leftovers(self, host: HostRef) -> list[str]:
         """`leftovers(host)`, then SIGKILL each process found; returns what was found.
@@ -242,7 +255,7 @@ class Lab:
         h = self.host(host)
         found = self.leftovers(h)
         for p in self.processes(h):
-            if not (self._is_init(p) or is_sshd(p)):
+            if not (self._is_init(p) or self._is_service(p)):
                 with contextlib.suppress(LabError, ProcessLookupError):
                     os.kill(self._outer_pid(h, p.pid), signal.SIGKILL)
         return found

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tests.lab import cleanup, procs, sshconf
 from tests.lab import containers as lab_containers
+from tests.lab import slurm as lab_slurm
 from tests.lab.base import HostRef, Lab, is_sshd, wait_until
 from tests.lab.model import VENV_PYTHON, LabError, LabHost, Proc
 from tests.lab.users import LoginUser, ensure_login_user
@@ -38,6 +39,7 @@ mount -t tmpfs -o mode=0700 lab-root /root
 mount -t tmpfs -o mode=1777 lab-tmp /tmp
 {home}
 {containers}
+{slurm}
 ip link set lo up
 {links}
 mkdir -p /run/sshd
@@ -127,12 +129,20 @@ class NamespaceLab(Lab):
     isolated = True
 
     def __init__(
-        self, *, lab_id: str, directory: Path, persistent: bool = False, containers: bool = False
+        self,
+        *,
+        lab_id: str,
+        directory: Path,
+        persistent: bool = False,
+        containers: bool = False,
+        slurm: bool = False,
     ) -> None:
         super().__init__(lab_id=lab_id, directory=directory, user="root", python=VENV_PYTHON)
         self.persistent = persistent
         # Container hosts (tests/lab/containers.py): podman runs in each host, own image store.
         self.containers = containers
+        # A Slurm cluster (tests/lab/slurm.py): h1 the login node, the others compute nodes.
+        self.slurm = lab_slurm.SlurmCluster(self) if slurm else None
         self._slots: dict[str, _Slot] = {}
         self._unreachable: list[str] = []
         self.topology = "flat"
@@ -236,6 +246,8 @@ class NamespaceLab(Lab):
             pub = (d / "ssh_host_ed25519_key.pub").read_text()
             known.append(sshconf.known_hosts_line(slot.host, pub, alias=slot.host.name))
         self.known_hosts.write_text("".join(known))
+        if self.slurm is not None:
+            self.slurm.write_files()
         private = [h.name for h in self.hosts] if self.bastion else []
         self.ssh_config.write_text(
             sshconf.ssh_config(
@@ -284,6 +296,8 @@ class NamespaceLab(Lab):
             self._boot(slot)
         for slot in self._slots.values():
             self._await_boot(slot)
+        if self.slurm is not None:
+            self.slurm.start()
 
     def _boot(self, slot: _Slot) -> None:
         links = []
@@ -300,6 +314,7 @@ class NamespaceLab(Lab):
             hostname=shlex.quote(slot.host.hostname),
             home=self._home_mount(),
             containers="\n".join(lab_containers.boot_lines()) if self.containers else "",
+            slurm="\n".join(self.slurm.boot_lines()) if self.slurm else "",
             links="\n".join(links),
             config=shlex.quote(str(d / "sshd_config")),
             log=shlex.quote(str(d / "sshd.log")),
@@ -493,6 +508,23 @@ class NamespaceLab(Lab):
             ns_argv, capture_output=True, text=True, timeout=timeout, env=env, cwd="/"
         )
 
+    def popen(self, host: HostRef, cmd: str) -> subprocess.Popen[str]:
+        """A shell command inside the host with pipes on stdin/stdout/stderr (text, line
+        buffered), for a conversation with it; the caller waits for it or kills it."""
+        slot = self._live(host)
+        argv = ["nsenter", "-t", str(slot.init), "-n", "-m", "-p", "-u", "--", "/bin/sh", "-c"]
+        env = {"PATH": _PATH, "HOME": "/root", "USER": "root", "LANG": "C.UTF-8"}
+        return subprocess.Popen(
+            [*argv, cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env=env,
+            cwd="/",
+        )
+
     def processes(self, host: HostRef) -> list[Proc]:
         slot = self._slot(host)
         if slot.crashed:
@@ -507,6 +539,12 @@ class NamespaceLab(Lab):
 
     def _is_init(self, p: Proc) -> bool:
         return p.pid == 1
+
+    def _is_service(self, p: Proc) -> bool:
+        return super()._is_service(p) or (self.slurm is not None and lab_slurm.is_daemon(p))
+
+    def _service_ports(self, h: LabHost) -> set[int]:
+        return set(lab_slurm.PORTS) if self.slurm is not None else set()
 
     def _outer_pid(self, host: HostRef, pid: int) -> int:
         slot = self._live(host)
@@ -584,6 +622,8 @@ class NamespaceLab(Lab):
             raise LabError(f"host {slot.host.name} is not crashed")
         self._boot(slot)
         self._await_boot(slot)
+        if self.slurm is not None:  # a rebooted node starts its services, as a real one does
+            self.slurm.start_daemons(slot.host)
 
     def _tc(self, slot: _Slot, *args: str) -> list[subprocess.CompletedProcess[str]]:
         both = [["tc", *args[:2], "dev", slot.veth, *args[2:]]]

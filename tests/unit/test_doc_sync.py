@@ -28,6 +28,11 @@ PROBES = {
     "ssh": _BASE.format(job="", ssh="[ssh]\nzzz = 1\n") + 'tasks = [{ role = "worker" }]\n',
     "hosts": _BASE.format(job="", ssh="") + 'zzz = 1\ntasks = [{ role = "worker" }]\n',
     "task": _BASE.format(job="", ssh="") + 'tasks = [{ role = "worker", zzz = 1 }]\n',
+    "slurm": '[job]\nname = "a"\ncode = "."\ncommand = "x"\n[slurm]\nzzz = 1\nlogin = "l"\n'
+    'partition = "p"\ntime = "10"\n[[slurm.hosts]]\nnodes = 1\ntasks = [{ role = "worker" }]\n',
+    "slurm.hosts": '[job]\nname = "a"\ncode = "."\ncommand = "x"\n[slurm]\nlogin = "l"\n'
+    'partition = "p"\ntime = "10"\n[[slurm.hosts]]\nzzz = 1\nnodes = 1\n'
+    'tasks = [{ role = "worker" }]\n',
 }
 
 

@@ -1,0 +1,133 @@
+"""The `[slurm]` host source: the nodes of one Slurm allocation per job, held while the job runs.
+
+This module is the plug-in (what deployer/sources/__init__.py names): `read` turns the table
+into a `SlurmSource`. settings.py holds the table as data, outputs.py reads Slurm's answers,
+cluster.py runs its commands on the login node, batch.py writes what Slurm is handed,
+allocation.py submits, waits, keeps and releases, nodes.py turns the allocated nodes into hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deployer.config.model import Host, SSHSettings
+from deployer.config.schema import Table
+from deployer.config.sources import AT_DETACH, Discovered, Say, SourceContext, Sourced
+from deployer.sources.slurm import allocation, nodes
+from deployer.sources.slurm.cluster import Cluster
+from deployer.sources.slurm.outputs import JobState, QueuedJob, say_duration
+from deployer.sources.slurm.settings import SlurmSettings, parse_settings
+
+
+@dataclass(frozen=True)
+class SlurmSource:
+    """One inventory's `[slurm]`, as a `HostSource`."""
+
+    settings: SlurmSettings
+    ssh: SSHSettings  # [ssh]: how the login node is reached
+
+    @property
+    def key(self) -> str:
+        return self.settings.key
+
+    def cluster(self) -> Cluster:
+        return Cluster.of(self.settings, self.ssh)
+
+    def discover(self, file: str, *, preview: bool = False) -> Discovered:
+        """`plan`, `check`: stand-ins `(to allocate)`, and nothing asks Slurm. `status`,
+        `down`, `logs`, `pull`: the nodes of the job's allocation while it runs."""
+        if preview:
+            return nodes.preview(self.settings)
+        cluster = self.cluster()
+        found = cluster.named(self.settings.job_name)
+        running = [j for j in found if j.state is JobState.RUNNING]
+        if not running:
+            return nodes.without_hosts(self.settings, found)
+        return nodes.allocated(cluster, self.settings, running[0])
+
+    def provision(self, file: str, say: Say) -> Discovered:
+        """`up`: the job's kept allocation, or a new one, waited for; its nodes as hosts."""
+        cluster = self.cluster()
+        settings = self.settings
+        job = _kept(cluster, settings, say)
+        if job is None:
+            allocation.check_request(cluster, settings)
+            job_id = allocation.submit(cluster, settings)
+            say(
+                f"submitted allocation {job_id}: {settings.nodes} nodes in "
+                f"{settings.partition} for {settings.time}"
+            )
+            try:
+                job = allocation.wait_running(cluster, settings, job_id, say)
+                found = nodes.allocated(cluster, settings, job)
+                allocation.start_keeper(allocation.HELD[settings.job_name], found.hosts[0].name)
+            except BaseException:  # the bound, Ctrl-C, a lost allocation: it holds nothing yet
+                if allocation.release(settings.job_name):
+                    say(f"cancelled allocation {job_id}")
+                raise
+        else:
+            allocation.hold(settings.job_name, allocation.Held(cluster, job.id))
+            found = nodes.allocated(cluster, settings, job)
+            allocation.start_keeper(allocation.HELD[settings.job_name], found.hosts[0].name)
+            allocation.tell_keeper(settings.job_name, "keep")
+        left = f", {say_duration(job.left)} left" if job.left is not None else ""
+        if settings.signal:
+            name, before = settings.signal
+            left += f"; its tasks get SIG{name} {say_duration(before)} before the time limit"
+        names = ", ".join(h.name for h in found.hosts)
+        say(f"allocation {job.id} runs on {names}{left}")
+        return found
+
+    def replace(self, file: str, gone: Host, say: Say) -> Host | None:
+        return None  # a lost node ends the allocation's use: Slurm requeues or fails the job
+
+    def terminate(self, when: tuple[str, ...], say: Say) -> None:
+        """At `up`'s end the allocation is released (kept with keep_allocation); a detached
+        run gets it (AT_DETACH); `down` cancels every allocation of the job."""
+        name = self.settings.job_name
+        if when == AT_DETACH:
+            if allocation.tell_keeper(name, "detached"):
+                say("the allocation stays while the run's tasks run (`tfdeploy down` ends it)")
+            return
+        if "down" not in when:  # up's end
+            if self.settings.keep_allocation and allocation.tell_keeper(name, "keep"):
+                allocation.release(name)
+                say(
+                    "kept the allocation for the next up (keep_allocation; `tfdeploy down` "
+                    "releases it)"
+                )
+                return
+            released = allocation.release(name)
+            if released:
+                say(f"released allocation {released}")
+            return
+        allocation.release(name)
+        cluster = self.cluster()
+        for job in cluster.named(name):
+            cluster.cancel(job.id)
+            say(f"released allocation {job.id} ({job.state.value.lower()})")
+
+
+def _kept(cluster: Cluster, settings: SlurmSettings, say: Say) -> QueuedJob | None:
+    """The job's allocation that a previous `up` kept, if it runs; another one of the job's name
+    pending or running is refused (two `up` of one job would share nodes)."""
+    found = cluster.named(settings.job_name)
+    if not found:
+        return None
+    job = found[0]
+    if settings.keep_allocation and job.state is JobState.RUNNING and job.nodes == settings.nodes:
+        say(f"using allocation {job.id}, kept by the last up")
+        return job
+    from deployer.sources.slurm.cluster import SlurmRefused
+
+    raise SlurmRefused(
+        f"the job already has allocation {job.id} ({job.state.value.lower()}, "
+        f"{settings.job_name}): another up of this inventory runs, or a previous one was kept",
+        hint="`tfdeploy down INVENTORY` releases it (or scancel "
+        f"{job.id} on the login node); a crashed up's allocation ends by itself within the lease",
+    )
+
+
+def read(t: Table, context: SourceContext) -> Sourced:
+    """`[slurm]`: pure; its nodes are allocated when `up` calls `provision`."""
+    return Sourced(pending=SlurmSource(parse_settings(t, context), context.ssh))

@@ -1,0 +1,222 @@
+"""One allocation per job: checked before anything waits, submitted, waited for (saying why it
+waits), held by its keeper, released (or kept, or handed to a detached run).
+
+What this process holds is in `HELD` (by job name): an `up` that leaves without handing its
+allocation over (an exception, Ctrl-C, SIGTERM) releases it at exit; a SIGKILLed one leaves it
+to the body, which ends when the keeper stops renewing the lease.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deployer.config.sources import Say
+from deployer.core.errors import TfdeployError
+from deployer.hosts.transport import Session
+from deployer.sources.slurm import batch
+from deployer.sources.slurm.cluster import Cluster, SlurmRefused, login_transport, words
+from deployer.sources.slurm.outputs import NEVER_REASONS, JobState, QueuedJob, say_duration
+from deployer.sources.slurm.settings import SlurmSettings
+
+POLL_S = 2.0  # between squeue calls while the allocation waits
+SAY_EVERY_S = 20.0  # a waiting line at least this often, and whenever the reason changes
+
+
+class AllocationWaitEnded(TfdeployError):
+    """The allocation did not start within `wait`; it was cancelled."""
+
+
+class AllocationLost(TfdeployError):
+    """The allocation ended (or was requeued) before its nodes could be used."""
+
+
+@dataclass
+class Held:
+    """An allocation this process holds: its id, and the keeper renewing its lease."""
+
+    cluster: Cluster
+    job_id: str
+    keeper: Session | None = None
+    handed_over: bool = False  # detached or kept: ending this process must not release it
+
+
+HELD: dict[str, Held] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def check_request(cluster: Cluster, settings: SlurmSettings) -> None:
+    """A request Slurm can never meet is refused now, before anything waits: an unknown
+    partition, then sbatch's own judgement (`--test-only`, in Slurm's words), then the
+    partition's size and limits, which sbatch may accept and leave pending forever."""
+    part = cluster.partition(settings.partition)
+    argv = batch.sbatch_argv(settings, test_only=True)
+    code, out, err = cluster.call(argv, stdin=batch.body(settings).encode())
+    if code != 0:
+        raise SlurmRefused(
+            f"Slurm refuses {settings.nodes} nodes in partition {part.name!r} for "
+            f"{settings.time}: {words(err, out)} (sbatch --test-only; the partition has "
+            f"{part.total_nodes} nodes, MaxNodes={_or_unlimited(part.max_nodes)}, "
+            f"MaxTime={_or_unlimited(part.max_time, say_duration)})",
+            hint=f"compare [slurm] with `scontrol show partition {part.name}` and "
+            "`sinfo -o '%P %D %l %G'`: nodes, time, gpus, constraint",
+        )
+    where = f"partition {part.name!r}"
+    if settings.nodes > part.total_nodes:
+        raise SlurmRefused(
+            f"{settings.nodes} nodes asked of {where}, which has {part.total_nodes} "
+            f"(scontrol show partition {part.name}: TotalNodes={part.total_nodes})",
+            hint="lower nodes in [[slurm.hosts]], or choose a larger partition (`sinfo -s`)",
+        )
+    if part.max_nodes is not None and settings.nodes > part.max_nodes:
+        raise SlurmRefused(
+            f"{settings.nodes} nodes asked of {where}, whose jobs may have {part.max_nodes} "
+            f"(MaxNodes={part.max_nodes})",
+            hint="lower nodes in [[slurm.hosts]], or choose another partition (`sinfo -s`)",
+        )
+    if part.max_time is not None and _limit(settings.time) > part.max_time:
+        raise SlurmRefused(
+            f"time {settings.time} is over the time limit of {where}, "
+            f"{say_duration(part.max_time)} (MaxTime)",
+            hint=f"set time in [slurm] to at most {say_duration(part.max_time)}",
+        )
+
+
+def _or_unlimited(value: int | None, say: Callable[[float], str] = str) -> str:
+    return "UNLIMITED" if value is None else say(value)
+
+
+def _limit(time_limit: str) -> int:
+    from deployer.sources.slurm.outputs import limit_seconds
+
+    return limit_seconds(time_limit) or 0
+
+
+def submit(cluster: Cluster, settings: SlurmSettings) -> str:
+    argv = batch.sbatch_argv(settings)
+    code, out, err = cluster.call(argv, stdin=batch.body(settings).encode())
+    if code != 0:
+        raise SlurmRefused(
+            f"sbatch refused the allocation: {words(err, out)}",
+            hint="check the [slurm] keys with `sbatch --test-only` on the login node",
+        )
+    from deployer.sources.slurm.outputs import parse_submitted
+
+    job_id = parse_submitted(out, "sbatch --parsable")
+    hold(settings.job_name, Held(cluster, job_id))
+    return job_id
+
+
+def wait_running(
+    cluster: Cluster,
+    settings: SlurmSettings,
+    job_id: str,
+    say: Say,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> QueuedJob:
+    """Until the allocation runs, saying why it waits; cancelled (and raised) at the bound or
+    at a reason that never resolves. Ctrl-C: the caller's release cancels it."""
+    start = clock()
+    said: tuple[str, str] | None = None
+    said_at = start
+    while True:
+        job = cluster.job(job_id)
+        if job is None or job.state.ended:
+            state = job.state.value if job else "gone"
+            raise AllocationLost(
+                f"allocation {job_id} ended before it ran ({state})",
+                hint=f"see why on the login node: scontrol show job {job_id}",
+            )
+        if job.state is JobState.RUNNING:
+            return job
+        waited = clock() - start
+        if job.reason in NEVER_REASONS:
+            cluster.cancel(job_id)
+            raise SlurmRefused(
+                f"allocation {job_id} can never start in partition {settings.partition!r}: "
+                f"Slurm says {job.reason}; it was cancelled",
+                hint=f"`scontrol show partition {settings.partition}` shows its limits; ask for "
+                "fewer nodes, less time, or another partition",
+            )
+        now = (job.state.value, job.reason)
+        if now != said or clock() - said_at >= SAY_EVERY_S:
+            say(waiting_line(settings, job, waited))
+            said, said_at = now, clock()
+        if settings.wait and waited >= settings.wait:
+            cluster.cancel(job_id)
+            raise AllocationWaitEnded(
+                f"allocation {job_id} waited {say_duration(waited)} for {settings.nodes} nodes "
+                f"in {settings.partition} ({job.reason}) and was cancelled (wait = "
+                f"{settings.wait:g})",
+                hint="raise wait in [slurm] (0: as long as it takes), or ask for fewer nodes",
+            )
+        sleep(POLL_S)
+
+
+def waiting_line(settings: SlurmSettings, job: QueuedJob, waited: float) -> str:
+    """ "waiting for 2 nodes in gpu: Resources, 1m40s" (squeue's state when not PENDING)."""
+    state = "" if job.state is JobState.PENDING else f"{job.state.value}, "
+    return (
+        f"waiting for {settings.nodes} nodes in {settings.partition}: {state}{job.reason}, "
+        f"{say_duration(waited)} (allocation {job.id})"
+    )
+
+
+def start_keeper(held: Held, first_node: str) -> None:
+    """The step on the first node that renews the body's lease while this process lives."""
+    from deployer.hosts.step_transport import StepTransport
+
+    login = login_transport(held.cluster.login)
+
+    transport = StepTransport(first_node, login, batch.step_launcher(held.job_id, first_node))
+    session = transport.open_session(batch.keeper_argv(held.job_id))
+    reply = session.request(b"beat\n", 60.0)
+    if reply.strip() != b"ok":
+        raise AllocationLost(f"the lease keeper of allocation {held.job_id} said {reply!r}")
+    held.keeper = session
+
+
+def hold(name: str, held: Held) -> None:
+    with _HELD_LOCK:
+        HELD[name] = held
+
+
+def tell_keeper(name: str, mode: str) -> bool:
+    """Hands the held allocation over ("detached", "keep"); False: none held here."""
+    held = HELD.get(name)
+    if held is None or held.keeper is None:
+        return False
+    with held.keeper.lock:
+        held.keeper.request(mode.encode() + b"\n", 30.0)
+    held.handed_over = True
+    return True
+
+
+def release(name: str) -> str | None:
+    """Cancels the allocation this process holds under `name` (unless handed over) and closes
+    its keeper; returns the id cancelled."""
+    with _HELD_LOCK:
+        held = HELD.pop(name, None)
+    if held is None:
+        return None
+    if held.keeper is not None:
+        with contextlib.suppress(Exception):
+            held.keeper.close()
+    if held.handed_over:
+        return None
+    held.cluster.cancel(held.job_id)
+    return held.job_id
+
+
+@atexit.register
+def _release_all() -> None:
+    """This process ends holding allocations it did not hand over: they are cancelled."""
+    for name in list(HELD):
+        with contextlib.suppress(Exception):
+            release(name)

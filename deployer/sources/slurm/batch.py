@@ -1,0 +1,128 @@
+"""What tfdeploy hands Slurm: the sbatch options, the allocation's body, the keeper, the steps.
+
+The body holds the allocation and nothing else: it runs on the first node while the controller's
+lease is fresh, and ends (ending the allocation, freeing its GPUs) once the lease lapses. The
+keeper is a step on that node that renews the lease while the controller's connection to it
+stays open: a controller that is SIGKILLed or loses its network closes it, and the allocation
+ends `lease_seconds` later without anyone's help (a leaked allocation holds GPUs for days
+elsewhere). A detached run hands the allocation over to its tasks ("detached": the body ends
+when no task of the user's is left on any node), a kept one to the next `up` ("keep").
+"""
+
+from __future__ import annotations
+
+from deployer.sources.slurm.settings import SlurmSettings
+
+LEASE_DIR = "/tmp"  # the lease file lives on the first node; both body and keeper see it
+BEAT_S = 2  # how often the keeper renews the lease
+DETACHED_CHECK_S = 30  # how often a detached run's body looks for tasks left on the nodes
+MODES = ("detached", "keep")
+
+
+def lease_path(job_id: str) -> str:
+    return f"{LEASE_DIR}/tfdeploy-slurm-{job_id}.lease"
+
+
+def sbatch_argv(settings: SlurmSettings, *, test_only: bool = False) -> list[str]:
+    """The options of the one allocation: every node at once (gang-scheduled)."""
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={settings.job_name}",
+        f"--partition={settings.partition}",
+        f"--nodes={settings.nodes}",
+        "--ntasks-per-node=1",
+        f"--time={settings.time}",
+        "--output=/dev/null",
+        f"--chdir={LEASE_DIR}",
+    ]
+    if settings.gpus_per_node:
+        argv.append(f"--gres=gpu:{settings.gpus_per_node}")
+    optional = {
+        "--account": settings.account,
+        "--qos": settings.qos,
+        "--constraint": settings.constraint,
+        "--reservation": settings.reservation,
+        "--signal": f"B:{settings.signal[0]}@{settings.signal[1]}" if settings.signal else None,
+    }
+    argv += [f"{name}={value}" for name, value in optional.items() if value is not None]
+    if settings.exclusive:
+        argv.append("--exclusive")
+    argv += settings.sbatch_options
+    if test_only:
+        argv.append("--test-only")
+    return argv
+
+
+def body(settings: SlurmSettings) -> str:
+    """The batch script: holds the allocation while the lease is fresh (see the module's doc)."""
+    lease = int(settings.lease_seconds)
+    relay = ""
+    if settings.signal:
+        name = settings.signal[0]
+        relay = f"""relay() {{
+  echo "SIG{name}: passed to the run's tasks"
+  srun --overlap -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q sh -c \\
+    'for s in $(pgrep -u "$(id -u)" -x tfd-supervisor); do pkill -{name} -P "$s"; done' || true
+}}
+trap relay {name}
+"""
+    return f"""#!/bin/sh
+# tfdeploy: holds this allocation for job {settings.job!r} while its controller's lease is fresh.
+lease={LEASE_DIR}/tfdeploy-slurm-$SLURM_JOB_ID.lease
+touch "$lease"
+trap 'rm -f "$lease" "$lease.mode"' EXIT
+trap 'exit 0' TERM INT
+{relay}idle=0
+while :; do
+  mode=$(cat "$lease.mode" 2>/dev/null || true)
+  case $mode in
+  keep) sleep {BEAT_S} ;;
+  detached)
+    sleep {DETACHED_CHECK_S}
+    left=$(srun --overlap -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q \\
+      pgrep -u "$(id -u)" -x tfd-supervisor 2>/dev/null || true)
+    if [ -z "$left" ]; then idle=$((idle + 1)); else idle=0; fi
+    if [ "$idle" -ge 2 ]; then echo "no task of the run is left"; exit 0; fi ;;
+  *)
+    now=$(date +%s)
+    beat=$(stat -c %Y "$lease" 2>/dev/null || echo 0)
+    if [ $((now - beat)) -gt {lease} ]; then echo "the controller's lease lapsed"; exit 0; fi
+    sleep {BEAT_S} ;;
+  esac
+done
+"""
+
+
+# The keeper: renews the lease every BEAT_S seconds while its stdin is open, answers "ok" to
+# every line, and records a mode ("detached", "keep") it is sent. At EOF it ends, and its renewing
+# loop with it.
+KEEPER = f"""
+p=$1
+touch "$p"
+(while kill -0 $$ 2>/dev/null; do touch "$p"; sleep {BEAT_S}; done) &
+while read -r word; do
+  case $word in detached|keep) echo "$word" > "$p.mode" ;; esac
+  echo ok
+done
+"""
+
+
+def keeper_argv(job_id: str) -> list[str]:
+    return ["sh", "-c", KEEPER, "tfdeploy-keeper", lease_path(job_id)]
+
+
+def step_launcher(job_id: str, node: str) -> tuple[str, ...]:
+    """How a command becomes a step of the allocation on `node`: beside the other steps
+    (`--overlap`), one task, unbuffered both ways (the agent's replies arrive at once)."""
+    return (
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        f"--nodelist={node}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--unbuffered",
+        "--quiet",
+        "--",
+    )

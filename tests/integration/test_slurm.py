@@ -1,0 +1,163 @@
+"""`tfdeploy up` on the lab's real Slurm cluster (tests/lab/slurm.py: h1 the login node reached
+over SSH, h2 and h3 compute nodes): one allocation per job, every process of the run a job step,
+and nothing left when it ends, however it ends. The `slurm` fixture checks after every test that
+squeue is empty and no process of a job is left on any host.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.lab import Lab, SlurmCluster
+from tests.support.faults import EXAMPLES, Up, tfdeploy
+from tests.support.helpers import to_toml
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def slurm_inventory(slurm_lab: Lab, slurm: SlurmCluster, tmp_path: Path) -> Callable[..., Path]:
+    """`slurm_inventory(nodes=2, epochs=2, **slurm_keys)`: the digits example (MWMS) on
+    `nodes` allocated nodes, the login node reached over SSH with the lab's keys."""
+
+    def write(*, nodes: int = 2, epochs: int = 2, lease: float = 60, **keys: object) -> Path:
+        document = {
+            "job": {
+                "name": "digits",
+                "code": str(EXAMPLES),
+                "command": f"python3 mwms.py --epochs {epochs}",
+                "python": slurm_lab.python,
+                "lease_seconds": lease,
+                "env": {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"},
+            },
+            "ssh": {
+                "user": slurm_lab.user,
+                "identity": str(slurm_lab.key_path),
+                "known_hosts": str(slurm_lab.known_hosts),
+                "host_keys": "strict",
+                "connect_timeout": 5,
+            },
+            "slurm": {
+                "login": slurm.login.address,
+                "partition": "debug",
+                "time": "00:15:00",
+                **keys,
+                "hosts": [{"nodes": nodes, "tasks": [{"role": "worker"}]}],
+            },
+        }
+        path = tmp_path / "slurm.toml"
+        path.write_text(to_toml(document))
+        return path
+
+    return write
+
+
+def _ours(slurm: SlurmCluster) -> list[str]:
+    """The job ids of tfdeploy's allocations still known to squeue."""
+    out = slurm.check("squeue -h -n tfdeploy-digits -o %i")
+    return out.split()
+
+
+def _wait_gone(slurm: SlurmCluster, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not _ours(slurm):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_mwms_trains_on_two_allocated_nodes_and_the_allocation_is_released(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    inventory = slurm_inventory()
+    done = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=420, check_rc=0)
+    out = done.stdout + done.stderr
+    assert "submitted allocation" in out
+    assert "runs on h2, h3" in out, out
+    assert "test_accuracy=" in out and "job succeeded" in out, out
+    assert "released allocation" in out, out
+    assert _ours(slurm) == [], "the allocation outlived up"
+
+
+def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    inventory = slurm_inventory(epochs=200)
+    tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
+    (job_id,) = _ours(slurm)
+    status = tfdeploy("status", str(inventory), state=tmp_path / "b", timeout=120, check_rc=0)
+    assert f"Slurm allocation {job_id} (running" in status.stdout, status.stdout
+    assert status.stdout.count("running") >= 3, status.stdout  # the allocation and both tasks
+    down = tfdeploy("down", str(inventory), state=tmp_path / "c", timeout=180, check_rc=0)
+    assert f"released allocation {job_id}" in down.stdout + down.stderr, down.stdout
+    assert _wait_gone(slurm, 30)
+
+
+def test_more_nodes_than_the_partition_has_are_refused_in_slurms_words(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    inventory = slurm_inventory(nodes=5)
+    done = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=120, check_rc=2)
+    assert "Requested node configuration is not available" in done.stderr, done.stderr
+    assert "the partition has 2 nodes" in done.stderr
+    assert "hint:" in done.stderr
+    assert "submitted" not in done.stdout
+    assert _ours(slurm) == []
+
+
+def _blocker(slurm: SlurmCluster) -> str:
+    """A job holding both nodes: tfdeploy's allocation must pend behind it."""
+    job = slurm.sbatch("--exclusive -N2 -p debug -t 10 -o /dev/null --wrap 'sleep 600'")
+    slurm.wait_job(job, "RUNNING")
+    return job
+
+
+def test_a_pending_allocation_is_cancelled_at_the_wait_bound(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    blocker = _blocker(slurm)
+    try:
+        inventory = slurm_inventory(wait=4)
+        done = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=120)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "waiting for 2 nodes in debug: Resources" in done.stdout, done.stdout
+        assert "was cancelled (wait = 4)" in done.stderr, done.stderr
+        assert _ours(slurm) == []
+    finally:
+        slurm.check(f"scancel {blocker}")
+
+
+def test_a_pending_allocation_is_cancelled_by_ctrl_c(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    blocker = _blocker(slurm)
+    try:
+        up = Up(slurm_inventory(), state=tmp_path / "state")
+        up.wait_for(r"waiting for 2 nodes in debug: Resources")
+        assert len(_ours(slurm)) == 1
+        up.proc.send_signal(signal.SIGINT)
+        assert up.finish(timeout=60) == 130, up.report()
+        assert "cancelled allocation" in up.stdout, up.report()
+        assert _ours(slurm) == []
+    finally:
+        slurm.check(f"scancel {blocker}")
+
+
+def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    lease = 10.0
+    up = Up(slurm_inventory(epochs=200, lease=lease), state=tmp_path / "state")
+    up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
+    assert len(_ours(slurm)) == 1
+    up.proc.kill()  # SIGKILL: no teardown, no scancel; the keeper's step loses its stdin
+    up.finish()
+    # The body ends the allocation once the lease lapses (+ the keeper's beat and the body's
+    # look, 2 s each); three leases is a bound, not a measurement.
+    assert _wait_gone(slurm, 3 * lease), "the allocation outlived its controller's lease"

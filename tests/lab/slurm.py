@@ -1,0 +1,385 @@
+"""A real Slurm cluster on namespace lab hosts: h1 is the login node, the others compute nodes.
+
+Debian's slurmctld/slurmd 22.05 and munge run inside the hosts (facts: /work/shared notes and
+docs/testing.md). Everything they write (configuration, munge key and socket, state, spool, pid
+and log files, fake GPU devices) lives in `<lab dir>/slurm/`, so the lab's own teardown (kill every
+process of its namespaces, delete its directory) leaves nothing of the cluster behind.
+
+Each host sees the configuration folder on `/etc/slurm`, the one munge socket's folder on
+`/run/munge` and the lab's hosts file on `/etc/hosts` (bind mounts in its own mount namespace):
+`squeue`, `sbatch`, `srun` and `scontrol` run on the login node with no variable, as on a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.lab.model import LabError, LabHost, Proc
+
+if TYPE_CHECKING:
+    from tests.lab.netns import NamespaceLab
+
+NODE_CPUS = 2
+NODE_GPUS = 2
+NODE_MEMORY_MB = 1024
+# Short, so node-failure tests end quickly: slurmctld pings every SlurmdTimeout/3 and marks a
+# silent node DOWN once SlurmdTimeout has passed since its last answer.
+SLURMD_TIMEOUT = 10
+KILL_WAIT = 5  # seconds between SIGTERM and SIGKILL of a cancelled job's processes
+PARTITIONS = (("debug", 1), ("urgent", 10))  # (name, PriorityTier): urgent preempts debug
+DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+PORTS = frozenset({6817, 6818})  # slurmctld, slurmd
+MUNGE_SOCKET = "/run/munge/munge.socket.2"
+
+
+def missing() -> str | None:
+    """Why a Slurm lab cannot start here, or None: the daemons must be installed."""
+    absent = [d for d in DAEMONS if not os.access(d, os.X_OK)]
+    absent += [c for c in ("/usr/bin/sbatch", "/usr/bin/squeue") if not os.access(c, os.X_OK)]
+    if absent:
+        return (
+            f"Slurm is not installed ({', '.join(absent)} missing): run scripts/install.sh as root "
+            "(Debian packages slurmctld slurmd slurm-client munge)"
+        )
+    if os.geteuid() != 0:
+        return "a Slurm lab needs the namespace lab (root)"
+    return None
+
+
+def is_daemon(p: Proc) -> bool:
+    """The cluster's own daemons (services of the host, like sshd), not processes of a job."""
+    return p.cmdline.split(" ", 1)[0] in DAEMONS or p.cmdline.startswith(
+        ("munged", "slurmctld", "slurmd")
+    )
+
+
+@dataclass(frozen=True)
+class Job:
+    """One line of `squeue -h -o '%i %T %r %N'`: id, state, reason and nodes (may be empty)."""
+
+    id: str
+    state: str
+    reason: str
+    nodes: str
+
+
+class SlurmCluster:
+    """The Slurm side of a NamespaceLab started with `slurm=True` (`lab.slurm`)."""
+
+    def __init__(self, lab: NamespaceLab) -> None:
+        self.lab = lab
+        self.dir = lab.dir / "slurm"
+        self.conf_dir = self.dir / "etc"
+        self.munge_dir = self.dir / "munge"
+        self.dev_dir = self.dir / "dev"
+        # Where job scripts and their output go: every host sees /var/tmp (not /tmp or /root).
+        self.shared = self.dir / "shared"
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    @property
+    def login(self) -> LabHost:
+        return self.lab.hosts[0]
+
+    @property
+    def nodes(self) -> list[LabHost]:
+        return self.lab.hosts[1:]
+
+    def node(self, name: str) -> LabHost:
+        return self.lab.host(name)
+
+    # -- files (before the hosts boot) ---------------------------------------------------------
+
+    def write_files(self) -> None:
+        """Configuration, munge key, hosts file and fake GPUs, all under the lab directory."""
+        if len(self.lab.hosts) < 2:
+            raise LabError("a Slurm lab needs a login node and at least one compute node")
+        for d in (self.conf_dir, self.munge_dir, self.dev_dir, self.shared, self.dir / "state"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o755)
+        self.shared.chmod(0o1777)
+        self.munge_dir.chmod(0o755)  # clients connect to the socket in it
+        for h in self.nodes:
+            (self.dir / "spool" / h.name).mkdir(parents=True, exist_ok=True)
+        key = self.dir / "munge.key"
+        key.write_bytes(secrets.token_bytes(128))
+        key.chmod(0o600)
+        for i in range(NODE_GPUS):
+            dev = self.dev_dir / f"nvidia{i}"
+            if not dev.exists():  # /dev/null's numbers: a character device that costs nothing
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))
+                dev.chmod(0o666)
+        (self.conf_dir / "slurm.conf").write_text(self.slurm_conf())
+        (self.conf_dir / "gres.conf").write_text(
+            f"Name=gpu File={self.dev_dir}/nvidia[0-{NODE_GPUS - 1}]\n"
+        )
+        # slurmd 22.05 initialises a cgroup plugin even with proctrack/linuxproc; v1 without
+        # automount passes inside a host, whose /sys/fs/cgroup is empty.
+        (self.conf_dir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
+        (self.conf_dir / "plugstack.conf").write_text("")
+        hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        hosts += [f"{h.address} {h.name} {h.hostname}" for h in self.lab.hosts]
+        (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)  # the mount point hosts bind over
+
+    def slurm_conf(self) -> str:
+        d = self.dir
+        lines = [
+            f"ClusterName=lab{self.lab.id}",
+            # slurmctld only starts on the host whose hostname this names.
+            f"SlurmctldHost={self.login.hostname}({self.login.address})",
+            "MailProg=/bin/true",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # The same socket seen from outside the hosts (SLURM_CONF=... squeue on the machine).
+            f"AuthInfo=socket={self.munge_dir}/munge.socket.2",
+            f"StateSaveLocation={d}/state",
+            f"SlurmdSpoolDir={d}/spool/%n",
+            f"SlurmctldPidFile={d}/slurmctld.pid",
+            f"SlurmdPidFile={d}/slurmd-%n.pid",
+            f"SlurmctldLogFile={d}/slurmctld.log",
+            f"SlurmdLogFile={d}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={d}/jobcomp.txt",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "GresTypes=gpu",
+            "ReturnToService=2",
+            f"SlurmdTimeout={SLURMD_TIMEOUT}",
+            f"KillWait={KILL_WAIT}",
+            "InactiveLimit=0",
+            "MpiDefault=none",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+        ]
+        for h in self.nodes:
+            lines.append(
+                f"NodeName={h.name} NodeAddr={h.address} NodeHostname={h.hostname} "
+                f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} Gres=gpu:{NODE_GPUS} State=UNKNOWN"
+            )
+        names = "ALL"
+        for i, (name, tier) in enumerate(PARTITIONS):
+            default = "YES" if i == 0 else "NO"
+            lines.append(
+                f"PartitionName={name} Nodes={names} Default={default} PriorityTier={tier} "
+                "MaxTime=INFINITE State=UP"
+            )
+        return "\n".join(lines) + "\n"
+
+    def boot_lines(self) -> list[str]:
+        """Shell lines a host runs at boot: the cluster's folders and hosts file mounted."""
+        q = shlex.quote
+        return [
+            f"mount --bind {q(str(self.conf_dir))} /etc/slurm",
+            f"mount --bind {q(str(self.munge_dir))} /run/munge",
+            f"mount --bind {q(str(self.dir / 'hosts'))} /etc/hosts",
+        ]
+
+    # -- daemons -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """munged and slurmctld on the login node, slurmd on every compute node; returns once
+        every node is idle."""
+        self.start_daemons(self.login)
+        for h in self.nodes:
+            self.start_daemons(h)
+        self.wait_nodes("idle", timeout=30)
+
+    def start_daemons(self, host: LabHost | str) -> None:
+        """What a host starts at boot: munged + slurmctld (login node) or slurmd (compute)."""
+        h = self.lab.host(host)
+        if h == self.login:
+            self._start_munged()
+            self._daemon(h, "slurmctld", ["/usr/sbin/slurmctld", "-i"])
+            self._wait(
+                "slurmctld to answer", lambda: self.login_run("scontrol ping").returncode == 0
+            )
+        else:
+            self.start_slurmd(h)
+
+    def _start_munged(self) -> None:
+        d = self.dir
+        argv = [
+            "/usr/sbin/munged",
+            "--force",  # runs as root with the key under /var/tmp (sticky, world-writable)
+            f"--socket={MUNGE_SOCKET}",
+            f"--key-file={d}/munge.key",
+            f"--pid-file={d}/munged.pid",
+            f"--log-file={d}/munged.log",
+            f"--seed-file={d}/munged.seed",
+            "--origin=eth0",
+        ]
+        self._daemon(self.login, "munged", argv)
+        sock = self.munge_dir / "munge.socket.2"
+        self._wait("munged's socket", sock.exists)
+
+    def start_slurmd(self, host: LabHost | str) -> None:
+        """Start the node's slurmd (again): returns once slurmctld sees the node answer."""
+        h = self.lab.host(host)
+        self._daemon(h, "slurmd", ["/usr/sbin/slurmd", "-N", h.name])
+        self._wait(f"slurmd on {h.name} to listen", lambda: 6818 in self.lab.listening_ports(h), 15)
+
+    def kill_slurmd(self, host: LabHost | str) -> None:
+        """SIGKILL the node's slurmd (a node failure as Slurm sees it); its jobs' steps live on."""
+        h = self.lab.host(host)
+        pids = [p.pid for p in self.lab.processes(h) if p.cmdline.startswith("/usr/sbin/slurmd")]
+        if not pids:
+            raise LabError(f"no slurmd runs on {h.name}")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, LabError):
+                os.kill(self.lab._outer_pid(h, pid), 9)
+        self._wait(f"slurmd on {h.name} to die", lambda: 6818 not in self.lab.listening_ports(h))
+
+    def _daemon(self, host: LabHost, name: str, argv: Sequence[str]) -> None:
+        # The daemons fork into the background themselves; their stdio goes to a log file so
+        # that `lab.run` (which waits for its pipes to close) returns.
+        log = self.dir / f"{name}-{host.name}.out"
+        cmd = f"{shlex.join(argv)} </dev/null >>{shlex.quote(str(log))} 2>&1"
+        done = self.lab.run(host, cmd, timeout=30)
+        if done.returncode != 0:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise LabError(f"{name} did not start on {host.name} (exit {done.returncode}):\n{tail}")
+
+    def _wait(self, what: str, check: Callable[[], bool], timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise LabError(f"timed out after {timeout:.0f}s waiting for {what}{self._logs()}")
+            time.sleep(0.05)
+
+    def _logs(self) -> str:
+        tails = []
+        for log in sorted(self.dir.glob("*.log")) + sorted(self.dir.glob("*.out")):
+            text = log.read_text(errors="replace").strip()
+            if text:
+                tails.append(f"--- {log.name}:\n{text[-1200:]}")
+        return ("\n" + "\n".join(tails)) if tails else ""
+
+    # -- commands on the login node ------------------------------------------------------------
+
+    def login_run(self, cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """A shell command on the login node as root (`squeue`, `sbatch`, `scontrol`, `srun`)."""
+        return self.lab.run(self.login, cmd, timeout=timeout)
+
+    def login_popen(self, cmd: str) -> subprocess.Popen[str]:
+        """A shell command on the login node with pipes (e.g. an `srun` step to talk to)."""
+        return self.lab.popen(self.login, cmd)
+
+    def check(self, cmd: str, timeout: float = 30) -> str:
+        """`login_run` that must succeed; returns its stdout."""
+        done = self.login_run(cmd, timeout=timeout)
+        if done.returncode != 0:
+            raise LabError(f"{cmd!r} on the login node failed ({done.returncode}): {done.stderr}")
+        return done.stdout
+
+    def sbatch(self, args: str) -> str:
+        """`sbatch --parsable ARGS`; returns the job id."""
+        out = self.check(f"sbatch --parsable {args}").strip()
+        return out.split(";", 1)[0]
+
+    def jobs(self) -> list[Job]:
+        """Every job squeue lists (pending, running, completing...), in its plain format."""
+        out = self.check("squeue -h -o '%i %T %r %N'")
+        found = []
+        for line in out.splitlines():
+            parts = line.split(None, 3)
+            if len(parts) < 3:
+                raise LabError(f"unexpected squeue line {line!r}")
+            found.append(Job(parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else ""))
+        return found
+
+    def job_field(self, job_id: str, field: str) -> str:
+        """One `Key=value` of `scontrol show job -o J` (e.g. JobState, Reason, Restarts)."""
+        out = self.check(f"scontrol show job -o {shlex.quote(job_id)}")
+        m = re.search(rf"(?:^|\s){re.escape(field)}=(\S*)", out)
+        if m is None:
+            raise LabError(f"scontrol show job {job_id} has no {field}: {out}")
+        return m[1]
+
+    def job_state(self, job_id: str) -> str:
+        return self.job_field(job_id, "JobState")
+
+    def wait_job(self, job_id: str, *states: str, timeout: float = 60) -> str:
+        """Poll until the job is in one of `states` (e.g. "RUNNING"); returns the state."""
+        seen: list[str] = []
+
+        def reached() -> bool:
+            state = self.job_state(job_id)
+            if not seen or seen[-1] != state:
+                seen.append(state)
+            return state in states
+
+        try:
+            self._wait(f"job {job_id} to be {'/'.join(states)}", reached, timeout)
+        except LabError as e:
+            raise LabError(f"{e}\nstates seen: {' -> '.join(seen)}") from None
+        return seen[-1]
+
+    def node_state(self, name: str) -> str:
+        """`sinfo -h -N -n NODE -o %T` for one node (idle, allocated, mixed, down*...).
+
+        sinfo prints a node once per partition it is in; the states agree.
+        """
+        out = self.check(f"sinfo -h -N -n {shlex.quote(name)} -o %T")
+        states = sorted(set(out.split()))
+        return ",".join(states)
+
+    def wait_nodes(self, state: str, timeout: float = 30, names: Sequence[str] = ()) -> None:
+        """Poll until each node (default: all) is in `state` (e.g. "idle", "down*")."""
+        chosen = list(names) or [h.name for h in self.nodes]
+        self._wait(
+            f"nodes {','.join(chosen)} to be {state}",
+            lambda: all(self.node_state(n) == state for n in chosen),
+            timeout,
+        )
+
+    def cancel_all(self) -> None:
+        """scancel every job, and wait until squeue is empty and nodes are idle again."""
+        self.login_run("scancel --full --user=root")
+        self._wait("squeue to be empty", lambda: not self.jobs(), KILL_WAIT * 3 + 10)
+
+    def heal(self) -> None:
+        """Every compute node back to idle: slurmd restarted where it is not running, DOWN nodes
+        resumed. For fixtures after a test that killed a node."""
+        for h in self.nodes:
+            if 6818 not in self.lab.listening_ports(h):
+                self.start_slurmd(h)
+        for h in self.nodes:
+            if "down" in self.node_state(h.name) or "drain" in self.node_state(h.name):
+                self.login_run(f"scontrol update NodeName={h.name} State=RESUME")
+        self.wait_nodes("idle", timeout=SLURMD_TIMEOUT * 3 + 10)
+
+    # -- what a job left -----------------------------------------------------------------------
+
+    def leftovers(self, settle: float = KILL_WAIT + 5) -> dict[str, list[str]]:
+        """Jobs squeue still lists and processes left on any host, waiting up to `settle`."""
+        deadline = time.monotonic() + settle
+        while True:
+            found: dict[str, list[str]] = {}
+            jobs = self.jobs()
+            if jobs:
+                found["squeue"] = [f"{j.id} {j.state} {j.reason} {j.nodes}" for j in jobs]
+            for h in self.lab.hosts:
+                left = self.lab.leftovers(h, settle=0)
+                if left:
+                    found[h.name] = left
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.1)
