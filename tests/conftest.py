@@ -26,7 +26,23 @@ import pytest
 
 import tests.lab
 from tests.lab import cleanup
+from tests.support import budget
 from tests.support.agent import call, ticks
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _this_checkout_first() -> None:
+    """Every process the tests start (`python -m deployer`, the agent, `tfdeploy`) imports this
+    checkout's code, whatever is installed in the venv: pytest itself puts the checkout first on
+    its own sys.path, and this does the same for children. Two clones on one machine, sharing one
+    venv, each test their own code (docs/testing.md, "Side by side")."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if parts[:1] != [str(CHECKOUT)]:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *parts])
+
+
+_this_checkout_first()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -45,6 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run the in-process tier's tests marked slow (scripts/test.sh passes it)",
     )
+    budget.add_options(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -63,6 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if not hasattr(config, "workerinput"):
         _compile_the_code()
+    budget.install(config)
     cores = os.cpu_count() or 1
     if (
         _in_process_only(config)
