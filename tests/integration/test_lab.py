@@ -358,14 +358,20 @@ def test_cap_bandwidth_slows_a_transfer(lab: Lab) -> None:
         assert done.returncode == 0, done.stderr
         return time.monotonic() - t
 
-    fast = upload()
-    lab.cap_bandwidth(h, "2mbit")  # 250 kB/s: 384 kB take ~1.5 s
+    def qdisc() -> str:
+        return lab.run(h, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+    lab.cap_bandwidth(h, "2mbit")  # 250 kB/s: 384 kB less the 32 kB burst take >= 1.4 s
     try:
+        assert "tbf" in qdisc() and "rate 2Mbit" in qdisc(), qdisc()
         slow = upload()
     finally:
         lab.uncap_bandwidth(h)
-    assert slow >= 1.0 and slow >= 4 * fast, (fast, slow)
-    assert upload() < slow / 2
+    # A lower bound only: the cap makes the transfer at least this slow however loaded the
+    # machine is; "how much faster uncapped" is a timing claim, which belongs in bench/.
+    assert slow >= 1.0, slow
+    assert "tbf" not in qdisc(), qdisc()
+    upload()  # the host still takes data once uncapped
 
 
 # -- bastion topology ------------------------------------------------------------------------------
