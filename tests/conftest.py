@@ -26,7 +26,7 @@ import pytest
 
 import tests.lab
 from tests.lab import cleanup
-from tests.support import budget
+from tests.support import budget, layout
 from tests.support.agent import call, ticks
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -53,6 +53,15 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     patch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path_factory.mktemp("state")))
     yield
     patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _in_its_tier(request: pytest.FixtureRequest) -> None:
+    """A test in the wrong tier (tests/support/layout.py) errors, saying where it belongs: the
+    tier check of every session, on what it collected."""
+    problem = request.node.stash.get(layout.MISPLACED, None)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -186,6 +195,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lab)
         if "tf" in item.keywords and not has_tf:
             item.add_marker(no_tf)
+    layout.mark_misplaced(items)  # after the marking above: `_in_its_tier` fails them
     # Every `isolated` test skips with a reason on the loopback fallback, never silently passes.
     if tests.lab.lab_mode() == "netns":
         return

@@ -1,4 +1,4 @@
-"""`python -m tests.lab up` and the interpreter it writes for the practice hosts (tests/lab/visible.py):
+"""`python -m tests.lab up` and the interpreter it writes for the practice hosts (visible.py):
 one the hosts cannot see (under their private /root or /tmp, or a link into them) is replaced by
 one they can, saying so, or refused, saying how to make one."""
 
