@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.lab import Lab, LabError, LabHost, cleanup, start_lab
+from tests.lab import VENV_PYTHON, Lab, LabError, LabHost, cleanup, start_lab
+from tests.lab import containers as lab_containers
 from tests.lab.inventory import toml_value
 
 pytestmark = pytest.mark.lab
@@ -494,6 +495,50 @@ def test_cli_up_writes_a_ready_inventory_and_down_removes_the_lab(tmp_path: Path
         job = data["job"]
         assert job["code"] == str(REPO / "examples" / "digits") and job["python"] == sys.executable
         assert job["command"] == "python3 mwms.py" and job["artifacts"] == ["ckpt/**"]
+    finally:
+        down = subprocess.run([*cli, "down", lab_id], cwd=REPO, capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+    assert cleanup.residue(lab_id) == []
+
+
+@pytest.mark.isolated(reason="hosts with a private /root and /tmp, and podman in each")
+def test_cli_up_replaces_an_interpreter_the_hosts_cannot_see_and_gives_container_hosts(
+    tmp_path: Path,
+) -> None:
+    # A quick start's .venv made from pyenv's python3 under /root: its bin/python is a link into
+    # a folder the hosts have their own empty copy of (here a link through /tmp, as private).
+    if (why := lab_containers.available()) is not None:
+        pytest.skip(why)
+    if not os.access(VENV_PYTHON, os.X_OK):
+        pytest.skip(f"no {VENV_PYTHON} to fall back to (scripts/install.sh makes it)")
+    hidden = tmp_path / "python3"
+    hidden.symlink_to(sys.executable)
+    inventory = tmp_path / "lab.toml"
+    cli = [sys.executable, "-m", "tests.lab"]
+    up = subprocess.run(
+        [*cli, "up", "1", "--containers", "--python", str(hidden), "--inventory", str(inventory)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    lab_id = up.stdout.split("lab ", 1)[1].split()[0]
+    try:
+        assert f"note: the hosts cannot see {hidden}" in up.stdout, up.stdout
+        assert f"the inventory uses {VENV_PYTHON} instead" in up.stdout, up.stdout
+        assert "1 hosts (namespaces, podman)" in up.stdout, up.stdout
+        assert tomllib.loads(inventory.read_text())["job"]["python"] == VENV_PYTHON
+        config = cleanup.lab_dir(lab_id) / "ssh_config"
+        root = "{{.Store.GraphRoot}}"
+        done = subprocess.run(
+            ["ssh", "-F", str(config), "h1", f"podman info --format '{root}'"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        # The host's podman runs, with its own image store in the lab's directory.
+        assert done.stdout.strip() == str(cleanup.lab_dir(lab_id) / "h1" / "containers"), done
     finally:
         down = subprocess.run([*cli, "down", lab_id], cwd=REPO, capture_output=True, text=True)
     assert down.returncode == 0, down.stderr
