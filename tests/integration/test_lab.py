@@ -214,6 +214,9 @@ def test_processes_are_private_to_a_host(lab: Lab) -> None:
         assert "sleep 3131" not in lab.run(h2, ["ps", "-eo", "args"]).stdout
         assert "sleep 3131" in lab.run(h1, ["ps", "-eo", "args"]).stdout
         assert any("sleep 3131" in item for item in lab.leftovers(h1, settle=0))
+        # All hosts in one pass (the check after every lab test): h1 alone, with the same items.
+        left = lab.leftovers_of(lab.hosts, settle=0)
+        assert list(left) == [h1.name] and left[h1.name] == lab.leftovers(h1, settle=0), left
         # Each host is its own PID space: its init is pid 1 there.
         assert lab.processes(h2)[0].pid == 1
     finally:
@@ -243,8 +246,11 @@ def test_leftovers_reports_a_listening_port_until_it_closes(clean_lab: Lab) -> N
     assert 8765 in lab.listening_ports(h)
     assert 8765 not in lab.listening_ports(lab.hosts[6])
     assert "listening port 8765" in lab.leftovers(h, settle=0)
+    left = lab.leftovers_of(lab.hosts, settle=0)
+    assert list(left) == [h.name] and "listening port 8765" in left[h.name], left
     lab.run(h, ["kill", "-TERM", str(pid)])
     assert lab.leftovers(h) == []
+    assert lab.leftovers_of(lab.hosts) == {}
 
 
 # -- faults ---------------------------------------------------------------------------------------
