@@ -101,9 +101,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.numprocesses = cores + 1
         config.option.dist = "load"
         config.option.tx = ["popen"] * (cores + 1)  # what xdist derives from -n, before configure
-    if getattr(config.option, "dist", "no") == "load":
-        # `-n N` alone: the tests that share one of the costly labs (LAB_GROUPS) go to one worker.
-        config.option.dist = "loadgroup"
 
 
 def _compile_the_code() -> None:
@@ -154,26 +151,14 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
 # Under xdist (`-n N`, scripts/test.sh) each worker is a pytest session with its own labs (labs
-# coexist by id: their own namespaces, links, subnets and directories). The 8-host `lab` is cheap
-# to build, so every worker has one; the labs below are costly or few tests use them, so the
-# tests that ask for one are sent to a single worker (xdist's loadgroup), which builds it once.
-LAB_GROUPS = {"container_lab": "container-lab", "bastion_lab": "bastion-lab"}
+# coexist by id: their own namespaces, links, subnets and directories), built when a test of that
+# worker first asks for one: the 8-host `lab`, and the container and bastion labs. Tests are dealt
+# out one by one (`--dist load`): grouping the tests of a costly lab on one worker (xdist's
+# loadgroup) does not work with pytest 9 (xdist renames items through `_nodeid`, which pytest 9
+# no longer reads), and those labs take seconds, less than the imbalance a group would cause.
 
 
-def _group_costly_labs(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist`: one session, nothing to group
-        return
-    for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        for fixture, group in LAB_GROUPS.items():
-            if fixture in names:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _group_costly_labs(config, items)
     # A test that asks for a lab fixture needs the lab, marked or not, and so does every test in
     # tests/integration/: `-m "not lab"` must never start sshd hosts, and selects tests/unit/.
     # A `tf` test skips with a reason where TensorFlow is missing.
