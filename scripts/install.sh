@@ -56,9 +56,12 @@ if [ ${#need_slurm[@]} -gt 0 ]; then
   fi
 fi
 
+# The venv holds the dependencies only, never this checkout: an editable install in a venv that
+# several checkouts share (root's /opt/tfdeploy/venv) would re-point it under another checkout's
+# running suite. scripts/test.sh (and tests/conftest.py, for every process a test starts) puts the
+# checkout first on PYTHONPATH instead, so each checkout tests its own code (docs/testing.md).
 if [ -e "$VENV" ] && [ ! -w "$VENV" ]; then
-  # Someone else's venv (e.g. root's /opt/tfdeploy/venv given as TFDEPLOY_VENV): used as it is;
-  # scripts/test.sh puts this checkout first on PYTHONPATH, so its code is the one tested.
+  # Someone else's venv (e.g. root's /opt/tfdeploy/venv given as TFDEPLOY_VENV): used as it is.
   echo "using $VENV as it is: not writable by $(id -un), nothing installed into it"
   exit 0
 fi
@@ -72,8 +75,12 @@ fi
 if "$VENV/bin/python" -m pip show -q tfdeploy >/dev/null 2>&1; then
   "$VENV/bin/python" -m pip uninstall -q -y tfdeploy
 fi
+# pyproject.toml's dependencies and dev extra, read by the venv's Python 3.11+ (tomllib).
+mapfile -t DEPS < <("$VENV/bin/python" -c 'import tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))')
 "$VENV/bin/python" "${PIP[@]}" \
-  "tensorflow-cpu==$TF_VERSION" "tensorboard==$TF_VERSION" scikit-learn -e ".[dev]"
+  "tensorflow-cpu==$TF_VERSION" "tensorboard==$TF_VERSION" scikit-learn "${DEPS[@]}"
 echo "installed: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])') venv at $VENV"
 
 if [ "$TFDEPLOY_ROOT" != 1 ]; then

@@ -8,9 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
 bash scripts/install.sh
-if [ ! -w "$VENV" ]; then  # someone else's venv, used as it is: this checkout's code comes first
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# This checkout's code is the one tested, whatever else shares the venv (scripts/install.sh
+# installs no checkout into it): two clones run their suites side by side (docs/testing.md).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# pytest's workers (pytest-xdist): each has its own lab, and lab tests mostly wait on hosts, so
+# more workers than cores (docs/testing.md, "The parallel lab"). TFDEPLOY_TEST_WORKERS=0: serial.
+WORKERS=${TFDEPLOY_TEST_WORKERS:-4}
 if [ "$TFDEPLOY_ROOT" != 1 ]; then
   echo "not root ($(id -un)): the lab runs as sshd hosts on 127.0.0.x loopback addresses, and the"
   echo "  tests marked isolated skip: network, PID and mount namespaces, link faults and firewall"
@@ -21,4 +24,6 @@ fi
 "$VENV/bin/mypy"
 "$VENV/bin/vermin" -q -t=3.8- --no-tips --violations remote/  # the agent runs on host Pythons 3.8+
 "$VENV/bin/lint-imports" --no-cache | tail -n +13  # the contracts in pyproject.toml, by name
-exec "$VENV/bin/pytest" -q --run-slow "$@"  # the in-process tier's `slow` tests too (tests/conftest.py)
+# The in-process tier's `slow` tests too (tests/conftest.py); the run fails over its budget
+# (suite_budget_s in pyproject.toml, tests/support/budget.py).
+exec "$VENV/bin/python" -m pytest -q --run-slow -n "$WORKERS" "$@"

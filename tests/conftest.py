@@ -26,7 +26,23 @@ import pytest
 
 import tests.lab
 from tests.lab import cleanup
+from tests.support import budget, layout
 from tests.support.agent import call, ticks
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _this_checkout_first() -> None:
+    """Every process the tests start (`python -m deployer`, the agent, `tfdeploy`) imports this
+    checkout's code, whatever is installed in the venv: pytest itself puts the checkout first on
+    its own sys.path, and this does the same for children. Two clones on one machine, sharing one
+    venv, each test their own code (docs/testing.md, "Side by side")."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if parts[:1] != [str(CHECKOUT)]:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *parts])
+
+
+_this_checkout_first()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -39,12 +55,22 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     patch.undo()
 
 
+@pytest.fixture(autouse=True)
+def _in_its_tier(request: pytest.FixtureRequest) -> None:
+    """A test in the wrong tier (tests/support/layout.py) errors, saying where it belongs: the
+    tier check of every session, on what it collected."""
+    problem = request.node.stash.get(layout.MISPLACED, None)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--run-slow",
         action="store_true",
         help="also run the in-process tier's tests marked slow (scripts/test.sh passes it)",
     )
+    budget.add_options(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -63,6 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if not hasattr(config, "workerinput"):
         _compile_the_code()
+    budget.install(config)
     cores = os.cpu_count() or 1
     if (
         _in_process_only(config)
@@ -125,6 +152,14 @@ LAB_FIXTURES = {
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
+# Under xdist (`-n N`, scripts/test.sh) each worker is a pytest session with its own labs (labs
+# coexist by id: their own namespaces, links, subnets and directories), built when a test of that
+# worker first asks for one: the 8-host `lab`, and the container and bastion labs. Tests are dealt
+# out one by one (`--dist load`): grouping the tests of a costly lab on one worker (xdist's
+# loadgroup) does not work with pytest 9 (xdist renames items through `_nodeid`, which pytest 9
+# no longer reads), and those labs take seconds, less than the imbalance a group would cause.
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test that asks for a lab fixture needs the lab, marked or not, and so does every test in
     # tests/integration/: `-m "not lab"` must never start sshd hosts, and selects tests/unit/.
@@ -147,6 +182,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lab)
         if "tf" in item.keywords and not has_tf:
             item.add_marker(no_tf)
+    layout.mark_misplaced(items)  # after the marking above: `_in_its_tier` fails them
     # Every `isolated` test skips with a reason on the loopback fallback, never silently passes.
     if tests.lab.lab_mode() == "netns":
         return

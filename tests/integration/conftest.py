@@ -50,8 +50,7 @@ def clean_container_lab(container_lab: Lab) -> Iterator[Lab]:
     """The container lab, checked after the test: no process, port, tfdeploy container (of any
     run, found by label) or mount of a host's image store left on any host."""
     yield container_lab
-    left = {h.name: container_lab.leftovers(h) for h in container_lab.hosts}
-    left = {name: items for name, items in left.items() if items}
+    left = container_lab.leftovers_of(container_lab.hosts)
     assert not left, f"the test left containers, processes or mounts on lab hosts: {left}"
 
 
@@ -154,6 +153,5 @@ def lab_python() -> Callable[[str], str]:
 def clean_lab(lab: Lab) -> Iterator[Lab]:
     """The lab, checked after the test: nothing of the test may still run or listen on any host."""
     yield lab
-    left = {h.name: lab.leftovers(h) for h in lab.hosts}
-    left = {name: items for name, items in left.items() if items}
+    left = lab.leftovers_of(lab.hosts)  # every host, in one pass over /proc (tests/lab/base.py)
     assert not left, f"the test left processes or ports behind on lab hosts: {left}"

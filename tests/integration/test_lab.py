@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.lab import Lab, LabError, LabHost, cleanup, start_lab
+from tests.lab import VENV_PYTHON, Lab, LabError, LabHost, cleanup, start_lab
+from tests.lab import containers as lab_containers
 from tests.lab.inventory import toml_value
 
 pytestmark = pytest.mark.lab
@@ -213,6 +214,9 @@ def test_processes_are_private_to_a_host(lab: Lab) -> None:
         assert "sleep 3131" not in lab.run(h2, ["ps", "-eo", "args"]).stdout
         assert "sleep 3131" in lab.run(h1, ["ps", "-eo", "args"]).stdout
         assert any("sleep 3131" in item for item in lab.leftovers(h1, settle=0))
+        # All hosts in one pass (the check after every lab test): h1 alone, with the same items.
+        left = lab.leftovers_of(lab.hosts, settle=0)
+        assert list(left) == [h1.name] and left[h1.name] == lab.leftovers(h1, settle=0), left
         # Each host is its own PID space: its init is pid 1 there.
         assert lab.processes(h2)[0].pid == 1
     finally:
@@ -242,8 +246,11 @@ def test_leftovers_reports_a_listening_port_until_it_closes(clean_lab: Lab) -> N
     assert 8765 in lab.listening_ports(h)
     assert 8765 not in lab.listening_ports(lab.hosts[6])
     assert "listening port 8765" in lab.leftovers(h, settle=0)
+    left = lab.leftovers_of(lab.hosts, settle=0)
+    assert list(left) == [h.name] and "listening port 8765" in left[h.name], left
     lab.run(h, ["kill", "-TERM", str(pid)])
     assert lab.leftovers(h) == []
+    assert lab.leftovers_of(lab.hosts) == {}
 
 
 # -- faults ---------------------------------------------------------------------------------------
@@ -358,14 +365,20 @@ def test_cap_bandwidth_slows_a_transfer(lab: Lab) -> None:
         assert done.returncode == 0, done.stderr
         return time.monotonic() - t
 
-    fast = upload()
-    lab.cap_bandwidth(h, "2mbit")  # 250 kB/s: 384 kB take ~1.5 s
+    def qdisc() -> str:
+        return lab.run(h, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+    lab.cap_bandwidth(h, "2mbit")  # 250 kB/s: 384 kB less the 32 kB burst take >= 1.4 s
     try:
+        assert "tbf" in qdisc() and "rate 2Mbit" in qdisc(), qdisc()
         slow = upload()
     finally:
         lab.uncap_bandwidth(h)
-    assert slow >= 1.0 and slow >= 4 * fast, (fast, slow)
-    assert upload() < slow / 2
+    # A lower bound only: the cap makes the transfer at least this slow however loaded the
+    # machine is; "how much faster uncapped" is a timing claim, which belongs in bench/.
+    assert slow >= 1.0, slow
+    assert "tbf" not in qdisc(), qdisc()
+    upload()  # the host still takes data once uncapped
 
 
 # -- bastion topology ------------------------------------------------------------------------------
@@ -488,6 +501,50 @@ def test_cli_up_writes_a_ready_inventory_and_down_removes_the_lab(tmp_path: Path
         job = data["job"]
         assert job["code"] == str(REPO / "examples" / "digits") and job["python"] == sys.executable
         assert job["command"] == "python3 mwms.py" and job["artifacts"] == ["ckpt/**"]
+    finally:
+        down = subprocess.run([*cli, "down", lab_id], cwd=REPO, capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+    assert cleanup.residue(lab_id) == []
+
+
+@pytest.mark.isolated(reason="hosts with a private /root and /tmp, and podman in each")
+def test_cli_up_replaces_an_interpreter_the_hosts_cannot_see_and_gives_container_hosts(
+    tmp_path: Path,
+) -> None:
+    # A quick start's .venv made from pyenv's python3 under /root: its bin/python is a link into
+    # a folder the hosts have their own empty copy of (here a link through /tmp, as private).
+    if (why := lab_containers.available()) is not None:
+        pytest.skip(why)
+    if not os.access(VENV_PYTHON, os.X_OK):
+        pytest.skip(f"no {VENV_PYTHON} to fall back to (scripts/install.sh makes it)")
+    hidden = tmp_path / "python3"
+    hidden.symlink_to(sys.executable)
+    inventory = tmp_path / "lab.toml"
+    cli = [sys.executable, "-m", "tests.lab"]
+    up = subprocess.run(
+        [*cli, "up", "1", "--containers", "--python", str(hidden), "--inventory", str(inventory)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    lab_id = up.stdout.split("lab ", 1)[1].split()[0]
+    try:
+        assert f"note: the hosts cannot see {hidden}" in up.stdout, up.stdout
+        assert f"the inventory uses {VENV_PYTHON} instead" in up.stdout, up.stdout
+        assert "1 hosts (namespaces, podman)" in up.stdout, up.stdout
+        assert tomllib.loads(inventory.read_text())["job"]["python"] == VENV_PYTHON
+        config = cleanup.lab_dir(lab_id) / "ssh_config"
+        root = "{{.Store.GraphRoot}}"
+        done = subprocess.run(
+            ["ssh", "-F", str(config), "h1", f"podman info --format '{root}'"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        # The host's podman runs, with its own image store in the lab's directory.
+        assert done.stdout.strip() == str(cleanup.lab_dir(lab_id) / "h1" / "containers"), done
     finally:
         down = subprocess.run([*cli, "down", lab_id], cwd=REPO, capture_output=True, text=True)
     assert down.returncode == 0, down.stderr

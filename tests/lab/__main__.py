@@ -6,33 +6,45 @@ import argparse
 import sys
 from pathlib import Path
 
-from tests.lab import LabError, cleanup, start_lab
+import tests.lab
+from tests.lab import LabError, cleanup, start_lab, visible
+from tests.lab import containers as lab_containers
 
 # The README's first multi-host run: the bundled MWMS example, its checkpoints as artifacts.
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 
 
 def _up(args: argparse.Namespace) -> int:
-    lab = start_lab(args.n, args.topology, persistent=True, slurm=args.slurm)
+    isolated = tests.lab.lab_mode() == "netns"
+    # The hosts run the interpreter that started the lab (or --python): the quick start's .venv
+    # or /opt/tfdeploy/venv, whichever has TensorFlow. They see this machine's files but /root
+    # and /tmp: one that lives there (pyenv's) is refused or replaced before any host starts.
+    choice = visible.choose(args.python, isolated=isolated)
+    if args.containers and (why := lab_containers.available()) is not None:
+        raise LabError(f"--containers: {why}")
+    if choice.note is not None:
+        print(f"note: {choice.note}")
+    lab = start_lab(
+        args.n, args.topology, persistent=True, containers=args.containers, slurm=args.slurm
+    )
     tasks = [[{"role": "worker"}] for _ in lab.hosts]
-    # The hosts run the interpreter that started the lab (they see this machine's files but
-    # /root and /tmp): the quick start's .venv or /opt/tfdeploy/venv, whichever has TensorFlow.
     job = {
         "name": "digits",
         "code": str(Path(args.code).resolve()),
         "command": args.command,
-        "python": sys.executable,
+        "python": choice.python,
         "artifacts": ["ckpt/**"],
     }
     user = lab.login_user if args.as_user else None
     inventory = lab.write_inventory(args.inventory, tasks=tasks, job=job, user=user)
-    print(
-        f"lab {lab.id} up: {len(lab.hosts)} hosts ({'namespaces' if lab.isolated else 'loopback'})"
-    )
+    kind = ("namespaces" if lab.isolated else "loopback") + (", podman" if args.containers else "")
+    print(f"lab {lab.id} up: {len(lab.hosts)} hosts ({kind})")
     for h in lab.all_hosts:
         print(f"  {h.name:8} {h.address}:{h.port}  hostname {h.hostname}")
     print(f"inventory:  {inventory} (as {user or lab.user})")
     print(f"ssh:        ssh -F {lab.ssh_config} {lab.hosts[0].name}")
+    if args.containers:
+        print(f"podman:     CONTAINERS_CONF={lab.dir / 'containers.conf'} (this machine's podman)")
     slurm = getattr(lab, "slurm", None)
     if slurm is not None:
         print(f"slurm:      login node {slurm.login.name} {slurm.login.address} (slurmctld)")
@@ -87,6 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         "--slurm",
         action="store_true",
         help="run a Slurm cluster: h1 the login node (slurmctld), the others compute nodes",
+    )
+    up.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the hosts' interpreter (default: this one), replaced or refused if hidden from them",
+    )
+    up.add_argument(
+        "--containers",
+        action="store_true",
+        help="container-ready hosts: podman in each, own image store (root; docs/containers.md)",
     )
     down = sub.add_parser("down", help="stop labs by id")
     down.add_argument("ids", nargs="*")

@@ -227,10 +227,29 @@ class Lab:
                 return found
             time.sleep(0.05)
 
+    def leftovers_of(self, hosts: Sequence[HostRef], settle: float = 2.0) -> dict[str, list[str]]:
+        """`leftovers` of several hosts at once, by name, only those with any: each pass reads
+        the processes of all of them together (the check after every lab test), and waits up to
+        `settle` seconds for the ones not yet clean."""
+        pending = [self.host(h) for h in hosts]
+        deadline = time.monotonic() + settle
+        while True:
+            found = self._leftovers_batch(pending)
+            pending = [h for h in pending if found[h.name]]
+            if not pending or time.monotonic() > deadline:
+                return {h.name: found[h.name] for h in pending}
+            time.sleep(0.05)
+
+    def _leftovers_batch(self, hosts: Sequence[LabHost]) -> dict[str, list[str]]:
+        return {h.name: self._leftovers_now(h) for h in hosts}
+
     def _leftovers_now(self, h: LabHost) -> list[str]:
+        return self._leftovers_in(h, self.processes(h))
+
+    def _leftovers_in(self, h: LabHost, processes: Sequence[Proc]) -> list[str]:
         found = [
             f"process {p.pid} ({p.user}, state {p.state}): {p.cmdline}"
-            for p in self.processes(h)
+            for p in processes
             if not (self._is_init(p) or self._is_service(p))
         ]
         ports = self.listening_ports(h) - {h.port} - self._service_ports(h)

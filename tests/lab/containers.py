@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shlex
 import shutil
 import subprocess
@@ -101,7 +102,7 @@ def test_image_tar() -> Path:
         return out
     IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
     applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")  # xdist workers may build it at once
     with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
         for d, mode in (
             ("bin", 0o755),

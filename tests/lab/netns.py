@@ -431,11 +431,21 @@ class NamespaceLab(Lab):
         found += [f"mount {p}" for p in points if p.startswith((store, lab_containers.RUNROOT))]
         return found
 
-    def _leftovers_now(self, h: LabHost) -> list[str]:
-        found = super()._leftovers_now(h)
+    def _leftovers_in(self, h: LabHost, processes: Sequence[Proc]) -> list[str]:
+        found = super()._leftovers_in(h, processes)
         if self.containers and not self._slot(h).crashed:
             found += self.containers_left(h)
         return found
+
+    def _leftovers_batch(self, hosts: Sequence[LabHost]) -> dict[str, list[str]]:
+        slots = [self._slot(h) for h in hosts]
+        raws = procs.by_pidns({s.pidns for s in slots if not s.crashed})
+        return {
+            s.host.name: self._leftovers_in(
+                s.host, [] if s.crashed else procs.to_procs(raws[s.pidns], inner=True)
+            )
+            for s in slots
+        }
 
     # -- the login user's home ---------------------------------------------------------------
 

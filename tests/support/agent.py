@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Any
 
 from remote.protocol import HOST_ID_ENV
 
-PYTHON = "/opt/tfdeploy/venv/bin/python"
+# The interpreter running the tests: the agent is stdlib-only, so any checkout's venv (or none)
+# drives it, as any user; a hard-coded /opt/tfdeploy venv failed the fast tier without one.
+PYTHON = sys.executable
 
 
 AGENT = Path(__file__).resolve().parents[2] / "remote" / "agent.py"

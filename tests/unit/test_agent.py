@@ -161,19 +161,22 @@ def test_task_killed_by_signal_records_it(workdir: Path) -> None:
 
 
 def test_start_of_several_tasks_is_quick(workdir: Path) -> None:
-    # The best of up to three runs: on a loaded machine one start may queue for the CPU behind
-    # other processes, while a start that waited for its tasks one by one is slow every time.
-    tasks = [{"name": f"worker:{i}", "command": "sleep 30"} for i in range(6)]
-    times = []
-    for run_id in ("r1", "r2", "r3"):
-        new_run(workdir, run_id)
-        began = time.monotonic()
-        started = start(workdir, *tasks, run_id=run_id)
-        times.append(time.monotonic() - began)
-        assert [t["state"] for t in started] == ["running"] * 6
-        if times[-1] < 1.0:
-            break
-    assert min(times) < 1.0, f"start of 6 tasks took {', '.join(f'{t:.2f}' for t in times)} s"
+    # Against a start of one task in the same test, not a number of seconds: a loaded machine
+    # (2 cores, a whole team's tests) makes every start slow alike, while a start that waited for
+    # its tasks one by one is 6 times one start. The best of up to three tries of each.
+    def best(count: int, prefix: str) -> float:
+        tasks = [{"name": f"worker:{i}", "command": "sleep 30"} for i in range(count)]
+        times = []
+        for n in range(3):
+            new_run(workdir, f"{prefix}{n}")
+            began = time.monotonic()
+            started = start(workdir, *tasks, run_id=f"{prefix}{n}")
+            times.append(time.monotonic() - began)
+            assert [t["state"] for t in started] == ["running"] * count
+        return min(times)
+
+    one, six = best(1, "one"), best(6, "six")
+    assert six < 3 * one, f"a start of 6 tasks took {six:.2f} s, of one {one:.2f} s"
 
 
 def test_stop_escalates_to_sigkill_of_the_whole_group(workdir: Path) -> None:
@@ -186,7 +189,9 @@ def test_stop_escalates_to_sigkill_of_the_whole_group(workdir: Path) -> None:
     began = time.monotonic()
     [done] = ok(call(workdir, "stop", run_id="r1", tasks=["worker:0"], grace=1.0))["tasks"]
     elapsed = time.monotonic() - began
-    assert 1.0 <= elapsed < 2.0, f"stop took {elapsed:.2f}s"
+    # After the 1 s grace, and long before the stubborn `sleep 100`s would end by themselves (a
+    # bound a loaded machine cannot break; how quick it is belongs in bench/).
+    assert 1.0 <= elapsed < 30, f"stop took {elapsed:.2f}s"
     assert (done["state"], done["signal"], done["reason"]) == ("exited", 9, "stopped")
     assert not alive(task["pid"]) and not alive(child)
 
@@ -195,8 +200,8 @@ def test_stop_of_a_polite_task_is_prompt(workdir: Path) -> None:
     new_run(workdir)
     start(workdir, {"name": "ps:0", "command": "sleep 30"}, {"name": "chief", "command": "exit 0"})
     began = time.monotonic()
-    reply = ok(call(workdir, "stop", run_id="r1", tasks=None, grace=5))
-    assert time.monotonic() - began < 1.0
+    reply = ok(call(workdir, "stop", run_id="r1", tasks=None, grace=60))
+    assert time.monotonic() - began < 30  # the polite task's exit, not the 60 s grace
     by_name = {t["name"]: t for t in reply["tasks"]}
     assert (by_name["ps:0"]["signal"], by_name["ps:0"]["reason"]) == (15, "stopped")
     assert by_name["chief"]["reason"] == "exited"
@@ -237,17 +242,20 @@ def test_lease_expiry_stops_attached_runs_only(workdir: Path) -> None:
         return reply["tasks"][0]  # type: ignore[no-any-return]
 
     began = time.monotonic()
-    done = wait_for(lambda: attached()["state"] == "exited" and attached(), timeout=6)
-    assert done["reason"] == "lease expired" and time.monotonic() - began < 4
+    done = wait_for(lambda: attached()["state"] == "exited" and attached(), timeout=20)
+    assert done["reason"] == "lease expired" and time.monotonic() - began < 20  # not the sleep 30
     reply = ok(call(workdir, "poll", run_id="detached", offsets={}, max_bytes=0, heartbeat=False))
     assert reply["tasks"][0]["state"] == "running"
 
 
 def test_heartbeat_keeps_a_lease_alive(workdir: Path) -> None:
-    new_run(workdir, lease_seconds=1)
+    # A 3 s lease: a loaded machine may take a second or more per agent call, and the gap between
+    # two heartbeats is a call and a pause.
+    new_run(workdir, lease_seconds=3)
     start(workdir, {"name": "worker:0", "command": "sleep 30"})
-    for _ in range(5):  # 1.75 s in all, well past the 1 s lease
-        time.sleep(0.35)
+    began = time.monotonic()
+    while time.monotonic() - began < 4.5:  # well past the lease
+        time.sleep(0.3)
         reply = ok(call(workdir, "poll", run_id="r1", offsets={}, max_bytes=0, heartbeat=True))
         assert reply["tasks"][0]["state"] == "running"
 
@@ -455,7 +463,7 @@ def test_a_whole_run_stop_ends_a_running_setup(workdir: Path) -> None:
     began = time.monotonic()
     ok(call(workdir, "stop", run_id="r1", tasks=None, grace=1))
     assert setup.stdout is not None and setup.wait(timeout=10) == 0
-    assert time.monotonic() - began < 3
+    assert time.monotonic() - began < 30  # the stop's, not the setup's `sleep 60`
     reply = json.loads(setup.stdout.read())
     # Issue 47: not `exit code 143`, which `up` showed as a setup failure: the stop, named.
     assert reply["ok"] is False and "run r1 was stopped on this host" in reply["error"]

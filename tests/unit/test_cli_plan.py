@@ -14,8 +14,10 @@ from tests.support.helpers import one_line, run_cli
 
 INVENTORIES = Path(__file__).parent.parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"
-# The console script pip installed next to the Python running the tests (the user's venv).
-TFDEPLOY = str(Path(sys.executable).with_name("tfdeploy"))
+# The console script pip installed next to the Python running the tests (the user's venv), or,
+# in a venv that holds the dependencies only (scripts/install.sh), the same main as a module.
+_SCRIPT = Path(sys.executable).with_name("tfdeploy")
+TFDEPLOY = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "deployer"]
 BAD = sorted(INVENTORIES.glob("bad_*.toml"))
 
 
@@ -228,7 +230,7 @@ def test_internal_bug_is_one_line_without_traceback(monkeypatch: pytest.MonkeyPa
 def test_real_process_exit_codes_and_no_traceback(tmp_path: Path) -> None:
     bad = INVENTORIES / "bad_gpu_index.toml"
     result = subprocess.run(
-        [TFDEPLOY, "plan", str(bad)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        [*TFDEPLOY, "plan", str(bad)], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert result.returncode == 2
     assert result.stdout == ""
@@ -236,7 +238,7 @@ def test_real_process_exit_codes_and_no_traceback(tmp_path: Path) -> None:
     assert one_line(result.stderr) == one_line(f"error: {bad}: {expectation(bad)[0]}")
 
     good = subprocess.run(
-        [TFDEPLOY, "plan", "--json", str(GOOD)], capture_output=True, text=True, timeout=60
+        [*TFDEPLOY, "plan", "--json", str(GOOD)], capture_output=True, text=True, timeout=60
     )
     assert (good.returncode, good.stderr) == (0, "")
     assert [t["env"]["TFDEPLOY_TASK"] for t in json.loads(good.stdout)["tasks"]] == [
@@ -248,7 +250,7 @@ def test_real_process_exit_codes_and_no_traceback(tmp_path: Path) -> None:
     ]
 
     debug = subprocess.run(
-        [TFDEPLOY, "--traceback", "plan", str(bad)], capture_output=True, text=True, timeout=60
+        [*TFDEPLOY, "--traceback", "plan", str(bad)], capture_output=True, text=True, timeout=60
     )
     assert "Traceback (most recent call last)" in debug.stderr
     assert "deployer.core.errors.InventoryError: " in debug.stderr

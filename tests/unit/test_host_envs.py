@@ -222,7 +222,11 @@ def python_without_ensurepip(tmp_path_factory: pytest.TempPathFactory) -> str:
         pytest.skip(str(e))
     root = Path(good.path).parents[1]
     copy = tmp_path_factory.mktemp("noensurepip") / "py"
-    subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+    # Hard links where this user may make them (root); a copy where it may not (protected_hardlinks
+    # forbids linking other users' files).
+    if subprocess.run(["cp", "-al", str(root), str(copy)], capture_output=True).returncode != 0:
+        shutil.rmtree(copy, ignore_errors=True)
+        subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
     shutil.rmtree(copy / "lib" / "python3.11" / "ensurepip")
     return str(copy / "bin" / "python3.11")
 

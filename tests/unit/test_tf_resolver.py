@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.support.helpers import JOB, plan
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]  # TensorFlow's import: seconds of CPU per test
 
-PYTHON = "/opt/tfdeploy/venv/bin/python"
+PYTHON = sys.executable  # the `tf` marker skips the module where it has no TensorFlow
 
 RESOLVE = r"""
 import json, os, sys
