@@ -18,6 +18,7 @@ from deployer import api
 from deployer.api.render import plan_document, plan_table, status_json, status_table
 from deployer.cli.console import Env
 from deployer.core.errors import ExitStatus, HostsFailed, NothingMatched, UsageError
+from deployer.core.lines import clean
 
 
 def plan_verb(args: argparse.Namespace, env: Env) -> int:
@@ -211,7 +212,7 @@ def exec_verb(args: argparse.Namespace, env: Env) -> int:
     failed = 0
     for host, result in ran.results.items():
         out = (result.stdout + result.stderr).decode(errors="replace").splitlines()
-        view.lines(host, out)
+        view.lines(host, [clean(line) for line in out])  # a host's bytes: no escape reaches us
         if result.exit_code != 0:
             failed += 1
             view.step(f"{host}: exit code {result.exit_code}")
