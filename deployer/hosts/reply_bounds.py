@@ -38,7 +38,7 @@ class Range:
         if isinstance(number, float) and not math.isfinite(number):
             return f"is {number}, not a finite number"
         if not self.low <= number <= self.high:
-            return f"is {number!r:.30}, not {self.what} ({self.low:.6g} to {self.high:.6g})"
+            return f"is {number!r:.30}, not {self.what}"
         return None
 
 
@@ -60,15 +60,15 @@ class Version:
 
 
 ANY_INT = Range(-MAX_INT, MAX_INT, "a 64-bit integer")
-ANY_NUMBER = Range(-MAX_NUMBER, MAX_NUMBER, "a number in range")
+ANY_NUMBER = Range(-MAX_NUMBER, MAX_NUMBER, "a number within ±1e18")
 COUNT = Range(0, MAX_INT, "a count or size (0 or more)")
 AMOUNT = Range(0, MAX_NUMBER, "an amount (0 or more)")
 TIME = Range(0, LATEST_TIME, "a time (Unix seconds, before year 3000)")
-PORT = Range(0, 65535, "a port")
-STATUS = Range(-(2**31), 2**31 - 1, "an exit status")
-SIGNAL = Range(0, 255, "a signal number")
-PERCENT = Range(0, 100, "a percentage")
-GPU_INDEX = Range(0, 4095, "a GPU index")
+PORT = Range(0, 65535, "a port (0 to 65535)")
+STATUS = Range(-(2**31), 2**31 - 1, "an exit status (32 bits)")
+SIGNAL = Range(0, 255, "a signal number (0 to 255)")
+PERCENT = Range(0, 100, "a percentage (0 to 100)")
+GPU_INDEX = Range(0, 4095, "a GPU index (0 to 4095)")
 
 # CPython's sys.version's first word: "3.11.7", "3.13.0rc1", "3.12.0+".
 PYTHON = Version(
