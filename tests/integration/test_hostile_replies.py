@@ -212,3 +212,23 @@ def test_nvidia_smi_numbers_that_are_no_numbers_do_not_fail_the_agent(
     output = result.stdout + result.stderr
     assert "the agent failed" not in output and "Traceback" not in output, output
     assert result.returncode == 0, output
+
+
+def test_exec_prints_a_hosts_output_cleaned(lab: Lab, tmp_path: Path) -> None:
+    """`exec` printed host output raw: OSC 52 wrote the user's clipboard, on a pipe as on a
+    terminal."""
+    code = tmp_path / "code"
+    code.mkdir()
+    inventory = lab.write_inventory(
+        tmp_path / "inventory.toml",
+        tasks=[[{"role": "worker"}]],
+        job={"name": "execedge", "code": str(code), "command": "true"},
+        hosts=[lab.hosts[0]],
+    )
+    said = r"printf '\033]52;c;ZWNobw==\033\\before\033[2Jafter\302\233J\n'"
+    result = tfdeploy("exec", str(inventory), "--", said, state=tmp_path / "state", timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"{lab.hosts[0].name} | beforeafter" in output, output
+    assert "ZWNobw" not in output
+    no_control_characters(output)
