@@ -108,26 +108,22 @@ class Edge:
 
     def _typed(self, value: object, kind: Any, field: str, name: str) -> Any:
         """`value` checked as `kind` and bounded as the field `name`; its cleaned copy."""
-        if kind is Any:
+        form, inner = _form(kind)
+        if form == "any":
             return value
-        if typing.is_typeddict(kind):
-            return self._shaped(value, kind, field)
-        origin, args = typing.get_origin(kind), typing.get_args(kind)
-        if origin in (types.UnionType, typing.Union):
-            if value is None and type(None) in args:
-                return None
-            kinds = [k for k in args if k is not type(None)]
-            if len(kinds) == 1:
-                return self._typed(value, kinds[0], field, name)
-        if origin is list:
+        if form == "shape":
+            return self._shaped(value, inner, field)
+        if form == "optional":
+            return None if value is None else self._typed(value, inner, field, name)
+        if form == "list":
             return [
-                self._typed(item, args[0], f"{field}[{i}]", name)
+                self._typed(item, inner, f"{field}[{i}]", name)
                 for i, item in enumerate(self.items(value, field))
             ]
-        if origin is dict:
+        if form == "dict":
             return {
                 self._typed(key, str, f"{field} key {key!r:.40}", ""): self._typed(
-                    item, args[1], f"{field}[{key!r:.40}]", name
+                    item, inner, f"{field}[{key!r:.40}]", name
                 )
                 for key, item in self.obj(value, field).items()
             }
@@ -239,6 +235,26 @@ def _is(value: object, kind: object) -> bool:
     if kind is type(None):
         return value is None
     return isinstance(kind, type) and isinstance(value, kind)
+
+
+@functools.cache
+def _form(kind: Any) -> tuple[str, Any]:
+    """How a declared type is read, worked out once per type (every field of every poll asks):
+    ("any" | "shape" | "optional" | "list" | "dict" | "leaf", the inner type)."""
+    if kind is Any:
+        return "any", None
+    if typing.is_typeddict(kind):
+        return "shape", kind
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        kinds = [k for k in args if k is not type(None)]
+        if type(None) in args and len(kinds) == 1:
+            return "optional", kinds[0]
+    if origin is list:
+        return "list", args[0]
+    if origin is dict:
+        return "dict", args[1]
+    return "leaf", kind
 
 
 @functools.cache
