@@ -36,6 +36,9 @@ LOST = re.compile(
 # Values that only say the GPU does not report a field: no problem. Any other bracketed value
 # ("[GPU requires reset]", "[Unknown Error]", "[GPU is lost]") is the GPU's own alarm.
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Insufficient Permissions]")
+# A GPU index and a reported amount as nvidia-smi writes them: ASCII decimals of sane length.
+DECIMAL = re.compile(r"[0-9]{1,4}")
+NUMBER = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})?")
 
 
 def find_nvidia_smi() -> str | None:
@@ -97,7 +100,7 @@ def _query_gpus(
 
 
 def _gpu(row: dict[str, str]) -> dict[str, Any] | None:
-    if not row["index"].isdigit():
+    if not DECIMAL.fullmatch(row["index"]):  # "²" is a digit to str.isdigit, not to int()
         return None
     alarms = [v for v in row.values() if v.startswith("[") and v not in NOT_REPORTED]
     return {
@@ -161,8 +164,9 @@ def _of_run(pid: int | None, run_id: str) -> tuple[bool | None, str | None]:
 
 
 def _number(text: str) -> int | None:
-    """nvidia-smi writes "[N/A]" or "[Not Supported]" for values some GPUs do not report."""
-    try:
-        return int(float(text))
-    except ValueError:
+    """nvidia-smi writes "[N/A]" or "[Not Supported]" for values some GPUs do not report; a
+    value that is no plain decimal ("inf", "1e400", "²") is not reported either, never a crash
+    of the whole op (int(float("inf")) raises OverflowError)."""
+    if not NUMBER.fullmatch(text):
         return None
+    return int(float(text))

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 
 # The oldest manylinux glibc still built for (manylinux2014); older ones only through aliases.
 OLDEST_GLIBC_MINOR = 17
+# The newest glibc minor taken from a host (glibc is at 2.42 in 2025): one tag is listed per
+# minor, and "2.999999999" from a hostile host listed a billion (the reply edge refuses it first,
+# deployer/hosts/reply_bounds.py; this bound holds for facts from anywhere else, the cache too).
+NEWEST_GLIBC_MINOR = 100
+_PYTHON = re.compile(r"\s*([0-9]{1,2})\.([0-9]{1,3})(\.[0-9]{1,4})?\S{0,16}\s*")
 # Legacy aliases (PEP 599/571/513): glibc minor each stands for, and where it exists.
 _ALIASES = (
     ("manylinux2014", 17, ("x86_64", "i686", "aarch64", "armv7l", "ppc64", "ppc64le", "s390x")),
@@ -45,9 +50,11 @@ class HostPlatform:
     @classmethod
     def of(cls, python: str, machine: str, glibc: str | None) -> HostPlatform:
         """From facts as preflight reports them: "3.9.18", "aarch64", "2.31" (or None)."""
-        parts = python.strip().split(".")
-        major, minor = int(parts[0]), int(parts[1])
-        full = python.strip() if len(parts) > 2 else f"{major}.{minor}.0"
+        match = _PYTHON.fullmatch(python)
+        if match is None:
+            raise ValueError(f"not a Python version: {python!r:.40}")
+        major, minor = int(match.group(1)), int(match.group(2))
+        full = python.strip() if match.group(3) else f"{major}.{minor}.0"
         return cls((major, minor), normalize_machine(machine), _glibc(glibc), "cp", full)
 
     def marker_environment(self) -> dict[str, str]:
@@ -85,9 +92,10 @@ class HostPlatform:
         """Every platform tag the host accepts, most specific first (pip's order)."""
         if self.glibc is None:
             return []
+        newest = min(self.glibc[1], NEWEST_GLIBC_MINOR)  # never a billion tags, whoever built it
         tags = [
             f"manylinux_2_{minor}_{self.machine}"
-            for minor in range(self.glibc[1], OLDEST_GLIBC_MINOR - 1, -1)
+            for minor in range(newest, OLDEST_GLIBC_MINOR - 1, -1)
         ]
         for alias, minor, machines in _ALIASES:
             if self.glibc[1] >= minor and self.machine in machines:
@@ -140,7 +148,7 @@ def normalize_machine(machine: str) -> str:
 def _glibc(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
-    match = re.fullmatch(r"\s*(\d+)\.(\d+)\S*\s*", text)
-    if match is None:
-        raise ValueError(f"not a glibc version: {text!r}")
+    match = re.fullmatch(r"\s*([0-9]{1,2})\.([0-9]{1,3})\S{0,32}\s*", text)
+    if match is None or int(match.group(2)) > NEWEST_GLIBC_MINOR:
+        raise ValueError(f"not a glibc version: {text!r:.40}")
     return int(match.group(1)), int(match.group(2))

@@ -19,7 +19,6 @@ from deployer.hosts.reply_types import (
     SetupResult,
     StopReport,
     TaskStatus,
-    cleaned_texts,
 )
 from deployer.hosts.transport import SessionEnded
 from remote import protocol
@@ -176,26 +175,26 @@ class Agent(Channel):
 
     def env(self, request: protocol.EnvRequest, timeout: float) -> protocol.EnvReply:
         """The job's venv built (or reused) here from wheels in the store. Its texts are
-        printed (versions, paths): cleaned at the edge like the hello's."""
-        reply = self.ask(protocol.OP_ENVIRONMENT, protocol.EnvReply, timeout, **request)
-        cleaned: protocol.EnvReply = cleaned_texts(reply)
-        return cleaned
+        printed (versions, paths): parsed and cleaned at the edge like the hello's."""
+        return self.ask(protocol.OP_ENVIRONMENT, protocol.EnvReply, timeout, **request)
 
     def image(self, request: protocol.ImageRequest, timeout: float) -> protocol.ImageReply:
         """The job's image checked (pulled if asked) or loaded here; its texts are printed
         (runtime, platforms): cleaned at the edge like the hello's."""
-        reply = self.ask(protocol.OP_IMAGE, protocol.ImageReply, timeout, **request)
-        cleaned: protocol.ImageReply = cleaned_texts(reply)
-        return cleaned
+        return self.ask(protocol.OP_IMAGE, protocol.ImageReply, timeout, **request)
 
     def gpus(self, run_id: str | None = None) -> dict[str, Any]:
-        """The `gpus` reply, its texts cleaned (GPU names, driver words are printed);
-        deployer.hosts.gpus.GpuReport.from_json reads it. With `run_id` each compute process
-        says whether it belongs to that run."""
+        """The `gpus` reply, bounded and its texts cleaned at the edge (GPU names, driver words
+        are printed), each GPU index once; deployer.hosts.gpus.GpuReport.from_json reads it.
+        With `run_id` each compute process says whether it belongs to that run."""
         request: protocol.GpusRequest = {"run_id": run_id} if run_id else {}
         reply = self.ask(protocol.OP_GPUS, protocol.GpusReply, **request)
-        cleaned: dict[str, Any] = cleaned_texts(reply)
-        return cleaned
+        edge, seen = Edge(self.host, protocol.OP_GPUS), set()
+        for gpu in reply["gpus"]:  # a plan gives tasks GPUs by index: each names one GPU
+            if gpu["index"] in seen:
+                raise edge.error("gpus", f"list the GPU index {gpu['index']} twice")
+            seen.add(gpu["index"])
+        return dict(reply)
 
     def listen(self, run_id: str, ports: Sequence[int], seconds: float) -> None:
         """Stand-in listeners on the planned TF ports, for peers' probes (remote/netcheck.py)."""

@@ -23,7 +23,6 @@ from deployer.hosts.bootstrap import (
     agent_id,
 )
 from deployer.hosts.replies import Edge, failure, text
-from deployer.hosts.reply_types import cleaned_texts
 from deployer.hosts.transport import Session, SessionEnded, Transport
 from remote import protocol
 
@@ -142,15 +141,14 @@ class Channel:
             if reply.get(protocol.BOOTSTRAP_NEEDS_FILES):  # a host without this agent version
                 reply = self._over(session, agent_files_message(), 60)
         edge = Edge(self.host, protocol.OP_HELLO)
+        # The hello's facts (versions, host names, ids, problems) are printed by preflight and
+        # status, and its versions make platform tags: parsed, bounded and cleaned at the edge.
         if reply.get("absent") is True:  # look_only, and the host has no workdir
-            edge.reply(reply, protocol.AbsentReply)
+            reply = dict(edge.reply(reply, protocol.AbsentReply))
         else:
-            edge.reply(reply, protocol.HelloReply)
+            reply = dict(edge.reply(reply, protocol.HelloReply))
             if runs:
                 edge.get(reply, "runs")
-        # The hello's facts (versions, host names, ids, problems) are printed by preflight and
-        # status: cleaned here; the runs it may carry are parsed by their reader.
-        reply = {k: v if k == "runs" else cleaned_texts(v) for k, v in reply.items()}
         self.home = reply["workdir"]
         self.absent = bool(reply.get("absent"))
         if self.absent:

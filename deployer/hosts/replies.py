@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from deployer.config.roles import ROLES
 from deployer.core.errors import HostError
 from deployer.core.lines import clean
+from deployer.hosts import reply_bounds
 from remote import protocol
 
 # A decimal index without sign, leading zeros or more digits than any plan has.
@@ -86,46 +87,62 @@ class Edge:
         )
 
     def reply(self, value: object, shape: Callable[..., Shape]) -> Shape:
-        """A reply as its op's shape in remote/protocol.py: every required field present, every
-        field of its declared type, down to the items of its lists (fields the shape does not
-        name are ignored). The per-value checks (names, paths, modes, texts) come after."""
-        self._shaped(value, shape, "the reply")
-        return typing.cast(Shape, value)
+        """A reply as its op's shape in remote/protocol.py, rebuilt from what the host sent:
+        every required field present, every field of its declared type down to the items of its
+        lists, every number finite and within its field's bounds, every text within its length
+        (and a version's pattern) and cleaned for the terminal (deployer/hosts/reply_bounds.py).
+        Fields the shape does not name are dropped; an `Any` field is its reader's to check.
+        The per-value checks (names, paths, modes) come after, in the op's reader."""
+        return typing.cast(Shape, self._shaped(value, shape, "the reply"))
 
-    def _shaped(self, value: object, shape: Any, field: str) -> None:
+    def _shaped(self, value: object, shape: Any, field: str) -> dict[str, Any]:
         d = self.obj(value, field)
         inner = "" if field == "the reply" else f"{field}."
         for key in sorted(shape.__required_keys__):
             if key not in d:
                 raise self.error(f"{inner}{key}", "is missing")
-        for key, kind in _hints(shape).items():
-            if key in d:
-                self._typed(d[key], kind, f"{inner}{key}")
+        return {
+            key: self._typed(d[key], kind, f"{inner}{key}", key)
+            for key, kind in _hints(shape).items()
+            if key in d
+        }
 
-    def _typed(self, value: object, kind: Any, field: str) -> None:
-        if kind is Any:
-            return
-        if typing.is_typeddict(kind):
-            self._shaped(value, kind, field)
-            return
-        origin, args = typing.get_origin(kind), typing.get_args(kind)
-        if origin in (types.UnionType, typing.Union):
-            if value is None and type(None) in args:
-                return
-            kinds = [k for k in args if k is not type(None)]
-            if len(kinds) == 1:
-                self._typed(value, kinds[0], field)
-                return
-        if origin is list:
-            for i, item in enumerate(self.items(value, field)):
-                self._typed(item, args[0], f"{field}[{i}]")
-            return
-        if origin is dict:
-            for key, item in self.obj(value, field).items():
-                self._typed(item, args[1], f"{field}[{key!r:.40}]")
-            return
+    def _typed(self, value: object, kind: Any, field: str, name: str) -> Any:
+        """`value` checked as `kind` and bounded as the field `name`; its cleaned copy."""
+        form, inner = _form(kind)
+        if form == "any":
+            return value
+        if form == "shape":
+            return self._shaped(value, inner, field)
+        if form == "optional":
+            return None if value is None else self._typed(value, inner, field, name)
+        if form == "list":
+            return [
+                self._typed(item, inner, f"{field}[{i}]", name)
+                for i, item in enumerate(self.items(value, field))
+            ]
+        if form == "dict":
+            return {
+                self._typed(key, str, f"{field} key {key!r:.40}", ""): self._typed(
+                    item, inner, f"{field}[{key!r:.40}]", name
+                )
+                for key, item in self.obj(value, field).items()
+            }
         if not _is(value, kind):
             raise self.error(field, f"is {value!r:.40}, not {_KIND_NAMES.get(kind, kind)}")
+        return self._bounded(value, field, name)
+
+    def _bounded(self, value: object, field: str, name: str) -> object:
+        if isinstance(value, str):
+            problem = reply_bounds.text_problem(name, value)
+            if problem is not None:
+                raise self.error(field, problem)
+            return text(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            problem = reply_bounds.number_problem(name, value)
+            if problem is not None:
+                raise self.error(field, problem)
+        return value
 
     def obj(self, value: object, field: str) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -142,12 +159,13 @@ class Edge:
             raise self.error(field or key, "is missing")
         return reply[key]
 
-    def integer(self, value: object, field: str, *, optional: bool = False) -> Any:
+    def integer(self, value: object, field: str, *, optional: bool = False, name: str = "") -> Any:
+        """An integer within the bounds of the field `name` (reply_bounds), else 64 bits."""
         if value is None and optional:
             return None
         if not isinstance(value, int) or isinstance(value, bool):
             raise self.error(field, f"is {value!r:.40}, not an integer")
-        return value
+        return self._bounded(value, field, name)
 
     def count(self, value: object, field: str) -> int:
         """A size or an offset: a non-negative integer."""
@@ -156,11 +174,14 @@ class Edge:
             raise self.error(field, f"is negative ({number})")
         return number
 
-    def number(self, value: object, field: str) -> float | None:
+    def number(self, value: object, field: str, name: str = "") -> float | None:
+        """A finite number within the bounds of the field `name` (reply_bounds): a time of
+        1e20 or NaN is the host's error here, not an OverflowError where it is printed."""
         if value is None:
             return None
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise self.error(field, f"is {value!r:.40}, not a number")
+        self._bounded(value, field, name)
         return float(value)
 
     def choice(self, value: object, field: str, allowed: Collection[str]) -> str:
@@ -215,6 +236,26 @@ def _is(value: object, kind: object) -> bool:
     if kind is type(None):
         return value is None
     return isinstance(kind, type) and isinstance(value, kind)
+
+
+@functools.cache
+def _form(kind: Any) -> tuple[str, Any]:
+    """How a declared type is read, worked out once per type (every field of every poll asks):
+    ("any" | "shape" | "optional" | "list" | "dict" | "leaf", the inner type)."""
+    if kind is Any:
+        return "any", None
+    if typing.is_typeddict(kind):
+        return "shape", kind
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        kinds = [k for k in args if k is not type(None)]
+        if type(None) in args and len(kinds) == 1:
+            return "optional", kinds[0]
+    if origin is list:
+        return "list", args[0]
+    if origin is dict:
+        return "dict", args[1]
+    return "leaf", kind
 
 
 @functools.cache

@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from deployer.hosts.replies import Edge, mode, text
 from remote import protocol
@@ -37,22 +36,25 @@ class TaskStatus:
         file names here and its texts are printed. `known`: the task names the run asked for."""
         d = edge.obj(raw, "a task")
         name = edge.task(edge.get(d, "name", "a task's name"), "a task's name", known)
-        reason = d.get("reason")
+        reason, disk_full = d.get("reason"), d.get("disk_full")
         return cls(
             name=name,
             state=edge.choice(
                 edge.get(d, "state", f"{name}'s state"), "state", protocol.TASK_STATES
             ),
-            pid=edge.integer(d.get("pid"), f"{name}'s pid", optional=True),
-            exit_code=edge.integer(d.get("exit_code"), f"{name}'s exit_code", optional=True),
-            signal=edge.integer(d.get("signal"), f"{name}'s signal", optional=True),
+            pid=edge.integer(d.get("pid"), f"{name}'s pid", optional=True, name="pid"),
+            exit_code=edge.integer(
+                d.get("exit_code"), f"{name}'s exit_code", optional=True, name="exit_code"
+            ),
+            signal=edge.integer(d.get("signal"), f"{name}'s signal", optional=True, name="signal"),
             reason=None if reason is None else text(reason),
-            started=edge.number(d.get("started"), f"{name}'s started"),
-            ended=edge.number(d.get("ended"), f"{name}'s ended"),
+            started=edge.number(d.get("started"), f"{name}'s started", "started"),
+            ended=edge.number(d.get("ended"), f"{name}'s ended", "ended"),
             log_bytes=edge.count(d.get("log_bytes") or 0, f"{name}'s log_bytes"),
             restarts=edge.count(d.get("restarts") or 0, f"{name}'s restarts"),
             frozen=bool(d.get("frozen")),
-            disk_full=d["disk_full"] if isinstance(d.get("disk_full"), str) else None,
+            # printed by status, both views of `up` and the final error: cleaned like any text
+            disk_full=text(disk_full) if isinstance(disk_full, str) else None,
         )
 
     @property
@@ -184,15 +186,3 @@ def _signal_name(signum: int) -> str:
 class StopReport:
     tasks: tuple[TaskStatus, ...]
     escaped: tuple[Escaped, ...] = ()
-
-
-def cleaned_texts(value: Any) -> Any:
-    """Every string in a reply's JSON (keys too) cleaned as replies.text cleans it: for the
-    loosely shaped replies (hello facts, gpus) whose texts reach the terminal in many places."""
-    if isinstance(value, str):
-        return text(value)
-    if isinstance(value, list):
-        return [cleaned_texts(v) for v in value]
-    if isinstance(value, dict):
-        return {text(k): cleaned_texts(v) for k, v in value.items()}
-    return value

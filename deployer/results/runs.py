@@ -223,11 +223,11 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         host=host,
         run_id=run_id,
         job=text(r.get("job") or ""),
-        created=float(created) if isinstance(created, int | float) else 0.0,
+        created=edge.number(created, "a run's created", "created") or 0.0,
         detached=bool(r.get("detached")),
         tasks=tuple(TaskStatus.from_json(t, edge) for t in edge.items(tasks or [], "tasks")),
         hosts=pairs,
-        hosts_at=float(hosts_at) if isinstance(hosts_at, int | float) else 0.0,
+        hosts_at=edge.number(hosts_at, "a run's hosts_at", "hosts_at") or 0.0,
         starting=r.get("starting") is True and not tasks,
     )
 

@@ -2,26 +2,23 @@
 patch it, aiming at canary files in the test's own folder (issue 39, items 1-5).
 
 Each test runs a short job on one lab host in a workdir of its own (so the patched agent serves
-no other test), edits the installed agent under `WORKDIR/agent/<id>/` over plain ssh, then runs
-the verb a user would run next. Whatever the host answers, nothing outside the run's folders on
-this machine may change, and no control character may reach the terminal.
+no other test), edits the installed agent under `WORKDIR/agent/<id>/` over plain ssh
+(tests/support/hostile.py), then runs the verb a user would run next. Whatever the host
+answers, nothing outside the run's folders on this machine may change, and no control character
+may reach the terminal.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import stat
-import subprocess
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.lab import Lab
-from tests.support.lab_cli import tfdeploy
+from tests.support.hostile import Hostile, files_under, hostile_run, no_control_characters
 
 pytestmark = [pytest.mark.lab]
 
@@ -35,98 +32,13 @@ os.chmod("out/tool", 0o755)
 print("before\\u009d0;PWNED-TITLE\\u009cafter \\u009b2J\\u0090dcs\\u009cend", flush=True)
 """
 
-# Run on the host through ssh, as the attacker: the installed agent's sources stay as they are
-# (every hello checks them against their content id and installs them again when they differ),
-# and the patched code goes into their compiled files instead, stamped with the sources' mtime
-# and size so that Python takes them. A host account's owner can always do this, or replace the
-# interpreter: the check guards against damage, not against the host.
-PATCH = """\
-import glob, importlib.util, json, marshal, os, sys
-edits = json.loads(sys.stdin.readline())
-[home] = glob.glob(os.path.expanduser(edits.pop("@workdir")) + "/agent/*/")
-for name, pairs in edits.items():
-    path = os.path.join(home, name)
-    text = open(path).read()
-    for old, new in pairs:
-        assert text.count(old) == 1, (name, old)
-        text = text.replace(old, new)
-    st = os.stat(path)
-    head = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
-    head += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
-    head += (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
-    pyc = importlib.util.cache_from_source(path)
-    os.makedirs(os.path.dirname(pyc), exist_ok=True)
-    with open(pyc, "wb") as f:
-        f.write(head + marshal.dumps(compile(text, path, "exec")))
-"""
-
-C0_C1_ESC = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 CANARY = b"the user's own file\n"
-
-
-@dataclass
-class Hostile:
-    """One finished run on a lab host whose agent the test may patch."""
-
-    lab: Lab
-    host: str
-    workdir: str
-    inventory: Path
-    state: Path
-    run_id: str
-    up_output: str
-
-    def patch(self, edits: dict[str, list[tuple[str, str]]]) -> None:
-        line = json.dumps({"@workdir": self.workdir, **edits})
-        argv = self.lab.ssh_argv(self.host, self.lab.python, "-c", _quoted(PATCH))
-        done = subprocess.run(argv, input=line + "\n", capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-
-    def tfdeploy(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return tfdeploy(*args, state=self.state, timeout=120)
-
-
-def _quoted(code: str) -> str:
-    """`code` as one word of the remote shell's command line."""
-    return "'" + code.replace("'", "'\\''") + "'"
 
 
 @pytest.fixture
 def hostile(lab: Lab, tmp_path: Path) -> Iterator[Hostile]:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "task.py").write_text(TASK)
-    host = lab.hosts[0].name
-    workdir = f"~/.tfdeploy-hostile-{uuid.uuid4().hex[:8]}"
-    inventory = lab.write_inventory(
-        tmp_path / "inventory.toml",
-        tasks=[[{"role": "worker"}]],
-        job={"name": "hostile", "code": str(code), "command": "python3 task.py", "stop_grace": 1},
-        hosts=[lab.hosts[0]],
-        per_host={host: {"workdir": workdir}},
-    )
-    state = tmp_path / "state"
-    try:
-        up = tfdeploy("up", str(inventory), state=state, check_rc=0, timeout=180)
-        run_id = up.stdout.split("(run ")[1].split(")")[0]
-        yield Hostile(lab, host, workdir, inventory, state, run_id, up.stdout + up.stderr)
-    finally:
-        subprocess.run(lab.ssh_argv(host, "rm", "-rf", workdir), timeout=60, check=False)
-
-
-def files_under(root: Path, *, skip: tuple[Path, ...] = ()) -> dict[str, tuple[bytes, int]]:
-    """Every file under `root` (but `skip`) with its bytes and mode: what must not change."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        if any(path == s or path.is_relative_to(s) for s in skip) or not path.is_file():
-            continue
-        found[str(path.relative_to(root))] = (path.read_bytes(), path.stat().st_mode)
-    return found
-
-
-def no_control_characters(output: str) -> None:
-    bad = sorted({f"U+{ord(c):04X}" for c in C0_C1_ESC.findall(output)})
-    assert not bad, f"control characters reached the terminal: {bad}\n{output!r}"
+    with hostile_run(lab, tmp_path, TASK) as run:
+        yield run
 
 
 def test_a_task_name_from_collect_cannot_aim_pull_outside_the_run(
