@@ -268,6 +268,8 @@ class HelloFacts(TypedDict):
 
 
 class HelloReply(HelloFacts, total=False):
+    executable: str  # the real path of the interpreter the hello runs as
+    prefix: str  # its sys.prefix (a venv's, for a venv's python)
     runs: list[RunShape]  # asked with `runs`
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
     interpreters: InterpretersShape  # asked with `interpreters`

@@ -25,6 +25,7 @@ from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import join_names, plural
 from deployer.envs import known, wheelhouse
+from deployer.envs.identity import EnvIdentity, Interpreter
 from deployer.envs.platform import HostPlatform
 from deployer.envs.resolve import ResolveError, cache_root, resolve
 from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
@@ -98,13 +99,29 @@ def interpreter_problems(
 
 @dataclass(frozen=True)
 class HostEnv:
-    """One environment on one host: for which requirements, platform and hash."""
+    """One environment on one host: for which requirements, platform and identity."""
 
     requirements: Requirements
     target: HostPlatform
-    hash: str
+    resolved: str  # spec.env_hash: the wheelhouse's key (requirements and platform)
     wheelhouse: Wheelhouse | None  # None: the host's own pip fetches (wheels_from = "hosts")
     spec: EnvSpec
+    identity: EnvIdentity
+
+    @property
+    def hash(self) -> str:
+        """The venv's name on the host: every setting that makes it (envs/identity.py)."""
+        return self.identity.hash
+
+
+def identity_of(job: Job, resolved: str, python: str, facts: Mapping[str, object]) -> EnvIdentity:
+    """The identity of a venv of `resolved` requirements over a host's configured `python`."""
+    return EnvIdentity(
+        requirements=resolved,
+        interpreter=Interpreter.of(python, facts),
+        system_site_packages=job.system_site_packages,
+        wheels_from=job.wheels_from.value,
+    )
 
 
 @dataclass
@@ -142,8 +159,9 @@ class Environments:
                     specs[key] = spec_of(requirements, job.code)
                 digest = env_hash(specs[key], target)
                 groups.setdefault(digest, (specs[key], target, []))[2].append(name)
+                identity = identity_of(job, digest, host.python, f)
                 self.envs.setdefault(name, {})[key] = HostEnv(
-                    requirements, target, digest, None, specs[key]
+                    requirements, target, digest, None, specs[key], identity
                 )
         known.remember(
             {
@@ -157,7 +175,7 @@ class Environments:
         houses = {d: self._resolved(d, *group) for d, group in groups.items()}
         for by_key in self.envs.values():
             for key, env in by_key.items():
-                by_key[key] = dataclasses.replace(env, wheelhouse=houses[env.hash])
+                by_key[key] = dataclasses.replace(env, wheelhouse=houses[env.resolved])
         self.resolved = len(houses)
         return [
             f"environment {d[:12]} for {join_names(names)}: {target.describe()}, "
@@ -212,7 +230,8 @@ class Environments:
                     if house
                     else env.spec.for_target(env.target),
                     "wheels": [[w.file, w.sha256] for w in house.wheels] if house else [],
-                    "system_site_packages": job.system_site_packages,
+                    "system_site_packages": env.identity.system_site_packages,
+                    "installer": env.identity.installer,
                     "online": house is None,
                     "words": words,
                 }

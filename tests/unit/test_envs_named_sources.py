@@ -68,15 +68,17 @@ def test_a_named_native_source_for_another_platform_is_an_error(
     assert "platform-specific" in e.value.message and "aarch64" in e.value.message
 
 
-def test_a_name_the_index_does_not_know_is_said_in_pips_words(
-    tmp_path: Path, dists: Path
-) -> None:
+def test_a_name_the_index_does_not_know_is_said_in_pips_words(tmp_path: Path, dists: Path) -> None:
     index = write_index(tmp_path / "index", dists).parent
     with IndexServer(index).running() as server:
         env = pip_env(tmp_path, PIP_INDEX_URL=server.url)
         with pytest.raises(ResolveError) as e:
-            resolve(from_lines(["tensorflow-cup"], base=tmp_path), X86_311, env=env,
-                    cache=tmp_path / "cache")
+            resolve(
+                from_lines(["tensorflow-cup"], base=tmp_path),
+                X86_311,
+                env=env,
+                cache=tmp_path / "cache",
+            )
     said = e.value.message
     assert said.startswith("tensorflow-cup: the package index has no package of that name")
     assert "(from versions: none)" in said and "404" in said and server.url in said
@@ -87,6 +89,10 @@ def test_a_package_with_wheels_for_other_platforms_only_keeps_the_platform_messa
     tmp_path: Path, dists: Path
 ) -> None:
     with pytest.raises(ResolveError) as e:
-        resolve(from_lines(["armonly"], base=tmp_path), X86_311, cache=tmp_path / "cache",
-                env=_offline(tmp_path, dists))
+        resolve(
+            from_lines(["armonly"], base=tmp_path),
+            X86_311,
+            cache=tmp_path / "cache",
+            env=_offline(tmp_path, dists),
+        )
     assert e.value.message.startswith("armonly: no wheel for CPython 3.11, manylinux_2_36_x86_64")

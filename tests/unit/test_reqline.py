@@ -66,7 +66,9 @@ def test_every_editable_spelling_pip_accepts_is_refused(tmp_path: Path, line: st
         from_file(path)
 
 
-@pytest.mark.parametrize("include", ["-r more.txt", "-rmore.txt", "--requirement=more.txt", "--requirem more.txt"])
+@pytest.mark.parametrize(
+    "include", ["-r more.txt", "-rmore.txt", "--requirement=more.txt", "--requirem more.txt"]
+)
 @pytest.mark.parametrize("line", ["-e./pkg", "--edit ./pkg"])
 def test_an_editable_in_a_nested_file_is_refused(tmp_path: Path, include: str, line: str) -> None:
     path = _tree(tmp_path, include, nested=line)
@@ -83,7 +85,9 @@ def test_lines_pip_reads_without_an_editable_pass(tmp_path: Path, line: str) -> 
     assert line in spec.lines
 
 
-@pytest.mark.parametrize("include", ["-rmore.txt", "--requirement=more.txt", "--requireme more.txt"])
+@pytest.mark.parametrize(
+    "include", ["-rmore.txt", "--requirement=more.txt", "--requireme more.txt"]
+)
 def test_every_spelling_of_a_nested_file_is_followed(tmp_path: Path, include: str) -> None:
     path = _tree(tmp_path, include, nested="six==1.16.0")
     pip_names = [
