@@ -5,7 +5,8 @@
   store (pulled now with `pull`: the hosts' own registry access) and built for this host's
   platform, and one throwaway container of it, made as a task's is, runs to its end (`runtime
   info` passes on a host whose runtime cannot create a container: no cgroup mounts). That
-  container also says the image's TensorFlow version. Each failure is one sentence naming what to fix; nothing of the run starts.
+  container also says the image's TensorFlow version. Each failure is one sentence naming what
+  to fix; nothing of the run starts.
 - `load` (after the push, `image_from = "controller"`): the push left the image's blobs in the
   store (named by sha256, as an OCI layout names them); the layout is assembled from hard links
   into the store, loaded into the runtime's store, and removed again; then the same throwaway

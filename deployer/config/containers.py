@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from deployer.config.model import Host, Job
 from deployer.core.errors import InventoryError
 
-
 # What the runtime mounts into every container itself: a `container_mounts` path on or under
 # these would hide the container's own (runc refuses /proc over a host path; a host /sys or /dev
 # over the container's breaks the image's view of its own devices and cgroups). Folders under

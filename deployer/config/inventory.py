@@ -242,6 +242,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),
         fanout=t.boolean("fanout", _JOB.fanout),
         require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow),
+        allow_mixed_tensorflow=t.boolean("allow_mixed_tensorflow", _JOB.allow_mixed_tensorflow),
         artifacts=t.string_list("artifacts"),
         # `~` as a shell would have it (this machine's home); relative: the working directory
         artifacts_to=os.path.expanduser(t.string("artifacts_to", _JOB.artifacts_to)),
@@ -293,9 +294,7 @@ def _mounts(t: Table) -> tuple[str, ...]:
     """Host paths mounted into each task's container at the same path; `PATH:ro` read-only.
     Normalised (`/data/` and `/data//x` are `/data` and `/data/x`), and refused here when the
     runtime would refuse them at start or the container could not run (containers.py)."""
-    return tuple(
-        dict.fromkeys(_mount(t, mount) for mount in t.string_list("container_mounts"))
-    )
+    return tuple(dict.fromkeys(_mount(t, mount) for mount in t.string_list("container_mounts")))
 
 
 def _mount(t: Table, mount: str) -> str:

@@ -8,7 +8,7 @@ per host and environment, and the one the tasks run in (docs/environments.md).
   the code directory: only what a host's store lacks travels, through the fan-out.
 - `Environments.install`, after the push: the `env` op on every host builds or reuses the venv
   and answers its TensorFlow and the interpreter each task's first word names there; the
-  TensorFlow and interpreter checks of preflight run on those answers.
+  interpreter check runs on those answers, the TensorFlow rule (tfrule.py) with every task's.
 - `Environments.where`: each task's (and setup's) interpreter: {"venv": path} or, without
   requirements, {"python": host python}.
 """
@@ -213,8 +213,8 @@ class Environments:
         self, fleet: Fleet, members: Sequence[Member], run_id: str
     ) -> tuple[dict[str, list[protocol.EnvReply]], list[str]]:
         """The env op on every host with an environment; raises HostsFailed (nothing started)
-        for a build that failed, TensorFlow missing or disagreeing, a task's other Python."""
-        job = self.plan.job
+        for a build that failed or a task's other Python. The TensorFlow each venv answers is
+        checked with every other task's by tfrule.py."""
         with_env = [m for m in members if m.name in self.envs]
 
         def on(member: Member) -> list[protocol.EnvReply]:
@@ -249,10 +249,17 @@ class Environments:
                 found, said = interpreter_problems(host, reply["interpreters"], checked)
                 problems += found
                 warnings += said
-        problems += _tensorflow_problems(job, done)
         if problems:
             raise HostsFailed(problems)
         return done, warnings
+
+    def env_of(self, task: Task) -> HostEnv | None:
+        """The task's environment (None: it runs on the host's python)."""
+        host = next(h for h in self.plan.hosts if h.name == task.host)
+        requirements = requirements_of(self.plan.job, host, task)
+        if requirements is None:
+            return None
+        return self.envs.get(task.host, {}).get(_key(requirements))
 
     def where(self, task: Task) -> dict[str, str]:
         """What the task runs in: its environment's venv, or the host python's directory."""
@@ -292,34 +299,6 @@ class Environments:
 
 def _key(requirements: Requirements) -> str:
     return requirements if isinstance(requirements, str) else "\n".join(requirements or ())
-
-
-def _tensorflow_problems(
-    job: Job, done: Mapping[str, Sequence[protocol.EnvReply]]
-) -> list[HostError]:
-    """preflight's TensorFlow rule, on the venvs: present (unless require_tensorflow = false or
-    setup may install it) and one version on every host."""
-    if not job.require_tensorflow:
-        return []
-    versions = {h: {r["tensorflow"] for r in rs} for h, rs in done.items()}
-    problems = [
-        HostError(
-            h,
-            f"TensorFlow is not installed in the job's environment ({rs[0]['venv']})",
-            hint="add tensorflow (or tensorflow-cpu) to the requirements, set "
-            "system_site_packages = true over a python that holds it, or "
-            "require_tensorflow = false for a job that does not use TensorFlow",
-        )
-        for h, rs in sorted(done.items())
-        if None in versions[h] and not job.setup
-    ]
-    known = {v for vs in versions.values() for v in vs if v}
-    if len(known) > 1:
-        problems += [
-            HostError(h, f"TensorFlow {'/'.join(sorted(str(v) for v in vs))} in its environment")
-            for h, vs in sorted(versions.items())
-        ]
-    return problems
 
 
 def with_extras(manifest: Manifest, extras: tuple[CodeFile, ...]) -> Manifest:

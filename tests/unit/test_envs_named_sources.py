@@ -51,7 +51,7 @@ def test_a_named_source_archive_is_built_into_a_wheel(
 def test_a_named_project_folder_is_built_into_a_wheel(tmp_path: Path, dists: Path) -> None:
     sdist = make_sdist(tmp_path / "src", "tinydir", "1.0")
     with tarfile.open(sdist) as tar:
-        tar.extractall(tmp_path / "code")  # noqa: S202 (made by the test)
+        tar.extractall(tmp_path / "code")
     spec = from_lines(["./tinydir-1.0"], base=tmp_path / "code")
     wh = resolve(spec, X86_311, cache=tmp_path / "cache", env=_offline(tmp_path, dists))
     assert {w.file for w in wh.wheels} == {"tinydir-1.0-py3-none-any.whl"}
