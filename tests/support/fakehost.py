@@ -87,6 +87,8 @@ class FakeHost:
         self.facts: protocol.HelloReply = {
             "hostname": name,
             "python": "3.11.2",
+            "executable": "/usr/bin/python3.11",
+            "prefix": "/usr",
             "machine": "x86_64",
             "glibc": "2.36",
             "tensorflow": "2.21.0",
@@ -247,6 +249,7 @@ class FakeHost:
             "present": present,
             "pulled": bool(req.get("pull")) and req["action"] == protocol.IMAGE_CHECK,
             "image_platform": "linux/amd64" if present else None,
+            **({"tried": True, "tensorflow": None} if present else {}),
         }
 
     def _op_setup(self, req: dict[str, Any]) -> protocol.SetupReply:
