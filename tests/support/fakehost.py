@@ -242,15 +242,18 @@ class FakeHost:
         if req.get("pull") or req["action"] == protocol.IMAGE_LOAD:
             images.add(req["image"])
         present = req["image"] in images
-        return {
+        reply: protocol.ImageReply = {
             "runtime": "podman",
             "rootless": False,
             "platform": "linux/amd64",
             "present": present,
             "pulled": bool(req.get("pull")) and req["action"] == protocol.IMAGE_CHECK,
             "image_platform": "linux/amd64" if present else None,
-            **({"tried": True, "tensorflow": None} if present else {}),
         }
+        if present:  # the trial container ran; the fake image holds no Python
+            reply["tried"] = True
+            reply["tensorflow"] = None
+        return reply
 
     def _op_setup(self, req: dict[str, Any]) -> protocol.SetupReply:
         return {"ran": True, "code": 0, "tail": []}
