@@ -185,7 +185,8 @@ def run_argv(
     return argv
 
 
-# The trial's command: the image's Python (python3, else python) says its TensorFlow, read from
+# The trial's command: the image's Python (the tasks', else python3, else python) says its
+# TensorFlow, read from
 # package metadata (importing TF costs seconds); an image without Python says "-" all the same.
 _TF_PROBE = (
     "try:\n"
@@ -202,8 +203,9 @@ _TF_PROBE = (
     "print('tensorflow', found)\n"
 )
 _TRIAL_SH = (
-    'for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then '
-    '"$p" -I -c "$1" || echo "tensorflow ?"; exit 0; fi; done; echo "tensorflow -"'
+    'probe="$1"; shift; for p in "$@" python3 python; do '
+    'if command -v "$p" >/dev/null 2>&1; then '
+    '"$p" -I -c "$probe" || echo "tensorflow ?"; exit 0; fi; done; echo "tensorflow -"'
 )
 
 
@@ -214,11 +216,13 @@ def trial(
     run_id: str,
     mounts: Sequence[str],
     rootless: bool,
+    pythons: Sequence[str] = (),
 ) -> str | None:
     """One throwaway container of `image`, made as a task's is (init, host network, user,
     mounts, /bin/sh), run to its end and removed: what a task's start needs of this host's
     runtime (cgroups, namespaces, the init, the mounts), proved before anything starts. Returns
-    the image's TensorFlow version (None: none, or no Python in the image); raises
+    the image's TensorFlow version as the first of `pythons` (the tasks' first words), else
+    python3, else python, finds it (None: none, or no Python in the image); raises
     ContainerError with the runtime's words when the container cannot run."""
     name = container_name(run_id, "preflight-trial")
     argv = run_argv(
@@ -235,7 +239,7 @@ def trial(
         rootless=rootless,
     )
     argv[1:2] = ["run", "--rm"]
-    argv += ["sh", _TF_PROBE]
+    argv += ["sh", _TF_PROBE, *pythons]
     try:
         code, out, err = _run(argv)
     finally:

@@ -90,6 +90,9 @@ def _trial(req: dict[str, Any], runtime: str, image: str, rootless: bool) -> str
     mounts = params.param(req, "mounts", list, [])
     if not all(isinstance(m, str) and m.startswith("/") for m in mounts):
         raise params.AgentError("mounts must be absolute paths (PATH:ro)")
+    pythons = params.param(req, "pythons", list, [])
+    if not all(isinstance(w, str) and w and not w.startswith("-") for w in pythons):
+        raise params.AgentError("pythons must be interpreter names or paths")
     workdir = str(layout.workdir_path(req))
     run_id = params.param(req, "run_id", str)
     try:
@@ -99,6 +102,7 @@ def _trial(req: dict[str, Any], runtime: str, image: str, rootless: bool) -> str
             run_id=run_id,
             mounts=list(dict.fromkeys([workdir, *mounts])),
             rootless=rootless,
+            pythons=pythons[:8],
         )
     except containers.ContainerError as exc:
         raise params.AgentError(

@@ -668,6 +668,7 @@ class ImageRequest(ImageBase, total=False):
     index: str  # load: the OCI layout's index.json, as the controller saved it
     blobs: list[str]  # load: the layout's blobs (sha256), in the store already (push `keep`)
     mounts: list[str]  # the job's container_mounts: the throwaway container mounts them too
+    pythons: list[str]  # the tasks' first words naming a Python: whose TensorFlow the trial reads
 
 
 class ImageFacts(TypedDict):

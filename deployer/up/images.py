@@ -28,6 +28,7 @@ from deployer.core.text import join_names, plural
 from deployer.envs import images as oci
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.sync import CodeFile
+from deployer.up.environment import python_words
 from remote import protocol
 
 PULL_TIMEOUT_S = 1800.0  # a few GB of layers over a host's own link
@@ -78,6 +79,7 @@ class Images:
                     "gpus": gpus,
                     "pull": pull,
                     "mounts": list(job.container_mounts),
+                    "pythons": self._pythons(member.name, image),
                 }
                 if member.host.container_runtime:
                     request["runtime"] = member.host.container_runtime
@@ -144,6 +146,12 @@ class Images:
             raise HostsFailed(problems)
         return lines
 
+    def _pythons(self, host: str, image: str) -> list[str]:
+        """The first words of the host's tasks in `image` that name a Python: the trial reads
+        the TensorFlow of the interpreter the tasks will run."""
+        tasks = [t for t in self.plan.tasks_on(host) if task_image(self.plan, t) == image]
+        return python_words(tasks)
+
     def lacking(self) -> dict[str, list[str]]:
         """The images each host lacks (after the check), hosts that lack none absent."""
         out = {
@@ -179,6 +187,7 @@ class Images:
                     "index": (layout.path / "index.json").read_text(),
                     "blobs": [b.digest.removeprefix("sha256:") for b in layout.blobs],
                     "mounts": list(self.plan.job.container_mounts),
+                    "pythons": self._pythons(member.name, image),
                 }
                 reply = member.agent.image(request, LOAD_TIMEOUT_S)
                 self.checked[member.name][image] = reply
