@@ -55,6 +55,10 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         **extra,
         "hostname": socket.gethostname(),
         "python": sys.version.split()[0],
+        # Which interpreter that is: a venv's python resolves to its base's binary, so the
+        # prefix tells them apart (both go into the job's environment identity).
+        "executable": os.path.realpath(sys.executable),
+        "prefix": _prefix(),
         "machine": os.uname().machine,
         "glibc": _glibc(),
         "tensorflow": _tensorflow_version(),
@@ -68,6 +72,18 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         "host_id": hostid.identity(),
         "shared_with": others,
     }
+
+
+def _prefix() -> str:
+    """The interpreter's prefix, a venv's own when it is a venv's python. Under -S the `site`
+    module, which sets sys.prefix from pyvenv.cfg, never ran: look for the file where site.venv
+    looks (next to the executable, or one folder up)."""
+    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+    venv = os.path.dirname(exe_dir)
+    for candidate in (exe_dir, venv):
+        if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+            return venv
+    return sys.prefix
 
 
 def _glibc() -> str | None:

@@ -214,6 +214,73 @@ def run_argv(
     return argv
 
 
+# The trial's command: the image's Python (the tasks', else python3, else python) says its
+# TensorFlow, read from
+# package metadata (importing TF costs seconds); an image without Python says "-" all the same.
+_TF_PROBE = (
+    "try:\n"
+    "    from importlib import metadata\n"
+    "except ImportError:\n"
+    "    metadata = None\n"
+    "found = '-'\n"
+    "for d in ('tensorflow', 'tensorflow-cpu', 'tensorflow-gpu', 'tf-nightly'):\n"
+    "    try:\n"
+    "        found = metadata.version(d)\n"
+    "        break\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "print('tensorflow', found)\n"
+)
+_TRIAL_SH = (
+    'probe="$1"; shift; for p in "$@" python3 python; do '
+    'if command -v "$p" >/dev/null 2>&1; then '
+    '"$p" -I -c "$probe" || echo "tensorflow ?"; exit 0; fi; done; echo "tensorflow -"'
+)
+
+
+def trial(
+    runtime: str,
+    image: str,
+    *,
+    run_id: str,
+    mounts: Sequence[str],
+    rootless: bool,
+    pythons: Sequence[str] = (),
+) -> str | None:
+    """One throwaway container of `image`, made as a task's is (init, host network, user,
+    mounts, /bin/sh), run to its end and removed: what a task's start needs of this host's
+    runtime (cgroups, namespaces, the init, the mounts), proved before anything starts. Returns
+    the image's TensorFlow version as the first of `pythons` (the tasks' first words), else
+    python3, else python, finds it (None: none, or no Python in the image); raises
+    ContainerError with the runtime's words when the container cannot run."""
+    name = container_name(run_id, "preflight-trial")
+    argv = run_argv(
+        runtime,
+        image=image,
+        run_id=run_id,
+        task="preflight-trial",
+        command=_TRIAL_SH,
+        env={},
+        mounts=mounts,
+        cwd="/",
+        uid=os.getuid(),
+        gid=os.getgid(),
+        rootless=rootless,
+    )
+    argv[1:2] = ["run", "--rm"]
+    argv += ["sh", _TF_PROBE, *pythons]
+    try:
+        code, out, err = _run(argv)
+    finally:
+        _run([runtime, "rm", "-f", name])  # a container the runtime created and could not start
+    if code != 0:
+        said = (err.strip() or out.strip() or "no output").splitlines()[-1]
+        raise ContainerError(f"exit {code}: {said}")
+    words = [line.split() for line in out.splitlines() if line.startswith("tensorflow ")]
+    version = words[-1][1] if words and len(words[-1]) == 2 else "-"
+    return None if version in ("-", "?") else version
+
+
 def returncode(status: int) -> int:
     """The task's status from the runtime client's: 128+N (N a signal, 1..64) is death by N,
     as Popen says it (-N), so exit.json records a signal as for a task outside a container.

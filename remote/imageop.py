@@ -3,10 +3,14 @@
 - `check` (preflight, before anything starts): the runtime is installed and runs containers for
   this user, the GPU runtime is there for a host with GPU tasks, the image is in the host's
   store (pulled now with `pull`: the hosts' own registry access) and built for this host's
-  platform. Each failure is one sentence naming what to fix; nothing of the run starts.
+  platform, and one throwaway container of it, made as a task's is, runs to its end (`runtime
+  info` passes on a host whose runtime cannot create a container: no cgroup mounts). That
+  container also says the image's TensorFlow version. Each failure is one sentence naming what
+  to fix; nothing of the run starts.
 - `load` (after the push, `image_from = "controller"`): the push left the image's blobs in the
   store (named by sha256, as an OCI layout names them); the layout is assembled from hard links
-  into the store, loaded into the runtime's store, and removed again.
+  into the store, loaded into the runtime's store, and removed again; then the same throwaway
+  container is tried, still before anything starts.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def op_image(req: dict[str, Any]) -> protocol.ImageReply:
             f"image {image} is built for {have}, this host is {platform}: "
             f"build or pull the {platform} variant"
         )
-    return {
+    reply: protocol.ImageReply = {
         "runtime": runtime,
         "rootless": bool(info["rootless"]),
         "platform": platform,
@@ -73,6 +77,39 @@ def op_image(req: dict[str, Any]) -> protocol.ImageReply:
         "pulled": pulled,
         "image_platform": have,
     }
+    if present:
+        reply["tried"] = True
+        reply["tensorflow"] = _trial(req, runtime, image, bool(info["rootless"]))
+    return reply
+
+
+def _trial(req: dict[str, Any], runtime: str, image: str, rootless: bool) -> str | None:
+    """A throwaway container of the image, as a task's would be: a runtime that cannot run
+    one (no cgroup mounts, a missing init, a mount that is not there) fails here, naming the
+    host, not at start as a task failure. The image's TensorFlow version, or None."""
+    mounts = params.param(req, "mounts", list, [])
+    if not all(isinstance(m, str) and m.startswith("/") for m in mounts):
+        raise params.AgentError("mounts must be absolute paths (PATH:ro)")
+    pythons = params.param(req, "pythons", list, [])
+    if not all(isinstance(w, str) and w and not w.startswith("-") for w in pythons):
+        raise params.AgentError("pythons must be interpreter names or paths")
+    workdir = str(layout.workdir_path(req))
+    run_id = params.param(req, "run_id", str)
+    try:
+        return containers.trial(
+            runtime,
+            image,
+            run_id=run_id,
+            mounts=list(dict.fromkeys([workdir, *mounts])),
+            rootless=rootless,
+            pythons=pythons[:8],
+        )
+    except containers.ContainerError as exc:
+        raise params.AgentError(
+            f"{runtime} cannot start a container of {image} on this host ({exc}): the tasks "
+            f"could not start either; run `{runtime} run --rm {image} /bin/sh -c true` as the "
+            "login user and fix what it says"
+        ) from None
 
 
 def _remove_orphans(runtime: str, runs: Path) -> None:

@@ -295,6 +295,8 @@ class HelloFacts(TypedDict):
 
 class HelloReply(HelloFacts, total=False):
     reserved_state: dict[str, str]  # per port of reserved_by: "running" or "starting"
+    executable: str  # the real path of the interpreter the hello runs as
+    prefix: str  # its sys.prefix (a venv's, for a venv's python)
     runs: list[RunShape]  # asked with `runs`
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
     interpreters: InterpretersShape  # asked with `interpreters`
@@ -723,15 +725,22 @@ class ImageRequest(ImageBase, total=False):
     pull: bool  # check: pull the image when the host lacks it (image_from = "hosts")
     index: str  # load: the OCI layout's index.json, as the controller saved it
     blobs: list[str]  # load: the layout's blobs (sha256), in the store already (push `keep`)
+    mounts: list[str]  # the job's container_mounts: the throwaway container mounts them too
+    pythons: list[str]  # the tasks' first words naming a Python: whose TensorFlow the trial reads
 
 
-class ImageReply(TypedDict):
+class ImageFacts(TypedDict):
     runtime: str  # the runtime found
     rootless: bool
     platform: str  # the host's, "linux/amd64"
     present: bool  # the image is in this host's store now (pulled or loaded if asked)
     pulled: bool  # check with pull: the host pulled it now
     image_platform: str | None  # the image's os/arch; null while it is absent
+
+
+class ImageReply(ImageFacts, total=False):
+    tried: bool  # a throwaway container of the image ran here (the image is present)
+    tensorflow: str | None  # the image's TensorFlow (its python3's), null: none or no Python
 
 
 # The replies of the ops with several actions, one shape per action (Union: `|` between

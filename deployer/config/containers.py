@@ -3,10 +3,39 @@ single key cannot express: a task with an image has no `requirements` (docs/cont
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 
 from deployer.config.model import Host, Job
 from deployer.core.errors import InventoryError
+
+# What the runtime mounts into every container itself: a `container_mounts` path on or under
+# these would hide the container's own (runc refuses /proc over a host path; a host /sys or /dev
+# over the container's breaks the image's view of its own devices and cgroups). Folders under
+# /dev (/dev/shm, /dev/infiniband) are the user's to share.
+RUNTIME_OWNED = ("/proc", "/sys", "/dev")
+
+
+def mount_problem(path: str) -> str | None:
+    """Why a `container_mounts` path cannot be mounted at the same path inside, or None."""
+    if ".." in path.split("/"):
+        return (
+            "contains `..`: a mount is the same path inside and out, and `..` makes that path "
+            "something else than it reads"
+        )
+    norm = "/" + posixpath.normpath(path).lstrip("/")
+    if norm == "/":
+        return (
+            "is the host's whole file system: mounted over the container's root, the image's "
+            "own files would be hidden and the task could not start"
+        )
+    for owned in RUNTIME_OWNED:
+        if norm == owned or (owned != "/dev" and norm.startswith(owned + "/")):
+            return (
+                f"would shadow {owned}, which the container runtime mounts into every "
+                "container itself"
+            )
+    return None
 
 
 def image_of(job: Job, host: Host, role: str) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import posixpath
 import re
 import stat
 import tomllib
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployer.config import sshconfig
+from deployer.config import containers, sshconfig
 from deployer.config.model import (
     GPU_HEALTH_MODES,
     EvaluatorFailure,
@@ -241,6 +242,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),
         fanout=t.boolean("fanout", _JOB.fanout),
         require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow),
+        allow_mixed_tensorflow=t.boolean("allow_mixed_tensorflow", _JOB.allow_mixed_tensorflow),
         artifacts=t.string_list("artifacts"),
         # `~` as a shell would have it (this machine's home); relative: the working directory
         artifacts_to=os.path.expanduser(t.string("artifacts_to", _JOB.artifacts_to)),
@@ -289,16 +291,28 @@ def _runtime(t: Table) -> str | None:
 
 
 def _mounts(t: Table) -> tuple[str, ...]:
-    """Host paths mounted into each task's container at the same path; `PATH:ro` read-only."""
-    mounts = t.string_list("container_mounts")
-    for mount in mounts:
-        path = mount[:-3] if mount.endswith(":ro") else mount
-        if not path.startswith("/") or ":" in path or "," in path:
-            t.fail(
-                "container_mounts",
-                f"expected absolute paths, optionally ending in :ro, got {mount!r}",
-            )
-    return mounts
+    """Host paths mounted into each task's container at the same path; `PATH:ro` read-only.
+    Normalised (`/data/` and `/data//x` are `/data` and `/data/x`), and refused here when the
+    runtime would refuse them at start or the container could not run (containers.py)."""
+    return tuple(dict.fromkeys(_mount(t, mount) for mount in t.string_list("container_mounts")))
+
+
+def _mount(t: Table, mount: str) -> str:
+    path, read_only = (mount[:-3], True) if mount.endswith(":ro") else (mount, False)
+    if not path.startswith("/") or ":" in path or "," in path:
+        t.fail(
+            "container_mounts",
+            f"expected absolute paths, optionally ending in :ro, got {mount!r}",
+        )
+    problem = containers.mount_problem(path)
+    if problem is not None:
+        t.fail(
+            "container_mounts",
+            f"{mount!r} {problem}",
+            hint="mount the folder the tasks need (`/data`, `/opt/tools:ro`); the runtime gives "
+            "every container its own /proc, /sys and /dev",
+        )
+    return "/" + posixpath.normpath(path).lstrip("/") + (":ro" if read_only else "")
 
 
 def _requirements(t: Table, key: str, code: Path) -> Requirements:

@@ -209,6 +209,8 @@ class Job:
     netcheck: NetcheckMode = NetcheckMode.AUTO  # preflight tries TF connections (netplan.py)
     fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
     require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)
+    # true: the tasks may run different TensorFlow versions (up/tfrule.py says which run which)
+    allow_mixed_tensorflow: bool = False
     artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (results/pull/)
     artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
     tensorboard: TensorBoard | None = None

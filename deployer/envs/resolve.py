@@ -104,6 +104,7 @@ def _fill(
         argv += ["--find-links", str(built), "-d", str(work / wheelhouse.WHEELS), "-r", str(main)]
         result = runner.run(argv)
         if result.ok:
+            _build_named(runner, spec, target, work)
             for scratch in (built, work / "sdists", work / "build"):
                 shutil.rmtree(scratch, ignore_errors=True)
             return
@@ -126,21 +127,91 @@ def _build_sdist(
     """
     sdists, out = work / "sdists", work / "build"
     fetched = runner.run(
-        ["download", "--no-deps", "--no-binary=:all:", "-d", str(sdists), requirement]
+        ["download", "--no-deps", "--no-binary=:all:", "-vv", "-d", str(sdists), requirement]
     )
+    if not fetched.ok and not _offered(fetched.output):
+        raise ResolveError(
+            f"{requirement}: the package index has no package of that name; pip said:\n"
+            + _unknown_words(fetched.output),
+            hint="check the name's spelling (`pip index versions NAME` asks the index pip "
+            "uses here)",
+        )
     if not fetched.ok:
         raise ResolveError(
             f"{requirement}: no wheel for {target.describe()} and no source distribution",
             hint=_no_wheel_hint(requirement, target),
         )
     for sdist in sorted(sdists.iterdir()):
-        made = runner.run(["wheel", "--no-deps", "-w", str(out), str(sdist)])
-        if not made.ok:
-            raise ResolveError(
-                f"{requirement}: building its source distribution {sdist.name} here failed:\n"
-                + _tail(made.output)
-            )
+        _wheel_of(runner, requirement, sdist, out)
         sdist.unlink()
+    return _take_built(requirement, target, out, built)
+
+
+def _build_named(runner: _Pip, spec: EnvSpec, target: HostPlatform, work: Path) -> None:
+    """The distributions the requirements name by path or URL, built into wheels: `pip
+    download` saves a named source archive as it is and a named folder not at all, and only
+    wheels are installed on a host, so without this such a requirement vanished ("0 wheels",
+    the task ran without the package)."""
+    wheels, out = work / wheelhouse.WHEELS, work / "named"
+    wheels.mkdir(exist_ok=True)
+    sources = [p for p in sorted(wheels.iterdir()) if not p.name.endswith(".whl")]
+    sources += _local_folders(spec, target)
+    for source in sources:
+        _wheel_of(runner, str(source), source, out)
+        if source.parent == wheels:
+            source.unlink()
+    if sources:
+        _take_built(", ".join(s.name for s in sources), target, out, wheels)
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def _local_folders(spec: EnvSpec, target: HostPlatform) -> list[Path]:
+    """The project folders the requirements name (`./pkg`, `file:../x`, `x @ file:///p`)."""
+    found = []
+    for line in spec.for_target(target).splitlines():
+        if line.startswith("-"):
+            continue
+        word = line.split(" @ ", 1)[1] if " @ " in line else line
+        word = word.split(" ", 1)[0].split(";", 1)[0]
+        if re.match(r"^\w+://", word) and not word.startswith("file:"):
+            continue
+        path = Path(word.removeprefix("file://").removeprefix("file:").split("#", 1)[0])
+        path = path if path.is_absolute() else spec.base / path
+        if path.is_dir():
+            found.append(path.resolve())
+    return found
+
+
+def _offered(output: str) -> bool:
+    """Some index or find-links folder offered a file of the project (pip -vv logs each one it
+    passes over as "Skipping link: ..."; an index's own page is "Skipping link: not a file")."""
+    return any(
+        "Skipping link:" in line and "not a file" not in line for line in output.splitlines()
+    )
+
+
+def _unknown_words(output: str) -> str:
+    """pip's own lines that say so: where it looked, what the index answered, its errors."""
+    said = [
+        line
+        for line in output.splitlines()
+        if line.startswith(("Looking in", "ERROR:")) or line.startswith("Could not fetch URL")
+    ]
+    return "\n".join(f"  {line.strip()}" for line in said[-_TAIL_LINES:])
+
+
+def _wheel_of(runner: _Pip, requirement: str, source: Path, out: Path) -> None:
+    made = runner.run(["wheel", "--no-deps", "-w", str(out), str(source)])
+    if not made.ok:
+        raise ResolveError(
+            f"{requirement}: building its source distribution {source.name} here failed:\n"
+            + _tail(made.output)
+        )
+
+
+def _take_built(requirement: str, target: HostPlatform, out: Path, dest: Path) -> bool:
+    """The wheels built into `out` moved to `dest`, each checked to run on the target. True
+    when one is platform-specific (and this machine matches the host)."""
     platform_specific = False
     for wheel in sorted(out.glob("*.whl")):
         if not wheelhouse.is_pure(wheel.name):
@@ -152,7 +223,7 @@ def _build_sdist(
                     hint=_no_wheel_hint(requirement, target),
                 )
             platform_specific = True
-        shutil.move(wheel, built / wheel.name)
+        shutil.move(wheel, dest / wheel.name)
     return platform_specific
 
 

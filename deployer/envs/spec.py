@@ -5,8 +5,8 @@ this module reads them only for what the controller must know before pip runs:
 
 - every file they reach (`-r`, `-c`, local paths), whose contents are part of the environment:
   a changed constraints file or rebuilt local wheel is a different environment;
-- `-e` / `--editable`, refused: an editable install points into a source tree on this machine,
-  which no host has.
+- `-e` / `--editable` in every spelling pip accepts (reqline.py), refused: an editable install
+  points into a source tree on this machine, which no host has.
 
 `EnvSpec.text` is the canonical text the cache key and the environment hash are made of.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +23,9 @@ from pathlib import Path
 from packaging.markers import InvalidMarker, Marker
 
 from deployer.core.errors import ExitStatus, TfdeployError
+from deployer.envs import reqline
 from deployer.envs.platform import HostPlatform
 
-_NESTED = {
-    "-r": "requirement",
-    "--requirement": "requirement",
-    "-c": "constraint",
-    "--constraint": "constraint",
-}
-_EDITABLE = ("-e", "--editable")
 # A line that names a local file or folder (pip: "./pkg", "../x.whl", "/abs/dir", "file:...").
 _LOCAL = re.compile(r"^(\.{1,2}/|/|file:)")
 _ARCHIVE = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
@@ -164,34 +157,35 @@ def _follow(
     line: str, where: str, here: Path, base: Path, seen: set[Path], out: list[str]
 ) -> list[str]:
     """What a line reaches (a nested file's lines, or a local path's content hash); the line,
-    or the nested file's lines, appended to `out` for pip."""
+    or the nested file's lines, appended to `out` for pip. The line is read as pip reads it
+    (reqline.py): every spelling of an option pip accepts is seen here too."""
     try:
-        words = shlex.split(line)
-    except ValueError:
-        words = line.split()
-    first = words[0]
-    option, _, inline = first.partition("=")
-    if option in _EDITABLE:
+        parsed = reqline.read(line)
+    except reqline.LineError as exc:
+        raise RequirementsError(f"{where}: `{line}`: pip cannot read this line: {exc}") from None
+    if parsed.editables:
         raise RequirementsError(
             f"{where}: `{line}`: editable requirements (-e) are not supported",
             hint="an editable install points into a folder on this machine, which no host has: "
             "name the project without -e (a local path is built into a wheel here), or put its "
             "code in the job's `code` directory",
         )
-    if option in _NESTED:
-        target = inline or (words[1] if len(words) > 1 else "")
-        if not target:
-            raise RequirementsError(f"{where}: `{line}` names no file")
+    if not parsed.requirement and (parsed.requirements or parsed.constraints):
+        # pip follows the first file a line names (a -r before a -c), and no other
+        kind, target = (
+            ("requirement", parsed.requirements[0])
+            if parsed.requirements
+            else ("constraint", parsed.constraints[0])
+        )
         nested = (here / target).resolve()
         if not nested.is_file():
-            raise RequirementsError(
-                f"{where}: {_NESTED[option]}s file {target} not found ({nested})"
-            )
-        if _NESTED[option] == "constraint":
+            raise RequirementsError(f"{where}: {kind}s file {target} not found ({nested})")
+        if kind == "constraint":
             out.append(f"-c {nested}")
             return [_read_tree(nested, base, seen, [])]
         return [_read_tree(nested, base, seen, out)]
     out.append(line)
+    first = parsed.requirement.split(" ", 1)[0]
     if _LOCAL.match(first) or (first.endswith(_ARCHIVE) and not re.match(r"^\w+://", first)):
         return [_local_path(first, where, base)]
     return []

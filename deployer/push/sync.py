@@ -18,9 +18,10 @@ from typing import Any
 import pathspec
 
 from deployer.config.model import Job
-from deployer.core.errors import HostError, InventoryError
+from deployer.core.errors import HostError, InventoryError, TfdeployError
 from deployer.core.secrets import mask_text
 from deployer.core.statedir import state_dir
+from deployer.envs.damaged import damaged
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.hashcache import HashCache, stamp_of
@@ -233,7 +234,7 @@ def _contents(root: Path, contents: Sequence[CodeFile]) -> Iterator[bytes]:
                 raise _changed_error(root, code_file)
 
 
-def _changed(root: Path, contents: Sequence[CodeFile], exc: HostError) -> InventoryError | None:
+def _changed(root: Path, contents: Sequence[CodeFile], exc: HostError) -> TfdeployError | None:
     """The host's "content arrived damaged" (protocol.FAIL_DAMAGED) about a file of ours: it
     changed on disk between hashing and sending, and saying which file is the useful error."""
     if exc.code != protocol.FAIL_DAMAGED:
@@ -244,7 +245,9 @@ def _changed(root: Path, contents: Sequence[CodeFile], exc: HostError) -> Invent
     return None
 
 
-def _changed_error(root: Path, code_file: CodeFile) -> InventoryError:
+def _changed_error(root: Path, code_file: CodeFile) -> TfdeployError:
+    if Path(code_file.path).is_absolute():  # not the code's: a cached wheel or image blob
+        return damaged(Path(code_file.path))
     return InventoryError(
         str(root),
         "job.code",

@@ -8,7 +8,7 @@ per host and environment, and the one the tasks run in (docs/environments.md).
   the code directory: only what a host's store lacks travels, through the fan-out.
 - `Environments.install`, after the push: the `env` op on every host builds or reuses the venv
   and answers its TensorFlow and the interpreter each task's first word names there; the
-  TensorFlow and interpreter checks of preflight run on those answers.
+  interpreter check runs on those answers, the TensorFlow rule (tfrule.py) with every task's.
 - `Environments.where`: each task's (and setup's) interpreter: {"venv": path} or, without
   requirements, {"python": host python}.
 """
@@ -25,6 +25,7 @@ from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import join_names, plural
 from deployer.envs import known, wheelhouse
+from deployer.envs.identity import EnvIdentity, Interpreter
 from deployer.envs.platform import HostPlatform
 from deployer.envs.resolve import ResolveError, cache_root, resolve
 from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
@@ -99,13 +100,29 @@ def interpreter_problems(
 
 @dataclass(frozen=True)
 class HostEnv:
-    """One environment on one host: for which requirements, platform and hash."""
+    """One environment on one host: for which requirements, platform and identity."""
 
     requirements: Requirements
     target: HostPlatform
-    hash: str
+    resolved: str  # spec.env_hash: the wheelhouse's key (requirements and platform)
     wheelhouse: Wheelhouse | None  # None: the host's own pip fetches (wheels_from = "hosts")
     spec: EnvSpec
+    identity: EnvIdentity
+
+    @property
+    def hash(self) -> str:
+        """The venv's name on the host: every setting that makes it (envs/identity.py)."""
+        return self.identity.hash
+
+
+def identity_of(job: Job, resolved: str, python: str, facts: Mapping[str, object]) -> EnvIdentity:
+    """The identity of a venv of `resolved` requirements over a host's configured `python`."""
+    return EnvIdentity(
+        requirements=resolved,
+        interpreter=Interpreter.of(python, facts),
+        system_site_packages=job.system_site_packages,
+        wheels_from=job.wheels_from.value,
+    )
 
 
 @dataclass
@@ -143,8 +160,9 @@ class Environments:
                     specs[key] = spec_of(requirements, job.code)
                 digest = env_hash(specs[key], target)
                 groups.setdefault(digest, (specs[key], target, []))[2].append(name)
+                identity = identity_of(job, digest, host.python, f)
                 self.envs.setdefault(name, {})[key] = HostEnv(
-                    requirements, target, digest, None, specs[key]
+                    requirements, target, digest, None, specs[key], identity
                 )
         known.remember(
             {
@@ -158,7 +176,7 @@ class Environments:
         houses = {d: self._resolved(d, *group) for d, group in groups.items()}
         for by_key in self.envs.values():
             for key, env in by_key.items():
-                by_key[key] = dataclasses.replace(env, wheelhouse=houses[env.hash])
+                by_key[key] = dataclasses.replace(env, wheelhouse=houses[env.resolved])
         self.resolved = len(houses)
         return [
             f"environment {d[:12]} for {join_names(names)}: {target.describe()}, "
@@ -196,8 +214,8 @@ class Environments:
         self, fleet: Fleet, members: Sequence[Member], run_id: str
     ) -> tuple[dict[str, list[protocol.EnvReply]], list[str]]:
         """The env op on every host with an environment; raises HostsFailed (nothing started)
-        for a build that failed, TensorFlow missing or disagreeing, a task's other Python."""
-        job = self.plan.job
+        for a build that failed or a task's other Python. The TensorFlow each venv answers is
+        checked with every other task's by tfrule.py."""
         with_env = [m for m in members if m.name in self.envs]
 
         def on(member: Member) -> list[protocol.EnvReply]:
@@ -213,7 +231,8 @@ class Environments:
                     if house
                     else env.spec.for_target(env.target),
                     "wheels": [[w.file, w.sha256] for w in house.wheels] if house else [],
-                    "system_site_packages": job.system_site_packages,
+                    "system_site_packages": env.identity.system_site_packages,
+                    "installer": env.identity.installer,
                     "online": house is None,
                     "words": words,
                 }
@@ -231,10 +250,17 @@ class Environments:
                 found, said = interpreter_problems(host, reply["interpreters"], checked)
                 problems += found
                 warnings += said
-        problems += _tensorflow_problems(job, done)
         if problems:
             raise HostsFailed(problems)
         return done, warnings
+
+    def env_of(self, task: Task) -> HostEnv | None:
+        """The task's environment (None: it runs on the host's python)."""
+        host = next(h for h in self.plan.hosts if h.name == task.host)
+        requirements = requirements_of(self.plan.job, host, task)
+        if requirements is None:
+            return None
+        return self.envs.get(task.host, {}).get(_key(requirements))
 
     def runtime(self, task: Task) -> TaskRuntime:
         """What the task runs in: its environment's venv, or the host python's directory."""
@@ -274,34 +300,6 @@ class Environments:
 
 def _key(requirements: Requirements) -> str:
     return requirements if isinstance(requirements, str) else "\n".join(requirements or ())
-
-
-def _tensorflow_problems(
-    job: Job, done: Mapping[str, Sequence[protocol.EnvReply]]
-) -> list[HostError]:
-    """preflight's TensorFlow rule, on the venvs: present (unless require_tensorflow = false or
-    setup may install it) and one version on every host."""
-    if not job.require_tensorflow:
-        return []
-    versions = {h: {r["tensorflow"] for r in rs} for h, rs in done.items()}
-    problems = [
-        HostError(
-            h,
-            f"TensorFlow is not installed in the job's environment ({rs[0]['venv']})",
-            hint="add tensorflow (or tensorflow-cpu) to the requirements, set "
-            "system_site_packages = true over a python that holds it, or "
-            "require_tensorflow = false for a job that does not use TensorFlow",
-        )
-        for h, rs in sorted(done.items())
-        if None in versions[h] and not job.setup
-    ]
-    known = {v for vs in versions.values() for v in vs if v}
-    if len(known) > 1:
-        problems += [
-            HostError(h, f"TensorFlow {'/'.join(sorted(str(v) for v in vs))} in its environment")
-            for h, vs in sorted(versions.items())
-        ]
-    return problems
 
 
 def with_extras(manifest: Manifest, extras: tuple[CodeFile, ...]) -> Manifest:

@@ -4,8 +4,10 @@ pulled by the hosts or sent from here, and the container each task runs in.
 - `Images.check`, after preflight's hellos and before anything is sent: the `image` op's check on
   every host with an image task: runtime usable by the login user, GPU runtime for GPU tasks,
   image present (with `image_from = "hosts"` pulled now, once per host) and of the host's
-  platform. With `image_from = "controller"` an image some host lacks is saved here once as an
-  OCI layout (deployer/envs/images.py) and its platform checked against those hosts'.
+  platform, and one throwaway container of it run as a task's would be (a runtime that cannot
+  create containers fails here, not at start). With `image_from = "controller"` an image some
+  host lacks is saved here once as an OCI layout (deployer/envs/images.py) and its platform
+  checked against those hosts'; its trial container runs after the load.
 - `Images.extras`: the layout's blobs, contents of the push like the environment's wheels: the
   store dedupes them by digest, so a re-deploy sends only the layers a host's store lacks.
 - `Images.load`, after the push: the `image` op's load on the hosts that lack the image.
@@ -26,6 +28,7 @@ from deployer.core.text import join_names, plural
 from deployer.envs import images as oci
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.sync import CodeFile
+from deployer.up.environment import python_words
 from remote import protocol
 
 PULL_TIMEOUT_S = 1800.0  # a few GB of layers over a host's own link
@@ -75,6 +78,8 @@ class Images:
                     "image": image,
                     "gpus": gpus,
                     "pull": pull,
+                    "mounts": list(job.container_mounts),
+                    "pythons": self._pythons(member.name, image),
                 }
                 if member.host.container_runtime:
                     request["runtime"] = member.host.container_runtime
@@ -89,6 +94,8 @@ class Images:
             runtimes = sorted({r[image]["runtime"] for r in self.checked.values() if image in r})
             pulled = [h for h in hosts if self.checked[h][image]["pulled"]]
             said = f", pulled on {join_names(pulled)}" if pulled else ""
+            tried = [h for h in hosts if self.checked[h][image].get("tried")]
+            said += f"; a trial container ran on {join_names(tried)}" if tried else ""
             lines.insert(0, f"image {image} on {join_names(hosts)} ({'/'.join(runtimes)}){said}")
         return lines
 
@@ -139,6 +146,12 @@ class Images:
             raise HostsFailed(problems)
         return lines
 
+    def _pythons(self, host: str, image: str) -> list[str]:
+        """The first words of the host's tasks in `image` that name a Python: the trial reads
+        the TensorFlow of the interpreter the tasks will run."""
+        tasks = [t for t in self.plan.tasks_on(host) if task_image(self.plan, t) == image]
+        return python_words(tasks)
+
     def lacking(self) -> dict[str, list[str]]:
         """The images each host lacks (after the check), hosts that lack none absent."""
         out = {
@@ -173,6 +186,8 @@ class Images:
                     "runtime": self.checked[member.name][image]["runtime"],
                     "index": (layout.path / "index.json").read_text(),
                     "blobs": [b.digest.removeprefix("sha256:") for b in layout.blobs],
+                    "mounts": list(self.plan.job.container_mounts),
+                    "pythons": self._pythons(member.name, image),
                 }
                 reply = member.agent.image(request, LOAD_TIMEOUT_S)
                 self.checked[member.name][image] = reply

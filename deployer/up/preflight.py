@@ -30,33 +30,18 @@ from remote.protocol import InterpretersQuery
 MIN_FREE_DISK = 100 * 1024 * 1024
 
 
-def agreed_tensorflow(facts: Mapping[str, Mapping[str, object]]) -> list[str]:
-    """The TensorFlow version the hosts share; hosts that disagree would fail mid-training."""
-    versions = {name: f.get("tensorflow") for name, f in facts.items()}
-    known = {str(v) for v in versions.values() if v}
-    if len(known) > 1:
-        raise HostsFailed(
-            [HostError(n, f"TensorFlow {v or 'missing'}") for n, v in sorted(versions.items())],
-            what="hosts disagree on the TensorFlow version",
-        )
-    return sorted(known)
+def host_tensorflow(facts: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """The TensorFlow versions the hosts' pythons hold, for the summary line. Which task runs
+    which (host python, venv, image) and whether they agree is tfrule.py's rule."""
+    return sorted({str(f.get("tensorflow")) for f in facts.values() if f.get("tensorflow")})
 
 
 def host_problems(
     host: str, facts: Mapping[str, object], *, python: str, job: Job, manifest: Manifest
 ) -> list[HostError]:
-    """Busy TF ports, a missing TensorFlow (unless setup may install it), too little disk."""
+    """Busy TF ports, too little disk. (TensorFlow: tfrule.py, on every task's.)"""
     problems = []
     problems += _busy_ports(host, facts, job.name)
-    if not facts.get("tensorflow") and not job.setup and job.require_tensorflow:
-        problems.append(
-            HostError(
-                host,
-                f"TensorFlow is not installed for {python}",
-                hint="install tensorflow on the host or add it to job.setup (a job that does "
-                "not use TensorFlow: require_tensorflow = false)",
-            )
-        )
     free = int(facts.get("disk_free") or 0)  # type: ignore[call-overload]
     needed = MIN_FREE_DISK + 2 * manifest.total_bytes
     if free < needed:
@@ -259,19 +244,13 @@ def _conclude(
 ) -> Findings:
     facts = fleet.each(lambda m: _hello(plan, m, greeted), members, what="preflight failed")
     manifest = scanning.result()
-    # Hosts with requirements: TensorFlow is checked in their venv, once built (environment.py).
-    in_venv = greeted.in_venv
-    tf_versions = agreed_tensorflow({n: f for n, f in facts.items() if n not in in_venv})
-    no_tf = dataclasses.replace(plan.job, require_tensorflow=False)
+    # The summary's TensorFlow: the hosts' pythons where no venv or image stands in between.
+    tf_versions = host_tensorflow({n: f for n, f in facts.items() if n not in greeted.in_venv})
     problems = [
         problem
         for name, f in facts.items()
         for problem in host_problems(
-            name,
-            f,
-            python=fleet.member(name).agent.python,
-            job=no_tf if name in in_venv else plan.job,
-            manifest=manifest,
+            name, f, python=fleet.member(name).agent.python, job=plan.job, manifest=manifest
         )
     ]
     interpreters: list[str] = []

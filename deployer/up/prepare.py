@@ -13,6 +13,7 @@ from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
+from deployer.up import tfrule
 from deployer.up.environment import Environments, uses_requirements, with_extras
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
@@ -47,6 +48,7 @@ class Preparation:
         self.contacted_hosts = teardown.contacted
         self.refresh_env = refresh_env
         self.environment = Environments(run.plan)  # resolved after preflight (environment.py)
+        self._facts: Mapping[str, Mapping[str, object]] = {}  # the hellos', for tfrule
         self.images = Images(run.plan)  # checked after preflight (images.py)
 
     def preflight(self, *, keep_stand_ins: bool = False) -> Findings:
@@ -67,7 +69,29 @@ class Preparation:
         for warning in findings.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {findings.summary}")
-        return self._check_images(self._resolve_environment(findings))
+        findings = self._check_images(self._resolve_environment(findings))
+        self._tensorflow(findings.facts)
+        return findings
+
+    def _tensorflow(
+        self,
+        facts: Mapping[str, Mapping[str, object]],
+        installed: Mapping[str, Mapping[str, str | None]] | None = None,
+    ) -> None:
+        """The TensorFlow rule (tfrule.py) on every task known now: at preflight from the hosts'
+        pythons, the resolved wheels and the images' trial containers; again after the install,
+        from what each venv answers. Nothing has started either time; the hosts drop the run."""
+        self._facts = facts
+        found = tfrule.known_versions(
+            self.run.plan, facts, self.environment, self.images, installed
+        )
+        try:
+            said = tfrule.check(self.run.plan.job, found)
+        except BaseException:
+            self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
+            raise
+        for line in said:
+            self.view.step(f"warning: {line}")
 
     def _check_images(self, findings: Findings) -> Findings:
         """The job's images checked on every host (pulled there, or saved here and added to
@@ -106,15 +130,18 @@ class Preparation:
 
     def install_environment(self) -> None:
         """The `env` op on every host with requirements (a built env is reused at once): each
-        task's interpreter from then on."""
+        task's interpreter from then on; then the TensorFlow rule on what the venvs answered."""
+        installed: dict[str, dict[str, str | None]] = {}
         if self.environment.any:
             hosts = [m for m in self.members if m.name in self.environment.envs]
             self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
             done, warnings = self.environment.install(self.fleet, hosts, self.run.run_id)
             for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
                 self.view.step(line)
+            installed = {h: {r["venv"]: r["tensorflow"] for r in rs} for h, rs in done.items()}
         for line in self.images.load(self.fleet, self.members, self.run.run_id):
             self.view.step(line)
+        self._tensorflow(self._facts, installed)
         self.run.runtimes = {
             t.name: self.environment.runtime(t).in_container(self.images.container(t))
             for t in self.run.plan.tasks

@@ -87,6 +87,8 @@ class FakeHost:
         self.facts: protocol.HelloReply = {
             "hostname": name,
             "python": "3.11.2",
+            "executable": "/usr/bin/python3.11",
+            "prefix": "/usr",
             "machine": "x86_64",
             "glibc": "2.36",
             "tensorflow": "2.21.0",
@@ -241,7 +243,7 @@ class FakeHost:
         if req.get("pull") or req["action"] == protocol.IMAGE_LOAD:
             images.add(req["image"])
         present = req["image"] in images
-        return {
+        reply: protocol.ImageReply = {
             "runtime": "podman",
             "rootless": False,
             "platform": "linux/amd64",
@@ -249,6 +251,10 @@ class FakeHost:
             "pulled": bool(req.get("pull")) and req["action"] == protocol.IMAGE_CHECK,
             "image_platform": "linux/amd64" if present else None,
         }
+        if present:  # the trial container ran; the fake image holds no Python
+            reply["tried"] = True
+            reply["tensorflow"] = None
+        return reply
 
     def _op_setup(self, req: dict[str, Any]) -> protocol.SetupReply:
         return {"ran": True, "code": 0, "tail": []}

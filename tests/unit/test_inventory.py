@@ -168,7 +168,8 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
     [
         pytest.param(
             ONE_HOST.replace('command = "python3 train.py"', 'comand = "x"'),
-            "job.comand: unknown key (known keys here: artifacts, artifacts_to, code, command, "
+            "job.comand: unknown key (known keys here: allow_mixed_tensorflow, artifacts, "
+            "artifacts_to, code, command, "
             "container_mounts, container_runtime, "
             "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, "
             "image, image_from, lease_seconds, max_restarts, "
