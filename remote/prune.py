@@ -97,6 +97,8 @@ def _prune(
             gone.add(run_dir)
     users = _run_ids(workdir, gone)
     _prune_envs(workdir, users, now, grace, dry, tally)
+    if tally.environments:
+        _prune_uv_cache(workdir, dry, tally)
     _prune_store(workdir / "store", store, unlinked, now, grace, dry, tally)
 
 
@@ -239,6 +241,21 @@ def _remove_env(envs: Path, venv: Path, users: set[str], now: float, grace: floa
             return False
     shutil.rmtree(str(grave), ignore_errors=True)
     return True
+
+
+def _prune_uv_cache(workdir: Path, dry: bool, tally: _Tally) -> None:
+    """This host's uv cache (venvs.uv_cache) goes with the environments it filled: it only
+    speeds up builds, and what it holds of the environments left is linked from them (its
+    bytes freed are those no venv links). Left alone while any build holds an env lock."""
+    cache = venvs.uv_cache(workdir, hostid.identity())
+    envs = venvs.envs_dir(workdir)
+    if not cache.is_dir() or any(p.name.endswith(".lock") for p in _dirs(envs)):
+        return
+    tally.bytes += _walk(cache)[0]
+    if not dry:
+        grave = cache.with_name(f"{GRAVE}{cache.name}-{os.urandom(4).hex()}")
+        os.rename(str(cache), str(grave))
+        shutil.rmtree(str(grave), ignore_errors=True)
 
 
 def _store_entries(store: Path) -> dict[str, os.stat_result]:

@@ -38,6 +38,7 @@ import sharedlock
 
 COMPLETE = ".complete"
 USES = ".uses"
+UV_CACHE = "uv-cache"
 INSTALLERS = ("auto", "uv", "pip")
 _HASH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _WHEEL_RE = re.compile(r"[A-Za-z0-9_.+!-]+\.whl")
@@ -61,6 +62,15 @@ def env_path(workdir: Path, env_hash: str) -> Path:
     if not _HASH_RE.fullmatch(env_hash):
         raise EnvError(f"environment hash {env_hash!r} is not allowed: letters, digits, . _ -")
     return envs_dir(workdir) / env_hash
+
+
+def uv_cache(workdir: Path, host_id: str) -> Path:
+    """This host's uv cache, WORKDIR/hosts/<host>/uv-cache: a new environment that shares
+    wheels with an earlier one links them from here instead of unpacking them again. One per
+    host, never shared across hosts of a shared workdir: uv's cache locks are file locks, which
+    an NFS/EFS home cannot be trusted with across machines. Only a speed-up: prune may empty
+    it at any time a build does not hold it (prune.py)."""
+    return workdir / "hosts" / host_id / UV_CACHE
 
 
 def is_complete(venv: Path) -> bool:
@@ -198,7 +208,8 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         if spec.system_site_packages and base_sites:
             _see_base_venv(spec.venv, version, base_sites)
         if uv is not None:
-            installers.uv_install(uv, spec.venv, spec.wheels, reqs, spec.work / "uv-cache", started)
+            cache = uv_cache(spec.venv.parent.parent, host_id)
+            installers.uv_install(uv, spec.venv, spec.wheels, reqs, cache, started)
         else:
             installers.pip_install(spec.venv, spec.wheels, reqs, started, spec.online)
         lock.check()

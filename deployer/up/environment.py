@@ -24,11 +24,11 @@ from deployer.config.model import Host, Job, Requirements, WheelsFrom
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import join_names, plural
-from deployer.envs import known, wheelhouse
+from deployer.envs import known, uv, wheelhouse
 from deployer.envs.platform import HostPlatform
 from deployer.envs.resolve import ResolveError, cache_root, resolve
 from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
-from deployer.envs.wheelhouse import Wheelhouse
+from deployer.envs.wheelhouse import Wheel, Wheelhouse
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.sync import CodeFile, Manifest
 from remote import interpreters as words_of
@@ -105,6 +105,21 @@ class HostEnv:
     hash: str
     wheelhouse: Wheelhouse | None  # None: the host's own pip fetches (wheels_from = "hosts")
     spec: EnvSpec
+    installer: uv.Choice = uv.Choice("pip", None)  # what builds the venv there
+
+    @property
+    def wheels(self) -> tuple[Wheel, ...]:
+        """What the host's store must hold for it: the environment's wheels and uv's."""
+        own = self.wheelhouse.wheels if self.wheelhouse else ()
+        return own + (self.installer.wheelhouse.wheels if self.installer.wheelhouse else ())
+
+    def paths(self) -> dict[str, str]:
+        """Each wheel's file on this machine, by sha256."""
+        found = {}
+        for house in (self.wheelhouse, self.installer.wheelhouse):
+            for w in house.wheels if house else ():
+                found[w.sha256] = str(house.wheel_dir / w.file)  # type: ignore[union-attr]
+        return found
 
 
 @dataclass
@@ -122,7 +137,8 @@ class Environments:
         return bool(self.envs)
 
     def resolve(self, facts: Mapping[str, Mapping[str, object]]) -> list[str]:
-        """Groups hosts by environment hash and resolves each distinct one once. What to say."""
+        """Groups hosts by environment hash and resolves each distinct one once, with the
+        installer of its platform (uv's wheel, or pip). What to say."""
         job = self.plan.job
         hosts = {h.name: h for h in self.plan.hosts}
         specs: dict[str, EnvSpec] = {}
@@ -155,20 +171,35 @@ class Environments:
             }
         )
         houses = {d: self._resolved(d, *group) for d, group in groups.items()}
+        choices = {d: self._installer(houses[d], target) for d, (_, target, _) in groups.items()}
         for by_key in self.envs.values():
             for key, env in by_key.items():
-                by_key[key] = dataclasses.replace(env, wheelhouse=houses[env.hash])
+                choice = choices[env.hash]
+                by_key[key] = dataclasses.replace(
+                    env,
+                    hash=env_hash(env.spec, env.target, choice.installer),
+                    wheelhouse=houses[env.hash],
+                    installer=choice,
+                )
         self.resolved = len(houses)
         return [
-            f"environment {d[:12]} for {join_names(names)}: {target.describe()}, "
+            f"environment {env_hash(spec, target, choices[d].installer)[:12]} for "
+            f"{join_names(names)}: {target.describe()}, "
             + (
-                f"{plural(len(h.wheels), 'wheel')}, {h.size} bytes"
+                f"{plural(len(h.wheels), 'wheel')}, {h.size} bytes, {choices[d].said()}"
                 if h
                 else 'installed from the hosts\' own index (wheels_from = "hosts")'
             )
-            for d, (_, target, names) in groups.items()
+            for d, (spec, target, names) in groups.items()
             for h in [houses[d]]
         ]
+
+    def _installer(self, house: Wheelhouse | None, target: HostPlatform) -> uv.Choice:
+        """uv (its wheel for the platform) unless the job says pip, the hosts install from
+        their own index, or no uv wheel exists for the platform."""
+        if house is None:
+            return uv.Choice("pip", None)
+        return uv.choose(self.plan.job.installer.value, target, refresh=self.refresh)
 
     def _resolved(
         self, digest: str, spec: EnvSpec, target: HostPlatform, names: list[str]
@@ -186,9 +217,9 @@ class Environments:
         found: dict[str, CodeFile] = {}
         for by_key in self.envs.values():
             for env in by_key.values():
-                for w in env.wheelhouse.wheels if env.wheelhouse else ():
-                    path = str(env.wheelhouse.wheel_dir / w.file)  # type: ignore[union-attr]
-                    found.setdefault(w.sha256, CodeFile(path, w.sha256, 0o644, w.size))
+                paths = env.paths()
+                for w in env.wheels:
+                    found.setdefault(w.sha256, CodeFile(paths[w.sha256], w.sha256, 0o644, w.size))
         return tuple(found[k] for k in sorted(found))
 
     def install(
@@ -211,8 +242,11 @@ class Environments:
                     "requirements": house.pinned.read_text()
                     if house
                     else env.spec.for_target(env.target),
-                    "wheels": [[w.file, w.sha256] for w in house.wheels] if house else [],
+                    "wheels": [[w.file, w.sha256] for w in env.wheels] if house else [],
                     "system_site_packages": job.system_site_packages,
+                    # uv: "auto", so a uv binary that does not run there (platform facts that
+                    # lied) falls back to pip rather than failing
+                    "installer": "auto" if env.installer.installer == "uv" else "pip",
                     "online": house is None,
                     "words": words,
                 }
