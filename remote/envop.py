@@ -48,14 +48,15 @@ def op_env(req: dict[str, Any]) -> protocol.EnvReply:
         raise params.AgentError("words must be strings")
     try:
         venv = venvs.env_path(workdir, env_hash)
-        found = venvs.link_wheels(workdir / "store", wheels, venv.with_name(f"{venv.name}.wheels"))
+        here = hostid.identity()
+        found = venvs.link_wheels(workdir / "store", wheels, venvs.wheels_dir(workdir, here))
         result = venvs.ensure(
             workdir,
             env_hash,
             python=python,
             requirements=requirements,
             wheels=found,
-            host_id=hostid.identity(),
+            host_id=here,
             run_id=run_id,
             system_site_packages=params.param(req, "system_site_packages", bool, False),
             installer=installer,

@@ -98,7 +98,7 @@ def _prune(
     users = _run_ids(workdir, gone)
     _prune_envs(workdir, users, now, grace, dry, tally)
     if tally.environments:
-        _prune_uv_cache(workdir, dry, tally)
+        _prune_host_wheels(workdir, dry, tally, unlinked)
     _prune_store(workdir / "store", store, unlinked, now, grace, dry, tally)
 
 
@@ -243,19 +243,26 @@ def _remove_env(envs: Path, venv: Path, users: set[str], now: float, grace: floa
     return True
 
 
-def _prune_uv_cache(workdir: Path, dry: bool, tally: _Tally) -> None:
-    """This host's uv cache (venvs.uv_cache) goes with the environments it filled: it only
-    speeds up builds, and what it holds of the environments left is linked from them (its
-    bytes freed are those no venv links). Left alone while any build holds an env lock."""
-    cache = venvs.uv_cache(workdir, hostid.identity())
+def _prune_host_wheels(workdir: Path, dry: bool, tally: _Tally, unlinked: Counter[Inode]) -> None:
+    """This host's wheel directory and uv cache (venvs.wheels_dir, venvs.uv_cache) go with
+    the environments they served: they only speed up builds (a later build links its wheels
+    again from the store, which its push refilled). The cache's bytes freed are those no venv
+    links; the wheel directory's links are the store's, so its contents may go too. Left alone
+    while any build holds an env lock."""
+    here = hostid.identity()
     envs = venvs.envs_dir(workdir)
-    if not cache.is_dir() or any(p.name.endswith(".lock") for p in _dirs(envs)):
+    if any(p.name.endswith(".lock") for p in _dirs(envs)):
         return
-    tally.bytes += _walk(cache)[0]
-    if not dry:
-        grave = cache.with_name(f"{GRAVE}{cache.name}-{os.urandom(4).hex()}")
-        os.rename(str(cache), str(grave))
-        shutil.rmtree(str(grave), ignore_errors=True)
+    for path in (venvs.uv_cache(workdir, here), venvs.wheels_dir(workdir, here)):
+        if not path.is_dir():
+            continue
+        freed, links = _walk(path)
+        tally.bytes += freed
+        unlinked.update(links)
+        if not dry:
+            grave = path.with_name(f"{GRAVE}{path.name}-{os.urandom(4).hex()}")
+            os.rename(str(path), str(grave))
+            shutil.rmtree(str(grave), ignore_errors=True)
 
 
 def _store_entries(store: Path) -> dict[str, os.stat_result]:

@@ -1,0 +1,120 @@
+"""uv builds the job's venvs on lab hosts that reach nothing outside (issue 50): its wheel for the
+host's platform travels with the environment; a new environment links the wheels it shares with
+an earlier one from the host's uv cache; pip by choice (`installer = "pip"`), and pip, said,
+where this machine finds no uv wheel for the hosts.
+
+The uv wheel is this machine's uv binary packed as the wheel PyPI ships (tests/support/wheels.py),
+served with the job's wheels from a folder: nothing comes from a network.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployer.envs.uv import UV_VERSION
+from tests.lab import Lab
+from tests.support.lab_cli import tfdeploy
+from tests.support.wheels import make_uv_wheel, make_wheel, uv_binary
+
+BASE = "/usr/bin/python3"  # the hosts' system Python
+UV = uv_binary()
+pytestmark = pytest.mark.skipif(UV is None, reason="no uv binary here (dev extra: pip install uv)")
+
+# What the task says of its venv: whether pip is in it (uv builds venvs without pip), and
+# tinydep's file as (inode, links): a file linked from the host's uv cache is shared.
+TRAIN = """\
+import os, sys, shutil
+import tinypkg, tinydep
+st = os.stat(tinydep.__file__)
+pip = os.path.exists(os.path.join(sys.prefix, "bin", "pip"))
+print("venv", sys.prefix, "pip", pip, "tinydep", st.st_ino, st.st_nlink)
+"""
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder this machine's pip resolves from: the job's wheels and uv's (this machine's
+    binary, tagged for x86_64 as PyPI's is)."""
+    wheels = tmp_path / "index"
+    make_wheel(wheels, "tinypkg", requires=["tinydep"])
+    make_wheel(wheels, "tinydep", "2.0")
+    make_wheel(wheels, "tinyextra", "1.0")
+    assert UV is not None
+    make_uv_wheel(wheels, UV, version=UV_VERSION)
+    for name, value in {
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_CACHE_DIR": str(tmp_path / "pip-cache"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    return wheels
+
+
+def _job(tmp_path: Path, requirements: str, **extra: Any) -> tuple[Path, dict[str, Any]]:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text(TRAIN)
+    (code / "requirements.txt").write_text(requirements)
+    job = {"python": BASE, "requirements": "requirements.txt", "require_tensorflow": False}
+    return code, job | extra
+
+
+def _said(out: str) -> list[tuple[str, str, int]]:
+    """(venv, pip in it, tinydep's inode) of each task."""
+    found = re.findall(r"venv (\S+) pip (True|False) tinydep (\d+) (\d+)", out)
+    return [(venv, pip, int(ino)) for venv, pip, ino, _ in found]
+
+
+def test_uv_builds_by_default_and_a_new_env_links_shared_wheels_from_the_hosts_cache(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    code, job = _job(tmp_path, "tinypkg==1.0\n")
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    state = tmp_path / "state"
+    first = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
+    assert "2 wheels" in first and ", installed with uv" in first, first
+    assert re.search(r"environment built on \S+ \(uv, ", first), first
+    [(venv1, pip1, ino1)] = _said(first)
+    assert pip1 == "False", first  # built by uv: no pip of its own
+    # One more requirement: a new environment, built by uv from the same host cache, so the
+    # wheel both share is linked (one inode in both venvs), not unpacked again.
+    (code / "requirements.txt").write_text("tinypkg==1.0\ntinyextra==1.0\n")
+    second = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
+    assert re.search(r"environment built on \S+ \(uv, ", second), second
+    [(venv2, _, ino2)] = _said(second)
+    assert venv2 != venv1 and ino2 == ino1, second
+    # The uv wheel was sent with the first environment only: the second sends tinyextra alone.
+    sent = re.search(r"(\d+) bytes sent", second)
+    assert sent is not None and int(sent.group(1)) < 50_000, second
+
+
+def test_pip_by_choice_sends_no_uv_wheel(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    code, job = _job(tmp_path, "tinypkg==1.0\n", installer="pip")
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
+    assert ", installed with pip" in out and "installed with uv" not in out, out
+    assert re.search(r"environment built on \S+ \(pip, ", out), out
+    [(_, pip, _)] = _said(out)
+    assert pip == "True", out
+    sent = re.search(r"(\d+) bytes sent", out)  # uv's wheel is ~40 MB here; the job's, bytes
+    assert sent is not None and int(sent.group(1)) < 1_000_000, out
+
+
+def test_without_a_uv_wheel_for_the_hosts_pip_installs_and_up_says_why(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    for wheel in index.glob("uv-*.whl"):
+        wheel.unlink()
+    code, job = _job(tmp_path, "tinypkg==1.0\n")
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
+    assert f"installed with pip (uv=={UV_VERSION}: no wheel for CPython 3." in out, out
+    assert re.search(r"environment built on \S+ \(pip, ", out), out
