@@ -222,6 +222,18 @@ class Environments:
                     found.setdefault(w.sha256, CodeFile(paths[w.sha256], w.sha256, 0o644, w.size))
         return tuple(found[k] for k in sorted(found))
 
+    def cache_entries(self) -> list[Path]:
+        """This machine's cache entries the environments use (theirs and uv's): what `prune
+        --local` keeps while recent runs use them."""
+        found = {
+            house.path
+            for by_key in self.envs.values()
+            for env in by_key.values()
+            for house in (env.wheelhouse, env.installer.wheelhouse)
+            if house is not None
+        }
+        return sorted(found)
+
     def install(
         self, fleet: Fleet, members: Sequence[Member], run_id: str
     ) -> tuple[dict[str, list[protocol.EnvReply]], list[str]]:

@@ -13,6 +13,7 @@ from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
+from deployer.envs import uses
 from deployer.up.environment import Environments, uses_requirements, with_extras
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
@@ -83,6 +84,7 @@ class Preparation:
             raise
         for line in lines:
             self.view.step(line)
+        uses.record([lay.path for lay in self.images.layouts.values()], self.run.run_id)
         extras = findings.manifest.extras + self.images.extras()
         return dataclasses.replace(findings, manifest=with_extras(findings.manifest, extras))
 
@@ -101,6 +103,7 @@ class Preparation:
             raise
         for line in lines:
             self.view.step(line)
+        uses.record(self.environment.cache_entries(), self.run.run_id)
         manifest = with_extras(findings.manifest, self.environment.extras())
         return dataclasses.replace(findings, manifest=manifest)
 
