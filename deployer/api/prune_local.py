@@ -82,9 +82,7 @@ def prune_local(
                 continue
             freed += _remove(entry, dry_run)
             gone[kind].append(entry.name[:12])
-    result = LocalPruned(
-        tuple(gone["environment"]), tuple(gone["image"]), kept, freed, dry_run
-    )
+    result = LocalPruned(tuple(gone["environment"]), tuple(gone["image"]), kept, freed, dry_run)
     if say is not None:
         say(result.line())
     return result

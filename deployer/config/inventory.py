@@ -28,6 +28,7 @@ from deployer.config.model import (
     Host,
     HostSettings,
     ImageFrom,
+    Installer,
     Job,
     NetcheckMode,
     Requirements,
@@ -35,7 +36,6 @@ from deployer.config.model import (
     Strategy,
     TaskSpec,
     TensorBoard,
-    Installer,
     WheelsFrom,
 )
 from deployer.config.roles import BUILTIN_SERVER, ROLE_NAMES, TF_ROLES, has_port

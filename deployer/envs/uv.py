@@ -43,6 +43,9 @@ class Choice:
         return f"installed with {self.installer}" + (f" ({self.why})" if self.why else "")
 
 
+PIP = Choice("pip", None)  # by choice, or where uv cannot be asked (no wheels sent)
+
+
 def spec() -> EnvSpec:
     """uv's requirement as an environment of its own (no files, no local paths)."""
     line = f"{UV_REQUIREMENT}\n"
@@ -52,7 +55,7 @@ def spec() -> EnvSpec:
 def choose(wanted: str, target: HostPlatform, *, refresh: bool = False) -> Choice:
     """uv for `target` when it is wanted and a wheel of it exists for the platform, else pip."""
     if wanted != "uv":
-        return Choice("pip", None)
+        return PIP
     if target.glibc is None:
         return Choice("pip", None, f"{UV_REQUIREMENT}: not resolved for {target.describe()}")
     known_none = cache_root() / f"{env_hash(spec(), target)}.no-uv"

@@ -105,7 +105,7 @@ class HostEnv:
     hash: str
     wheelhouse: Wheelhouse | None  # None: the host's own pip fetches (wheels_from = "hosts")
     spec: EnvSpec
-    installer: uv.Choice = uv.Choice("pip", None)  # what builds the venv there
+    installer: uv.Choice = uv.PIP  # what builds the venv there
 
     @property
     def wheels(self) -> tuple[Wheel, ...]:
@@ -198,7 +198,7 @@ class Environments:
         """uv (its wheel for the platform) unless the job says pip, the hosts install from
         their own index, or no uv wheel exists for the platform."""
         if house is None:
-            return uv.Choice("pip", None)
+            return uv.PIP
         return uv.choose(self.plan.job.installer.value, target, refresh=self.refresh)
 
     def _resolved(

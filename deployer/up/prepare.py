@@ -7,17 +7,19 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from deployer.config.model import NetcheckMode
+from deployer.core.errors import HostsFailed
 from deployer.core.fold import fold_names
 from deployer.core.text import plural
+from deployer.envs import uses
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
-from deployer.envs import uses
 from deployer.up.environment import Environments, uses_requirements, with_extras
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
+from deployer.up.room import room_problems
 from deployer.up.teardown import Teardown
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
@@ -68,7 +70,17 @@ class Preparation:
         for warning in findings.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {findings.summary}")
-        return self._check_images(self._resolve_environment(findings))
+        findings = self._check_images(self._resolve_environment(findings))
+        self._check_room(findings)
+        return findings
+
+    def _check_room(self, findings: Findings) -> None:
+        """Room on each host for the wheels and layers it will store (room.py), before any
+        byte is sent; the hosts drop the run when one lacks it."""
+        problems = room_problems(self.fleet, self.members, findings)
+        if problems:
+            self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
+            raise HostsFailed(problems)
 
     def _check_images(self, findings: Findings) -> Findings:
         """The job's images checked on every host (pulled there, or saved here and added to

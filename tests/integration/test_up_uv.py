@@ -9,15 +9,16 @@ served with the job's wheels from a folder: nothing comes from a network.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deployer.envs.uv import UV_VERSION
-from tests.lab import Lab
+from tests.lab import Lab, LabHost
 from tests.support.lab_cli import tfdeploy
 from tests.support.wheels import make_uv_wheel, make_wheel, uv_binary
 
@@ -118,3 +119,41 @@ def test_without_a_uv_wheel_for_the_hosts_pip_installs_and_up_says_why(
     out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
     assert f"installed with pip (uv=={UV_VERSION}: no wheel for CPython 3." in out, out
     assert re.search(r"environment built on \S+ \(pip, ", out), out
+
+
+WORKDIR = "/root/.tfdeploy"
+
+
+@pytest.fixture
+def small_host(lab: Lab) -> Iterator[LabHost]:
+    """A host whose workdir is a 110 MiB tmpfs (preflight's own margin is 100 MiB)."""
+    host = lab.hosts[0]
+    lab.run(host, f"rm -rf {WORKDIR}").check_returncode()
+    mount = f"mkdir -p {WORKDIR} && mount -t tmpfs -o size=110m,mode=0700 tfd-small {WORKDIR}"
+    lab.run(host, mount).check_returncode()
+    try:
+        yield host
+    finally:
+        lab.run(host, f"umount -l {WORKDIR}")
+
+
+def test_a_host_without_room_for_the_wheels_is_refused_before_any_byte_is_sent(
+    lab: Lab,
+    small_host: LabHost,
+    lab_inventory: Callable[..., Path],
+    tmp_path: Path,
+    index: Path,
+) -> None:
+    # 40 MiB that do not compress: they would fit in the store, not once installed as well.
+    make_wheel(index, "bigpkg", "1.0", files={"bigpkg.bin": os.urandom(40 << 20)})
+    code, job = _job(tmp_path, "bigpkg==1.0\n", installer="pip")
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job, hosts=[small_host])
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=3)
+    said = result.stdout + result.stderr
+    assert re.search(
+        rf"{small_host.name}: only \d+ MiB free in {WORKDIR}, need \d+ MiB for the job's wheels",
+        said,
+    ), said
+    assert "pushed" not in said and "Traceback" not in said, said
+    stored = lab.run(small_host, f"ls -A {WORKDIR}/store 2>/dev/null | wc -l").stdout.strip()
+    assert stored == "0", stored  # nothing was sent

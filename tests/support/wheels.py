@@ -197,9 +197,7 @@ def uv_binary() -> Path | None:
     return Path(found) if found else None
 
 
-def make_uv_wheel(
-    dest: Path, uv: Path, version: str = "0.0.1", machine: str = "x86_64"
-) -> Path:
+def make_uv_wheel(dest: Path, uv: Path, version: str = "0.0.1", machine: str = "x86_64") -> Path:
     """A uv wheel as PyPI ships it (the binary under `uv-<v>.data/scripts/`), around `uv`
     (`machine`: the platform its tag claims; the binary is this machine's all the same).
 

@@ -59,7 +59,9 @@ def test_prune_local_removes_the_environment_no_recent_run_uses_and_keeps_the_us
     uses.record([used.path], "job-new")
     dry = tfdeploy("prune", "--local", "--keep", "1", "--grace", "0", "--dry-run", state=state)
     assert dry.returncode == 0, dry.stderr
-    said = re.search(r"this machine: would free 1 environment and 0 images, ([\d.]+) KiB;", dry.stdout)
+    said = re.search(
+        r"this machine: would free 1 environment and 0 images, ([\d.]+) KiB;", dry.stdout
+    )
     assert said is not None and 195 <= float(said.group(1)) < 200, dry.stdout  # in human units
     assert old.path.is_dir() and used.path.is_dir()
     done = tfdeploy("prune", "--local", "--keep", "1", "--grace", "0", state=state)
