@@ -579,6 +579,7 @@ class PeersRequest(PeersBase, total=False):
     next: list[Any] | None  # relay, seed: [address, port], or None (the last relay)
     seconds: float  # relay
     blobs: list[list[Any]]  # seed
+    store: list[str]  # relay, seed: the contents this host keeps (absent: all); others pass on
 
 
 class PeersPidReply(TypedDict):

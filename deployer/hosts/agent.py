@@ -231,9 +231,10 @@ class Agent(Channel):
         secret: str,
         then: tuple[str, int] | None,
         seconds: float,
+        store: Sequence[str] | None = None,
     ) -> None:
-        """Listens on address:port for the fan-out's one stream, storing it and forwarding every
-        piece to `then` as it arrives (remote/peers.py)."""
+        """Listens on address:port for the fan-out's one stream, storing it (`store`: only these
+        contents of it) and forwarding every piece to `then` as it arrives (remote/peers.py)."""
         request: protocol.PeersRequest = {
             "action": protocol.PEERS_RELAY,
             "run_id": run_id,
@@ -243,6 +244,8 @@ class Agent(Channel):
             "next": list(then) if then is not None else None,
             "seconds": seconds,
         }
+        if store is not None:
+            request["store"] = list(store)
         self.ask(protocol.OP_PEERS, protocol.PeersPidReply, **request)
 
     def stop_serving(self, run_id: str) -> None:

@@ -222,6 +222,13 @@ class Environments:
                     found.setdefault(w.sha256, CodeFile(paths[w.sha256], w.sha256, 0o644, w.size))
         return tuple(found[k] for k in sorted(found))
 
+    def needs(self) -> dict[str, frozenset[str]]:
+        """Each host's wheels: its own environments' (and uv's for its platform), only."""
+        return {
+            host: frozenset(w.sha256 for env in by_key.values() for w in env.wheels)
+            for host, by_key in self.envs.items()
+        }
+
     def cache_entries(self) -> list[Path]:
         """This machine's cache entries the environments use (theirs and uv's): what `prune
         --local` keeps while recent runs use them."""
@@ -349,9 +356,30 @@ def _tensorflow_problems(
     return problems
 
 
-def with_extras(manifest: Manifest, extras: tuple[CodeFile, ...]) -> Manifest:
-    """The push's manifest with the wheels among its contents (stored, not placed)."""
-    return dataclasses.replace(manifest, extras=extras)
+def with_extras(
+    manifest: Manifest,
+    extras: tuple[CodeFile, ...],
+    needs: Mapping[str, frozenset[str]],
+    hosts: Sequence[str],
+) -> Manifest:
+    """The push's manifest with `extras` among its contents (stored, not placed): each of
+    `hosts` keeps what it needed before and what `needs` names for it, nothing else."""
+    every = {f.sha256: f for f in (*manifest.extras, *extras)}
+    merged = {h: manifest.needs.get(h, frozenset()) | needs.get(h, frozenset()) for h in hosts}
+    return dataclasses.replace(
+        manifest, extras=tuple(every[k] for k in sorted(every)), needs=merged
+    )
+
+
+def for_groups(manifest: Manifest, groups: Sequence[Sequence[str]]) -> Manifest:
+    """Hosts sharing a workdir share a store, which their first host fills: it keeps what
+    every host of its group needs."""
+    if not manifest.needs:
+        return manifest
+    needs = dict(manifest.needs)
+    for group in groups:
+        needs[group[0]] = frozenset().union(*(manifest.needs.get(h, frozenset()) for h in group))
+    return dataclasses.replace(manifest, needs=needs)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
-from deployer.up.environment import Environments, uses_requirements, with_extras
+from deployer.up.environment import Environments, for_groups, uses_requirements, with_extras
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
@@ -97,8 +97,9 @@ class Preparation:
         for line in lines:
             self.view.step(line)
         uses.record([lay.path for lay in self.images.layouts.values()], self.run.run_id)
-        extras = findings.manifest.extras + self.images.extras()
-        return dataclasses.replace(findings, manifest=with_extras(findings.manifest, extras))
+        hosts = [m.name for m in self.members]
+        manifest = with_extras(findings.manifest, self.images.extras(), self.images.needs(), hosts)
+        return dataclasses.replace(findings, manifest=manifest)
 
     def _resolve_environment(self, findings: Findings) -> Findings:
         """The job's environment resolved for the hosts' platforms, its wheels added to the
@@ -116,7 +117,10 @@ class Preparation:
         for line in lines:
             self.view.step(line)
         uses.record(self.environment.cache_entries(), self.run.run_id)
-        manifest = with_extras(findings.manifest, self.environment.extras())
+        hosts = [m.name for m in self.members]
+        manifest = with_extras(
+            findings.manifest, self.environment.extras(), self.environment.needs(), hosts
+        )
         return dataclasses.replace(findings, manifest=manifest)
 
     def install_environment(self) -> None:
@@ -149,8 +153,10 @@ class Preparation:
         keep_record(self.run.plan, self.run.run_id, detached=self.detached, view=self.view)
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in members)
-        # The job's wheels travel with the code: stored, placed nowhere (environment.py).
-        fields = {**host_fields(self.run.plan, self.run.run_id, self.lease), **manifest.fields()}
+        # The job's wheels and layers travel with the code: stored, placed nowhere, each host
+        # keeping its own (environment.py, images.py); a shared workdir's first host, its group's.
+        fields = host_fields(self.run.plan, self.run.run_id, self.lease)
+        manifest = for_groups(manifest, groups)
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
         pushing = deliver(
             self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores

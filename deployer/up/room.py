@@ -3,8 +3,9 @@ the wheels and image layers it will store, and for what they become there, befor
 them is sent (preflight's own check, at the hello, counts the code alone: the wheels are known
 only after resolving, the layers after the image check).
 
-What a host lacks is what it will store: a host whose store was empty at the hello lacks all; a
-host whose free disk could hold every content is not asked; any other host is asked which it
+Each host stores only its own: its environments' wheels, its image's layers (Manifest.needs).
+What it lacks of them is what it will store: a host whose store was empty at the hello lacks
+all; a host whose free disk could hold them all is not asked; any other host is asked which it
 lacks (the `have` op, one round trip, as the push itself asks).
 """
 
@@ -30,20 +31,22 @@ def needed(code_bytes: int, lacking: Sequence[CodeFile]) -> int:
 
 def room_problems(fleet: Fleet, members: Sequence[Member], findings: Findings) -> list[HostError]:
     """Each host without room for the contents it will store; [] when all have it."""
-    extras = findings.manifest.extras
-    if not extras:
+    manifest = findings.manifest
+    if not manifest.extras:
         return []
-    code = findings.manifest.total_bytes
+    code = manifest.total_bytes
+    by_hash = manifest.by_hash()
+    mine = {m.name: [by_hash[s] for s in manifest.extras_for([m.name])] for m in members}
     free = {m.name: int(findings.facts.get(m.name, {}).get("disk_free") or 0) for m in members}  # type: ignore[call-overload]
-    tight = [m for m in members if free[m.name] < needed(code, extras)]
+    tight = [m for m in members if free[m.name] < needed(code, mine[m.name])]
     empty = [m for m in tight if m.name in findings.empty_stores]
     asked = fleet.each(
-        lambda m: m.agent.missing([f.sha256 for f in extras]),
+        lambda m: m.agent.missing([f.sha256 for f in mine[m.name]]),
         [m for m in tight if m not in empty],
         what="asking the hosts' stores failed",
     )
-    lacking = {m.name: list(extras) for m in empty}
-    lacking |= {h: [f for f in extras if f.sha256 in set(miss)] for h, miss in asked.items()}
+    lacking = {m.name: mine[m.name] for m in empty}
+    lacking |= {h: [f for f in mine[h] if f.sha256 in set(miss)] for h, miss in asked.items()}
     problems = []
     for host, lack in sorted(lacking.items()):
         need = needed(code, lack)
