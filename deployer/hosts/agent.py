@@ -181,6 +181,17 @@ class Agent(Channel):
         cleaned: protocol.EnvReply = cleaned_texts(reply)
         return cleaned
 
+    def env_progress(self, env_hash: str, names: Sequence[str]) -> protocol.EnvProgressReply:
+        """How many of `names` (normalized project names) the env being built holds now; asked
+        beside the env op that builds it (a one-shot call: its session is busy)."""
+        request: protocol.EnvProgressRequest = {"hash": env_hash, "names": list(names)}
+        reply = self.ask(protocol.OP_ENV_PROGRESS, protocol.EnvProgressReply, 15, **request)
+        if not 0 <= reply["installed"] <= len(names):
+            raise Edge(self.host, protocol.OP_ENV_PROGRESS).error(
+                "installed", f"is {reply['installed']}, not 0 to {len(names)}"
+            )
+        return reply
+
     def image(self, request: protocol.ImageRequest, timeout: float) -> protocol.ImageReply:
         """The job's image checked (pulled if asked) or loaded here; its texts are printed
         (runtime, platforms): cleaned at the edge like the hello's."""

@@ -31,6 +31,7 @@ from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
 from deployer.envs.wheelhouse import Wheel, Wheelhouse
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.sync import CodeFile, Manifest
+from deployer.up.envprogress import OnProgress, Watch, project
 from remote import interpreters as words_of
 from remote import protocol
 
@@ -242,39 +243,38 @@ class Environments:
         return sorted(found)
 
     def install(
-        self, fleet: Fleet, members: Sequence[Member], run_id: str
+        self,
+        fleet: Fleet,
+        members: Sequence[Member],
+        run_id: str,
+        on_progress: OnProgress | None = None,
     ) -> tuple[dict[str, list[protocol.EnvReply]], list[str]]:
         """The env op on every host with an environment; raises HostsFailed (nothing started)
-        for a build that failed, TensorFlow missing or disagreeing, a task's other Python."""
-        job = self.plan.job
+        for a build that failed, TensorFlow missing or disagreeing, a task's other Python.
+        `on_progress`: each building host's progress, every few seconds (envprogress.py)."""
         with_env = [m for m in members if m.name in self.envs]
+        builds = {
+            host: [
+                (env.hash, [project(w.file) for w in env.wheelhouse.wheels])
+                for env in by_key.values()
+                if env.wheelhouse is not None
+            ]
+            for host, by_key in self.envs.items()
+        }
+        with Watch(with_env, builds, on_progress or (lambda _: None)) as watch:
 
-        def on(member: Member) -> list[protocol.EnvReply]:
-            replies = []
-            words = python_words(self.plan.tasks_on(member.name))
-            for key, env in self.envs[member.name].items():
-                house = env.wheelhouse
-                request: protocol.EnvRequest = {
-                    "run_id": run_id,
-                    "hash": env.hash,
-                    "python": member.agent.python,
-                    "requirements": house.pinned.read_text()
-                    if house
-                    else env.spec.for_target(env.target),
-                    "wheels": [[w.file, w.sha256] for w in env.wheels] if house else [],
-                    "system_site_packages": job.system_site_packages,
-                    # uv: "auto", so a uv binary that does not run there (platform facts that
-                    # lied) falls back to pip rather than failing
-                    "installer": "auto" if env.installer.installer == "uv" else "pip",
-                    "online": house is None,
-                    "words": words,
-                }
-                reply = member.agent.env(request, INSTALL_TIMEOUT_S)
-                self.venvs.setdefault(member.name, {})[key] = reply["venv"]
-                replies.append(reply)
-            return replies
+            def each(member: Member) -> list[protocol.EnvReply]:
+                try:
+                    return self._install_on(member, run_id)
+                finally:
+                    watch.done(member.name)
 
-        done = fleet.each(on, with_env, what="installing the job's environment failed")
+            done = fleet.each(each, with_env, what="installing the job's environment failed")
+        return done, self._problems(done)
+
+    def _problems(self, done: Mapping[str, Sequence[protocol.EnvReply]]) -> list[str]:
+        """Raises HostsFailed for what must stop the run; the warnings to print."""
+        job = self.plan.job
         problems: list[HostError] = []
         warnings: list[str] = []
         for host, replies in done.items():
@@ -286,7 +286,34 @@ class Environments:
         problems += _tensorflow_problems(job, done)
         if problems:
             raise HostsFailed(problems)
-        return done, warnings
+        return warnings
+
+    def _install_on(self, member: Member, run_id: str) -> list[protocol.EnvReply]:
+        """The env op for each of the host's environments, in turn."""
+        job = self.plan.job
+        replies = []
+        words = python_words(self.plan.tasks_on(member.name))
+        for key, env in self.envs[member.name].items():
+            house = env.wheelhouse
+            request: protocol.EnvRequest = {
+                "run_id": run_id,
+                "hash": env.hash,
+                "python": member.agent.python,
+                "requirements": house.pinned.read_text()
+                if house
+                else env.spec.for_target(env.target),
+                "wheels": [[w.file, w.sha256] for w in env.wheels] if house else [],
+                "system_site_packages": job.system_site_packages,
+                # uv: "auto", so a uv binary that does not run there (platform facts that
+                # lied) falls back to pip rather than failing
+                "installer": "auto" if env.installer.installer == "uv" else "pip",
+                "online": house is None,
+                "words": words,
+            }
+            reply = member.agent.env(request, INSTALL_TIMEOUT_S)
+            self.venvs.setdefault(member.name, {})[key] = reply["venv"]
+            replies.append(reply)
+        return replies
 
     def where(self, task: Task) -> dict[str, str]:
         """What the task runs in: its environment's venv, or the host python's directory."""

@@ -16,13 +16,14 @@ from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
 from deployer.up.environment import Environments, for_groups, uses_requirements, with_extras
+from deployer.up.envprogress import InstallProgress
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
 from deployer.up.room import room_problems
 from deployer.up.teardown import Teardown
 from deployer.watch.runstate import RunState
-from deployer.watch.view import Display
+from deployer.watch.view import Display, PlainView
 
 
 class Preparation:
@@ -129,7 +130,9 @@ class Preparation:
         if self.environment.any:
             hosts = [m for m in self.members if m.name in self.environment.envs]
             self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
-            done, warnings = self.environment.install(self.fleet, hosts, self.run.run_id)
+            done, warnings = self.environment.install(
+                self.fleet, hosts, self.run.run_id, self._install_progress
+            )
             for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
                 self.view.step(line)
         for line in self.images.load(self.fleet, self.members, self.run.run_id):
@@ -138,6 +141,14 @@ class Preparation:
             t.name: {**self.environment.where(t), **self.images.where(t)}
             for t in self.run.plan.tasks
         }
+
+    def _install_progress(self, progress: InstallProgress) -> None:
+        """A host's install progress: a plain line when piped (every few seconds per host);
+        on a terminal the live view's status line, not the scrollback."""
+        if isinstance(self.view, PlainView):
+            self.view.step(progress.line())
+        else:
+            self.view.phase(progress.line())
 
     def push(
         self,

@@ -157,3 +157,25 @@ def test_a_host_without_room_for_the_wheels_is_refused_before_any_byte_is_sent(
     assert "pushed" not in said and "Traceback" not in said, said
     stored = lab.run(small_host, f"ls -A {WORKDIR}/store 2>/dev/null | wc -l").stdout.strip()
     assert stored == "0", stored  # nothing was sent
+
+
+def test_a_building_host_reports_its_progress_in_wheels_every_few_seconds(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    # pip (ensurepip first, then one project after the other) takes seconds here: the
+    # progress lines come while it runs, counted in the environment's own wheels.
+    names = [f"tinymany{i}" for i in range(20)]
+    for name in names:
+        make_wheel(index, name, "1.0", files={f"{name}.bin": os.urandom(256 << 10)})
+    code, job = _job(tmp_path, "tinypkg==1.0\n" + "".join(f"{n}==1.0\n" for n in names))
+    job["installer"] = "pip"
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
+    said = re.findall(r"^tfdeploy: installing on (\S+): (\d+) of (\d+) wheels, (\d+) s$", out, re.M)
+    assert said, out
+    assert all(total == "22" and 0 <= int(done) <= 22 for _, done, total, _ in said), said
+    seconds = [int(s) for _, _, _, s in said]
+    assert seconds == sorted(seconds), said
+    # A warm up reuses the venv at once: no progress to report.
+    again = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
+    assert "installing on" not in again and "environment reused on" in again, again
