@@ -32,18 +32,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import report
 from bench.__main__ import _fmt_bytes
-from bench.env_arms import Arms, Sample, pip_download, wheelhouse_bytes
+from bench.env_arms import WORKDIR, Arms, Sample, pip_download, wheelhouse_bytes
 from bench.fanout import check_cap
 from bench.report import tee_to
 from bench.tools import BenchError, make_tmp
@@ -147,6 +148,41 @@ class CellResult:
     count: int  # its wheels
     one_copy: list[float]
     cap: str
+    imports: list[str] = field(default_factory=list)  # the tf set's import-time diagnosis
+
+
+# What the first step waits on before training: the imports of examples/digits, timed by the
+# interpreter itself (-X importtime), and whether its bytecode is written or found.
+IMPORTS = (
+    "import sys, time; t = time.monotonic(); import keras, tensorflow, sklearn; "
+    "print(round(time.monotonic() - t, 2), sys.flags.dont_write_bytecode)"
+)
+
+
+def import_times(lab: Lab, host: LabHost) -> list[str]:
+    """One host, nothing else running: `import keras, tensorflow, sklearn` with the lab's
+    shared venv (the no-requirements arm's python) and with the job's venv, twice each (the
+    first pays the page cache), and the slowest imports of the second."""
+    venvs = lab.run(host, f"ls -d {WORKDIR}/envs/*/bin/python 2>/dev/null").stdout.split()
+    said = []
+    for label, python in (("shared /opt venv", lab.python), ("the job's venv", venvs[:1])):
+        if not python:
+            continue
+        py = python if isinstance(python, str) else python[0]
+        runs = [lab.run(host, f"{py} -c {shlex.quote(IMPORTS)}", timeout=600) for _ in range(2)]
+        first, second = (r.stdout.strip() or r.stderr.strip()[-200:] for r in runs)
+        top = lab.run(
+            host,
+            f"{py} -X importtime -c 'import keras, tensorflow, sklearn' 2>&1 | "
+            "sort -t'|' -k2 -n | tail -3 | cut -c1-120",
+            timeout=600,
+        ).stdout.strip()
+        said.append(
+            f"{label} ({py}): import keras, tensorflow, sklearn {first.split()[0]} s cold, "
+            f"{second.split()[0]} s again (dont_write_bytecode {second.split()[-1]}); slowest: "
+            + "; ".join(" ".join(line.split()) for line in top.splitlines())
+        )
+    return said
 
 
 def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: str) -> CellResult:
@@ -173,6 +209,8 @@ def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: 
             s = _one(bench, arm, hosts, state, cell)
             res.samples[arm].append(s)
             _log(f"{cell.title}, rep {rep + 1}: {arm} {_fmt_sample(s)}")
+        if cell.set == "tf" and rep == 0:
+            res.imports = import_times(lab, hosts[0])
         bench.reset_tfdeploy(hosts)
         shutil.rmtree(state, ignore_errors=True)
     return res
@@ -314,6 +352,7 @@ def cell_notes(res: CellResult, cell: Cell) -> list[str]:
             )
     if res.cap:
         notes.append(f"cap checked before the runs (one TCP stream each): {res.cap}")
+    notes += [f"first step's imports, {said}" for said in res.imports]
     return notes
 
 

@@ -23,7 +23,7 @@ from deployer.up.records import host_fields, keep_record
 from deployer.up.room import room_problems
 from deployer.up.teardown import Teardown
 from deployer.watch.runstate import RunState
-from deployer.watch.view import Display, PlainView
+from deployer.watch.view import Display, LiveView
 
 
 class Preparation:
@@ -143,12 +143,12 @@ class Preparation:
         }
 
     def _install_progress(self, progress: InstallProgress) -> None:
-        """A host's install progress: a plain line when piped (every few seconds per host);
-        on a terminal the live view's status line, not the scrollback."""
-        if isinstance(self.view, PlainView):
-            self.view.step(progress.line())
-        else:
+        """A host's install progress: a plain line (every few seconds per host), except on a
+        terminal's live view, whose status line shows it instead of the scrollback."""
+        if _is_live(self.view):
             self.view.phase(progress.line())
+        else:
+            self.view.step(progress.line())
 
     def push(
         self,
@@ -192,3 +192,15 @@ class Preparation:
         skipped = [n for n, r in ran.items() if not r]
         if skipped:
             self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
+
+
+def _is_live(view: object) -> bool:
+    """Whether a LiveView draws the events (through the wrappers that mask, steady, adapt or
+    defer a view: each holds the one it wraps as `view` or `_view`)."""
+    for _ in range(8):
+        if isinstance(view, LiveView):
+            return True
+        view = getattr(view, "view", None) or getattr(view, "_view", None)
+        if view is None:
+            return False
+    return False
