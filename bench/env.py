@@ -32,18 +32,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import report
 from bench.__main__ import _fmt_bytes
-from bench.env_arms import Arms, Sample, pip_download, wheelhouse_bytes
+from bench.env_arms import WORKDIR, Arms, Sample, pip_download, wheelhouse_bytes
 from bench.fanout import check_cap
 from bench.report import tee_to
 from bench.tools import BenchError, make_tmp
@@ -77,13 +78,19 @@ SETS = {
     "sklearn": EnvSet("scikit-learn (NumPy, SciPy)", "scikit-learn\n", SKLEARN),
     "tf": EnvSet("examples/digits/requirements.txt (tensorflow-cpu, scikit-learn)", "", None),
 }
-ARMS = {  # name: the row's label
+ARMS = {  # name: the row's label, in the order they run
     "by-hand": "by hand (download, rsync, pip install --no-index)",
-    "tfdeploy": "tfdeploy up, cold",
+    "tfdeploy": "tfdeploy up, cold (uv, the default)",
     "warm": "tfdeploy up, warm (unchanged environment)",
+    "changed": "tfdeploy up, one small requirement added (warm hosts)",
     "no-reqs": "tfdeploy up, no requirements (packages already on the hosts)",
+    "tfdeploy-pip": 'tfdeploy up, cold, installer = "pip"',
 }
-ONLY = {"by-hand": ["by-hand"], "tfdeploy": ["tfdeploy", "warm", "no-reqs"]}
+ONLY = {
+    "by-hand": ["by-hand"],
+    "tfdeploy": ["tfdeploy", "warm", "changed", "no-reqs", "tfdeploy-pip"],
+}
+CHANGED = "six==1.17.0"  # the requirement the `changed` arm adds: one small pure wheel
 DEFAULT_CELLS = "small@1,small@4,tf@4,capped:sklearn@16,capped:tf@4"
 MWMS_ARGS = "mwms.py --epochs 1 --checkpoint-dir="
 
@@ -125,6 +132,12 @@ def make_code(tmp: Path, name: str) -> tuple[Path, str]:
     return code, "python3 train.py"
 
 
+def add_changed(code: Path) -> None:
+    """requirements-changed.txt: the set's requirements and one small package more."""
+    text = (code / "requirements.txt").read_text()
+    (code / "requirements-changed.txt").write_text(text.rstrip("\n") + f"\n{CHANGED}\n")
+
+
 # -- running a cell -------------------------------------------------------------------------------
 
 
@@ -135,11 +148,47 @@ class CellResult:
     count: int  # its wheels
     one_copy: list[float]
     cap: str
+    imports: list[str] = field(default_factory=list)  # the tf set's import-time diagnosis
+
+
+# What the first step waits on before training: the imports of examples/digits, timed by the
+# interpreter itself (-X importtime), and whether its bytecode is written or found.
+IMPORTS = (
+    "import sys, time; t = time.monotonic(); import keras, tensorflow, sklearn; "
+    "print(round(time.monotonic() - t, 2), sys.flags.dont_write_bytecode)"
+)
+
+
+def import_times(lab: Lab, host: LabHost) -> list[str]:
+    """One host, nothing else running: `import keras, tensorflow, sklearn` with the lab's
+    shared venv (the no-requirements arm's python) and with the job's venv, twice each (the
+    first pays the page cache), and the slowest imports of the second."""
+    venvs = lab.run(host, f"ls -d {WORKDIR}/envs/*/bin/python 2>/dev/null").stdout.split()
+    said = []
+    for label, python in (("shared /opt venv", lab.python), ("the job's venv", venvs[:1])):
+        if not python:
+            continue
+        py = python if isinstance(python, str) else python[0]
+        runs = [lab.run(host, f"{py} -c {shlex.quote(IMPORTS)}", timeout=600) for _ in range(2)]
+        first, second = (r.stdout.strip() or r.stderr.strip()[-200:] for r in runs)
+        top = lab.run(
+            host,
+            f"{py} -X importtime -c 'import keras, tensorflow, sklearn' 2>&1 | "
+            "sort -t'|' -k2 -n | tail -3 | cut -c1-120",
+            timeout=600,
+        ).stdout.strip()
+        said.append(
+            f"{label} ({py}): import keras, tensorflow, sklearn {first.split()[0]} s cold, "
+            f"{second.split()[0]} s again (dont_write_bytecode {second.split()[-1]}); slowest: "
+            + "; ".join(" ".join(line.split()) for line in top.splitlines())
+        )
+    return said
 
 
 def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: str) -> CellResult:
     hosts = lab.hosts[: cell.hosts]
     code, command = make_code(tmp, cell.set)
+    add_changed(code)
     bench = Arms(lab, tmp, code, command, tf=cell.set == "tf")
     wh = tmp / f"wheels-{cell.set}"  # untimed: the wheelhouse's size, and what scp copies
     if not wh.exists():
@@ -160,6 +209,8 @@ def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: 
             s = _one(bench, arm, hosts, state, cell)
             res.samples[arm].append(s)
             _log(f"{cell.title}, rep {rep + 1}: {arm} {_fmt_sample(s)}")
+        if cell.set == "tf" and rep == 0:
+            res.imports = import_times(lab, hosts[0])
         bench.reset_tfdeploy(hosts)
         shutil.rmtree(state, ignore_errors=True)
     return res
@@ -169,9 +220,18 @@ def _one(bench: Arms, arm: str, hosts: list[LabHost], state: Path, cell: Cell) -
     if arm == "by-hand":
         return bench.by_hand(hosts)
     name = f"{cell.set}-{cell.hosts}-{arm}"
-    inventory = bench.inventory(hosts, name, requirements=arm != "no-reqs")
-    if arm == "tfdeploy":
+    inventory = bench.inventory(
+        hosts,
+        name,
+        requirements={"no-reqs": None, "changed": "requirements-changed.txt"}.get(
+            arm, "requirements.txt"
+        ),
+        installer="pip" if arm == "tfdeploy-pip" else None,
+    )
+    if arm in ("tfdeploy", "tfdeploy-pip"):
         bench.reset_tfdeploy(hosts)
+    if arm == "tfdeploy-pip":  # cold here too: a state (and so a wheel cache) of its own
+        state = state.with_name(state.name + "-pip")
     return bench.tfdeploy(inventory, hosts, state)
 
 
@@ -261,16 +321,25 @@ def cell_notes(res: CellResult, cell: Cell) -> list[str]:
     if res.one_copy:
         copy = statistics.median(res.one_copy)
         notes.append(f"one uplink copy (scp -r of the wheelhouse to one host): {copy:.1f} s")
-        for arm in ("by-hand", "tfdeploy"):
+        for arm in ("by-hand", "tfdeploy", "tfdeploy-pip"):
             sent = span(arm, "resolve", "send")
             if sent is not None:
                 notes.append(f"{ARMS[arm]}: send ÷ one uplink copy {_ratio(sent, copy)}")
-    used = {x.installer for x in s.get("tfdeploy", []) if x.installer}
-    if used:
-        notes.append(f"tfdeploy's installer on the hosts (its output): {', '.join(sorted(used))}")
-    install = [span(a, "send", "install") for a in ("tfdeploy", "by-hand")]
-    if None not in install:
-        notes.append(f"install, tfdeploy ÷ by hand: {_ratio(install[0], install[1])}")
+    for arm in ("tfdeploy", "changed", "tfdeploy-pip"):
+        used = {x.installer for x in s.get(arm, []) if x.installer}
+        if used:
+            notes.append(f"{ARMS[arm]}: installer on the hosts (its output) {'/'.join(used)}")
+    for arm in ("tfdeploy", "tfdeploy-pip"):
+        install = [span(a, "send", "install") for a in (arm, "by-hand")]
+        if None not in install:
+            notes.append(f"install, {ARMS[arm]} ÷ by hand: {_ratio(install[0], install[1])}")
+    changed = span("changed", "send", "install")
+    if changed is not None:
+        resolving = _secs(span("changed", "preflight", "resolve"))
+        notes.append(
+            f"one requirement added ({CHANGED}) on warm hosts: environment ready (install "
+            f"phase) in {changed:.1f} s; resolving it here {resolving}"
+        )
     if s.get("warm") and s.get("no-reqs"):
         added = [_diff(end("warm", p), end("no-reqs", p)) for p in ("running", "first")]
         if None not in added:
@@ -283,6 +352,7 @@ def cell_notes(res: CellResult, cell: Cell) -> list[str]:
             )
     if res.cap:
         notes.append(f"cap checked before the runs (one TCP stream each): {res.cap}")
+    notes += [f"first step's imports, {said}" for said in res.imports]
     return notes
 
 

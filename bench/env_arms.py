@@ -235,7 +235,14 @@ class Arms:
 
     # -- tfdeploy ---------------------------------------------------------------------------------
 
-    def inventory(self, hosts: list[LabHost], name: str, *, requirements: bool) -> Path:
+    def inventory(
+        self,
+        hosts: list[LabHost],
+        name: str,
+        *,
+        requirements: str | None,
+        installer: str | None = None,
+    ) -> Path:
         job: dict[str, object] = {
             "code": str(self.code),
             "name": "envbench",
@@ -243,7 +250,9 @@ class Arms:
             "require_tensorflow": self.tf,
         }
         if requirements:
-            job["requirements"] = "requirements.txt"
+            job["requirements"] = requirements
+        if installer:
+            job["installer"] = installer
         # Without requirements the job runs in the lab's own venv (/opt: every host sees it),
         # which holds every set's packages: the same job on hosts that already have them.
         return self.lab.write_inventory(

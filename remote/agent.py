@@ -410,6 +410,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_PRUNE: _deferred("prune", "op_prune"),
     protocol.OP_ENVIRONMENT: _deferred("envop", "op_env"),
     protocol.OP_IMAGE: _deferred("imageop", "op_image"),
+    protocol.OP_ENV_PROGRESS: _deferred("envop", "op_env_progress"),
 }
 
 

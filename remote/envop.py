@@ -10,6 +10,7 @@ task's first word is the venv's interpreter once the venv is activated.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -48,14 +49,15 @@ def op_env(req: dict[str, Any]) -> protocol.EnvReply:
         raise params.AgentError("words must be strings")
     try:
         venv = venvs.env_path(workdir, env_hash)
-        found = venvs.link_wheels(workdir / "store", wheels, venv.with_name(f"{venv.name}.wheels"))
+        here = hostid.identity()
+        found = venvs.link_wheels(workdir / "store", wheels, venvs.wheels_dir(workdir, here))
         result = venvs.ensure(
             workdir,
             env_hash,
             python=python,
             requirements=requirements,
             wheels=found,
-            host_id=hostid.identity(),
+            host_id=here,
             run_id=run_id,
             system_site_packages=params.param(req, "system_site_packages", bool, False),
             installer=installer,
@@ -75,6 +77,30 @@ def op_env(req: dict[str, Any]) -> protocol.EnvReply:
         "tensorflow": tensorflow,
         "interpreters": interpreters.answer(str(venv / "bin" / "python"), words, path),
     }
+
+
+def op_env_progress(req: dict[str, Any]) -> protocol.EnvProgressReply:
+    """How far a build of the env is: which of its projects the venv holds (their .dist-info,
+    which pip and uv alike write as each project is installed). Read from the file system, so
+    it answers while the env op that builds runs on another session."""
+    venv = venvs.env_path(layout.workdir_path(req), params.param(req, "hash", str))
+    names = params.param(req, "names", list)
+    if not all(isinstance(n, str) for n in names):
+        raise params.AgentError("names must be strings")
+    found = set()
+    for site in venv.glob("lib/python*/site-packages"):
+        try:
+            entries = os.listdir(str(site))
+        except OSError:
+            continue
+        found |= {normalized(e.split("-", 1)[0]) for e in entries if e.endswith(".dist-info")}
+    return {"installed": len(found & set(names)), "complete": venvs.is_complete(venv)}
+
+
+def normalized(name: str) -> str:
+    """A project's name as wheel and .dist-info names spell it, compared: lower case, every run
+    of `-`, `_`, `.` as one `_`."""
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def _wheel(item: Any) -> tuple[str, str]:

@@ -117,10 +117,11 @@ def uv_install(
     uv: Path, venv: Path, wheels: Path, reqs: Path, cache: Path, on_start: Callable[[int], None]
 ) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-    # A cache of this build alone, beside the venv (so uv hard-links from it): uv's cache locks
-    # are file locks, which a shared NFS/EFS home cannot be trusted with.
+    # This host's own cache (venvs.uv_cache), on the venv's file system so uv hard-links from
+    # it: wheels an earlier environment unpacked are linked, not unpacked again.
     env.update(UV_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
     argv = [str(uv), "pip", "install", "--offline", "--no-index", "--no-config"]
+    argv += ["--link-mode", "hardlink", "--compile-bytecode"]
     argv += ["--find-links", str(wheels), "--python", str(venv / "bin" / "python")]
     argv += ["-r", str(reqs)]
     return run(argv, env, on_start)

@@ -61,15 +61,23 @@ def op_peers(req: dict[str, Any]) -> protocol.PeersReply:
         seconds = min(float(params.param(req, "seconds", (int, float), 120.0)), MAX_SERVE_S)
         store_dir = layout.make_private_dir(workdir / "store")
         secret = secret_of(req)
+        only = only_of(req)
         # The relay listens on a TF port, where the network check's stand-in may still be: a
         # host whose store was empty gets this as its first request after preflight.
         layout.stop_stand_ins(req, run_id)
-        return {"pid": listen(record, store_dir, address, port, secret, next_hop, seconds)}
+        return {"pid": listen(record, store_dir, address, port, secret, next_hop, seconds, only)}
     if action == protocol.PEERS_SEED:
         return seed(req, workdir)
     if action == protocol.PEERS_CLOSE:
         return {"closed": daemon.stop(record)}
     raise params.AgentError(f"peers action must be relay, seed or close, not {action!r}")
+
+
+def only_of(req: dict[str, Any]) -> set[str] | None:
+    """`store`: the contents this host keeps of the stream (absent: all of them); the others
+    it checks and passes on to the next host without writing them."""
+    kept = params.param(req, "store", list, None)
+    return None if kept is None else {params.check_hash(h) for h in kept}
 
 
 def secret_of(req: dict[str, Any]) -> bytes:
@@ -103,6 +111,7 @@ def listen(
     secret: bytes,
     next_hop: tuple[str, int] | None,
     seconds: float,
+    only: set[str] | None = None,
 ) -> int:
     """Binds address:port (the cluster address only, never the wildcard), then waits in a
     detached process for the one stream of this push."""
@@ -117,7 +126,7 @@ def listen(
         sock.close()
         raise params.AgentError(f"cannot listen on {address}:{port}: {exc.strerror}") from None
     deadline = time.monotonic() + seconds
-    serve = lambda: _accept(sock, store_dir, secret, next_hop, deadline)  # noqa: E731
+    serve = lambda: _accept(sock, store_dir, secret, next_hop, deadline, only)  # noqa: E731
     pid = daemon.spawn(record, serve)
     sock.close()
     return pid
@@ -129,6 +138,7 @@ def _accept(
     secret: bytes,
     next_hop: tuple[str, int] | None,
     deadline: float,
+    only: set[str] | None = None,
 ) -> None:
     """Answers connections until one proves the secret and streams; strangers learn nothing.
 
@@ -144,7 +154,7 @@ def _accept(
             except OSError:
                 continue
             try:
-                if _relay_one(conn, store_dir, secret, next_hop):
+                if _relay_one(conn, store_dir, secret, next_hop, only):
                     break
             except (OSError, ValueError, params.AgentError):
                 pass  # the sender sees the connection end and its hosts get the star push
@@ -157,7 +167,11 @@ def _accept(
 
 
 def _relay_one(
-    conn: socket.socket, store_dir: Path, secret: bytes, next_hop: tuple[str, int] | None
+    conn: socket.socket,
+    store_dir: Path,
+    secret: bytes,
+    next_hop: tuple[str, int] | None,
+    only: set[str] | None = None,
 ) -> bool:
     """One stream: checks the sender's proof, stores and forwards, answers. False for a
     connection that did not prove the secret (the listener waits on for the real one)."""
@@ -169,7 +183,7 @@ def _relay_one(
     if not hmac.compare_digest(proof, _proof(secret, nonce).encode()):
         return False
     blobs = json.loads(header.decode()).get("blobs", [])
-    reply = receive(store_dir, blobs, reader, secret, next_hop)
+    reply = receive(store_dir, blobs, reader, secret, next_hop, only)
     conn.sendall(json.dumps(reply).encode() + b"\n")
     return True
 
@@ -180,13 +194,15 @@ def receive(
     stream: BinaryIO,
     secret: bytes,
     next_hop: tuple[str, int] | None,
+    only: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Stores `blobs` from `stream`, forwarding every piece to `next_hop` as it comes; returns
-    this host's outcome followed by those of the hosts after it."""
+    """Stores `blobs` from `stream` (those in `only`, when given), forwarding every piece to
+    `next_hop` as it comes; returns this host's outcome followed by those of the hosts after
+    it."""
     forward = Forward(next_hop, secret, blobs) if next_hop is not None else None
     error = ""
     try:
-        store.receive(store_dir, blobs, stream, forward.send if forward else None)
+        store.receive(store_dir, blobs, stream, forward.send if forward else None, only)
     except (OSError, ValueError, params.AgentError) as exc:
         error = str(exc)
     mine = {"host": hostid.identity(), "error": error}
@@ -200,7 +216,7 @@ def seed(req: dict[str, Any], workdir: Path) -> dict[str, Any]:
     forward = Forward(hop_of(params.param(req, "next", list)), secret_of(req), blobs)
     store_dir = layout.make_private_dir(workdir / "store")
     try:
-        store.receive(store_dir, blobs, sys.stdin.buffer, forward.send)
+        store.receive(store_dir, blobs, sys.stdin.buffer, forward.send, only_of(req))
     except (OSError, ValueError, params.AgentError) as exc:
         forward.close()  # the hosts after this one see their stream end early
         raise params.StreamError(str(exc)) from exc

@@ -34,6 +34,7 @@ OP_PEERS: Final = "peers"
 OP_PRUNE: Final = "prune"
 OP_ENVIRONMENT: Final = "env"
 OP_IMAGE: Final = "image"
+OP_ENV_PROGRESS: Final = "envprogress"
 OPS: Final = (
     OP_HELLO,
     OP_HAVE,
@@ -55,6 +56,7 @@ OPS: Final = (
     OP_PRUNE,
     OP_ENVIRONMENT,
     OP_IMAGE,
+    OP_ENV_PROGRESS,
 )
 
 # The "action" of the ops that have several: firewall, netcheck, peers.
@@ -649,6 +651,7 @@ class PeersRequest(PeersBase, total=False):
     next: list[Any] | None  # relay, seed: [address, port], or None (the last relay)
     seconds: float  # relay
     blobs: list[list[Any]]  # seed
+    store: list[str]  # relay, seed: the contents this host keeps (absent: all); others pass on
 
 
 class PeersPidReply(TypedDict):
@@ -700,6 +703,16 @@ class EnvRequest(EnvBase, total=False):
     installer: str  # "auto" (uv when its wheel is among the wheels), "uv", "pip"
     online: bool  # wheels_from = "hosts": the host's pip and its configuration, online
     words: list[str]  # first words of the tasks' commands to compare (see interpreters)
+
+
+class EnvProgressRequest(TypedDict):
+    hash: str  # the environment being built (WORKDIR/envs/<hash>/)
+    names: list[str]  # the projects it installs, normalized (lower case, runs of -_. as _)
+
+
+class EnvProgressReply(TypedDict):
+    installed: int  # how many of `names` the venv holds now (a .dist-info of theirs)
+    complete: bool  # the venv is built (its marker is there)
 
 
 class EnvReply(TypedDict):

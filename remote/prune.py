@@ -99,6 +99,8 @@ def _prune(
     tally.running += sorted(reservations.claims(workdir))  # pushing: no folder to judge yet
     users = _run_ids(workdir, gone)
     _prune_envs(workdir, users, now, grace, dry, tally)
+    if tally.environments:
+        _prune_host_wheels(workdir, dry, tally, unlinked)
     _prune_store(workdir / "store", store, unlinked, now, grace, dry, tally)
 
 
@@ -241,6 +243,28 @@ def _remove_env(envs: Path, venv: Path, users: set[str], now: float, grace: floa
             return False
     shutil.rmtree(str(grave), ignore_errors=True)
     return True
+
+
+def _prune_host_wheels(workdir: Path, dry: bool, tally: _Tally, unlinked: Counter[Inode]) -> None:
+    """This host's wheel directory and uv cache (venvs.wheels_dir, venvs.uv_cache) go with
+    the environments they served: they only speed up builds (a later build links its wheels
+    again from the store, which its push refilled). The cache's bytes freed are those no venv
+    links; the wheel directory's links are the store's, so its contents may go too. Left alone
+    while any build holds an env lock."""
+    here = hostid.identity()
+    envs = venvs.envs_dir(workdir)
+    if any(p.name.endswith(".lock") for p in _dirs(envs)):
+        return
+    for path in (venvs.uv_cache(workdir, here), venvs.wheels_dir(workdir, here)):
+        if not path.is_dir():
+            continue
+        freed, links = _walk(path)
+        tally.bytes += freed
+        unlinked.update(links)
+        if not dry:
+            grave = path.with_name(f"{GRAVE}{path.name}-{os.urandom(4).hex()}")
+            os.rename(str(path), str(grave))
+            shutil.rmtree(str(grave), ignore_errors=True)
 
 
 def _store_entries(store: Path) -> dict[str, os.stat_result]:

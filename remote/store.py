@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Collection
 
 import hashing
 import hostid
@@ -96,13 +96,16 @@ def receive(
     blobs: list[Any],
     stream: BinaryIO,
     tee: Callable[[bytes], None] | None = None,
+    only: Collection[str] | None = None,
 ) -> None:
     """Stores contents sent raw after the request line, each checked against its hash.
 
     One stream per host instead of one SFTP open/write/close/rename per file: with hundreds of
     small files the round trips, not the bytes, were the cost. Each content is copied through
     in CHUNK pieces and hashed as it arrives, so a 1 GB file needs 1 MB of memory here; `tee`
-    gets every piece too (the fan-out's next host), contents already here included.
+    gets every piece too (the fan-out's next host), contents already here included. `only`:
+    the contents this host keeps; the others are checked and passed on, never written here
+    (the fan-out relays what other hosts need through hosts that do not).
     """
     for item in blobs:
         if not (
@@ -115,7 +118,8 @@ def receive(
             )
         digest, size = params.check_hash(item[0]), item[1]
         mode = _mode(item[2]) if len(item) == 3 else DEFAULT_MODE
-        if (store / digest).is_file():  # stored meanwhile (another host): read, not written
+        if (only is not None and digest not in only) or (store / digest).is_file():
+            # relayed only, or stored meanwhile (another host): read, not written
             _copy_through(stream, size, digest, None, tee)
         else:
             fill = functools.partial(

@@ -38,6 +38,8 @@ import sharedlock
 
 COMPLETE = ".complete"
 USES = ".uses"
+UV_CACHE = "uv-cache"
+WHEELS = "wheels"
 INSTALLERS = ("auto", "uv", "pip")
 _HASH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _WHEEL_RE = re.compile(r"[A-Za-z0-9_.+!-]+\.whl")
@@ -63,6 +65,15 @@ def env_path(workdir: Path, env_hash: str) -> Path:
     return envs_dir(workdir) / env_hash
 
 
+def uv_cache(workdir: Path, host_id: str) -> Path:
+    """This host's uv cache, WORKDIR/hosts/<host>/uv-cache: a new environment that shares
+    wheels with an earlier one links them from here instead of unpacking them again. One per
+    host, never shared across hosts of a shared workdir: uv's cache locks are file locks, which
+    an NFS/EFS home cannot be trusted with across machines. Only a speed-up: prune may empty
+    it at any time a build does not hold it (prune.py)."""
+    return workdir / "hosts" / host_id / UV_CACHE
+
+
 def is_complete(venv: Path) -> bool:
     """Built to the end. Listing the directory first makes an NFS client revalidate it, so a
     marker another host wrote a moment ago is seen (close-to-open consistency)."""
@@ -72,21 +83,42 @@ def is_complete(venv: Path) -> bool:
         return False
 
 
+def wheels_dir(workdir: Path, host_id: str) -> Path:
+    """This host's wheel directory, WORKDIR/hosts/<host>/wheels: every environment's wheels
+    under their file names, hard links into the store. One directory for all environments,
+    because uv's cache knows a `--find-links` wheel by its directory: a second environment that
+    names the same wheel in the same directory links it from the cache (uv_cache); named from
+    another directory, uv unpacks it again. The pinned requirements (name==version, hash) pick
+    each environment's own wheels among the others'."""
+    return workdir / "hosts" / host_id / WHEELS
+
+
 def link_wheels(store: Path, wheels: Sequence[tuple[str, str]], dest: Path) -> Path:
     """A directory of the wheels [(file name, sha256)], hard links into the store (copies where
-    the file system has none), for `--find-links`."""
+    the file system has none), for `--find-links`. A name already there for other bytes (a
+    local wheel rebuilt under the same version) is replaced."""
     dest.mkdir(parents=True, exist_ok=True)
     for name, digest in wheels:
         if not _WHEEL_RE.fullmatch(name) or name.startswith("."):
             raise EnvError(f"{name!r} is not a wheel file name")
+        source, target = store / digest, dest / name
         try:
-            os.link(str(store / digest), str(dest / name))
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                raise EnvError(f"the store lacks the wheel {name} ({digest[:12]})") from exc
-            shutil.copyfile(str(store / digest), str(dest / name))
+            held = os.stat(str(source))
+        except FileNotFoundError:
+            raise EnvError(f"the store lacks the wheel {name} ({digest[:12]})") from None
+        with contextlib.suppress(FileNotFoundError):
+            there = os.stat(str(target))
+            if (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino) or (
+                there.st_size,
+                there.st_mtime_ns,
+            ) == (held.st_size, held.st_mtime_ns):
+                continue  # this content (its link, or its copy with the store's mtime)
+        tmp = dest / f".{name}.{os.getpid()}.{os.urandom(3).hex()}"
+        try:
+            os.link(str(source), str(tmp))
+        except OSError:
+            shutil.copy2(str(source), str(tmp))
+        os.replace(str(tmp), str(target))
     return dest
 
 
@@ -198,7 +230,8 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         if spec.system_site_packages and base_sites:
             _see_base_venv(spec.venv, version, base_sites)
         if uv is not None:
-            installers.uv_install(uv, spec.venv, spec.wheels, reqs, spec.work / "uv-cache", started)
+            cache = uv_cache(spec.venv.parent.parent, host_id)
+            installers.uv_install(uv, spec.venv, spec.wheels, reqs, cache, started)
         else:
             installers.pip_install(spec.venv, spec.wheels, reqs, started, spec.online)
         lock.check()

@@ -251,7 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     prune = subparsers.add_parser(
         "prune", help="free the hosts of old runs, and of the contents and environments no run uses"
     )
-    prune.add_argument("inventory", help="inventory TOML file")
+    prune.add_argument("inventory", nargs="?", help="inventory TOML file (not with --local)")
+    prune.add_argument(
+        "--local",
+        action="store_true",
+        help="free this machine's caches instead (resolved environments, saved images) of what "
+        "no recent run uses",
+    )
     prune.add_argument(
         "--keep", type=_count(0), default=3, help="runs of each job kept on each host (3)"
     )

@@ -193,6 +193,22 @@ def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
 def prune_verb(args: argparse.Namespace, env: Env) -> int:
     from deployer.api.prune import DEFAULT_GRACE_S, parse_age, parse_grace, prune, summary
 
+    if args.local == (args.inventory is not None):
+        raise UsageError(
+            "prune takes an inventory (its hosts) or --local (this machine's caches)",
+            hint="tfdeploy prune INVENTORY, or tfdeploy prune --local",
+        )
+    if args.local:
+        from deployer.api.prune_local import prune_local
+
+        prune_local(
+            keep=args.keep,
+            older_than=parse_age(args.older_than) if args.older_than else None,
+            dry_run=args.dry_run,
+            grace=parse_grace(args.grace) if args.grace else DEFAULT_GRACE_S,
+            say=functools.partial(_say, env),
+        )
+        return ExitStatus.OK
     result = prune(
         args.inventory,
         keep=args.keep,

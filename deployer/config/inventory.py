@@ -29,6 +29,7 @@ from deployer.config.model import (
     Host,
     HostSettings,
     ImageFrom,
+    Installer,
     Job,
     NetcheckMode,
     Requirements,
@@ -254,6 +255,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         wheels_from=WheelsFrom(
             t.choice("wheels_from", [w.value for w in WheelsFrom], _JOB.wheels_from)
         ),
+        installer=Installer(t.choice("installer", [i.value for i in Installer], _JOB.installer)),
         image=_image(t, "image"),
         role_images=_role_images(t),
         image_from=ImageFrom(t.choice("image_from", [w.value for w in ImageFrom], _JOB.image_from)),

@@ -101,6 +101,13 @@ class WheelsFrom(StrEnum):
     HOSTS = "hosts"  # each host's own pip, index or mirror (online), its own configuration
 
 
+class Installer(StrEnum):
+    """What builds an environment's venv on the hosts (docs/environments.md#pip-or-uv)."""
+
+    UV = "uv"  # uv's wheel travels with the environment; pip where none exists for the host
+    PIP = "pip"  # the venv's own pip (ensurepip)
+
+
 class ImageFrom(StrEnum):
     """Where a job's container image comes from (docs/containers.md)."""
 
@@ -221,6 +228,7 @@ class Job:
     role_requirements: dict[str, Requirements] = field(default_factory=dict)
     system_site_packages: bool = False  # the venv sees the base python's packages (a CUDA AMI)
     wheels_from: WheelsFrom = WheelsFrom.CONTROLLER
+    installer: Installer = Installer.UV  # builds the venvs on the hosts (deployer/envs/uv.py)
     # Tasks in a container image (docs/containers.md): per host (`[[hosts]] image`) and per
     # role (`role_images`), as requirements are.
     image: str | None = None

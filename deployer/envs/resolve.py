@@ -66,11 +66,13 @@ def resolve(
     refresh: bool = False,
     env: Mapping[str, str] | None = None,
     pip: Sequence[str] | None = None,
+    sdists: bool = True,
 ) -> Wheelhouse:
     """The wheelhouse of `spec` for hosts of `target`, from the cache unless `refresh`.
 
     `env`: the environment pip runs in (default: this process's, so the user's PIP_* hold);
-    `pip`: the command that runs pip (default: this interpreter's `-m pip`).
+    `pip`: the command that runs pip (default: this interpreter's `-m pip`); `sdists`: False
+    for a requirement that must not be built here (uv: a Rust build), only downloaded.
     """
     key = env_hash(spec, target)
     root = cache or cache_root()
@@ -79,7 +81,7 @@ def resolve(
         return found
     work = _fresh(root / f".{key}.{os.getpid()}.tmp")
     try:
-        _fill(work, spec, target, dict(env if env is not None else os.environ), pip)
+        _fill(work, spec, target, dict(env if env is not None else os.environ), pip, sdists)
         wheelhouse.write(work, key, target.describe(), spec.text)
         _replace(work, final)
     finally:
@@ -90,7 +92,12 @@ def resolve(
 
 
 def _fill(
-    work: Path, spec: EnvSpec, target: HostPlatform, env: dict[str, str], pip: Sequence[str] | None
+    work: Path,
+    spec: EnvSpec,
+    target: HostPlatform,
+    env: dict[str, str],
+    pip: Sequence[str] | None,
+    sdists: bool = True,
 ) -> None:
     """Downloads every wheel into work/wheels, building the sdist-only ones that may be."""
     main = work / "requirements.in"
@@ -109,6 +116,8 @@ def _fill(
                 shutil.rmtree(scratch, ignore_errors=True)
             return
         missing = _missing(result.output)
+        if missing is not None and not sdists:
+            raise ResolveError(f"{missing}: no wheel for {target.describe()}")
         if missing is None:
             raise ResolveError(_failure(result.output, target), hint=_hint(result.output))
         local_build |= _build_sdist(runner, missing, target, work, built)

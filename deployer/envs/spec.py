@@ -88,11 +88,13 @@ def from_lines(lines: Sequence[str], *, base: Path) -> EnvSpec:
     return EnvSpec(base, tuple(out), text)
 
 
-def env_hash(spec: EnvSpec, target: HostPlatform) -> str:
-    """The environment's name: its requirements, as they read for the target platform."""
-    return hashlib.sha256(
-        f"{spec.digest}\n{spec.for_target(target)}\n{target.key()}".encode()
-    ).hexdigest()
+def env_hash(spec: EnvSpec, target: HostPlatform, installer: str = "pip") -> str:
+    """The environment's name: its requirements, as they read for the target platform, and
+    the installer that builds the venv (a uv venv has no pip of its own). pip's names are
+    those of before the installer counted, so venvs built then are still found."""
+    text = f"{spec.digest}\n{spec.for_target(target)}\n{target.key()}"
+    text += "" if installer == "pip" else f"\ninstaller {installer}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _read_tree(path: Path, base: Path, seen: set[Path], out: list[str]) -> str:

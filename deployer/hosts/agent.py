@@ -178,6 +178,17 @@ class Agent(Channel):
         printed (versions, paths): parsed and cleaned at the edge like the hello's."""
         return self.ask(protocol.OP_ENVIRONMENT, protocol.EnvReply, timeout, **request)
 
+    def env_progress(self, env_hash: str, names: Sequence[str]) -> protocol.EnvProgressReply:
+        """How many of `names` (normalized project names) the env being built holds now; asked
+        beside the env op that builds it (a one-shot call: its session is busy)."""
+        request: protocol.EnvProgressRequest = {"hash": env_hash, "names": list(names)}
+        reply = self.ask(protocol.OP_ENV_PROGRESS, protocol.EnvProgressReply, 15, **request)
+        if not 0 <= reply["installed"] <= len(names):
+            raise Edge(self.host, protocol.OP_ENV_PROGRESS).error(
+                "installed", f"is {reply['installed']}, not 0 to {len(names)}"
+            )
+        return reply
+
     def image(self, request: protocol.ImageRequest, timeout: float) -> protocol.ImageReply:
         """The job's image checked (pulled if asked) or loaded here; its texts are printed
         (runtime, platforms): cleaned at the edge like the hello's."""
@@ -230,9 +241,10 @@ class Agent(Channel):
         secret: str,
         then: tuple[str, int] | None,
         seconds: float,
+        store: Sequence[str] | None = None,
     ) -> None:
-        """Listens on address:port for the fan-out's one stream, storing it and forwarding every
-        piece to `then` as it arrives (remote/peers.py)."""
+        """Listens on address:port for the fan-out's one stream, storing it (`store`: only these
+        contents of it) and forwarding every piece to `then` as it arrives (remote/peers.py)."""
         request: protocol.PeersRequest = {
             "action": protocol.PEERS_RELAY,
             "run_id": run_id,
@@ -242,6 +254,8 @@ class Agent(Channel):
             "next": list(then) if then is not None else None,
             "seconds": seconds,
         }
+        if store is not None:
+            request["store"] = list(store)
         self.ask(protocol.OP_PEERS, protocol.PeersPidReply, **request)
 
     def stop_serving(self, run_id: str) -> None:

@@ -35,11 +35,15 @@ def deliver(
     later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
     spread = None
     run_id = str(run_fields["run_id"])
-    every = sorted(manifest.by_hash())
+    code = {f.sha256 for f in manifest.files}
     # host -> what it lacks, where that answer still holds. A group's later hosts find what
     # its first stored; an empty code directory builds the run dir in the asking materialize.
     firsts = [m for m in members if m.name not in later]
-    known = {m.name: every for m in firsts if m.name in empty_stores} if every else {}
+    known = {
+        m.name: every
+        for m in firsts
+        if m.name in empty_stores and (every := sorted(code | set(manifest.extras_for([m.name]))))
+    }
     done: dict[str, PushResult] = {}  # hosts that had every content: their run dir is built
     if plan.job.fanout:
         missing = dict(known) | fleet.each(

@@ -77,7 +77,7 @@ def spread(
     contents = [by_hash[s] for s in sorted({s for m in chain for s in missing[m.name]})]
     if len(chain) < 2 or sum(f.size for f in contents) < MIN_BYTES:
         return None
-    relay = _Chain(fleet, run_id, chain, ports)
+    relay = _Chain(fleet, run_id, chain, ports, missing)
     try:
         relay.listen()
         if len(relay.hosts) < 2:
@@ -91,7 +91,7 @@ def spread(
         if error:
             result.fallback[member.name] = f"could not get the code along the chain ({error})"
         else:
-            result.copied[member.name] = sent
+            result.copied[member.name] = sum(by_hash[s].size for s in missing[member.name])
     return result
 
 
@@ -104,8 +104,12 @@ class _Chain:
         run_id: str,
         hosts: Sequence[Member],
         ports: dict[str, int],
+        missing: Mapping[str, Sequence[str]],
     ) -> None:
         self.fleet, self.run_id, self.ports = fleet, run_id, ports
+        # What each host stores of the stream: what it lacks of its own needs. The rest (other
+        # hosts' wheels, another platform's) it checks and passes on, never writes.
+        self.store = {name: sorted(lack) for name, lack in missing.items()}
         self.hosts = list(hosts)
         # The run's secret, which the seed proves to the next host: in requests over SSH only,
         # never argv, never a log.
@@ -133,7 +137,9 @@ class _Chain:
         position = self.hosts.index(member)
         then = self._hop(self.hosts[position + 1]) if position + 1 < len(self.hosts) else None
         address, port = self._hop(member)
-        member.agent.relay(self.run_id, address, port, self.secret, then, LISTEN_S)
+        member.agent.relay(
+            self.run_id, address, port, self.secret, then, LISTEN_S, self.store[member.name]
+        )
 
     def stream(self, manifest: Manifest, contents: Sequence[CodeFile]) -> list[str]:
         """Streams the contents into the first host, relayed along the chain; each host's
@@ -154,6 +160,7 @@ class _Chain:
                     run_id=self.run_id,
                     secret=self.secret,
                     next=list(hop),
+                    store=self.store[member.name],
                 )
 
         replies, failed = self.fleet.each_settled(seed, [first])

@@ -11,7 +11,7 @@ import os
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,27 @@ class CodeFile:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The code's files, and `extras`: contents that travel with them into each host's store
-    but are placed in no code directory (the job's wheels; their `path` is absolute)."""
+    """The code's files, and `extras`: contents that travel with them into hosts' stores but
+    are placed in no code directory (the job's wheels, image layers; their `path` is absolute,
+    read from this machine's caches). `needs`: the extras each host must hold (its own
+    environments' wheels, its image's layers), by host name; a host not named needs them all."""
 
     root: Path
     files: tuple[CodeFile, ...]
     extras: tuple[CodeFile, ...] = ()
+    needs: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def extras_for(self, hosts: Sequence[str]) -> list[str]:
+        """The extras that `hosts` (one, or the hosts of one shared workdir) must hold."""
+        every = {f.sha256 for f in self.extras}
+        wanted = set().union(*(self.needs.get(h, every) for h in hosts)) if hosts else every
+        return sorted(wanted & every)
+
+    def keep_for(self, hosts: Sequence[str]) -> dict[str, Any]:
+        """What a materialize for `hosts` carries besides the files: `keep`, the extras the
+        store must hold too (a host lacking one answers it missing, and gets it)."""
+        kept = self.extras_for(hosts)
+        return {"keep": kept} if kept else {}
 
     @property
     def total_bytes(self) -> int:
@@ -54,11 +69,6 @@ class Manifest:
 
     def by_hash(self) -> dict[str, CodeFile]:
         return {f.sha256: f for f in (*self.files, *self.extras)}
-
-    def fields(self) -> dict[str, Any]:
-        """What every materialize of this push carries besides the files: `keep`, the extras
-        the store must hold too (a host lacking one answers it missing, and gets it)."""
-        return {"keep": sorted({f.sha256 for f in self.extras})} if self.extras else {}
 
 
 @dataclass(frozen=True)
@@ -154,11 +164,12 @@ def push(
         if not lacking:
             return PushResult(files=len(files), sent_files=0, sent_bytes=0)
     missing = [by_hash[sha] for sha in lacking]
+    fields = run_fields | manifest.keep_for([agent.host])
     if missing:
         with agent.dedicated() as own:
-            _materialize(own, manifest, missing, files, run_fields)
+            _materialize(own, manifest, missing, files, fields)
     else:
-        agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, files=files, **run_fields)
+        agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, files=files, **fields)
     sent = sum(f.size for f in missing)
     return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
 
@@ -174,7 +185,7 @@ def materialize_or_missing(
         protocol.MaterializeReply,
         files=files,
         or_missing=True,
-        **run_fields,
+        **(run_fields | manifest.keep_for([agent.host])),
     )
     return reply.get("missing", [])  # absent: the run directory was built
 

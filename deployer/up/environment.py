@@ -24,15 +24,16 @@ from deployer.config.model import Host, Job, Requirements, WheelsFrom
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import join_names, plural
-from deployer.envs import known, wheelhouse
+from deployer.envs import known, uv, wheelhouse
 from deployer.envs.identity import EnvIdentity, Interpreter
 from deployer.envs.platform import HostPlatform
 from deployer.envs.resolve import ResolveError, cache_root, resolve
 from deployer.envs.spec import EnvSpec, env_hash, from_file, from_lines
-from deployer.envs.wheelhouse import Wheelhouse
+from deployer.envs.wheelhouse import Wheel, Wheelhouse
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.task_runtime import TaskRuntime
 from deployer.push.sync import CodeFile, Manifest
+from deployer.up.envprogress import OnProgress, Watch, project
 from remote import interpreters as words_of
 from remote import protocol
 
@@ -108,11 +109,26 @@ class HostEnv:
     wheelhouse: Wheelhouse | None  # None: the host's own pip fetches (wheels_from = "hosts")
     spec: EnvSpec
     identity: EnvIdentity
+    installer: uv.Choice = uv.PIP  # what builds the venv there
 
     @property
     def hash(self) -> str:
         """The venv's name on the host: every setting that makes it (envs/identity.py)."""
         return self.identity.hash
+
+    @property
+    def wheels(self) -> tuple[Wheel, ...]:
+        """What the host's store must hold for it: the environment's wheels and uv's."""
+        own = self.wheelhouse.wheels if self.wheelhouse else ()
+        return own + (self.installer.wheelhouse.wheels if self.installer.wheelhouse else ())
+
+    def paths(self) -> dict[str, str]:
+        """Each wheel's file on this machine, by sha256."""
+        found = {}
+        for house in (self.wheelhouse, self.installer.wheelhouse):
+            for w in house.wheels if house else ():
+                found[w.sha256] = str(house.wheel_dir / w.file)  # type: ignore[union-attr]
+        return found
 
 
 def identity_of(job: Job, resolved: str, python: str, facts: Mapping[str, object]) -> EnvIdentity:
@@ -140,7 +156,8 @@ class Environments:
         return bool(self.envs)
 
     def resolve(self, facts: Mapping[str, Mapping[str, object]]) -> list[str]:
-        """Groups hosts by environment hash and resolves each distinct one once. What to say."""
+        """Groups hosts by environment hash and resolves each distinct one once, with the
+        installer of its platform (uv's wheel, or pip). What to say."""
         job = self.plan.job
         hosts = {h.name: h for h in self.plan.hosts}
         specs: dict[str, EnvSpec] = {}
@@ -174,20 +191,35 @@ class Environments:
             }
         )
         houses = {d: self._resolved(d, *group) for d, group in groups.items()}
+        choices = {d: self._installer(houses[d], target) for d, (_, target, _) in groups.items()}
         for by_key in self.envs.values():
             for key, env in by_key.items():
-                by_key[key] = dataclasses.replace(env, wheelhouse=houses[env.resolved])
+                choice = choices[env.resolved]
+                by_key[key] = dataclasses.replace(
+                    env,
+                    wheelhouse=houses[env.resolved],
+                    installer=choice,
+                    identity=dataclasses.replace(env.identity, installer=_installer_word(choice)),
+                )
         self.resolved = len(houses)
         return [
-            f"environment {d[:12]} for {join_names(names)}: {target.describe()}, "
+            f"environment {env_hash(spec, target, choices[d].installer)[:12]} for "
+            f"{join_names(names)}: {target.describe()}, "
             + (
-                f"{plural(len(h.wheels), 'wheel')}, {h.size} bytes"
+                f"{plural(len(h.wheels), 'wheel')}, {h.size} bytes, {choices[d].said()}"
                 if h
                 else 'installed from the hosts\' own index (wheels_from = "hosts")'
             )
-            for d, (_, target, names) in groups.items()
+            for d, (spec, target, names) in groups.items()
             for h in [houses[d]]
         ]
+
+    def _installer(self, house: Wheelhouse | None, target: HostPlatform) -> uv.Choice:
+        """uv (its wheel for the platform) unless the job says pip, the hosts install from
+        their own index, or no uv wheel exists for the platform."""
+        if house is None:
+            return uv.PIP
+        return uv.choose(self.plan.job.installer.value, target, refresh=self.refresh)
 
     def _resolved(
         self, digest: str, spec: EnvSpec, target: HostPlatform, names: list[str]
@@ -205,43 +237,63 @@ class Environments:
         found: dict[str, CodeFile] = {}
         for by_key in self.envs.values():
             for env in by_key.values():
-                for w in env.wheelhouse.wheels if env.wheelhouse else ():
-                    path = str(env.wheelhouse.wheel_dir / w.file)  # type: ignore[union-attr]
-                    found.setdefault(w.sha256, CodeFile(path, w.sha256, 0o644, w.size))
+                paths = env.paths()
+                for w in env.wheels:
+                    found.setdefault(w.sha256, CodeFile(paths[w.sha256], w.sha256, 0o644, w.size))
         return tuple(found[k] for k in sorted(found))
 
+    def needs(self) -> dict[str, frozenset[str]]:
+        """Each host's wheels: its own environments' (and uv's for its platform), only."""
+        return {
+            host: frozenset(w.sha256 for env in by_key.values() for w in env.wheels)
+            for host, by_key in self.envs.items()
+        }
+
+    def cache_entries(self) -> list[Path]:
+        """This machine's cache entries the environments use (theirs and uv's): what `prune
+        --local` keeps while recent runs use them."""
+        found = {
+            house.path
+            for by_key in self.envs.values()
+            for env in by_key.values()
+            for house in (env.wheelhouse, env.installer.wheelhouse)
+            if house is not None
+        }
+        return sorted(found)
+
     def install(
-        self, fleet: Fleet, members: Sequence[Member], run_id: str
+        self,
+        fleet: Fleet,
+        members: Sequence[Member],
+        run_id: str,
+        on_progress: OnProgress | None = None,
     ) -> tuple[dict[str, list[protocol.EnvReply]], list[str]]:
         """The env op on every host with an environment; raises HostsFailed (nothing started)
         for a build that failed or a task's other Python. The TensorFlow each venv answers is
-        checked with every other task's by tfrule.py."""
+        checked with every other task's by tfrule.py. `on_progress`: each building host's
+        progress, every few seconds (envprogress.py)."""
         with_env = [m for m in members if m.name in self.envs]
+        builds = {
+            host: [
+                (env.hash, [project(w.file) for w in env.wheelhouse.wheels])
+                for env in by_key.values()
+                if env.wheelhouse is not None
+            ]
+            for host, by_key in self.envs.items()
+        }
+        with Watch(with_env, builds, on_progress or (lambda _: None)) as watch:
 
-        def on(member: Member) -> list[protocol.EnvReply]:
-            replies = []
-            words = python_words(self.plan.tasks_on(member.name))
-            for key, env in self.envs[member.name].items():
-                house = env.wheelhouse
-                request: protocol.EnvRequest = {
-                    "run_id": run_id,
-                    "hash": env.hash,
-                    "python": member.agent.python,
-                    "requirements": house.pinned.read_text()
-                    if house
-                    else env.spec.for_target(env.target),
-                    "wheels": [[w.file, w.sha256] for w in house.wheels] if house else [],
-                    "system_site_packages": env.identity.system_site_packages,
-                    "installer": env.identity.installer,
-                    "online": house is None,
-                    "words": words,
-                }
-                reply = member.agent.env(request, INSTALL_TIMEOUT_S)
-                self.venvs.setdefault(member.name, {})[key] = reply["venv"]
-                replies.append(reply)
-            return replies
+            def each(member: Member) -> list[protocol.EnvReply]:
+                try:
+                    return self._install_on(member, run_id)
+                finally:
+                    watch.done(member.name)
 
-        done = fleet.each(on, with_env, what="installing the job's environment failed")
+            done = fleet.each(each, with_env, what="installing the job's environment failed")
+        return done, self._problems(done)
+
+    def _problems(self, done: Mapping[str, Sequence[protocol.EnvReply]]) -> list[str]:
+        """Raises HostsFailed for what must stop the run; the warnings to print."""
         problems: list[HostError] = []
         warnings: list[str] = []
         for host, replies in done.items():
@@ -252,7 +304,31 @@ class Environments:
                 warnings += said
         if problems:
             raise HostsFailed(problems)
-        return done, warnings
+        return warnings
+
+    def _install_on(self, member: Member, run_id: str) -> list[protocol.EnvReply]:
+        """The env op for each of the host's environments, in turn."""
+        replies = []
+        words = python_words(self.plan.tasks_on(member.name))
+        for key, env in self.envs[member.name].items():
+            house = env.wheelhouse
+            request: protocol.EnvRequest = {
+                "run_id": run_id,
+                "hash": env.hash,
+                "python": member.agent.python,
+                "requirements": house.pinned.read_text()
+                if house
+                else env.spec.for_target(env.target),
+                "wheels": [[w.file, w.sha256] for w in env.wheels] if house else [],
+                "system_site_packages": env.identity.system_site_packages,
+                "installer": env.identity.installer,
+                "online": house is None,
+                "words": words,
+            }
+            reply = member.agent.env(request, INSTALL_TIMEOUT_S)
+            self.venvs.setdefault(member.name, {})[key] = reply["venv"]
+            replies.append(reply)
+        return replies
 
     def env_of(self, task: Task) -> HostEnv | None:
         """The task's environment (None: it runs on the host's python)."""
@@ -302,9 +378,30 @@ def _key(requirements: Requirements) -> str:
     return requirements if isinstance(requirements, str) else "\n".join(requirements or ())
 
 
-def with_extras(manifest: Manifest, extras: tuple[CodeFile, ...]) -> Manifest:
-    """The push's manifest with the wheels among its contents (stored, not placed)."""
-    return dataclasses.replace(manifest, extras=extras)
+def with_extras(
+    manifest: Manifest,
+    extras: tuple[CodeFile, ...],
+    needs: Mapping[str, frozenset[str]],
+    hosts: Sequence[str],
+) -> Manifest:
+    """The push's manifest with `extras` among its contents (stored, not placed): each of
+    `hosts` keeps what it needed before and what `needs` names for it, nothing else."""
+    every = {f.sha256: f for f in (*manifest.extras, *extras)}
+    merged = {h: manifest.needs.get(h, frozenset()) | needs.get(h, frozenset()) for h in hosts}
+    return dataclasses.replace(
+        manifest, extras=tuple(every[k] for k in sorted(every)), needs=merged
+    )
+
+
+def for_groups(manifest: Manifest, groups: Sequence[Sequence[str]]) -> Manifest:
+    """Hosts sharing a workdir share a store, which their first host fills: it keeps what
+    every host of its group needs."""
+    if not manifest.needs:
+        return manifest
+    needs = dict(manifest.needs)
+    for group in groups:
+        needs[group[0]] = frozenset().union(*(manifest.needs.get(h, frozenset()) for h in group))
+    return dataclasses.replace(manifest, needs=needs)
 
 
 @dataclass(frozen=True)
@@ -361,3 +458,9 @@ def planned_environments(plan: Plan) -> list[PlannedEnv]:
                 )
             )
     return found
+
+
+def _installer_word(choice: uv.Choice) -> str:
+    """The env request's installer: "auto" for uv, so a uv binary that does not run there
+    (platform facts that lied) falls back to pip rather than failing; else "pip"."""
+    return "auto" if choice.installer == "uv" else "pip"

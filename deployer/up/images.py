@@ -170,6 +170,18 @@ class Images:
                 found.setdefault(digest, CodeFile(path, digest, 0o644, blob.size))
         return tuple(found[k] for k in sorted(found))
 
+    def needs(self) -> dict[str, frozenset[str]]:
+        """Each host's layers: the blobs of the images it lacks, only."""
+        return {
+            host: frozenset(
+                blob.digest.removeprefix("sha256:")
+                for image in images
+                if image in self.layouts
+                for blob in self.layouts[image].blobs
+            )
+            for host, images in self.lacking().items()
+        }
+
     def load(self, fleet: Fleet, members: Sequence[Member], run_id: str) -> list[str]:
         """The load on each host that lacks an image; the blobs are in its store by now."""
         lacking = self.lacking()

@@ -7,20 +7,24 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from deployer.config.model import NetcheckMode
+from deployer.core.errors import HostsFailed
 from deployer.core.fold import fold_names
 from deployer.core.text import plural
+from deployer.envs import uses
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import Manifest, run_setup
 from deployer.up import tfrule
-from deployer.up.environment import Environments, uses_requirements, with_extras
+from deployer.up.environment import Environments, for_groups, uses_requirements, with_extras
+from deployer.up.envprogress import InstallProgress
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
+from deployer.up.room import room_problems
 from deployer.up.teardown import Teardown
 from deployer.watch.runstate import RunState
-from deployer.watch.view import Display
+from deployer.watch.view import Display, LiveView
 
 
 class Preparation:
@@ -71,6 +75,7 @@ class Preparation:
         self.view.step(f"preflight ok: {findings.summary}")
         findings = self._check_images(self._resolve_environment(findings))
         self._tensorflow(findings.facts)
+        self._check_room(findings)
         return findings
 
     def _tensorflow(
@@ -93,6 +98,14 @@ class Preparation:
         for line in said:
             self.view.step(f"warning: {line}")
 
+    def _check_room(self, findings: Findings) -> None:
+        """Room on each host for the wheels and layers it will store (room.py), before any
+        byte is sent; the hosts drop the run when one lacks it."""
+        problems = room_problems(self.fleet, self.members, findings)
+        if problems:
+            self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
+            raise HostsFailed(problems)
+
     def _check_images(self, findings: Findings) -> Findings:
         """The job's images checked on every host (pulled there, or saved here and added to
         the push: images.py); nothing is sent when it fails, and the hosts drop the run."""
@@ -107,8 +120,10 @@ class Preparation:
             raise
         for line in lines:
             self.view.step(line)
-        extras = findings.manifest.extras + self.images.extras()
-        return dataclasses.replace(findings, manifest=with_extras(findings.manifest, extras))
+        uses.record([lay.path for lay in self.images.layouts.values()], self.run.run_id)
+        hosts = [m.name for m in self.members]
+        manifest = with_extras(findings.manifest, self.images.extras(), self.images.needs(), hosts)
+        return dataclasses.replace(findings, manifest=manifest)
 
     def _resolve_environment(self, findings: Findings) -> Findings:
         """The job's environment resolved for the hosts' platforms, its wheels added to the
@@ -125,7 +140,11 @@ class Preparation:
             raise
         for line in lines:
             self.view.step(line)
-        manifest = with_extras(findings.manifest, self.environment.extras())
+        uses.record(self.environment.cache_entries(), self.run.run_id)
+        hosts = [m.name for m in self.members]
+        manifest = with_extras(
+            findings.manifest, self.environment.extras(), self.environment.needs(), hosts
+        )
         return dataclasses.replace(findings, manifest=manifest)
 
     def install_environment(self) -> None:
@@ -135,7 +154,9 @@ class Preparation:
         if self.environment.any:
             hosts = [m for m in self.members if m.name in self.environment.envs]
             self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
-            done, warnings = self.environment.install(self.fleet, hosts, self.run.run_id)
+            done, warnings = self.environment.install(
+                self.fleet, hosts, self.run.run_id, self._install_progress
+            )
             for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
                 self.view.step(line)
             installed = {h: {r["venv"]: r["tensorflow"] for r in rs} for h, rs in done.items()}
@@ -146,6 +167,14 @@ class Preparation:
             t.name: self.environment.runtime(t).in_container(self.images.container(t))
             for t in self.run.plan.tasks
         }
+
+    def _install_progress(self, progress: InstallProgress) -> None:
+        """A host's install progress: a plain line (every few seconds per host), except on a
+        terminal's live view, whose status line shows it instead of the scrollback."""
+        if _is_live(self.view):
+            self.view.phase(progress.line())
+        else:
+            self.view.step(progress.line())
 
     def push(
         self,
@@ -161,8 +190,10 @@ class Preparation:
         keep_record(self.run.plan, self.run.run_id, detached=self.detached, view=self.view)
         # From here on a host may hold the run (and soon its setup processes): teardown asks them.
         self.contacted_hosts.update(m.name for m in members)
-        # The job's wheels travel with the code: stored, placed nowhere (environment.py).
-        fields = {**host_fields(self.run.plan, self.run.run_id, self.lease), **manifest.fields()}
+        # The job's wheels and layers travel with the code: stored, placed nowhere, each host
+        # keeping its own (environment.py, images.py); a shared workdir's first host, its group's.
+        fields = host_fields(self.run.plan, self.run.run_id, self.lease)
+        manifest = for_groups(manifest, groups)
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
         pushing = deliver(
             self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores
@@ -191,3 +222,15 @@ class Preparation:
         skipped = [n for n, r in ran.items() if not r]
         if skipped:
             self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
+
+
+def _is_live(view: object) -> bool:
+    """Whether a LiveView draws the events (through the wrappers that mask, steady, adapt or
+    defer a view: each holds the one it wraps as `view` or `_view`)."""
+    for _ in range(8):
+        if isinstance(view, LiveView):
+            return True
+        view = getattr(view, "view", None) or getattr(view, "_view", None)
+        if view is None:
+            return False
+    return False

@@ -197,13 +197,14 @@ def uv_binary() -> Path | None:
     return Path(found) if found else None
 
 
-def make_uv_wheel(dest: Path, uv: Path) -> Path:
-    """A uv wheel as PyPI ships it (the binary under `uv-<v>.data/scripts/`), around `uv`.
+def make_uv_wheel(dest: Path, uv: Path, version: str = "0.0.1", machine: str = "x86_64") -> Path:
+    """A uv wheel as PyPI ships it (the binary under `uv-<v>.data/scripts/`), around `uv`
+    (`machine`: the platform its tag claims; the binary is this machine's all the same).
 
     Stored, not deflated: the binary is ~40 MB and the test needs it in milliseconds.
     """
-    tag = "py3-none-manylinux_2_17_x86_64"
-    path = make_wheel(dest, "uv", "0.0.1", files={"uv/__init__.py": b""}, tag=tag)
+    tag = f"py3-none-manylinux_2_17_{machine}"
+    path = make_wheel(dest, "uv", version, files={"uv/__init__.py": b""}, tag=tag)
     with zipfile.ZipFile(path, "a", zipfile.ZIP_STORED) as archive:
-        archive.write(uv, "uv-0.0.1.data/scripts/uv")
+        archive.write(uv, f"uv-{version}.data/scripts/uv")
     return path

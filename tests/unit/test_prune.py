@@ -103,6 +103,30 @@ def test_an_environment_goes_when_only_pruned_runs_used_it(workdir: Path) -> Non
     assert sorted(os.listdir(workdir / "envs")) == ["env-kept"]  # no grave, no lock left
 
 
+def test_the_hosts_wheel_directory_and_uv_cache_go_with_the_environments(workdir: Path) -> None:
+    """What a build left beside the env (remote/venvs.py wheels_dir, uv_cache): the wheel's
+    link and the cache's unpacked files go with the pruned env, and with the link gone the
+    wheel's content leaves the store too."""
+    for run in ("r0", "r1"):
+        make_run(workdir, run, "demo", [])
+        time.sleep(0.01)
+    make_env(workdir, "env-gone", "r0")
+    wheel = put_in_store(workdir, b"w" * 4000)
+    here = workdir / "hosts" / A
+    (here / "wheels").mkdir()
+    os.link(workdir / "store" / wheel, here / "wheels" / "tiny-1.0-py3-none-any.whl")
+    (here / "uv-cache" / "archive-v0" / "x").mkdir(parents=True)
+    (here / "uv-cache" / "archive-v0" / "x" / "tiny.py").write_bytes(b"u" * 3000)
+
+    reply = prune(workdir, keep=1)
+
+    assert reply["environments"] == ["env-gone"]
+    assert not (here / "wheels").exists() and not (here / "uv-cache").exists()
+    assert reply["contents"] == 1 and not (workdir / "store" / wheel).exists()
+    assert reply["bytes"] >= 1000 + 4000 + 3000
+    assert not [p for p in here.iterdir() if p.name.startswith(".pruned-")]  # no grave left
+
+
 def test_a_running_run_is_never_touched_nor_what_it_uses(workdir: Path, run_id: str) -> None:
     mine = put_in_store(workdir, b"only the running run's")
     running = make_run(workdir, run_id, "demo", [mine])

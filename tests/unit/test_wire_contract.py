@@ -298,6 +298,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_PRUNE, P.PruneBase, P.PruneRequest, P.PruneReply),
     (P.OP_ENVIRONMENT, P.EnvBase, P.EnvRequest, P.EnvReply),
     (P.OP_IMAGE, P.ImageBase, P.ImageRequest, P.ImageReply),
+    (P.OP_ENV_PROGRESS, P.EnvProgressRequest, P.EnvProgressReply),
 ]
 
 

@@ -1,0 +1,139 @@
+"""`tfdeploy prune --local`: frees this machine's caches by the hosts' rules (docs/results.md
+"Pruning this machine").
+
+The caches: resolved environments (`<state>/envs/<hash>/`: a job's wheels, and uv's wheel per
+host platform) and images saved for `image_from = "controller"` (`<state>/images/<id>/`). Each
+`up` records its run id in the entries it used (deployer/envs/uses.py). As on a host, an entry
+stays while a recent run uses it (the newest `keep` runs of each job this machine has a record
+of) or while it was used within `grace`; with `older_than`, only entries last used before it go.
+Whatever goes is resolved or saved again by the next `up` that needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from deployer.api.prune import DEFAULT_GRACE_S, DEFAULT_KEEP
+from deployer.core.errors import UsageError
+from deployer.core.statedir import state_dir
+from deployer.core.text import join_names, plural, size
+from deployer.envs import uses
+from deployer.envs.resolve import cache_root
+
+GRAVE = ".pruned-"
+# Written under a temporary name and renamed when whole: a leftover is a killed resolve or save.
+_LEFTOVER = (".tmp", ".partial", ".old")
+
+
+@dataclass(frozen=True)
+class LocalPruned:
+    """What a local prune removed (or, dry, would remove)."""
+
+    environments: tuple[str, ...]
+    images: tuple[str, ...]
+    kept: int  # entries kept because a recent run uses them, or within the grace
+    bytes: int
+    dry_run: bool
+
+    def line(self) -> str:
+        verb = "would free" if self.dry_run else "freed"
+        what = [plural(len(self.environments), "environment"), plural(len(self.images), "image")]
+        return (
+            f"this machine: {verb} {join_names(what)}, {size(self.bytes)}; "
+            f"kept {plural(self.kept, 'entry', 'entries')} that recent runs use"
+        )
+
+
+def prune_local(
+    *,
+    keep: int = DEFAULT_KEEP,
+    older_than: float | None = None,
+    dry_run: bool = False,
+    grace: float = DEFAULT_GRACE_S,
+    say: Callable[[str], None] | None = None,
+) -> LocalPruned:
+    """Removes the cache entries of this machine that no recent run uses (see the module)."""
+    if keep < 0 or grace < 0:
+        raise UsageError(f"keep and grace must be 0 or more, got {keep} and {grace}")
+    recent = recent_runs(keep)
+    now = time.time()
+    gone: dict[str, list[str]] = {"environment": [], "image": []}
+    kept = freed = 0
+    for kind, root in (("environment", cache_root()), ("image", state_dir() / "images")):
+        for entry in _dirs(root):
+            if entry.name.startswith("."):
+                if entry.name.endswith(_LEFTOVER) and now - _mtime(entry) >= grace:
+                    freed += _remove(entry, dry_run)
+                continue
+            last = uses.last_used(entry)
+            if (
+                uses.runs(entry) & recent
+                or now - last < grace
+                or (older_than is not None and last >= older_than)
+            ):
+                kept += 1
+                continue
+            freed += _remove(entry, dry_run)
+            gone[kind].append(entry.name[:12])
+    result = LocalPruned(tuple(gone["environment"]), tuple(gone["image"]), kept, freed, dry_run)
+    if say is not None:
+        say(result.line())
+    return result
+
+
+def recent_runs(keep: int) -> set[str]:
+    """The ids of the newest `keep` runs of each job among this machine's run records."""
+    by_job: dict[str, list[tuple[float, str]]] = {}
+    for path in _files(state_dir() / "runs", ".json"):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            created = float(data.get("created", 0.0))
+            by_job.setdefault(str(data.get("job")), []).append((created, path.stem))
+    return {run for runs in by_job.values() for _, run in sorted(runs, reverse=True)[:keep]}
+
+
+def _remove(entry: Path, dry_run: bool) -> int:
+    """The entry's bytes; removed unless dry (renamed aside first: never half there)."""
+    freed = sum(f.stat().st_size for f in _walk(entry))
+    if not dry_run:
+        grave = entry.with_name(f"{GRAVE}{entry.name}-{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            entry.rename(grave)
+            shutil.rmtree(grave, ignore_errors=True)
+    return freed
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for top, _, files in os.walk(root):
+        for name in files:
+            path = Path(top) / name
+            if not path.is_symlink():
+                yield path
+
+
+def _dirs(root: Path) -> list[Path]:
+    try:
+        return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+
+
+def _files(root: Path, suffix: str) -> list[Path]:
+    try:
+        return [p for p in root.iterdir() if p.name.endswith(suffix) and p.is_file()]
+    except OSError:
+        return []
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
