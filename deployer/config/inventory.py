@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deployer.config import sshconfig
+from deployer.config.frameworks import Framework
 from deployer.config.model import (
     GPU_HEALTH_MODES,
     EvaluatorFailure,
@@ -239,6 +240,8 @@ def _parse_job(t: Table, directory: Path) -> Job:
         firewall=t.boolean("firewall", _JOB.firewall),
         netcheck=_netcheck(t),
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),
+        framework=Framework(t.choice("framework", list(Framework), _JOB.framework)),
+        role_frameworks=_role_frameworks(t),
         fanout=t.boolean("fanout", _JOB.fanout),
         require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow),
         artifacts=t.string_list("artifacts"),
@@ -268,6 +271,18 @@ def _image(t: Table, key: str) -> str | None:
     if value is not None and (not value or value.startswith("-") or re.search(r"\s", value)):
         t.fail(key, f"expected an image name such as tensorflow/tensorflow:2.16.1, got {value!r}")
     return value
+
+
+def _role_frameworks(t: Table) -> dict[str, Framework]:
+    """`role_frameworks = { evaluator = "tensorflow" }`: a role that reads another convention
+    than the job's `framework`."""
+    roles = t.sub_table("role_frameworks")
+    read = {r: Framework(roles.choice(r, list(Framework), "")) for r in roles.written_keys()}
+    for role in read:
+        if role not in TF_ROLES:
+            t.fail(f"role_frameworks.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
+    roles.finish()
+    return read
 
 
 def _role_images(t: Table) -> dict[str, str]:
