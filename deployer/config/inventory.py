@@ -210,6 +210,10 @@ def _parse_job(t: Table, directory: Path) -> Job:
             t.fail(f"role_commands.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
         elif role_commands[role] == BUILTIN_SERVER and not has_port(role):
             t.fail(f"role_commands.{role}", f"an {role} runs the user's code, not a TF server")
+    framework = Framework(t.choice("framework", list(Framework), _JOB.framework))
+    role_frameworks = _role_frameworks(t)
+    # A job whose tasks all read another convention needs no TensorFlow on its hosts.
+    uses_tf = Framework.TENSORFLOW in (framework, *role_frameworks.values())
     job = Job(
         name=name,
         code=code,
@@ -240,10 +244,10 @@ def _parse_job(t: Table, directory: Path) -> Job:
         firewall=t.boolean("firewall", _JOB.firewall),
         netcheck=_netcheck(t),
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),
-        framework=Framework(t.choice("framework", list(Framework), _JOB.framework)),
-        role_frameworks=_role_frameworks(t),
+        framework=framework,
+        role_frameworks=role_frameworks,
         fanout=t.boolean("fanout", _JOB.fanout),
-        require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow),
+        require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow and uses_tf),
         artifacts=t.string_list("artifacts"),
         # `~` as a shell would have it (this machine's home); relative: the working directory
         artifacts_to=os.path.expanduser(t.string("artifacts_to", _JOB.artifacts_to)),
