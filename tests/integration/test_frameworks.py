@@ -67,6 +67,7 @@ def _framework_job(lab_inventory: Any, framework: str, command: str, **job: Any)
             "name": f"fw-{framework}",
             "framework": framework,
             "command": command,
+            "python": PYTHON,  # the hello, preflight's checks and `python` in commands: the venv
             "env": GLOO_ENV,
             **job,
         },
@@ -80,7 +81,7 @@ def test_torch_ddp_trains_across_two_hosts_with_torchrun_variables(
 ) -> None:
     h1, h2 = clean_lab.hosts[:2]
     inventory = _framework_job(
-        lab_inventory, "torch", f"{_echo((*TORCH_VARS, 'TF_CONFIG'))}; exec {PYTHON} torch_ddp.py --steps 30"
+        lab_inventory, "torch", f"{_echo((*TORCH_VARS, 'TF_CONFIG'))}; exec python torch_ddp.py --steps 30"
     )
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=400)
     out = result.stdout
@@ -106,7 +107,7 @@ def test_torch_restart_job_restarts_every_rank(
     """Rank 1 fails on its first attempt only (TFDEPLOY_ATTEMPT): the whole job restarts and
     both ranks of attempt 1 meet again at the coordinator and train."""
     command = (
-        f'exec {PYTHON} torch_ddp.py --steps 10 --fail-rank "$(( TFDEPLOY_ATTEMPT == 0 ? 1 : -1 ))"'
+        f'exec python torch_ddp.py --steps 10 --fail-rank "$(( TFDEPLOY_ATTEMPT == 0 ? 1 : -1 ))"'
     )
     inventory = _framework_job(
         lab_inventory, "torch", command, on_failure="restart-job",
@@ -137,7 +138,7 @@ def test_a_torch_script_under_the_tensorflow_convention_names_the_framework_key(
     inventory = _framework_job(
         lab_inventory,
         "tensorflow",
-        f"exec {PYTHON} torch_ddp.py --steps 5",
+        f"exec python torch_ddp.py --steps 5",
         require_tensorflow=False,
     )
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=400)
@@ -154,7 +155,7 @@ def test_keras_dataparallel_on_jax_trains_across_two_hosts(
 ) -> None:
     h1, _ = clean_lab.hosts[:2]
     inventory = _framework_job(
-        lab_inventory, "keras", f"{_echo(KERAS_VARS)}; exec {PYTHON} keras_jax.py --epochs 2"
+        lab_inventory, "keras", f"{_echo(KERAS_VARS)}; exec python keras_jax.py --epochs 2"
     )
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=600)
     out = result.stdout
