@@ -16,8 +16,8 @@ from deployer.config.plan import Task
 from deployer.config.roles import ROLES, role
 from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
-from deployer.watch.convention import convention_hint
 from deployer.hosts.reply_types import TaskStatus
+from deployer.watch.convention import convention_hint
 from remote import protocol
 
 TAIL_LINES = 20

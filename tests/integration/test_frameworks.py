@@ -81,7 +81,9 @@ def test_torch_ddp_trains_across_two_hosts_with_torchrun_variables(
 ) -> None:
     h1, h2 = clean_lab.hosts[:2]
     inventory = _framework_job(
-        lab_inventory, "torch", f"{_echo((*TORCH_VARS, 'TF_CONFIG'))}; exec python torch_ddp.py --steps 30"
+        lab_inventory,
+        "torch",
+        f"{_echo((*TORCH_VARS, 'TF_CONFIG'))}; exec python torch_ddp.py --steps 30",
     )
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=400)
     out = result.stdout
@@ -107,10 +109,13 @@ def test_torch_restart_job_restarts_every_rank(
     """Rank 1 fails on its first attempt only (TFDEPLOY_ATTEMPT): the whole job restarts and
     both ranks of attempt 1 meet again at the coordinator and train."""
     command = (
-        f'exec python torch_ddp.py --steps 10 --fail-rank "$(( TFDEPLOY_ATTEMPT == 0 ? 1 : -1 ))"'
+        'exec python torch_ddp.py --steps 10 --fail-rank "$(( TFDEPLOY_ATTEMPT == 0 ? 1 : -1 ))"'
     )
     inventory = _framework_job(
-        lab_inventory, "torch", command, on_failure="restart-job",
+        lab_inventory,
+        "torch",
+        command,
+        on_failure="restart-job",
         retry_exit_codes=[1],
         restart_backoff=1,
         stop_grace=2,
@@ -138,7 +143,7 @@ def test_a_torch_script_under_the_tensorflow_convention_names_the_framework_key(
     inventory = _framework_job(
         lab_inventory,
         "tensorflow",
-        f"exec python torch_ddp.py --steps 5",
+        "exec python torch_ddp.py --steps 5",
         require_tensorflow=False,
     )
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=400)
