@@ -15,9 +15,20 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+import functools
+
 import jax
+from jax._src import xla_bridge
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
+if os.environ.get("GLOO_SOCKET_IFNAME"):
+    # gloo binds to the address the host's name resolves to; where it resolves to nothing (the
+    # lab's namespace hosts) it fails ("device.cc:99 rv == 0. -3 vs 0"). jax 0.10.2 has no
+    # public setting for gloo's interface (torch reads GLOO_SOCKET_IFNAME itself): hand it on.
+    make = xla_bridge._jax.make_gloo_tcp_collectives
+    xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(
+        make, interface=os.environ["GLOO_SOCKET_IFNAME"]
+    )
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
