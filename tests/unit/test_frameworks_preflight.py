@@ -3,6 +3,7 @@ failure report's hint for a script under the wrong convention (watch/convention.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from deployer.config.frameworks import Framework
@@ -10,6 +11,7 @@ from deployer.config.inventory import load_inventory
 from deployer.config.plan import Plan, make_plan
 from deployer.up import frameworkrule
 from deployer.watch.convention import convention_hint
+from tests.support.aws import cli
 
 HOSTS = """
 [[hosts]]
@@ -86,3 +88,31 @@ def test_a_torch_script_under_tf_config_gets_the_framework_key_as_hint() -> None
     hint = convention_hint(keras, Framework.TENSORFLOW)
     assert hint is not None and 'framework = "keras" or framework = "jax"' in hint
     assert convention_hint(["ValueError: loss is nan"], Framework.TENSORFLOW) is None
+
+
+def test_plan_json_and_plan_print_each_ranks_variables(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    inventory = tmp_path / "inv.toml"
+    inventory.write_text(
+        '[job]\nname = "j"\ncode = "code"\ncommand = "python3 t.py"\nframework = "torch"\n'
+        '[[hosts]]\naddress = "10.0.0.1"\ntasks = [{ role = "worker", count = 2 }]\n'
+        '[[hosts]]\naddress = "10.0.0.2"\ntasks = [{ role = "worker" }]\n'
+    )
+    code, out, err = cli("plan", "--json", str(inventory))
+    assert code == 0, err
+    envs = {f"{t['role']}:{t['index']}": t["env"] for t in json.loads(out)["tasks"]}
+    assert envs["worker:1"] | {"CUDA_VISIBLE_DEVICES": "", "TFDEPLOY_TASK": "worker:1"} == {
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "2222",
+        "RANK": "1",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "CUDA_VISIBLE_DEVICES": "",
+        "TFDEPLOY_TASK": "worker:1",
+    }
+    assert "TF_CONFIG" not in envs["worker:2"] and envs["worker:2"]["LOCAL_RANK"] == "0"
+    code, out, err = cli("plan", str(inventory))
+    assert code == 0, err
+    assert "torch variables per task" in out and "TF_CONFIG" not in out
+    assert "worker:2     MASTER_ADDR=10.0.0.1 MASTER_PORT=2222 RANK=2 WORLD_SIZE=3" in out
