@@ -1,8 +1,8 @@
 """Preflight's framework rule: a task of `framework = "torch"`, `"jax"` or `"keras"` finds its
 framework in the python it runs with, at one version on every host (docs/frameworks.md).
 
-It stands beside the TensorFlow rule (up/tfrule.py on the 47 branch, preflight's
-`require_tensorflow` check here) and is kept as small: the hello says the distributions the
+It stands beside the TensorFlow rule (preflight's `require_tensorflow` check, which the 47
+branch moves into one TensorFlow module of its own) and is kept as small: the hello says the distributions the
 host's python has (remote/agent.py `frameworks`, read from their dist-info, nothing imported).
 Checked here: the tasks that run the host's python (no requirements, no image). A task in a
 venv or an image is not checked yet: its framework shows at its import.
