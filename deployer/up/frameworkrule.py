@@ -2,8 +2,9 @@
 framework in the python it runs with, at one version on every host (docs/frameworks.md).
 
 It stands beside the TensorFlow rule (preflight's `require_tensorflow` check, which the 47
-branch moves into one TensorFlow module of its own) and is kept as small: the hello says the distributions the
-host's python has (remote/agent.py `frameworks`, read from their dist-info, nothing imported).
+branch moves into one TensorFlow module of its own) and is kept as small: the hello says the
+distributions the host's python has (remote/agent.py `frameworks`, from their dist-info,
+nothing imported).
 Checked here: the tasks that run the host's python (no requirements, no image). A task in a
 venv or an image is not checked yet: its framework shows at its import.
 """

@@ -153,6 +153,23 @@ def test_a_torch_script_under_the_tensorflow_convention_names_the_framework_key(
     assert 'framework = "torch"' in out, out  # tfdeploy's hint
 
 
+def test_preflight_refuses_a_torch_job_whose_host_python_lacks_torch(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """The lab's own python has TensorFlow, not torch: the hello's dist-info read says so and
+    nothing starts."""
+    inventory = _framework_job(
+        lab_inventory, "torch", "exec python torch_ddp.py", python=clean_lab.python
+    )
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 3, out
+    for host in clean_lab.hosts[:2]:
+        assert f"{host.name}: torch is not installed for {clean_lab.python} (worker:" in out, out
+    assert "nothing was started" in out, out
+    assert "tasks started" not in out, out
+
+
 @needs_venv
 @pytest.mark.frameworks
 def test_keras_dataparallel_on_jax_trains_across_two_hosts(
