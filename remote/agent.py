@@ -20,6 +20,7 @@ import protocol
 import reservations
 
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+FRAMEWORK_DISTRIBUTIONS = ("torch", "jax", "jaxlib", "keras")  # `frameworks` in the hello
 CONNECT_TIMEOUT = 0.2
 DEFAULT_MAX_BYTES = 256 * 1024
 
@@ -62,6 +63,7 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         "machine": os.uname().machine,
         "glibc": _glibc(),
         "tensorflow": _tensorflow_version(),
+        "frameworks": _framework_versions(),
         "workdir": str(workdir),
         "disk_free": _free_bytes(workdir),
         "store_empty": _store_empty(workdir),
@@ -153,9 +155,21 @@ def _dist_info_version() -> str | None:
     importlib.metadata answers the same but costs ~35 ms of host CPU in its imports and scans, more
     than the rest of hello; on 100 hosts that is most of preflight.
     """
+    found = _dist_info_versions({d.replace("-", "_") for d in TF_DISTRIBUTIONS})
+    return next(iter(found.values()), None)
+
+
+def _framework_versions() -> dict[str, str]:
+    """The frameworks beside TensorFlow this python has (docs/frameworks.md), by their wheels'
+    dist-info: what preflight checks a torch, jax or keras job's host python against."""
+    return _dist_info_versions(set(FRAMEWORK_DISTRIBUTIONS))
+
+
+def _dist_info_versions(wanted: set[str]) -> dict[str, str]:
+    """Normalized distribution name -> version, for the `wanted` ones found, the first
+    directory on the path winning."""
     import site
 
-    wanted = {d.replace("-", "_") for d in TF_DISTRIBUTIONS}
     prefixes = [sys.prefix]
     exe_dir = os.path.dirname(os.path.abspath(sys.executable))
     for cfg in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(exe_dir, "..", "pyvenv.cfg")):
@@ -168,6 +182,7 @@ def _dist_info_version() -> str | None:
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     dirs = [os.path.join(p, "lib", version, "site-packages") for p in prefixes]
     dirs += [*site.getsitepackages(prefixes), site.getusersitepackages(), *sys.path]
+    found: dict[str, str] = {}
     for directory in dict.fromkeys(dirs):
         try:
             names = os.listdir(directory or ".")
@@ -175,10 +190,11 @@ def _dist_info_version() -> str | None:
             continue
         for name in names:
             if name.endswith(".dist-info"):
-                dist, _, version = name[: -len(".dist-info")].partition("-")
-                if dist.lower().replace("-", "_").replace(".", "_") in wanted and version:
-                    return version
-    return None
+                dist, _, number = name[: -len(".dist-info")].partition("-")
+                dist = dist.lower().replace("-", "_").replace(".", "_")
+                if dist in wanted and number:
+                    found.setdefault(dist, number)
+    return found
 
 
 def _ports(req: dict[str, Any], key: str) -> list[int]:

@@ -299,6 +299,9 @@ class HelloReply(HelloFacts, total=False):
     reserved_state: dict[str, str]  # per port of reserved_by: "running" or "starting"
     executable: str  # the real path of the interpreter the hello runs as
     prefix: str  # its sys.prefix (a venv's, for a venv's python)
+    # The frameworks beside TensorFlow the hello's python has, from their dist-info:
+    # {"torch": "2.13.0+cpu", "jax": "0.10.2", "jaxlib": "0.10.2", "keras": "3.15.1"}
+    frameworks: dict[str, str]
     runs: list[RunShape]  # asked with `runs`
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
     interpreters: InterpretersShape  # asked with `interpreters`

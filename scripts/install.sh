@@ -86,6 +86,8 @@ echo "installed: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[
 if [ "$TFDEPLOY_ROOT" != 1 ]; then
   [ -x "${TFDEPLOY_VENV_TF215:-/opt/tfdeploy/venv-tf215}/bin/python" ] ||
     echo "not made (not root): the TensorFlow 2.15 venv in /opt/tfdeploy; its tests skip"
+  [ -x "${TFDEPLOY_VENV_FRAMEWORKS:-/opt/tfdeploy/venv-frameworks}/bin/python" ] ||
+    echo "not made (not root): the torch/jax/keras venv in /opt/tfdeploy; its tests skip"
   exit 0
 fi
 # Hosts with TensorFlow 2.15, the last release with tf.estimator (the Estimator tutorial's test,
@@ -99,3 +101,18 @@ if ! "$VENV_TF215/bin/python" -c "$TF215_CHECK" 2>/dev/null; then
   "$VENV_TF215/bin/python" "${PIP[@]}" "tensorflow-cpu==2.15.1" scikit-learn
 fi
 echo "installed: tensorflow-cpu 2.15.1 venv at $VENV_TF215"
+
+# Hosts with the frameworks beside TensorFlow (docs/frameworks.md, tests/integration/
+# test_frameworks.py): PyTorch (CPU), JAX and Keras 3 in one venv of Debian's Python 3.11. The
+# heaviest part of the set-up: ~1.6 GB, ~8 min on a loaded machine (once); torch's CPU wheel
+# comes from the machine's pip configuration (the PyTorch CPU index or a local wheel directory).
+VENV_FRAMEWORKS=${TFDEPLOY_VENV_FRAMEWORKS:-/opt/tfdeploy/venv-frameworks}
+FRAMEWORKS_CHECK='import importlib.metadata as m, sys
+sys.exit(not m.version("torch").startswith("2.13.0") or m.version("jax") != "0.10.2"
+         or m.version("jaxlib") != "0.10.2" or m.version("keras") != "3.15.1")'
+if ! "$VENV_FRAMEWORKS/bin/python" -c "$FRAMEWORKS_CHECK" 2>/dev/null; then
+  [ -x "$VENV_FRAMEWORKS/bin/python" ] || /usr/bin/python3 -m venv "$VENV_FRAMEWORKS"
+  "$VENV_FRAMEWORKS/bin/python" "${PIP[@]}" "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2" \
+    "keras==3.15.1" numpy
+fi
+echo "installed: torch, jax and keras venv at $VENV_FRAMEWORKS"

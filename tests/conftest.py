@@ -171,10 +171,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     no_vagrant = pytest.mark.skip(
         reason="boots VMs: run with `pytest -m vagrant` (docs/testing.md)"
     )
+    # Keras 3 on JAX across two lab hosts costs minutes of CPU: only a run that asks for it.
+    frameworks_asked = "frameworks" in (config.option.markexpr or "")
+    no_frameworks = pytest.mark.skip(
+        reason="trains Keras 3 on JAX: run with `pytest -m frameworks` (docs/testing.md)"
+    )
     no_slow = pytest.mark.skip(reason=SLOW_SKIP) if _skips_slow(config) else None
     for item in items:
         if "vagrant" in item.keywords and not vagrant_asked:
             item.add_marker(no_vagrant)
+        if "frameworks" in item.keywords and not frameworks_asked:
+            item.add_marker(no_frameworks)
         if no_slow is not None and "slow" in item.keywords:
             item.add_marker(no_slow)
         needs_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))

@@ -73,7 +73,7 @@ def plan_table(plan: Plan) -> RenderableType:
         # Text, not str: addresses come from the inventory and rich would parse "[...]" as markup.
         table.add_row(task.name, task.host, Text(address), gpus, Text(task.command))
     parts: list[RenderableType] = [source_table(s) for s in plan.inventory.tables]
-    return Group(*parts, table, *_gpu_masks(plan, auto), *_tf_configs(plan))
+    return Group(*parts, table, *_gpu_masks(plan, auto), *_tf_configs(plan), *_rank_vars(plan))
 
 
 def _gpu_masks(plan: Plan, auto: set[str]) -> list[RenderableType]:
@@ -91,12 +91,27 @@ def _gpu_masks(plan: Plan, auto: set[str]) -> list[RenderableType]:
     return [_heading("CUDA_VISIBLE_DEVICES per task"), lines]
 
 
+def _rank_vars(plan: Plan) -> list[RenderableType]:
+    """Outside TensorFlow, each rank's variables as its convention names them (frameworks.py)."""
+    ranked = [t for t in plan.tasks if t.rank is not None]
+    if not ranked:
+        return []
+    lines = Text()
+    for task in ranked:
+        lines.append(f"{task.name:<12}", style="bold")
+        lines.append(" " + " ".join(f"{k}={v}" for k, v in task.cluster_env.items()) + "\n")
+    return [_heading(f"{ranked[0].framework} variables per task"), lines]
+
+
 def _tf_configs(plan: Plan) -> list[RenderableType]:
     cluster = json.dumps(plan.cluster)
-    sizes = itertools.accumulate(len(t.env["TF_CONFIG"]) for t in plan.tasks)
+    tasks = [t for t in plan.tasks if t.rank is None]
+    if not tasks:
+        return []
+    sizes = itertools.accumulate(len(t.env["TF_CONFIG"]) for t in tasks)
     if all(total <= COMPACT_CONFIGS for total in sizes):  # stops at the first one beyond
-        return [_heading("TF_CONFIG per task"), _config_lines(plan.tasks)]
-    unusual = [t for t in plan.tasks if not _is_usual_config(t, cluster)]
+        return [_heading("TF_CONFIG per task"), _config_lines(tasks)]
+    unusual = [t for t in tasks if not _is_usual_config(t, cluster)]
     shared = Text()
     shared.append("every task", style="bold")
     shared.append(' TF_CONFIG={"cluster": CLUSTER, "task": {"type": ROLE, "index": INDEX}}')

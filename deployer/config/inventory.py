@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from deployer.config import containers, sshconfig
+from deployer.config.frameworks import Framework
 from deployer.config.model import (
     GPU_HEALTH_MODES,
     EvaluatorFailure,
@@ -211,6 +212,10 @@ def _parse_job(t: Table, directory: Path) -> Job:
             t.fail(f"role_commands.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
         elif role_commands[role] == BUILTIN_SERVER and not has_port(role):
             t.fail(f"role_commands.{role}", f"an {role} runs the user's code, not a TF server")
+    framework = Framework(t.choice("framework", list(Framework), _JOB.framework))
+    role_frameworks = _role_frameworks(t)
+    # A job whose tasks all read another convention needs no TensorFlow on its hosts.
+    uses_tf = Framework.TENSORFLOW in (framework, *role_frameworks.values())
     job = Job(
         name=name,
         code=code,
@@ -241,8 +246,10 @@ def _parse_job(t: Table, directory: Path) -> Job:
         firewall=t.boolean("firewall", _JOB.firewall),
         netcheck=_netcheck(t),
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),
+        framework=framework,
+        role_frameworks=role_frameworks,
         fanout=t.boolean("fanout", _JOB.fanout),
-        require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow),
+        require_tensorflow=t.boolean("require_tensorflow", _JOB.require_tensorflow and uses_tf),
         allow_mixed_tensorflow=t.boolean("allow_mixed_tensorflow", _JOB.allow_mixed_tensorflow),
         artifacts=t.string_list("artifacts"),
         # `~` as a shell would have it (this machine's home); relative: the working directory
@@ -272,6 +279,18 @@ def _image(t: Table, key: str) -> str | None:
     if value is not None and (not value or value.startswith("-") or re.search(r"\s", value)):
         t.fail(key, f"expected an image name such as tensorflow/tensorflow:2.16.1, got {value!r}")
     return value
+
+
+def _role_frameworks(t: Table) -> dict[str, Framework]:
+    """`role_frameworks = { evaluator = "tensorflow" }`: a role that reads another convention
+    than the job's `framework`."""
+    roles = t.sub_table("role_frameworks")
+    read = {r: Framework(roles.choice(r, list(Framework), "")) for r in roles.written_keys()}
+    for role in read:
+        if role not in TF_ROLES:
+            t.fail(f"role_frameworks.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
+    roles.finish()
+    return read
 
 
 def _role_images(t: Table) -> dict[str, str]:

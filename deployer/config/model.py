@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from deployer.config.frameworks import Framework
+
 
 class FailurePolicy(StrEnum):
     """job.on_failure: what a failed task does to the job."""
@@ -213,6 +215,10 @@ class Job:
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
     strategy: Strategy = Strategy.AUTO  # the tf.distribute strategy, for plan's rules (tfrules.py)
+    # The cluster convention the tasks read (config/frameworks.py): TF_CONFIG, or the variables
+    # of Keras 3, JAX or torchrun; per role with role_frameworks.
+    framework: Framework = Framework.TENSORFLOW
+    role_frameworks: dict[str, Framework] = field(default_factory=dict)
     netcheck: NetcheckMode = NetcheckMode.AUTO  # preflight tries TF connections (netplan.py)
     fanout: bool = True  # hosts copy the code to each other; the uplink carries it once (fanout.py)
     require_tensorflow: bool = True  # false: a job that does not use TF (data prep, a smoke test)

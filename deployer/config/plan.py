@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from deployer.config.containers import check_images
+from deployer.config.frameworks import RANK_ROLES, VARIABLES, Framework, Rank, ranks, variables
 from deployer.config.inventory import Inventory
 from deployer.config.model import FailurePolicy, Host, Job, TaskSpec
 from deployer.config.roles import (
@@ -70,6 +71,8 @@ class Task:
     # would make a plan of n tasks hold n copies of an O(n) cluster (2,000 hosts: 78 MB). An
     # evaluator's is its own: it alone (roles.py, `lists_only_itself`).
     cluster_json: str = field(default="{}", repr=False)
+    framework: Framework = Framework.TENSORFLOW  # the cluster convention it reads
+    rank: Rank | None = field(default=None, repr=False)  # outside TensorFlow: its rank
 
     @property
     def name(self) -> str:
@@ -78,13 +81,20 @@ class Task:
     @property
     def env(self) -> dict[str, str]:
         """Everything the task is started with: its own env, then what tfdeploy sets."""
-        task = json.dumps({"type": self.role, "index": self.index})
         return {
             **self.own_env,
-            "TF_CONFIG": f'{{"cluster": {self.cluster_json}, "task": {task}}}',
+            **self.cluster_env,
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus),
             protocol.TASK_ENV: self.name,
         }
+
+    @property
+    def cluster_env(self) -> dict[str, str]:
+        """The variables of its convention: TF_CONFIG, or its rank's (config/frameworks.py)."""
+        if self.rank is not None:
+            return variables(self.framework, self.rank)
+        task = json.dumps({"type": self.role, "index": self.index})
+        return {"TF_CONFIG": f'{{"cluster": {self.cluster_json}, "task": {task}}}'}
 
     @property
     def endpoint(self) -> str:
@@ -163,6 +173,10 @@ class _Slot:
     port: int | None
     gpus: tuple[int, ...]
 
+    @property
+    def name(self) -> tuple[str, int]:
+        return (self.role, self.index)
+
 
 def make_plan(inventory: Inventory) -> Plan:
     """Plans every task; raises InventoryError for rules a single key cannot express."""
@@ -173,16 +187,20 @@ def make_plan(inventory: Inventory) -> Plan:
     _check_failure_policy(inventory.job, slots, file)
     _check_ports(slots, file)
     check_images(inventory.job, [(s.host, s.role) for s in slots], file)
+    frameworks = _check_frameworks(inventory.job, slots, file)
     cluster: dict[str, list[str]] = {}
     for s in slots:
-        if s.role in CLUSTER_ROLES:
+        if s.role in CLUSTER_ROLES and frameworks[s.name] == Framework.TENSORFLOW:
             cluster.setdefault(s.role, []).append(host_port(s.host.tf_address, s.port))
     cluster = {role: cluster[role] for role in CLUSTER_ROLES if role in cluster}
     shared = _Shared(
         cluster_json=json.dumps(cluster),
         placeholders={f"{r}_hosts": ",".join(cluster.get(r, [])) for r in CLUSTER_ROLES},
     )
-    tasks = tuple(_finish_task(s, inventory, shared) for s in slots)
+    ranks = _ranks(slots, frameworks)
+    tasks = tuple(
+        _finish_task(s, inventory, shared, frameworks[s.name], ranks.get(s.name)) for s in slots
+    )
     if inventory.job.tensorboard is not None:
         tasks += (_tensorboard_task(inventory, tasks, file),)
     if not any(t.awaited for t in tasks):
@@ -355,7 +373,9 @@ class _Shared:
     placeholders: dict[str, str]  # {chief_hosts} etc.
 
 
-def _finish_task(s: _Slot, inventory: Inventory, shared: _Shared) -> Task:
+def _finish_task(
+    s: _Slot, inventory: Inventory, shared: _Shared, framework: Framework, rank: Rank | None
+) -> Task:
     template, source = _command_template(s, inventory)
     cluster_json = shared.cluster_json
     if role(s.role).lists_only_itself:
@@ -373,10 +393,56 @@ def _finish_task(s: _Slot, inventory: Inventory, shared: _Shared) -> Task:
         port=s.port,
         gpus=s.gpus,
         command=command,
-        own_env=_task_env(s, inventory),
+        own_env=_task_env(s, inventory, framework),
         cpus=s.spec.cpus,
         cluster_json=cluster_json,
+        framework=framework,
+        rank=rank,
     )
+
+
+def _framework_of(job: Job, role_name: str) -> Framework:
+    return job.role_frameworks.get(role_name, job.framework)
+
+
+def _check_frameworks(job: Job, slots: list[_Slot], file: str) -> dict[tuple[str, int], Framework]:
+    """Each slot's convention; outside TensorFlow only ranks (chief, workers) and at most one
+    convention besides TensorFlow, since ranks of two conventions share no coordinator."""
+    found = {s.name: _framework_of(job, s.role) for s in slots}
+    for s in slots:
+        if found[s.name] != Framework.TENSORFLOW and s.role not in RANK_ROLES:
+            key = (
+                "job.role_frameworks." + s.role
+                if s.role in job.role_frameworks
+                else "job.framework"
+            )
+            raise InventoryError(
+                file,
+                key,
+                f"a {s.role} has no place among {found[s.name]}'s ranks (one process per task: "
+                f"{' and '.join(RANK_ROLES)})",
+                hint=f'make it a worker, or set role_frameworks.{s.role} = "tensorflow"',
+            )
+    others = sorted({f for f in found.values() if f != Framework.TENSORFLOW})
+    if len(others) > 1:
+        raise InventoryError(
+            file,
+            "job.role_frameworks",
+            f"the ranks would read two conventions ({' and '.join(others)}) with no coordinator "
+            "in common",
+            hint="give the chief and the workers one framework",
+        )
+    return found
+
+
+def _ranks(
+    slots: list[_Slot], frameworks: dict[tuple[str, int], Framework]
+) -> dict[tuple[str, int], Rank]:
+    """Rank 0 the chief (else worker 0), then the workers in plan order."""
+    members = [s for s in slots if frameworks[s.name] != Framework.TENSORFLOW]
+    members.sort(key=lambda s: (RANK_ROLES.index(s.role), s.index))
+    placed = ranks([(s.host.name, s.host.tf_address, s.port or 0) for s in members])
+    return {s.name: r for s, r in zip(members, placed, strict=True)}
 
 
 def _command_template(s: _Slot, inventory: Inventory) -> tuple[str, str]:
@@ -457,12 +523,19 @@ def _reserved(inventory: Inventory, key: str, name: str) -> InventoryError:
     )
 
 
-def _task_env(s: _Slot, inventory: Inventory) -> dict[str, str]:
+def _task_env(s: _Slot, inventory: Inventory, framework: Framework) -> dict[str, str]:
     job = inventory.job
     for source, env in (("job.env", job.env), (f"{s.spec.key}.env", s.spec.env)):
         for name in env:
             if name in RESERVED_ENV:
                 raise _reserved(inventory, f"{source}.{name}", name)
+            if framework != Framework.TENSORFLOW and name in VARIABLES[framework]:
+                raise InventoryError(
+                    str(inventory.path),
+                    f"{source}.{name}",
+                    f"{name} is set by tfdeploy for each {framework} rank",
+                    hint="remove it: the plan gives each task its rank (tfdeploy plan shows them)",
+                )
     for name in job.forward_env:  # copied from this machine, then overwritten just the same
         if name in RESERVED_ENV:
             raise _reserved(inventory, "job.forward_env", name)

@@ -23,7 +23,7 @@ from deployer.hosts.gpuhealth import gpu_lines
 from deployer.hosts.gpurelease import prove_released
 from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.push.sync import Manifest, scan
-from deployer.up import environment, firewall, netcheck
+from deployer.up import environment, firewall, frameworkrule, netcheck
 from deployer.up.images import images_by_host
 from remote.protocol import InterpretersQuery
 
@@ -273,6 +273,7 @@ def _conclude(
     if plan.job.firewall:
         problems += firewall.check(fleet, members)
     problems += _tensorboard_missing(plan, fleet)
+    problems += frameworkrule.problems(plan, facts)
     if problems:
         raise HostsFailed(problems)
     warnings += interpreters

@@ -17,6 +17,7 @@ from deployer.config.roles import ROLES, role
 from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
 from deployer.hosts.reply_types import TaskStatus
+from deployer.watch.convention import convention_hint
 from remote import protocol
 
 TAIL_LINES = 20
@@ -220,9 +221,11 @@ class TaskBoard:
                 f"controller): {watch.label} was {outcome}"
             )
         others = "the other tasks were stopped; " if len(self.watches) > 1 else ""
+        convention = convention_hint(watch.tail, watch.task.framework)
         return JobFailed(
             hide(message),
-            hint=f"{others}full log: tfdeploy logs {run_id} --task {name}",
+            hint=(f"{convention}; " if convention else "")
+            + f"{others}full log: tfdeploy logs {run_id} --task {name}",
         )
 
     # ---- the stall watchdog's input and verdict ---------------------------------------------

@@ -92,6 +92,7 @@ class FakeHost:
             "machine": "x86_64",
             "glibc": "2.36",
             "tensorflow": "2.21.0",
+            "frameworks": {"keras": "3.15.1"},  # what tensorflow-cpu 2.21 pulls in
             "workdir": f"/fake/{name}/.tfdeploy",
             "disk_free": 10**12,
             "store_empty": True,  # set at each hello from the store

@@ -171,10 +171,11 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
             "job.comand: unknown key (known keys here: allow_mixed_tensorflow, artifacts, "
             "artifacts_to, code, command, "
             "container_mounts, container_runtime, "
-            "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, "
+            "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, framework, "
             "image, image_from, installer, lease_seconds, max_restarts, "
             "name, netcheck, on_failure, port, python, require_tensorflow, requirements, "
-            "restart_backoff, retry_exit_codes, role_commands, role_images, role_requirements, "
+            "restart_backoff, retry_exit_codes, role_commands, role_frameworks, role_images, "
+            "role_requirements, "
             "secret_env, setup, stall_timeout, start_timeout, stop_grace, strategy, "
             "system_site_packages, tensorboard, wheels_from, workdir)",
             "did you mean 'command'?",
