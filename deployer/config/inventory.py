@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import posixpath
 import re
 import stat
 import tomllib
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployer.config import containers, sshconfig
+from deployer.config import jobtables, sshconfig
 from deployer.config.frameworks import Framework
 from deployer.config.model import (
     GPU_HEALTH_MODES,
@@ -33,7 +32,6 @@ from deployer.config.model import (
     Installer,
     Job,
     NetcheckMode,
-    Requirements,
     SSHSettings,
     Strategy,
     TaskSpec,
@@ -213,7 +211,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         elif role_commands[role] == BUILTIN_SERVER and not has_port(role):
             t.fail(f"role_commands.{role}", f"an {role} runs the user's code, not a TF server")
     framework = Framework(t.choice("framework", list(Framework), _JOB.framework))
-    role_frameworks = _role_frameworks(t)
+    role_frameworks = jobtables.role_frameworks(t)
     # A job whose tasks all read another convention needs no TensorFlow on its hosts.
     uses_tf = Framework.TENSORFLOW in (framework, *role_frameworks.values())
     job = Job(
@@ -256,108 +254,21 @@ def _parse_job(t: Table, directory: Path) -> Job:
         artifacts_to=os.path.expanduser(t.string("artifacts_to", _JOB.artifacts_to)),
         tensorboard=_tensorboard(t),
         forward_env=t.env_names("forward_env"),
-        requirements=_requirements(t, "requirements", code),
-        role_requirements=_role_requirements(t, code),
+        requirements=jobtables.requirements(t, "requirements", code),
+        role_requirements=jobtables.role_requirements(t, code),
         system_site_packages=t.boolean("system_site_packages", _JOB.system_site_packages),
         wheels_from=WheelsFrom(
             t.choice("wheels_from", [w.value for w in WheelsFrom], _JOB.wheels_from)
         ),
         installer=Installer(t.choice("installer", [i.value for i in Installer], _JOB.installer)),
-        image=_image(t, "image"),
-        role_images=_role_images(t),
+        image=jobtables.image(t, "image"),
+        role_images=jobtables.role_images(t),
         image_from=ImageFrom(t.choice("image_from", [w.value for w in ImageFrom], _JOB.image_from)),
-        container_runtime=_runtime(t),
-        container_mounts=_mounts(t),
+        container_runtime=jobtables.container_runtime(t),
+        container_mounts=jobtables.mounts(t),
     )
     t.finish()
     return job
-
-
-def _image(t: Table, key: str) -> str | None:
-    """An image reference (`NAME:TAG`, `registry/name@sha256:...`), as the runtime takes it."""
-    value = t.string(key)
-    if value is not None and (not value or value.startswith("-") or re.search(r"\s", value)):
-        t.fail(key, f"expected an image name such as tensorflow/tensorflow:2.16.1, got {value!r}")
-    return value
-
-
-def _role_frameworks(t: Table) -> dict[str, Framework]:
-    """`role_frameworks = { evaluator = "tensorflow" }`: a role that reads another convention
-    than the job's `framework`."""
-    roles = t.sub_table("role_frameworks")
-    read = {r: Framework(roles.choice(r, list(Framework), "")) for r in roles.written_keys()}
-    for role in read:
-        if role not in TF_ROLES:
-            t.fail(f"role_frameworks.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
-    roles.finish()
-    return read
-
-
-def _role_images(t: Table) -> dict[str, str]:
-    """`role_images = { evaluator = "eval:1" }`: a role's own image."""
-    roles = t.sub_table("role_images")
-    read = {role: _image(roles, role) or "" for role in roles.written_keys()}
-    for role in read:
-        if role not in TF_ROLES:
-            t.fail(f"role_images.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}")
-    roles.finish()
-    return read
-
-
-def _runtime(t: Table) -> str | None:
-    value = t.string("container_runtime")  # read even when absent: a typo gets its "did you mean"
-    if value is not None and value not in ("podman", "docker"):
-        t.fail("container_runtime", f"expected podman or docker, got {value!r}")
-    return value
-
-
-def _mounts(t: Table) -> tuple[str, ...]:
-    """Host paths mounted into each task's container at the same path; `PATH:ro` read-only.
-    Normalised (`/data/` and `/data//x` are `/data` and `/data/x`), and refused here when the
-    runtime would refuse them at start or the container could not run (containers.py)."""
-    return tuple(dict.fromkeys(_mount(t, mount) for mount in t.string_list("container_mounts")))
-
-
-def _mount(t: Table, mount: str) -> str:
-    path, read_only = (mount[:-3], True) if mount.endswith(":ro") else (mount, False)
-    if not path.startswith("/") or ":" in path or "," in path:
-        t.fail(
-            "container_mounts",
-            f"expected absolute paths, optionally ending in :ro, got {mount!r}",
-        )
-    problem = containers.mount_problem(path)
-    if problem is not None:
-        t.fail(
-            "container_mounts",
-            f"{mount!r} {problem}",
-            hint="mount the folder the tasks need (`/data`, `/opt/tools:ro`); the runtime gives "
-            "every container its own /proc, /sys and /dev",
-        )
-    return "/" + posixpath.normpath(path).lstrip("/") + (":ro" if read_only else "")
-
-
-def _requirements(t: Table, key: str, code: Path) -> Requirements:
-    """A requirements file relative to `code` (it must exist), or the requirement lines."""
-    value = t.string_or_list(key)
-    if isinstance(value, str) and not (code / value).is_file():
-        t.fail(
-            key,
-            f"expected a requirements file relative to `code`, but {code / value} is not a file",
-        )
-    return value
-
-
-def _role_requirements(t: Table, code: Path) -> dict[str, Requirements]:
-    """`role_requirements = { evaluator = "eval.txt" }`: a role's own environment."""
-    roles = t.sub_table("role_requirements")
-    read = {role: _requirements(roles, role, code) for role in roles.written_keys()}
-    for role in read:
-        if role not in TF_ROLES:
-            t.fail(
-                f"role_requirements.{role}", f"expected one of the roles {', '.join(ROLE_NAMES)}"
-            )
-    roles.finish()
-    return read
 
 
 def _tensorboard(job: Table) -> TensorBoard | None:
@@ -428,12 +339,12 @@ def parse_host_settings(t: Table, context: SourceContext) -> HostSettings:
         ssh=ssh,
         tasks=tuple(parse_task(tt) for tt in task_tables),
         requirements=(
-            _requirements(t, "requirements", job.code)
+            jobtables.requirements(t, "requirements", job.code)
             if t.has("requirements")
             else job.requirements
         ),
-        image=_image(t, "image") or job.image,
-        container_runtime=_runtime(t) or job.container_runtime,
+        image=jobtables.image(t, "image") or job.image,
+        container_runtime=jobtables.container_runtime(t) or job.container_runtime,
     )
 
 
