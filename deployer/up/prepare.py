@@ -3,12 +3,13 @@ code, and the job's setup commands; what recovery runs again for a replacement h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from deployer.config.model import NetcheckMode
 from deployer.core.fold import fold_names
-from deployer.core.text import plural
+from deployer.core.text import human_size, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
@@ -18,6 +19,7 @@ from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
 from deployer.up.teardown import Teardown
+from deployer.watch.progress import HostProgress, Progress, Ticker
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
 
@@ -77,7 +79,8 @@ class Preparation:
             return findings
         self.view.phase("checking the job's container image")
         try:
-            lines = self.images.check(self.fleet, self.members, self.run.run_id)
+            with Ticker(self.view, Progress("checking the job's container image")):
+                lines = self.images.check(self.fleet, self.members, self.run.run_id)
         except BaseException:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise
@@ -95,7 +98,8 @@ class Preparation:
             return findings
         self.view.phase("resolving the job's environment")
         try:
-            lines = self.environment.resolve(findings.facts)
+            with Ticker(self.view, Progress("resolving the job's environment")):
+                lines = self.environment.resolve(findings.facts)
         except BaseException:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise
@@ -110,10 +114,20 @@ class Preparation:
         if self.environment.any:
             hosts = [m for m in self.members if m.name in self.environment.envs]
             self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
-            done, warnings = self.environment.install(self.fleet, hosts, self.run.run_id)
+            # Per host rows: the installer's numbers (wheels done of total) go to
+            # `ticker.host(name, done=..., total=..., unit="wheels")` where it reports them.
+            installing = Progress(
+                "installing the job's environment",
+                rows=tuple(HostProgress(m.name, state="installing") for m in hosts),
+            )
+            with Ticker(self.view, installing):
+                done, warnings = self.environment.install(self.fleet, hosts, self.run.run_id)
             for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
                 self.view.step(line)
-        for line in self.images.load(self.fleet, self.members, self.run.run_id):
+        loading = Progress("loading the job's image on the hosts that lack it")
+        with Ticker(self.view, loading) if self.images.lacking() else contextlib.nullcontext():
+            loaded = self.images.load(self.fleet, self.members, self.run.run_id)
+        for line in loaded:
             self.view.step(line)
         self.run.interpreters = {
             t.name: {**self.environment.where(t), **self.images.where(t)}
@@ -137,9 +151,15 @@ class Preparation:
         # The job's wheels travel with the code: stored, placed nowhere (environment.py).
         fields = {**host_fields(self.run.plan, self.run.run_id, self.lease), **manifest.fields()}
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
-        pushing = deliver(
-            self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores
+        sending = Progress(
+            f"sending the code to {plural(len(members), 'host')}",
+            note=f"the code and wheels: {human_size(manifest.total_bytes)}; only what a "
+            "host lacks travels",
         )
+        with Ticker(self.view, sending):
+            pushing = deliver(
+                self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores
+            )
         for line in pushing:
             self.view.step(line)
 
