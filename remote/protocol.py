@@ -252,7 +252,7 @@ class TaskStatusFields(TypedDict):
 
 class TaskStatusShape(TaskStatusFields, total=False):
     usage: UsageShape  # poll and runs replies, running tasks
-    last: str  # runs replies: the task's newest metrics line, as the task wrote it
+    last: list[str]  # runs replies: the task's newest metrics lines, as the task wrote them
 
 
 class RunShape(TypedDict):

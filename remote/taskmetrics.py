@@ -82,17 +82,18 @@ def new_lines(task_dir: Path, offset: int, budget: int) -> tuple[int, list[str]]
     return offset + used, lines
 
 
-def last_line(task_dir: Path) -> str | None:
-    """The task's newest metrics record (raw), for `status`."""
+def last_lines(task_dir: Path, count: int = 8) -> list[str]:
+    """The task's newest metrics records (raw, oldest first), for `status`: enough for a
+    step rate as well as the last values."""
     try:
         with open(str(metrics_path(task_dir)), "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - TAIL))
             data = f.read(TAIL)
     except OSError:
-        return None
+        return []
     lines = [x for x in data.split(b"\n")[:-1] if 0 < len(x) <= MAX_LINE]
-    return lines[-1].decode("utf-8", "replace") if lines else None
+    return [x.decode("utf-8", "replace") for x in lines[-count:]]
 
 
 def group_usage(pgids: list[int]) -> dict[int, tuple[float, int, int]]:
@@ -145,7 +146,7 @@ def add_usage(statuses: list[dict[str, Any]]) -> None:
 
 
 def add_last(run_dir: Path, statuses: list[dict[str, Any]]) -> None:
-    """Each task's newest metrics line as `last` (status, runs)."""
+    """Each task's newest metrics lines as `last` (status, runs)."""
     import params
 
     for status in statuses:
@@ -153,11 +154,11 @@ def add_last(run_dir: Path, statuses: list[dict[str, Any]]) -> None:
         if not isinstance(name, str):
             continue
         try:
-            line = last_line(run_dir / "tasks" / params.task_dirname(name))
+            lines = last_lines(run_dir / "tasks" / params.task_dirname(name))
         except params.AgentError:
             continue
-        if line is not None:
-            status["last"] = line
+        if lines:
+            status["last"] = lines
 
 
 def read_metrics(run_dir: Path, offsets: dict[str, Any], budget: int) -> list[dict[str, Any]]:

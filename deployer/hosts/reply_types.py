@@ -54,7 +54,7 @@ class TaskStatus:
     frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
     disk_full: str | None = None  # the host's file system that was full when it ended
     usage: Usage | None = None  # running tasks, in poll and runs replies
-    last: dict[str, float] | None = None  # runs replies: its newest metrics record
+    last: tuple[dict[str, float], ...] = ()  # runs replies: its newest metrics records
 
     @classmethod
     def from_json(cls, raw: object, edge: Edge, known: Collection[str] | None = None) -> TaskStatus:
@@ -79,7 +79,9 @@ class TaskStatus:
             frozen=bool(d.get("frozen")),
             disk_full=d["disk_full"] if isinstance(d.get("disk_full"), str) else None,
             usage=Usage.from_json(d.get("usage"), edge, name),
-            last=metric_record(d.get("last")),
+            last=tuple(
+                r for r in map(metric_record, edge.items(d.get("last") or [], "last")[:16]) if r
+            ),
         )
 
     @property

@@ -53,9 +53,7 @@ def archive_warning(run_id: str, why: str) -> str:
     )
 
 
-def run_facts(
-    plan: Plan, run_id: str, began: float, hide: Callable[[str], str]
-) -> dict[str, Any]:
+def run_facts(plan: Plan, run_id: str, began: float, hide: Callable[[str], str]) -> dict[str, Any]:
     """The run as its report shows it (results/metricstore.py `facts.json`): inventory, job,
     hosts, and each task's host, command, TF_CONFIG and environment, secrets masked."""
     job, secret = plan.job, plan.job.secret_env
@@ -64,7 +62,7 @@ def run_facts(
         "job": job.name,
         "inventory": str(plan.inventory.path),
         "began": began,
-        "command": hide(job.command),
+        "command": hide(job.command or ""),
         "image": job.image,
         "requirements": [str(r) for r in getattr(job, "requirements", None) or ()],
         "hosts": [{"name": h.name, "address": h.address} for h in plan.hosts],

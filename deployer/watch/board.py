@@ -185,7 +185,9 @@ class TaskBoard:
                     outcome=s.outcome() if s and s.finished else "",
                     last_line=w.tail[-1] if w.tail else "",
                     failed=s is not None and evaluation_failed(s),
-                    progress=w.series.progress() if w.series.records or w.series.resources else None,
+                    progress=w.series.progress()
+                    if w.series.records or w.series.resources
+                    else None,
                 )
             )
         return rows
