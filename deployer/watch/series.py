@@ -7,6 +7,7 @@ same memory as an hour's. What a view and `status` show of it is a `TaskProgress
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from deployer.core.text import duration, human_size
@@ -95,6 +96,10 @@ class TaskSeries:
             self.resources.append(sample)
             _thin(self.resources)
 
+    @property
+    def seen(self) -> bool:
+        return bool(self.records or self.resources)
+
     def progress(self) -> TaskProgress:
         last = self.records[-1] if self.records else {}
         sample = self.resources[-1] if self.resources else {}
@@ -137,7 +142,7 @@ class TaskSeries:
         recent = self.records[-(SPARK_POINTS + 1) :]
         return [
             (b["step"] - a["step"]) / (b["time"] - a["time"])
-            for a, b in zip(recent, recent[1:], strict=False)
+            for a, b in itertools.pairwise(recent)
             if b["time"] > a["time"] and b["step"] >= a["step"]
         ]
 
