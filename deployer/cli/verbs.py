@@ -11,10 +11,13 @@ import argparse
 import dataclasses
 import functools
 import json
+from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 
 from deployer import api
+from deployer.api import reportpage, runlist
 from deployer.api.render import plan_document, plan_table, status_json, status_table
 from deployer.cli.console import Env
 from deployer.core.errors import ExitStatus, HostsFailed, NothingMatched, UsageError
@@ -113,6 +116,38 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
         raise found.missing()
     if not runs and not args.json:
         env.out.print(Text(found.nothing_found))
+    return ExitStatus.OK
+
+
+def runs_verb(args: argparse.Namespace, env: Env) -> int:
+    """Every run this machine keeps a record of, newest first (api/runlist.py)."""
+    found = runlist.local_runs()
+    if args.inventory:
+        hosts = api.status(args.inventory)
+        states: dict[str, list[Any]] = {}
+        for run in hosts.runs:
+            states.setdefault(run.run_id, []).extend(run.tasks)
+        found = runlist.with_hosts(found, states)
+    found = [
+        r
+        for r in found
+        if (args.job is None or r.job == args.job)
+        and (args.state is None or r.outcome == args.state)
+    ]
+    if args.json:
+        env.raw_out.write(json.dumps({"runs": [r.to_json() for r in found]}, indent=2) + "\n")
+    elif found:
+        env.out.print(runlist.runs_table(found))
+    else:
+        env.out.print(Text("no runs recorded on this machine match"))
+    return ExitStatus.OK
+
+
+def report_verb(args: argparse.Namespace, env: Env) -> int:
+    """The run's HTML page; its path is the last line printed."""
+    out = Path(args.output) if args.output else None
+    path = reportpage.write_report(args.run_id, out)
+    env.raw_out.write(f"{path.resolve()}\n")
     return ExitStatus.OK
 
 
