@@ -1,0 +1,86 @@
+"""The metrics channel: what a task writes (TFDEPLOY_METRICS), read by the agent in bounded
+pieces, parsed at the reply edge as untrusted, and shown as steps/s and ETA."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from deployer.hosts.replies import metric_record
+from deployer.watch.progress import PlainProgress, Progress
+from deployer.watch.series import TaskSeries
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "remote"))
+import taskmetrics  # noqa: E402  (the agent's module, as hosts import it)
+import tfdeploy_metrics  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"step": 3, "loss": 0.5}', {"step": 3.0, "loss": 0.5}),
+        ('{"step": 3, "loss": NaN}', {"step": 3.0}),
+        ('{"step": 3, "loss": 1e300}', {"step": 3.0}),
+        ('{"step": 3, "bad name\\u001b[2J": 1}', {"step": 3.0}),
+        ('{"step": 3, "acc": true, "s": "x"}', {"step": 3.0}),
+        ('{"step": -1}', None),
+        ('{"step": 1.5}', None),
+        ('{"loss": 1}', None),
+        ("[1, 2]", None),
+        ("not json", None),
+        ('{"step": 1, "x": ' + "1" * 3000 + "}", None),
+    ],
+)
+def test_the_edge_keeps_only_bounded_finite_numbers_with_clean_names(line, expected):
+    assert metric_record(line) == expected
+
+
+def test_the_edge_bounds_the_number_of_keys():
+    record = metric_record(json.dumps({"step": 1, **{f"k{i}": i for i in range(100)}}))
+    assert record is not None and len(record) == 24
+
+
+def test_the_helper_writes_what_the_agent_reads_whole_lines_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDEPLOY_METRICS", str(tmp_path / taskmetrics.METRICS_FILE))
+    monkeypatch.setattr(tfdeploy_metrics, "_file", None)
+    for step in range(1, 6):
+        tfdeploy_metrics.report(step, total_steps=5, loss=1.0 / step, note="dropped")
+    (tmp_path / taskmetrics.METRICS_FILE).open("a").write('{"step": 6')  # half a line
+    offset, lines = taskmetrics.new_lines(tmp_path, 0, 1 << 16)
+    assert [metric_record(x)["step"] for x in lines] == [1, 2, 3, 4, 5]
+    assert offset < (tmp_path / taskmetrics.METRICS_FILE).stat().st_size  # the half line waits
+    assert taskmetrics.new_lines(tmp_path, offset, 1 << 16) == (offset, [])
+    small_offset, few = taskmetrics.new_lines(tmp_path, 0, 100)  # a budget cuts at a line end
+    assert 0 < len(few) < 5 and small_offset <= 100
+
+
+def test_steps_per_second_and_eta_from_the_records():
+    series = TaskSeries()
+    series.add_records(
+        tuple({"step": s, "time": 100.0 + s / 4, "total_steps": 100} for s in range(1, 41)), 0
+    )
+    progress = series.progress()
+    assert progress.step == 40 and progress.total_steps == 100
+    assert progress.rate == pytest.approx(4.0)
+    assert progress.eta_s == pytest.approx(15.0)
+
+
+def test_plain_progress_is_one_line_per_phase_and_a_still_line_at_most_every_few_seconds():
+    said: list[str] = []
+    plain = PlainProgress(said.append, every=5.0)
+    phase = Progress("installing", started=0.0, done=1, total=4, unit="hosts")
+    for now in (0.0, 1.0, 2.0, 4.9, 5.1, 6.0, 10.2):
+        plain.show(phase, now)
+    assert said == [
+        "installing: 1 of 4 hosts",
+        "still installing (5 s): 1 of 4 hosts",
+        "still installing (10 s): 1 of 4 hosts",
+    ]
+
+
+def test_bytes_are_human_with_rate_and_eta():
+    progress = Progress("sending", started=0.0, bytes_done=120_000_000, bytes_total=363_000_000)
+    assert progress.counts(10.0) == "120 MB of 363 MB, 12 MB/s, ETA 20 s"
