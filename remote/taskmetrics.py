@@ -45,9 +45,13 @@ def task_env(task_dir: Path, env: dict[str, str]) -> dict[str, str]:
     """TFDEPLOY_METRICS, and the helper's folder first on PYTHONPATH (copied into the task's
     directory, which a container task sees too: the workdir is mounted at its own path)."""
     lib = task_dir / HELPER_DIR
+    here = Path(__file__).resolve().parent
+    # Installed on a host, the helper lies beside this file; in a checkout, in taskside/.
+    source = here / HELPER if (here / HELPER).is_file() else here / "taskside" / HELPER
     try:
         lib.mkdir(mode=0o700, exist_ok=True)
-        shutil.copyfile(str(Path(__file__).resolve().parent / HELPER), str(lib / HELPER))
+        shutil.copyfile(str(source), str(lib / HELPER))
+        os.chmod(str(lib / HELPER), 0o600)
     except OSError:
         pass  # no helper: the task can still write the file itself
     path = env.get("PYTHONPATH")

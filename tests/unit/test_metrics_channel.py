@@ -13,9 +13,27 @@ from deployer.hosts.replies import metric_record
 from deployer.watch.progress import PlainProgress, Progress
 from deployer.watch.series import TaskSeries
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "remote"))
+from remote import protocol
+
+REMOTE = Path(__file__).resolve().parents[2] / "remote"
+sys.path.insert(0, str(REMOTE))
+sys.path.insert(0, str(REMOTE / "taskside"))
 import taskmetrics  # noqa: E402  (the agent's module, as hosts import it)
-import tfdeploy_metrics  # noqa: E402
+import tfdeploy_metrics  # noqa: E402  (the task-side helper, as tasks import it)
+
+
+def test_the_helper_names_the_protocols_variable():
+    """The helper is copied alone into each task's directory: it cannot import protocol.py."""
+    assert tfdeploy_metrics.ENV == protocol.METRICS_ENV
+
+
+def test_the_helper_is_installed_with_the_agent_and_imports_only_the_stdlib_at_import():
+    from deployer.hosts.bootstrap import agent_files
+
+    assert "tfdeploy_metrics.py" in agent_files()
+    source = (REMOTE / "taskside" / "tfdeploy_metrics.py").read_text()
+    top = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert top == ["import json", "import math", "import os", "import time"]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import math
 import os
 import time
 
-ENV = "TFDEPLOY_METRICS"
+ENV = "TFDEPLOY_METRICS"  # protocol.METRICS_ENV (tests/unit/test_metrics_channel.py checks)
 _file = None
 
 
