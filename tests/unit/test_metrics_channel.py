@@ -12,7 +12,6 @@ import pytest
 from deployer.hosts.replies import metric_record
 from deployer.watch.progress import PlainProgress, Progress
 from deployer.watch.series import TaskSeries
-
 from remote import protocol
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
