@@ -16,6 +16,8 @@ from deployer.api.actions import Say, discovered, inventory_masker, newest_run
 from deployer.core.errors import HostError, HostsFailed, TfdeployError, UsageError
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import Fleet
+from deployer.hosts.reply_types import TaskStatus
+from deployer.results import metricstore
 from deployer.results.archive import (
     LIMIT_BYTES,
     LogArchive,
@@ -24,7 +26,15 @@ from deployer.results.archive import (
     has_archive,
     let_go,
 )
-from deployer.results.runs import Target, archived_runs, follow_logs, resolve, sync_archive
+from deployer.results.archive import run_dir as archive_dir
+from deployer.results.runs import (
+    Target,
+    archived_runs,
+    ended_line,
+    follow_logs,
+    resolve,
+    sync_archive,
+)
 from deployer.results.state import RUN_ID, load_if_readable
 from deployer.sources import load_inventory
 
@@ -47,11 +57,13 @@ def read_logs(
     say: Say | None = None,
     target: Callable[[], Target] | None = None,
     hide: Masker | None = None,
+    ended: Callable[[str], None] | None = None,
 ) -> None:
     """Calls `on_lines(label, lines)` with what the run's tasks (or `task`, e.g. "worker:0")
     printed, secrets masked: from this machine's archive once `up` saw the run end, else from
     the hosts (and from the archive when they cannot be asked). `tail`: each task's last
-    `tail` lines; `follow`: until every task has ended; `sync`: copy what the hosts have into
+    `tail` lines; `follow`: until every task has ended, then `ended` gets one line saying how
+    the run ended; `sync`: copy what the hosts have into
     the archive, then read it. `say` receives notes on where the lines come from (a damaged
     or cut archive). `inventory` names the run's inventory file when this machine has no
     record of the run.
@@ -65,6 +77,10 @@ def read_logs(
     if RUN_ID.match(run_id) and not sync and archive_ended(run_id):
         if not damaged(run_id, task):
             reader.archived(say)  # `up` saw it end: all of it is here, the hosts may be gone
+            if follow and ended is not None:
+                kept = metricstore.read_json(archive_dir(run_id), "outcome.json") or {}
+                how = f"{kept.get('outcome', 'ended')} {kept.get('why', '')}".strip()
+                ended(f"run {run_id} had ended: {how} (from the local archive)")
             return
         for note in reader.damage_notes():
             say(note)
@@ -84,6 +100,7 @@ def read_logs(
             sync=sync,
             say=say,
             hide=given,
+            ended=ended,
         )
         return
     reader.run_id = found.run_id
@@ -93,9 +110,10 @@ def read_logs(
                 raise _unknown_task(found.run_id, task)
             reader.archived(say)
             return
+        final: list[TaskStatus] = []
         try:
             seen = follow_logs(
-                fleet, found.run_id, reader.emit, task=task, tail=tail, follow=follow
+                fleet, found.run_id, reader.emit, task=task, tail=tail, follow=follow, final=final
             )
         except (HostError, HostsFailed) as exc:
             if not has_archive(found.run_id):
@@ -104,6 +122,8 @@ def read_logs(
             return
     if not seen:
         raise _unknown_task(found.run_id, task)
+    if follow and ended is not None:
+        ended(ended_line(found.run_id, final))
 
 
 def logs_masker(run_id: str, inventory: str | None = None) -> Masker:

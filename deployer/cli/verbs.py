@@ -163,6 +163,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
         follow=args.follow,
         sync=args.sync,
         say=lambda note: env.err.print(Text(note), style="yellow"),
+        ended=lambda line: api.PlainView(env.raw_out).step(line),
     )
     return ExitStatus.OK
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from deployer.hosts.reply_types import Escaped, TaskStatus
 from deployer.results.archive import LogArchive, read_runs
 from deployer.results.state import RUN_ID, RunRecord, load, load_if_readable
 from deployer.sources import load_inventory
+from remote import protocol
 
 
 @dataclass(frozen=True)
@@ -316,8 +317,10 @@ def follow_logs(
     tail: int | None = None,
     follow: bool = False,
     interval: float = 0.5,
+    final: list[TaskStatus] | None = None,
 ) -> bool:
-    """Prints a run's logs by byte offset; with follow, until every task has finished.
+    """Prints a run's logs by byte offset; with follow, until every task has finished (then
+    `final`, when given, receives the tasks' last statuses: how the run ended).
 
     Returns False when no host knows the run (or the task). `tail` N starts each task's log at
     the N-th last line (0: print only what comes next), never in the middle of a line.
@@ -327,9 +330,11 @@ def follow_logs(
     first, seen = True, False
     while True:
         active = False
+        last: list[TaskStatus] = []
         for member in fleet.members:
             statuses = _statuses(member, run_id)
             wanted = [s for s in statuses or [] if task is None or s.name == task]
+            last += wanted
             for s in wanted:
                 key = (member.name, s.name)
                 if key not in offsets:
@@ -343,8 +348,30 @@ def follow_logs(
             active = active or any(not s.finished for s in wanted)
         first = False
         if not follow or not active:
+            if final is not None:
+                final[:] = last
             return seen
         time.sleep(interval)
+
+
+def ended_line(run_id: str, statuses: Sequence[TaskStatus]) -> str:
+    """`logs -f`'s last line: how the run ended, counted by outcome ('run X ended: 2 exited 0'),
+    the first failure named."""
+    counts: dict[str, int] = {}
+    for status in statuses:
+        counts[status.outcome()] = counts.get(status.outcome(), 0) + 1
+    said = ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda c: -c[1]))
+    failed = sorted(
+        (
+            s
+            for s in statuses
+            if s.finished and not s.succeeded and s.reason != protocol.REASON_STOPPED
+        ),
+        key=lambda s: s.ended or 0.0,
+    )
+    first = f"; first failure: {failed[0].name} ({failed[0].outcome()})" if failed else ""
+    verdict = "succeeded" if statuses and all(s.succeeded for s in statuses) else "ended"
+    return f"run {run_id} {verdict}: {said or 'no task'}{first}"
 
 
 def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
