@@ -20,6 +20,7 @@ from deployer.core.secrets import Masker
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.gpurelease import prove_runs_released
 from deployer.hosts.reply_types import escaped_text
+from deployer.results.metricsync import keep_runs
 from deployer.results.pull import KEPT, PullResult, artifacts_home, pull, resume_command
 from deployer.results.runs import HostRun, Survey, Target, stop_runs, survey_runs
 from deployer.results.state import artifacts_pulled, mark_artifacts_pulled
@@ -64,6 +65,9 @@ def stop(
         stopped, failed = stop_runs(
             fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
         )
+        # Their metrics and outcome, for `runs` and `report`: the runs this stop ended, or
+        # the one named (not every old run of the job: one poll per run and host each).
+        keep_runs(fleet, [r for r in found if r.active or r.run_id == target.run_id])
         gpus_held = prove_runs_released(
             fleet, [(s.run.host, s.run.run_id, s.pids) for s in stopped]
         )

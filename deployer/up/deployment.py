@@ -24,6 +24,7 @@ from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.results.archive import LogArchive
+from deployer.results.metricsync import OFFSETS
 from deployer.results.state import new_run_id
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
@@ -268,6 +269,8 @@ class Deployment:
         for entry in self.journal.entries:
             self.archive.note(entry[1], entry[2], at=entry[0])
         self.archive.keep("outcome.json", {**self.outcome, "ended": time.time()})
+        offsets = {n: w.series.offset for n, w in self.board.watches.items()}
+        self.archive.keep(OFFSETS, offsets)  # what `down` need not read again
 
     def detach(self) -> None:
         """Every task started: the run now outlives this controller on every host (its lease
