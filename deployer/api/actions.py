@@ -25,6 +25,7 @@ from deployer.results.pull import KEPT, PullResult, artifacts_home, pull, resume
 from deployer.results.runs import HostRun, Survey, Target, stop_runs, survey_runs
 from deployer.results.state import artifacts_pulled, mark_artifacts_pulled
 from deployer.up import firewall
+from deployer.watch.progress import SayProgress, StopCountdown
 
 Say = Callable[[str], None]
 E = TypeVar("E", bound=TfdeployError)
@@ -62,9 +63,15 @@ def stop(
         survey = survey_runs(fleet, found_target)
         found, unreachable = survey.runs, survey.failures
         # A named run is stopped even with every task finished: its escaped processes may not be.
-        stopped, failed = stop_runs(
-            fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
-        )
+        running = {f"{t.name}@{r.host}": r.host for r in found for t in r.tasks if not t.finished}
+        with StopCountdown(SayProgress(say), running, job.stop_grace) as countdown:
+            stopped, failed = stop_runs(
+                fleet,
+                found,
+                grace=job.stop_grace,
+                finished_too=target.run_id is not None,
+                on_host=countdown.done,
+            )
         # Their metrics and outcome, for `runs` and `report`: the runs this stop ended, or
         # the one named (not every old run of the job: one poll per run and host each).
         keep_runs(fleet, [r for r in found if r.active or r.run_id == target.run_id])

@@ -283,7 +283,12 @@ class Stopped:
 
 
 def stop_runs(
-    fleet: Fleet, runs: list[HostRun], grace: float, *, finished_too: bool = False
+    fleet: Fleet,
+    runs: list[HostRun],
+    grace: float,
+    *,
+    finished_too: bool = False,
+    on_host: Callable[[str], None] = lambda host: None,
 ) -> tuple[list[Stopped], list[HostError]]:
     """Stops the given runs on their hosts (in parallel): those with running tasks, or with
     finished_too every one (a named run: its escaped processes may outlive its tasks).
@@ -298,10 +303,12 @@ def stop_runs(
     members = [fleet.member(h) for h in by_host]
 
     def stop(member: Member) -> list[Stopped]:
-        return [
+        done = [
             Stopped(r, member.agent.stop(r.run_id, grace=grace).escaped)
             for r in by_host[member.name]
         ]
+        on_host(member.name)  # its stops returned: none of its tasks is in its grace now
+        return done
 
     results, failures = fleet.each_settled(stop, members)
     stopped = [s for host in by_host if host in results for s in results[host]]

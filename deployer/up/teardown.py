@@ -8,10 +8,8 @@ it prints: from its first step the view is steady (a closed terminal loses words
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator, Mapping
 
-from deployer.core.fold import fold_names
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpureport import GpuReport
@@ -19,10 +17,9 @@ from deployer.hosts.reply_types import StopReport
 from deployer.up import firewall
 from deployer.up.gpucheck import gpus_left, task_pids
 from deployer.up.restarts import stop_lines
-from deployer.watch.board import TaskBoard
 from deployer.watch.loop import Watch
 from deployer.watch.poller import Poller
-from deployer.watch.progress import HostProgress, Progress, Ticker
+from deployer.watch.progress import StopCountdown
 from deployer.watch.runstate import RunState
 from deployer.watch.view import SteadyView
 from remote import protocol
@@ -77,7 +74,12 @@ class Teardown:
         run_id = self.run.run_id
         self.view.phase(f"teardown: stopping run {run_id} on {plural(len(members), 'host')}")
         grace = self.run.plan.job.stop_grace
-        with StopCountdown(self.view, self.run.board, members, grace) as countdown:
+        running = {
+            w.task.name: w.task.host
+            for w in self.run.board.watches.values()
+            if w.status is not None and w.status.state == protocol.STATE_RUNNING
+        }
+        with StopCountdown(self.view, running, grace) as countdown:
             lines = list(
                 stop_everywhere(self.fleet, members, run_id, grace, self.hide, countdown.done)
             )
@@ -94,59 +96,6 @@ class Teardown:
         self.firewalled = []
         for failure in firewall.remove(self.fleet, members, self.run.run_id):
             self.view.step(f"could not remove the firewall rules on {failure.message}")
-
-
-class StopCountdown:
-    """The stop's progress: which tasks are still inside their grace on which host, and the
-    seconds left before SIGKILL; a host leaves the list when its stop returns. Its note says
-    that what the tasks print meanwhile is their own (a trainer logging its last steps), not a
-    stop that failed."""
-
-    def __init__(self, view: object, board: TaskBoard, members: list[Member], grace: float) -> None:
-        running = {
-            w.task.name: w.task.host
-            for w in board.watches.values()
-            if w.status is not None and w.status.state == protocol.STATE_RUNNING
-        }
-        self.grace, self.begun = grace, time.monotonic()
-        self.hosts = {m.name: [n for n, h in running.items() if h == m.name] for m in members}
-        self.ticker: Ticker | None = None
-        if running and grace >= 1:
-            self.ticker = Ticker(view, self._progress(), every=1.0)
-            self.ticker.refresh = self._progress  # the countdown moves every second
-
-    def _progress(self) -> Progress:
-        left = max(0.0, self.grace - (time.monotonic() - self.begun))
-        rows = tuple(
-            HostProgress(
-                host,
-                state=f"{fold_names(names)}: SIGTERM sent, SIGKILL in {left:.0f} s"
-                if names
-                else "done",
-            )
-            for host, names in self.hosts.items()
-            if names
-        )
-        busy = sum(len(n) for n in self.hosts.values())
-        return Progress(
-            "stopping",
-            started=self.begun,
-            done=busy,
-            unit=f"{'task' if busy == 1 else 'tasks'} inside their stop_grace "
-            f"({self.grace:g} s), SIGKILL in {left:.0f} s",
-            rows=rows,
-            note="what the tasks print meanwhile is their own output: they are shutting down",
-        )
-
-    def done(self, host: str) -> None:
-        self.hosts[host] = []
-
-    def __enter__(self) -> StopCountdown:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.ticker is not None:
-            self.ticker.close()
 
 
 def stop_everywhere(

@@ -17,7 +17,7 @@ anything later (a Slurm allocation wait) through the same call.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +26,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from deployer.core.fold import fold_names
 from deployer.core.text import duration, human_size
 
 STILL_EVERY_S = 5.0  # the plain view's "still ..." lines, at most this often
@@ -244,3 +245,59 @@ class Ticker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StopCountdown:
+    """A stop's progress (`up`'s teardown, `down`): which tasks are still inside their grace on
+    which host, and the seconds left before SIGKILL; a host leaves the list when its stop
+    returns (`done`). Its note says that what the tasks print meanwhile is their own output (a
+    trainer logging its last steps, saving a checkpoint), not a stop that failed."""
+
+    def __init__(self, view: object, running: Mapping[str, str], grace: float) -> None:
+        self.grace, self.begun = grace, time.monotonic()
+        self.hosts: dict[str, list[str]] = {}
+        for name, host in running.items():  # task name -> its host
+            self.hosts.setdefault(host, []).append(name)
+        self.ticker: Ticker | None = None
+        if running and grace >= 1:
+            self.ticker = Ticker(view, self._progress(), every=1.0)
+            self.ticker.refresh = self._progress  # the countdown moves every second
+
+    def _progress(self) -> Progress:
+        left = max(0.0, self.grace - (time.monotonic() - self.begun))
+        rows = tuple(
+            HostProgress(host, state=f"{fold_names(names)}: SIGKILL in {left:.0f} s")
+            for host, names in self.hosts.items()
+            if names
+        )
+        busy = sum(len(n) for n in self.hosts.values())
+        noun = "task" if busy == 1 else "tasks"
+        return Progress(
+            "stopping",
+            started=self.begun,
+            done=busy,
+            unit=f"{noun} inside their stop_grace ({self.grace:g} s), SIGKILL in {left:.0f} s",
+            rows=rows,
+            note="what the tasks print meanwhile is their own output: they are shutting down",
+        )
+
+    def done(self, host: str) -> None:
+        self.hosts[host] = []
+
+    def __enter__(self) -> StopCountdown:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.ticker is not None:
+            self.ticker.close()
+
+
+class SayProgress:
+    """A view for progress alone, for commands that print lines (`down`): PlainProgress's
+    lines, said through `say`."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._plain = PlainProgress(say)
+
+    def progress(self, progress: Progress) -> None:
+        self._plain.show(progress)
