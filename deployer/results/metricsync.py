@@ -76,6 +76,6 @@ def outcome(tasks: Sequence[TaskStatus]) -> dict[str, object]:
             "why": f"{failed[0].name} {failed[0].outcome()}",
             "ended": ended,
         }
-    if tasks and all(t.succeeded for t in tasks):
+    if own and len(own) == len(tasks) and all(t.succeeded for t in tasks):
         return {"outcome": "succeeded", "ended": ended}
     return {"outcome": "stopped", "why": "by tfdeploy down", "ended": ended}

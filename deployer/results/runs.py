@@ -368,16 +368,13 @@ def ended_line(run_id: str, statuses: Sequence[TaskStatus]) -> str:
     for status in statuses:
         counts[status.outcome()] = counts.get(status.outcome(), 0) + 1
     said = ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda c: -c[1]))
+    own = [s for s in statuses if s.reason != protocol.REASON_STOPPED]  # not stopped by us
     failed = sorted(
-        (
-            s
-            for s in statuses
-            if s.finished and not s.succeeded and s.reason != protocol.REASON_STOPPED
-        ),
-        key=lambda s: s.ended or 0.0,
+        (s for s in own if s.finished and not s.succeeded), key=lambda s: s.ended or 0.0
     )
     first = f"; first failure: {failed[0].name} ({failed[0].outcome()})" if failed else ""
-    verdict = "succeeded" if statuses and all(s.succeeded for s in statuses) else "ended"
+    by_itself = bool(statuses) and len(own) == len(statuses)
+    verdict = "succeeded" if by_itself and all(s.succeeded for s in statuses) else "ended"
     return f"run {run_id} {verdict}: {said or 'no task'}{first}"
 
 
