@@ -101,3 +101,16 @@ def test_plain_progress_is_one_line_per_phase_and_a_still_line_at_most_every_few
 def test_bytes_are_human_with_rate_and_eta():
     progress = Progress("sending", started=0.0, bytes_done=120_000_000, bytes_total=363_000_000)
     assert progress.counts(10.0) == "120 MB of 363 MB, 12 MB/s, ETA 20 s"
+
+
+def test_preflight_says_where_tensorflow_comes_from_when_the_hosts_have_none(tmp_path):
+    """Issue 51: `tensorflow -` read as "missing" for a job whose environment brings it."""
+    from deployer.up.preflight import _tensorflow_words
+    from tests.support.helpers import JOB, plan
+
+    hosts = '[[hosts]]\naddress = "10.0.0.1"\ntasks = [{ role = "worker" }]\n'
+    bare = plan(tmp_path, JOB + hosts)
+    with_env = plan(tmp_path, JOB + 'requirements = ["attrs==23.1"]\n' + hosts)
+    assert _tensorflow_words(bare, ["2.21.0"]) == "tensorflow 2.21.0"
+    assert _tensorflow_words(with_env, []) == "tensorflow: from the job's environment"
+    assert "-" not in _tensorflow_words(bare, [])
