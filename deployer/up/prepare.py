@@ -13,13 +13,13 @@ from deployer.core.text import human_size, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
-from deployer.push.sync import Manifest, run_setup
+from deployer.push.sync import ByteMeter, Manifest, run_setup
 from deployer.up.environment import Environments, uses_requirements, with_extras
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
 from deployer.up.teardown import Teardown
-from deployer.watch.progress import HostProgress, Progress, Ticker
+from deployer.watch.progress import HostProgress, Progress, Ticker, sent_progress
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
 
@@ -151,14 +151,23 @@ class Preparation:
         # The job's wheels travel with the code: stored, placed nowhere (environment.py).
         fields = {**host_fields(self.run.plan, self.run.run_id, self.lease), **manifest.fields()}
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
+        meter = ByteMeter()
         sending = Progress(
             f"sending the code to {plural(len(members), 'host')}",
             note=f"the code and wheels: {human_size(manifest.total_bytes)}; only what a "
             "host lacks travels",
         )
-        with Ticker(self.view, sending):
+        with Ticker(self.view, sending) as ticker:
+            ticker.refresh = lambda: sent_progress(sending, meter)
             pushing = deliver(
-                self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores
+                self.fleet,
+                members,
+                self.run.plan,
+                manifest,
+                fields,
+                groups,
+                empty_stores,
+                meter=meter,
             )
         for line in pushing:
             self.view.step(line)

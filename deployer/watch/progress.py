@@ -247,6 +247,23 @@ class Ticker:
         self.close()
 
 
+def sent_progress(base: Progress, meter: Any) -> Progress:
+    """A push's progress from its ByteMeter (deployer/push/sync.py): bytes sent of what the
+    hosts lacked, over all and per host (a host sharing a workdir is its group's first)."""
+    sent = meter.snapshot()  # (host, bytes sent, bytes lacked)
+    if not sent:
+        return base
+    rows = tuple(
+        HostProgress(
+            host, bytes_done=done, bytes_total=total, state="done" if done >= total else ""
+        )
+        for host, done, total in sent
+    )
+    return base.advanced(
+        bytes_done=sum(r[1] for r in sent), bytes_total=sum(r[2] for r in sent), rows=rows
+    )
+
+
 class StopCountdown:
     """A stop's progress (`up`'s teardown, `down`): which tasks are still inside their grace on
     which host, and the seconds left before SIGKILL; a host leaves the list when its stop

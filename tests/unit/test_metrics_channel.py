@@ -114,3 +114,20 @@ def test_preflight_says_where_tensorflow_comes_from_when_the_hosts_have_none(tmp
     assert _tensorflow_words(bare, ["2.21.0"]) == "tensorflow 2.21.0"
     assert _tensorflow_words(with_env, []) == "tensorflow: from the job's environment"
     assert "-" not in _tensorflow_words(bare, [])
+
+
+def test_a_push_shows_bytes_per_host_with_rate_and_eta():
+    from deployer.push.sync import ByteMeter
+    from deployer.watch.progress import sent_progress, still_line
+
+    meter = ByteMeter()
+    meter.expect("h1", 363_000_000)
+    meter.expect("h2", 363_000_000)
+    meter.add("h1", 363_000_000)
+    meter.add("h2", 120_000_000)
+    shown = sent_progress(Progress("sending the code to 2 hosts", started=0.0), meter)
+    line = still_line(shown, 10.0)
+    assert line == (
+        "still sending the code to 2 hosts (10 s): 483 MB of 726 MB, 48 MB/s, ETA 5 s; "
+        "h2: 120 MB of 363 MB, 12 MB/s, ETA 20 s"
+    )
