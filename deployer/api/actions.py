@@ -48,6 +48,7 @@ def stop(
     warn: Say | None = None,
     artifacts: bool = True,
     artifacts_timeout: float = ARTIFACTS_TIMEOUT_S,
+    progress: Say | None = None,
 ) -> list[str]:
     """`tfdeploy down`: stops the target's runs (or its one run, finished tasks' escaped
     processes too), removes their firewall rules, pulls the job.artifacts of detached runs
@@ -64,7 +65,8 @@ def stop(
         found, unreachable = survey.runs, survey.failures
         # A named run is stopped even with every task finished: its escaped processes may not be.
         running = {f"{t.name}@{r.host}": r.host for r in found for t in r.tasks if not t.finished}
-        with StopCountdown(SayProgress(say), running, job.stop_grace) as countdown:
+        shows = SayProgress(progress) if progress is not None else None
+        with StopCountdown(shows, running, job.stop_grace) as countdown:
             stopped, failed = stop_runs(
                 fleet,
                 found,

@@ -84,6 +84,7 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
         artifacts_timeout=args.artifacts_timeout,
         say=functools.partial(_say, env),
         warn=lambda line: env.err.print(Text(line)),
+        progress=functools.partial(_say, env),
     )
     return ExitStatus.OK
 

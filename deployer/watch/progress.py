@@ -276,7 +276,7 @@ class StopCountdown:
         for name, host in running.items():  # task name -> its host
             self.hosts.setdefault(host, []).append(name)
         self.ticker: Ticker | None = None
-        if running and grace >= 1:
+        if running and grace >= 1 and view is not None:
             self.ticker = Ticker(view, self._progress(), every=1.0)
             self.ticker.refresh = self._progress  # the countdown moves every second
 
