@@ -32,9 +32,10 @@ TAIL = 4096  # what `last` reads from the end of the file
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-# pgid -> (CPU seconds, wall clock) at this agent's last look: a session agent answers every
-# poll, so the CPU share is over the last poll interval; a first look averages since the start.
-_SEEN: dict[int, tuple[float, float]] = {}
+# pgid -> (CPU seconds, wall clock) of this agent's recent looks: a session agent answers every
+# poll, so the CPU share is over the last CPU_WINDOW seconds; a first look averages since start.
+_SEEN: dict[int, list[tuple[float, float]]] = {}
+CPU_WINDOW = 2.0
 
 
 def metrics_path(task_dir: Path) -> Path:
@@ -136,17 +137,26 @@ def add_usage(statuses: list[dict[str, Any]]) -> None:
         if pgid not in seen:
             continue
         cpu_s, rss, count = seen[pgid]
-        before = _SEEN.get(pgid)
-        started = status.get("started")
-        if before is not None and now - before[1] >= 0.2:
-            share = (cpu_s - before[0]) / (now - before[1])
-        elif isinstance(started, (int, float)) and now - started > 0:
-            share = cpu_s / (now - started)
-        else:
-            share = 0.0
-        if before is None or now - before[1] >= 0.2:
-            _SEEN[pgid] = (cpu_s, now)
-        status["usage"] = {"cpu": round(max(0.0, share) * 100, 1), "rss": rss, "procs": count}
+        share = _cpu_share(pgid, cpu_s, now, status.get("started"))
+        status["usage"] = {"cpu": round(share * 100, 1), "rss": rss, "procs": count}
+    for gone in set(_SEEN) - set(seen):
+        del _SEEN[gone]
+
+
+def _cpu_share(pgid: int, cpu_s: float, now: float, started: Any) -> float:
+    """Cores busy over the last CPU_WINDOW seconds or more (polls come every quarter second,
+    and the kernel counts CPU in 10 ms ticks: a shorter window would read 0% or 40% at
+    random), from this agent's earlier looks; on a first look, since the task started."""
+    looks = _SEEN.setdefault(pgid, [])
+    looks.append((cpu_s, now))
+    while len(looks) > 1 and now - looks[1][1] >= CPU_WINDOW:
+        looks.pop(0)  # keep the newest look that is at least CPU_WINDOW old, and the rest
+    first_cpu, first_at = looks[0]
+    if now - first_at >= 0.2:
+        return max(0.0, (cpu_s - first_cpu) / (now - first_at))
+    if isinstance(started, (int, float)) and now - started > 0:
+        return max(0.0, cpu_s / (now - started))
+    return 0.0
 
 
 def add_last(run_dir: Path, statuses: list[dict[str, Any]]) -> None:

@@ -131,3 +131,31 @@ def test_a_push_shows_bytes_per_host_with_rate_and_eta():
         "still sending the code to 2 hosts (10 s): 483 MB of 726 MB, 48 MB/s, ETA 5 s; "
         "h2: 120 MB of 363 MB, 12 MB/s, ETA 20 s"
     )
+
+
+def test_cpu_and_rss_of_a_busy_process_group_are_seen(tmp_path):
+    """A real process that spins one core and holds 60 MB: the agent's sample says so."""
+    import os
+    import subprocess
+    import time
+
+    spin = "b = bytearray(60_000_000)\nwhile True:\n    pass\n"
+    began = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        status = {"state": "running", "pgid": proc.pid, "started": began}
+        for _ in range(8):
+            taskmetrics.add_usage([status])
+            time.sleep(0.5)
+        taskmetrics.add_usage([status])
+        # What the kernel says it got on average (on a loaded machine, far from one core):
+        fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        average = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        average = 100 * average / (time.time() - began)
+        assert status["usage"]["rss"] > 60_000_000 and status["usage"]["procs"] == 1
+        assert average > 0
+        assert average / 2 <= status["usage"]["cpu"] <= average * 2 + 5
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
