@@ -93,7 +93,16 @@ def run(args: argparse.Namespace) -> int:
                         "NO_COLOR": "1",
                     }
                     argv = [sys.executable, "-m", "deployer", "up", str(inventory)]
-                    sample = measure(argv, env=env | {"PWD": str(tree)})
+                    which = subprocess.run(
+                        [sys.executable, "-c", "import deployer; print(deployer.__file__)"],
+                        cwd=tree,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout.strip()
+                    assert which.startswith(str(tree)), f"{arm} arm imports {which}"
+                    sample = measure(argv, env=env, cwd=tree)  # -m imports from cwd first
                     print(f"# round {rep} {arm}: wall {sample.wall:.1f} s, CPU {sample.cpu:.2f} s")
                     if rep:
                         samples[arm].append(sample)
