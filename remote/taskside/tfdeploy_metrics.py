@@ -83,6 +83,7 @@ def KerasMetrics(total_steps=None, every_s=0.5):
             self.step = 0
             self.total = total_steps
             self.last = 0.0
+            self.reported = -1  # the step of the last record: one record per step
 
         def on_train_begin(self, logs=None):
             params = getattr(self, "params", None) or {}
@@ -94,12 +95,15 @@ def KerasMetrics(total_steps=None, every_s=0.5):
             self.step += 1
             now = time.monotonic()
             if now - self.last >= every_s:
-                self.last = now
+                self.last, self.reported = now, self.step
                 report(self.step, self.total, **(logs or {}))
 
         def on_epoch_end(self, epoch, logs=None):
-            self.last = time.monotonic()
-            report(self.step, self.total, epoch=epoch + 1, **(logs or {}))
+            # The epoch's last step, unless it was just reported (a curve has one point per
+            # step): its logs are the epoch's (mean loss, val_* metrics).
+            if self.step != self.reported:
+                self.last, self.reported = time.monotonic(), self.step
+                report(self.step, self.total, epoch=epoch + 1, **(logs or {}))
 
     return _KerasMetrics()
 
