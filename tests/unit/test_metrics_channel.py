@@ -150,7 +150,7 @@ def test_cpu_and_rss_of_a_busy_process_group_are_seen(tmp_path):
             time.sleep(0.5)
         taskmetrics.add_usage([status])
         # What the kernel says it got on average (on a loaded machine, far from one core):
-        fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         average = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         average = 100 * average / (time.time() - began)
         assert status["usage"]["rss"] > 60_000_000 and status["usage"]["procs"] == 1
