@@ -12,7 +12,6 @@ the polyline alone), which is what the browser test counts.
 from __future__ import annotations
 
 import html
-import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from deployer.results.archive import run_dir
 
 W, H, PAD = 560, 180, 40
 POINTS_DRAWN = 5000
+RATE_SPAN = 10  # records a steps/s point is measured over
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 
 
@@ -117,7 +117,7 @@ def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
         ("outcome", f"{outcome.get('outcome', 'unknown')} {outcome.get('why', '')}".strip()),
     ]
     table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
-    exits = facts.get("exits") or {}
+    exits = {**(facts.get("exits") or {}), **(outcome.get("exits") or {})}
     tasks = "".join(
         f"<tr><td>{_e(t['name'])}</td><td>{_e(t['host'])}</td>"
         f"<td>{_e(exits.get(t['name']) or '-')}</td><td><code>{_e(t['tf_config'])}</code></td>"
@@ -136,12 +136,15 @@ def _xy(records: list[dict[str, Any]], x: str, y: str) -> list[tuple[float, floa
 
 
 def _rates(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Steps per second at each record, over the RATE_SPAN records before it: a step's own
+    time is a few ms of jitter, and a curve of per-step rates is noise."""
     timed = [r for r in records if "time" in r and "step" in r]
-    return [
-        (b["step"], (b["step"] - a["step"]) / (b["time"] - a["time"]))
-        for a, b in itertools.pairwise(timed)
-        if b["time"] > a["time"] and b["step"] >= a["step"]
-    ]
+    rates = []
+    for i in range(1, len(timed)):
+        a, b = timed[max(0, i - RATE_SPAN)], timed[i]
+        if b["time"] > a["time"] and b["step"] >= a["step"]:
+            rates.append((float(b["step"]), (b["step"] - a["step"]) / (b["time"] - a["time"])))
+    return rates
 
 
 def _chart(task: str, metric: str, points: list[tuple[float, float]], xl: str, yl: str) -> str:

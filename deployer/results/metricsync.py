@@ -67,6 +67,11 @@ def _fetch(fleet: Fleet, run: HostRun) -> list[TaskStatus]:
 def outcome(tasks: Sequence[TaskStatus]) -> dict[str, object]:
     """succeeded (every task exited 0 by itself), failed (the first task that did not, named),
     or stopped (by tfdeploy, `down`)."""
+    exits = {t.name: t.outcome() for t in tasks if t.finished}
+    return {**_verdict(tasks), "exits": exits}
+
+
+def _verdict(tasks: Sequence[TaskStatus]) -> dict[str, object]:
     own = [t for t in tasks if t.reason != protocol.REASON_STOPPED]
     failed = sorted((t for t in own if t.finished and not t.succeeded), key=lambda t: t.ended or 0)
     ended = max((t.ended or 0.0 for t in tasks), default=0.0) or time.time()
