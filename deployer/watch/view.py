@@ -217,7 +217,7 @@ class LiveView:
         )
         if not self._rows:
             return Group(*under, *status)
-        lines = region_rows(self._console.height) - len(status) - len(under)
+        lines = region_rows(self._console.height) - len(status) - progress_lines.rows_height(shown)
         heard = Heard(self._heard, self._said, self._clock())
         return Group(*task_panel(self._rows, max(1, lines), heard), *under, *status)
 
