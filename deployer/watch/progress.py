@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich.console import RenderableType
-from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
@@ -109,14 +108,15 @@ def report(view: object, progress: Progress) -> None:
 def render(progress: Progress, now: float, width: int) -> list[RenderableType]:
     """The live view's lines for a phase: a headline with a bar when the total is known,
     then a row per host (at most MAX_ROWS, the rest counted), then the note."""
-    head = Text(f"{progress.phase}: ", style="bold")
-    head.append(progress.counts(now) or "")
+    head = Text(progress.phase, style="bold")
+    counts = progress.counts(now)
+    head.append(f": {counts}" if counts else "")
     head.append(f" ({duration(progress.elapsed(now))})", style="dim")
     head.no_wrap, head.overflow = True, "ellipsis"
     shown: list[RenderableType] = [head]
     fraction = _fraction(progress)
     if fraction is not None:
-        shown.append(ProgressBar(total=1.0, completed=fraction, width=min(60, max(10, width))))
+        shown.append(bar(fraction, min(60, max(10, width))))
     if progress.rows:
         table = Table.grid(padding=(0, 2))
         table.add_column(no_wrap=True)
@@ -131,6 +131,15 @@ def render(progress: Progress, now: float, width: int) -> list[RenderableType]:
         note.no_wrap, note.overflow = True, "ellipsis"
         shown.append(note)
     return shown
+
+
+def bar(fraction: float, width: int) -> Text:
+    """A one-line bar (a Text: it ends its line inside a Group, as rich's ProgressBar does not)."""
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    line = Text("━" * filled, style="green")
+    line.append("━" * (width - filled), style="grey23")
+    line.no_wrap = True
+    return line
 
 
 def _fraction(progress: Progress) -> float | None:
