@@ -57,7 +57,7 @@ OPTIONAL = (
     "CPU",
     "steps/s",
 )
-METRIC_COLUMNS = ("step", "steps/s", "ETA", "loss", "trend", "CPU", "RSS")
+STEP_COLUMNS = ("step", "steps/s", "ETA", "loss", "trend")  # tasks that write TFDEPLOY_METRICS
 NUMBERS = ("pid", "restarts", "uptime", "quiet", "step", "steps/s", "ETA", "loss", "CPU", "RSS")
 HOST_MIN = 8  # characters of a host name kept when the width left asks for cutting it
 SILENT_AFTER_S = 60.0  # a running task with no log line for this long is shown as silent
@@ -134,8 +134,11 @@ class TaskTable:
             columns.append("GPUs")
         if any(row.gpu_use for row in rows):  # only where nvidia-smi answered
             columns.append("GPU use")
-        if any(row.progress is not None for row in rows):  # tasks that report or were sampled
-            columns.extend(METRIC_COLUMNS)
+        shown = [row.progress for row in rows if row.progress is not None]
+        if any(p.step is not None for p in shown):  # a task that reports its metrics
+            columns.extend(STEP_COLUMNS)
+        if any(p.cpu is not None or p.rss is not None for p in shown):  # sampled by its host
+            columns.extend(("trend", "CPU", "RSS") if "trend" not in columns else ("CPU", "RSS"))
         columns.append("uptime")
         if any(row.restarts for row in rows):
             columns.append("restarts")
