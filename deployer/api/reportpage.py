@@ -12,6 +12,7 @@ the polyline alone), which is what the browser test counts.
 from __future__ import annotations
 
 import html
+import os
 import json
 import time
 from collections.abc import Sequence
@@ -47,7 +48,9 @@ def write_report(run_id: str, out: Path | None = None) -> Path:
         _journal(directory),
     )
     target = out or directory / "report.html"
-    target.write_text(page, encoding="utf-8")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a run's facts: private
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(page)
     return target
 
 

@@ -30,7 +30,8 @@ def task_file(task: str) -> str:
 
 def append(directory: Path, kind: str, task: str, records: Iterable[Mapping[str, Any]]) -> None:
     folder = directory / kind
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, as the archive is
+    folder.mkdir(exist_ok=True, mode=0o700)
     path = folder / task_file(task)
     if path.resolve().parent != folder.resolve():
         raise ValueError(f"{path} is not a file of {folder}")
@@ -70,7 +71,9 @@ def _records(path: Path) -> Iterator[dict[str, Any]]:
 def write_json(directory: Path, name: str, data: object) -> None:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = directory / f".{name}.part"
-    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # facts name hosts, env
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1, default=str))
     tmp.replace(directory / name)
 
 
