@@ -12,8 +12,8 @@ the polyline alone), which is what the browser test counts.
 from __future__ import annotations
 
 import html
-import os
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
