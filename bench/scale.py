@@ -47,11 +47,14 @@ class Sample:
     rss_mb: float
 
 
-def measure(argv: Sequence[str], *, env: dict[str, str], timeout: float = 600) -> Sample:
-    """Runs argv to its end; raises ScaleError with its output when it fails."""
+def measure(
+    argv: Sequence[str], *, env: dict[str, str], timeout: float = 600, cwd: Path = REPO
+) -> Sample:
+    """Runs argv to its end (in `cwd`: `-m deployer` imports the deployer found there first);
+    raises ScaleError with its output when it fails."""
     with tempfile.TemporaryFile() as out:
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         try:
             _, status, usage = _wait4(proc, timeout)
         except BaseException:

@@ -19,6 +19,7 @@ import params
 import procs
 import protocol
 import reservations
+import taskmetrics
 
 CONNECT_TIMEOUT = 0.2
 DEFAULT_MAX_BYTES = 256 * 1024
@@ -145,11 +146,18 @@ def op_poll(req: dict[str, Any]) -> protocol.PollReply:
         raise params.AgentError(f"max_bytes must be zero or more, got {max_bytes}")
     ranges = _log_ranges(run_dir, offsets, max_bytes)
     logs = [{"task": name, "offset": at + count, "bytes": count} for name, _, at, count in ranges]
+    statuses = procs.run_statuses(run_dir)
+    taskmetrics.add_usage(statuses)
     reply: dict[str, Any] = {
-        "tasks": procs.run_statuses(run_dir),
+        "tasks": statuses,
         "logs": logs,
         "listening": [p for p in _ports(req, "ports") if _listening(p)],
     }
+    metric_offsets = params.param(req, "metrics", dict, None)
+    if metric_offsets is not None:
+        reply["metrics"] = taskmetrics.read_metrics(
+            run_dir, metric_offsets, taskmetrics.DEFAULT_BUDGET
+        )
     total = sum(count for _, _, _, count in ranges)
     if total:
         reply.update({"raw": total, protocol.RAW_BODY: lambda out: _send_logs(out, ranges)})
@@ -219,6 +227,9 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
         tasks = procs.run_statuses(run_dir)
         ended = (protocol.STATE_EXITED, protocol.STATE_LOST)
         listed = run_dir.name == hosts_of or any(t.get("state") not in ended for t in tasks)
+        if listed:  # an active run (or the one asked for): its progress and resources
+            taskmetrics.add_usage(tasks)
+            taskmetrics.add_last(run_dir, tasks)
         found.append(
             {
                 "run_id": run_dir.name,

@@ -146,7 +146,10 @@ ATTEMPT_ENV: Final = "TFDEPLOY_ATTEMPT"
 HOST_ID_ENV: Final = "TFDEPLOY_HOST_ID"
 # Every name above that tfdeploy sets in a task's environment, over what the inventory's env says:
 # an inventory that sets one is refused (deployer/config/plan.py), never silently overwritten.
-TASK_ENV_NAMES: Final = (RUN_ID_ENV, TASK_ENV, ATTEMPT_ENV, HOST_ID_ENV)
+# The path of the task's metrics file (JSON lines: step, total_steps, loss, ...), set by the
+# supervisor; remote/tfdeploy_metrics.py writes it, the poll and runs ops read it.
+METRICS_ENV: Final = "TFDEPLOY_METRICS"
+TASK_ENV_NAMES: Final = (RUN_ID_ENV, TASK_ENV, ATTEMPT_ENV, HOST_ID_ENV, METRICS_ENV)
 
 # An op's result may carry, under this key, a function that writes raw bytes to the agent's
 # stdout after the reply line; the reply's "raw" field says how many (never sent as JSON).
@@ -242,7 +245,15 @@ class HelloRequest(TypedDict, total=False):
     listen: Listen
 
 
-class TaskStatusShape(TypedDict):
+class UsageShape(TypedDict):
+    """A running task's resources (remote/taskmetrics.py): CPU percent, RSS bytes, processes."""
+
+    cpu: float
+    rss: int
+    procs: int
+
+
+class TaskStatusFields(TypedDict):
     """One task of a start, poll, stop or runs reply (PROTOCOL.md "A task status")."""
 
     name: str
@@ -259,6 +270,11 @@ class TaskStatusShape(TypedDict):
     log_bytes: int
     restarts: int
     frozen: bool
+
+
+class TaskStatusShape(TaskStatusFields, total=False):
+    usage: UsageShape  # poll and runs replies, running tasks
+    last: list[str]  # runs replies: the task's newest metrics lines, as the task wrote them
 
 
 class RunBase(TypedDict):
@@ -429,6 +445,13 @@ class PollRequest(PollBase, total=False):
     max_bytes: int
     ports: list[int]
     heartbeat: bool
+    metrics: dict[str, int]  # task -> byte offset in its metrics file: new lines are sent
+
+
+class MetricLinesShape(TypedDict):
+    task: str
+    offset: int  # after the lines
+    lines: list[str]
 
 
 class PollBody(TypedDict):
@@ -439,6 +462,7 @@ class PollBody(TypedDict):
 
 class PollReply(PollBody, total=False):
     raw: int  # the log bytes after the reply line, in `logs` order; absent: none
+    metrics: list[MetricLinesShape]  # when the request had `metrics`
 
 
 class StopBase(TypedDict):

@@ -26,6 +26,7 @@ import params
 import procs
 import protocol
 import strays
+import taskmetrics
 
 if TYPE_CHECKING:
     import spot
@@ -84,6 +85,7 @@ class _Supervisor:
         # of the same run, should both be visible (hosts that share a pid namespace).
         env = {**os.environ, **self.spec.get("env", {}), protocol.HOST_ID_ENV: hostid.identity()}
         env = interpreters.task_env(self.spec.get("venv"), self.spec.get("python"), env)
+        env = taskmetrics.task_env(self.task_dir, env)
         try:
             if self.spec.get("cpus"):
                 # Pinned before the fork, so the task inherits it from its first instruction
@@ -135,6 +137,7 @@ class _Supervisor:
         if not str(cwd).startswith(str(workdir) + os.sep):
             mounts.append(str(cwd))  # an absolute cwd of the task's own
         env = {**self.spec.get("env", {}), protocol.HOST_ID_ENV: hostid.identity()}
+        env = taskmetrics.task_env(self.task_dir, env)
         gpus = box.get("gpus", [])
         argv = containers.run_argv(
             box["runtime"],

@@ -22,6 +22,8 @@ done
 # cgroups), catatonit for `--init`, uidmap for rootless podman, docker-registry (the registry the
 # pull test runs on a lab host), and a static busybox that the lab turns into a 2 MB test image.
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
+# `tfdeploy report` pages are checked in real headless Chromium (tests/integration/test_report_browser.py).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$TFDEPLOY_ROOT" = 1 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -20,10 +20,12 @@ from deployer.core.secrets import Masker
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.gpurelease import prove_runs_released
 from deployer.hosts.reply_types import escaped_text
+from deployer.results.metricsync import keep_runs
 from deployer.results.pull import KEPT, PullResult, artifacts_home, pull, resume_command
 from deployer.results.runs import HostRun, Survey, Target, stop_runs, survey_runs
 from deployer.results.state import artifacts_pulled, mark_artifacts_pulled
 from deployer.up import firewall
+from deployer.watch.progress import SayProgress, StopCountdown
 
 Say = Callable[[str], None]
 E = TypeVar("E", bound=TfdeployError)
@@ -46,6 +48,7 @@ def stop(
     warn: Say | None = None,
     artifacts: bool = True,
     artifacts_timeout: float = ARTIFACTS_TIMEOUT_S,
+    progress: Say | None = None,
 ) -> list[str]:
     """`tfdeploy down`: stops the target's runs (or its one run, finished tasks' escaped
     processes too), removes their firewall rules, pulls the job.artifacts of detached runs
@@ -61,9 +64,19 @@ def stop(
         survey = survey_runs(fleet, found_target)
         found, unreachable = survey.runs, survey.failures
         # A named run is stopped even with every task finished: its escaped processes may not be.
-        stopped, failed = stop_runs(
-            fleet, found, grace=job.stop_grace, finished_too=target.run_id is not None
-        )
+        running = {f"{t.name}@{r.host}": r.host for r in found for t in r.tasks if not t.finished}
+        shows = SayProgress(progress) if progress is not None else None
+        with StopCountdown(shows, running, job.stop_grace) as countdown:
+            stopped, failed = stop_runs(
+                fleet,
+                found,
+                grace=job.stop_grace,
+                finished_too=target.run_id is not None,
+                on_host=countdown.done,
+            )
+        # Their metrics and outcome, for `runs` and `report`: the runs this stop ended, or
+        # the one named (not every old run of the job: one poll per run and host each).
+        keep_runs(fleet, [r for r in found if r.active or r.run_id == target.run_id])
         gpus_held = prove_runs_released(
             fleet, [(s.run.host, s.run.run_id, s.pids) for s in stopped]
         )

@@ -86,13 +86,15 @@ def down(
     warn: Say | None = None,
     artifacts: bool = True,
     artifacts_timeout: float = ARTIFACTS_TIMEOUT_S,
+    progress: Say | None = None,
 ) -> tuple[str, ...]:
     """Stops the runs of an inventory's job, or one run (finished tasks' escaped processes
     too), on every host; returns the hosts where something was stopped. `terminate` also ends
     every machine the host sources created. `say` receives what `tfdeploy down` prints,
     `warn` its warnings (default: `say`). A detached run's job.artifacts come home after its
     stop, before any machine is terminated (`artifacts=False` skips that; the pull is cut
-    after `artifacts_timeout` seconds, what arrived kept).
+    after `artifacts_timeout` seconds, what arrived kept). `progress` receives the stop's
+    countdown lines (tasks inside their stop_grace, seconds to SIGKILL), where wanted.
 
     Raises HostsFailed naming the hosts that could not be asked (after the others were
     stopped), UsageError for a run id no host has."""
@@ -104,6 +106,7 @@ def down(
         warn=warn,
         artifacts=artifacts,
         artifacts_timeout=artifacts_timeout,
+        progress=progress,
     )
     return tuple(sorted(set(stopped)))
 

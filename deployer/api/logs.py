@@ -17,6 +17,8 @@ from deployer.core.errors import HostError, HostsFailed, TfdeployError, UsageErr
 from deployer.core.lines import Assembler, LineAssembler, RawLines
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import Fleet
+from deployer.hosts.reply_types import TaskStatus
+from deployer.results import metricstore
 from deployer.results.archive import (
     LIMIT_BYTES,
     LogArchive,
@@ -25,7 +27,15 @@ from deployer.results.archive import (
     has_archive,
     let_go,
 )
-from deployer.results.runs import Target, archived_runs, follow_logs, resolve, sync_archive
+from deployer.results.archive import run_dir as archive_dir
+from deployer.results.runs import (
+    Target,
+    archived_runs,
+    ended_line,
+    follow_logs,
+    resolve,
+    sync_archive,
+)
 from deployer.results.state import RUN_ID, load_if_readable
 from deployer.sources import load_inventory
 
@@ -49,14 +59,16 @@ def read_logs(
     target: Callable[[], Target] | None = None,
     hide: Masker | None = None,
     raw: bool = False,
+    ended: Callable[[str], None] | None = None,
 ) -> None:
     """Calls `on_lines(label, lines)` with what the run's tasks (or `task`, e.g. "worker:0")
     printed, secrets masked: from this machine's archive once `up` saw the run end, else from
     the hosts (and from the archive when they cannot be asked). `tail`: each task's last
-    `tail` lines; `follow`: until every task has ended; `sync`: copy what the hosts have into
-    the archive, then read it. `raw`: the lines as the tasks wrote them, escape sequences and
-    control characters included (by default the output filter, deployer/core/lines.py, makes
-    them safe for a terminal). `say` receives notes on where the lines come from (a damaged
+    `tail` lines; `follow`: until every task has ended, then `ended` gets one line saying how
+    the run ended; `sync`: copy what the hosts have into the archive, then read it. `raw`: the
+    lines as the tasks wrote them, escape sequences and control characters included (by default
+    the output filter, deployer/core/lines.py, makes them safe for a terminal). `say` receives
+    notes on where the lines come from (a damaged
     or cut archive). `inventory` names the run's inventory file when this machine has no
     record of the run.
 
@@ -71,6 +83,10 @@ def read_logs(
     if RUN_ID.match(run_id) and not sync and not raw and archive_ended(run_id):
         if not damaged(run_id, task):
             reader.archived(say)  # `up` saw it end: all of it is here, the hosts may be gone
+            if follow and ended is not None:
+                kept = metricstore.read_json(archive_dir(run_id), "outcome.json") or {}
+                how = f"{kept.get('outcome', 'ended')} {kept.get('why', '')}".strip()
+                ended(f"run {run_id} had ended: {how} (from the local archive)")
             return
         for note in reader.damage_notes():
             say(note)
@@ -91,6 +107,7 @@ def read_logs(
             say=say,
             hide=given,
             raw=raw,
+            ended=ended,
         )
         return
     reader.run_id = found.run_id
@@ -100,6 +117,7 @@ def read_logs(
                 raise _unknown_task(found.run_id, task)
             reader.archived(say)
             return
+        final: list[TaskStatus] = []
         try:
             seen = follow_logs(
                 fleet,
@@ -109,6 +127,7 @@ def read_logs(
                 tail=tail,
                 follow=follow,
                 assembler=reader.assembler,
+                final=final,
             )
         except (HostError, HostsFailed) as exc:
             if not has_archive(found.run_id):
@@ -117,6 +136,8 @@ def read_logs(
             return
     if not seen:
         raise _unknown_task(found.run_id, task)
+    if follow and ended is not None:
+        ended(ended_line(found.run_id, final))
 
 
 def logs_masker(run_id: str, inventory: str | None = None) -> Masker:

@@ -7,6 +7,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
@@ -23,6 +24,7 @@ from deployer.core.secrets import masked
 from deployer.core.text import plural, task_order
 from deployer.hosts.reply_types import TaskStatus
 from deployer.watch.board import evaluation_failed, failed_evaluator
+from deployer.watch.series import TaskProgress, TaskSeries
 from remote import protocol
 
 if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
@@ -308,12 +310,16 @@ def _failed_evaluators(host_run: HostRun) -> list[TaskStatus]:
     return [t for t in host_run.tasks if failed_evaluator(t)]
 
 
+STATUS_METRICS = ("step", "steps/s", "ETA", "loss", "CPU", "RSS")
+
+
 class RunTasks:
     """The tasks of one run as a table that fits the width it is given: columns are dropped
     (start time first) before any number would have to wrap; host and state text may wrap.
     The GPU column (a running task's utilization and memory) is there while a task has one."""
 
-    OPTIONAL = ("started",)  # dropped, in this order, while the table does not fit
+    # dropped, in this order, while the table does not fit
+    OPTIONAL = ("started", "RSS", "ETA", "loss", "CPU", "steps/s")
 
     def __init__(
         self, rows: list[tuple[str, TaskStatus]], gpu: Mapping[tuple[str, str], str] | None = None
@@ -331,19 +337,28 @@ class RunTasks:
             for c in self.COLUMNS
             if (c != "restarts" or any(t.restarts for _, t in self.rows))
             and (c != "GPU" or any(row["GPU"] for row in cells))
+            and (c not in STATUS_METRICS or any(row[c] != "-" for row in cells))
         ]
         for column in self.OPTIONAL:
             if self._width(shown, cells) <= options.max_width:
                 break
-            shown.remove(column)
+            if column in shown:
+                shown.remove(column)
         yield self._table(shown, cells)
 
-    COLUMNS = ("task", "host", "pid", "state", "GPU", "started", "restarts")
+    COLUMNS = ("task", "host", "pid", "state", "GPU", *STATUS_METRICS, "started", "restarts")
 
     @staticmethod
     def _cells(host: str, t: TaskStatus) -> dict[str, str]:
         started = time.strftime("%H:%M:%S", time.localtime(t.started)) if t.started else "-"
+        p = task_progress(t) or TaskProgress()
         return {
+            "step": p.step_text(),
+            "steps/s": p.rate_text(),
+            "ETA": p.eta_text(),
+            "loss": p.loss_text(),
+            "CPU": p.cpu_text(),
+            "RSS": p.rss_text(),
             "task": t.name,
             "host": host,
             "pid": str(t.pid or "-"),
@@ -364,7 +379,7 @@ class RunTasks:
     def _table(shown: list[str], cells: list[dict[str, str]]) -> Table:
         table = Table()
         for name in shown:
-            number = name in ("pid", "restarts")
+            number = name in ("pid", "restarts", *STATUS_METRICS)
             wraps = name in ("host", "state")
             table.add_column(
                 name, no_wrap=not wraps, overflow="fold", justify="right" if number else "left"
@@ -417,7 +432,11 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
                     # evaluators of this host that ended by themselves without success
                     "failed_evaluators": [t.name for t in _failed_evaluators(r)],
                     # a running task's GPU use: {gpus, memory_mib, utilization}, else null
-                    "tasks": [t.__dict__ | {"gpu": _gpu_json(r, t)} for t in r.tasks],
+                    # its step, steps/s, ETA, loss (TFDEPLOY_METRICS), CPU and RSS, else null
+                    "tasks": [
+                        _task_json(t) | {"gpu": _gpu_json(r, t), "progress": _progress_json(t)}
+                        for t in r.tasks
+                    ],
                 }
                 for r in runs
             ],
@@ -425,6 +444,29 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
         },
         indent=2,
     )
+
+
+def _task_json(task: TaskStatus) -> dict[str, object]:
+    return {k: v for k, v in task.__dict__.items() if k not in ("usage", "last")}
+
+
+def task_progress(task: TaskStatus) -> TaskProgress | None:
+    """What the hosts say of a task's progress: its last metrics records and its resources."""
+    if not task.last and task.usage is None:
+        return None
+    series = TaskSeries()
+    series.add_records(task.last, task.ended or time.time())
+    if task.usage is not None:
+        series.add_sample(time.time(), cpu=task.usage.cpu, rss=float(task.usage.rss))
+    found = series.progress()
+    return found if task.state == protocol.STATE_RUNNING else replace(found, eta_s=None)
+
+
+def _progress_json(task: TaskStatus) -> dict[str, object] | None:
+    found = task_progress(task)
+    if found is None:
+        return None
+    return found.to_json() | {"last": dict(task.last[-1]) if task.last else None}
 
 
 def _gpu_json(run: HostRun, task: TaskStatus) -> dict[str, object] | None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 
 from deployer.watch import view as watch
 from deployer.watch.board import TaskRow
+from deployer.watch.progress import Progress, report
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,6 +38,9 @@ class QuietView:
     def phase(self, text: str) -> None:
         pass
 
+    def progress(self, progress: Progress) -> None:
+        pass
+
     def lines(self, label: str, lines: Sequence[str]) -> None:
         pass
 
@@ -60,6 +64,9 @@ class _Adapted:
     def phase(self, text: str) -> None:
         if self._phase is not None:
             self._phase(text)
+
+    def progress(self, progress: Progress) -> None:
+        report(self._view, progress)  # only where the caller's view has `progress`
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self._view.lines(label, lines)
@@ -96,6 +103,9 @@ class LazyView:
 
     def phase(self, text: str) -> None:
         self._get().phase(text)
+
+    def progress(self, progress: Progress) -> None:
+        report(self._get(), progress)
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self._get().lines(label, lines)

@@ -190,6 +190,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.set_defaults(handler=verbs.status_verb)
 
+    runs = subparsers.add_parser(
+        "runs", help="every run this machine started or saw, newest first, with its outcome"
+    )
+    runs.add_argument("--json", action="store_true", help="print one JSON document")
+    runs.add_argument("--job", help="only runs of this job")
+    runs.add_argument(
+        "--state",
+        choices=("succeeded", "failed", "stopped", "running", "unknown"),
+        help="only runs in this state",
+    )
+    runs.add_argument(
+        "-i", "--inventory", help="also ask this inventory's hosts how its runs stand now"
+    )
+    runs.set_defaults(handler=verbs.runs_verb)
+
+    report = subparsers.add_parser(
+        "report", help="write a run's self-contained HTML report (facts, curves, timeline)"
+    )
+    report.add_argument("run_id", help="a run id (`tfdeploy runs` lists them)")
+    report.add_argument(
+        "-o", "--output", help="where to write the page (default: beside the run's archive)"
+    )
+    report.set_defaults(handler=verbs.report_verb)
+
     logs = subparsers.add_parser("logs", help="print (or follow) the logs of a run")
     _target_args(
         logs,

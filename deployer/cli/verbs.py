@@ -11,10 +11,13 @@ import argparse
 import dataclasses
 import functools
 import json
+from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 
 from deployer import api
+from deployer.api import reportpage, runlist
 from deployer.api.render import (
     plan_document,
     plan_table,
@@ -88,6 +91,7 @@ def down_verb(args: argparse.Namespace, env: Env) -> int:
         artifacts_timeout=args.artifacts_timeout,
         say=functools.partial(_say, env),
         warn=lambda line: env.err.print(Text(clean_text(line))),
+        progress=functools.partial(_say, env),
     )
     return ExitStatus.OK
 
@@ -125,6 +129,38 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
     return ExitStatus.OK
 
 
+def runs_verb(args: argparse.Namespace, env: Env) -> int:
+    """Every run this machine keeps a record of, newest first (api/runlist.py)."""
+    found = runlist.local_runs()
+    if args.inventory:
+        hosts = api.status(args.inventory)
+        states: dict[str, list[Any]] = {}
+        for run in hosts.runs:
+            states.setdefault(run.run_id, []).extend(run.tasks)
+        found = runlist.with_hosts(found, states)
+    found = [
+        r
+        for r in found
+        if (args.job is None or r.job == args.job)
+        and (args.state is None or r.outcome == args.state)
+    ]
+    if args.json:
+        env.raw_out.write(json.dumps({"runs": [r.to_json() for r in found]}, indent=2) + "\n")
+    elif found:
+        env.out.print(runlist.runs_table(found))
+    else:
+        env.out.print(Text("no runs recorded on this machine match"))
+    return ExitStatus.OK
+
+
+def report_verb(args: argparse.Namespace, env: Env) -> int:
+    """The run's HTML page; its path is the last line printed."""
+    out = Path(args.output) if args.output else None
+    path = reportpage.write_report(args.run_id, out)
+    env.raw_out.write(f"{path.resolve()}\n")
+    return ExitStatus.OK
+
+
 def logs_verb(args: argparse.Namespace, env: Env) -> int:
     if args.sync and args.follow:
         raise UsageError("--sync copies what the hosts have and prints it; it does not follow")
@@ -138,6 +174,7 @@ def logs_verb(args: argparse.Namespace, env: Env) -> int:
         sync=args.sync,
         say=lambda note: env.err.print(Text(clean_text(note)), style="yellow"),
         raw=args.raw,
+        ended=lambda line: api.PlainView(env.raw_out).step(line),
     )
     return ExitStatus.OK
 

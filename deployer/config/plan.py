@@ -46,6 +46,7 @@ RESERVED_ENV = {
     '"restart-job"), 0 first',
     protocol.HOST_ID_ENV: "remove it: it names the host a task runs on, so that a stop never "
     "takes another host's processes",
+    protocol.METRICS_ENV: "remove it: it names the task's metrics file (docs/metrics.md)",
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from deployer.hosts.channel import Channel
 from deployer.hosts.fetching import FETCH_AHEAD, Fetched, FetchOrder, FetchReading
-from deployer.hosts.replies import Edge, text
+from deployer.hosts.replies import Edge, metric_record, text
 from deployer.hosts.reply_types import (
     Collected,
     Escaped,
@@ -52,9 +52,13 @@ class Agent(Channel):
         ports: Sequence[int] = (),
         heartbeat: bool = True,
         timeout: float = 30,
+        metrics: dict[str, int] | None = None,
     ) -> Poll:
+        """`metrics`: task -> offset in its metrics file; the reply brings the lines after it."""
         raw: list[bytes] = []  # every task's new bytes, in the order `logs` lists them
-        reply = self._poll(run_id, offsets, max_bytes, raw.append, ports, heartbeat, timeout)
+        reply = self._poll(
+            run_id, offsets, max_bytes, raw.append, ports, heartbeat, timeout, metrics
+        )
         edge = Edge(self.host, protocol.OP_POLL)
         data, at, logs = b"".join(raw), 0, {}
         for entry in reply["logs"]:
@@ -67,6 +71,7 @@ class Agent(Channel):
             tasks=tuple(TaskStatus.from_json(t, edge) for t in reply["tasks"]),
             logs=logs,
             listening=frozenset(edge.count(p, "a listening port") for p in reply["listening"]),
+            metrics=_metric_lines(reply.get("metrics") or [], edge, metrics or {}),
         )
 
     def read_log(
@@ -89,6 +94,7 @@ class Agent(Channel):
         ports: Sequence[int] = (),
         heartbeat: bool = False,
         timeout: float = 30,
+        metrics: dict[str, int] | None = None,
     ) -> protocol.PollReply:
         request: protocol.PollRequest = {
             "run_id": run_id,
@@ -97,6 +103,8 @@ class Agent(Channel):
             "ports": list(ports),
             "heartbeat": heartbeat,
         }
+        if metrics is not None:
+            request["metrics"] = metrics
         return self.ask(protocol.OP_POLL, protocol.PollReply, timeout, sink=sink, **request)
 
     def stop(
@@ -397,3 +405,19 @@ class Agent(Channel):
         for key in ("runs", "running", "environments"):
             reply[key] = [text(name) for name in reply[key]]
         return reply
+
+
+def _metric_lines(
+    entries: list[protocol.MetricLinesShape], edge: Edge, asked: Mapping[str, int]
+) -> dict[str, tuple[int, tuple[dict[str, float], ...]]]:
+    """The poll's new metric lines per task: only tasks it asked about, offsets that only go
+    forward, each line parsed as the task's untrusted word (replies.metric_record)."""
+    found: dict[str, tuple[int, tuple[dict[str, float], ...]]] = {}
+    for entry in entries:
+        name = edge.task(entry["task"], "a metrics entry's task", asked)
+        offset = edge.count(entry["offset"], f"{name}'s metrics offset")
+        if offset < asked[name]:
+            raise edge.error(f"{name}'s metrics offset", f"went back ({offset} < {asked[name]})")
+        records = (metric_record(line) for line in entry["lines"][:1024])
+        found[name] = (offset, tuple(r for r in records if r is not None))
+    return found

@@ -13,6 +13,7 @@ from pathlib import Path
 from remote import protocol
 
 REMOTE_DIR = Path(__file__).resolve().parents[2] / "remote"
+TASK_SIDE_DIR = REMOTE_DIR / "taskside"
 
 # Runs on the host with only the interpreter: makes sure this agent version is installed (when it
 # is not, the bootstrap answers `needs_files` and the files arrive as the next stdin line: 160 KB
@@ -93,10 +94,12 @@ sys.exit(agent.serve(json.dumps(d["request"]).encode()))
 
 @cache
 def agent_files() -> dict[str, str]:
-    """The remote side's source files, pushed to every host (the package marker is not needed)."""
+    """The remote side's source files, pushed to every host (the package marker is not needed),
+    and the task-side helpers (remote/taskside/: modules a task imports, never the agent; the
+    agent copies them into each task's directory), installed beside them."""
     return {
         p.name: p.read_text(encoding="utf-8")
-        for p in sorted(REMOTE_DIR.glob("*.py"))
+        for p in [*sorted(REMOTE_DIR.glob("*.py")), *sorted(TASK_SIDE_DIR.glob("*.py"))]
         if protocol.is_pushed(p.name)
     }
 

@@ -130,6 +130,21 @@ def usage_text(task: Task, report: GpuReport | None) -> str:
     return " ".join(parts)
 
 
+def usage_numbers(task: Task, report: GpuReport | None) -> dict[str, float]:
+    """What usage_text says, as numbers: gpu_util (mean %), gpu_mem (GiB used, summed)."""
+    if report is None or not task.gpus:
+        return {}
+    gpus = [g for g in (report.gpu(i) for i in task.gpus) if g is not None]
+    utils = [g.utilization for g in gpus if g.utilization is not None]
+    used = [g.memory_used for g in gpus if g.memory_used is not None]
+    found: dict[str, float] = {}
+    if utils:
+        found["gpu_util"] = float(sum(utils)) / len(utils)
+    if used:
+        found["gpu_mem"] = round(float(sum(used)) / 1024, 2)
+    return found
+
+
 class GpuMonitor:
     """Asks GPU hosts for their usage at most every `interval` seconds while the job runs."""
 
@@ -157,3 +172,7 @@ class GpuMonitor:
 
     def usage(self, task: Task) -> str:
         return usage_text(task, self.reports.get(task.host))
+
+    def numbers(self, task: Task) -> dict[str, float]:
+        """The task's GPUs as numbers for its series: mean utilization (%), memory used (GiB)."""
+        return usage_numbers(task, self.reports.get(task.host))

@@ -14,6 +14,8 @@ The writers add their own check against the run's folder right before each write
 from __future__ import annotations
 
 import functools
+import json
+import math
 import re
 import types
 import typing
@@ -30,6 +32,13 @@ from remote import protocol
 # A decimal index without sign, leading zeros or more digits than any plan has.
 TASK_NAME = re.compile(r"([a-z]+):(0|[1-9][0-9]{0,8})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# A metrics record (TFDEPLOY_METRICS, written by the task: the task's word, not the agent's):
+# names a label can print, finite numbers a table can show, a bounded count of both.
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]{0,39}")
+METRIC_KEYS = 24
+METRIC_LINE = 2048
+METRIC_ABS = 1e15
+STEP_MAX = 10**12
 PERMISSIONS = 0o777  # no setuid, setgid or sticky bit from a host
 Shape = TypeVar("Shape")
 
@@ -216,6 +225,39 @@ class Edge:
 
     def texts(self, value: object, field: str) -> tuple[str, ...]:
         return tuple(text(t) for t in self.items(value, field))
+
+
+def metric_record(line: object) -> dict[str, float] | None:
+    """One line of a task's metrics file as numbers, or None when it is not a record: a JSON
+    object with a whole `step` from 0 to STEP_MAX; other keys kept when their name matches
+    METRIC_NAME and their value is a finite number within METRIC_ABS (at most METRIC_KEYS).
+    Not a HostError: a task may write what it likes there, and a bad line is skipped."""
+    if not isinstance(line, str) or len(line) > METRIC_LINE:
+        return None
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    step = _finite(raw.get("step"))
+    if step is None or step < 0 or step > STEP_MAX or step != int(step):
+        return None
+    record: dict[str, float] = {"step": float(int(step))}
+    for key, value in raw.items():
+        if len(record) >= METRIC_KEYS:
+            break
+        number = _finite(value)
+        if key != "step" and number is not None and METRIC_NAME.fullmatch(str(key)):
+            record[str(key)] = number
+    return record
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and abs(number) <= METRIC_ABS else None
 
 
 _KIND_NAMES: dict[object, str] = {

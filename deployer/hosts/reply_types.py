@@ -7,10 +7,33 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from deployer.hosts.replies import Edge, mode, text
+from deployer.hosts.replies import Edge, metric_record, mode, text
 from remote import protocol
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A running task's resources as its host measured them (remote/taskmetrics.py)."""
+
+    cpu: float  # percent of one core: 250.0 is two and a half cores busy
+    rss: int  # bytes
+    procs: int  # processes in the task's group
+
+    @classmethod
+    def from_json(cls, raw: object, edge: Edge, name: str) -> Usage | None:
+        if raw is None:
+            return None
+        d = edge.obj(raw, f"{name}'s usage")
+        cpu = edge.number(d.get("cpu"), f"{name}'s usage.cpu")
+        if cpu is None or not 0 <= cpu <= 1e6:
+            raise edge.error(f"{name}'s usage.cpu", f"is {cpu!r}, not a CPU percent")
+        return cls(
+            cpu=cpu,
+            rss=edge.count(d.get("rss"), f"{name}'s usage.rss"),
+            procs=edge.count(d.get("procs"), f"{name}'s usage.procs"),
+        )
 
 
 @dataclass(frozen=True)
@@ -29,6 +52,8 @@ class TaskStatus:
     restarts: int = 0  # how often the task was started again after it ended
     frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
     disk_full: str | None = None  # the host's file system that was full when it ended
+    usage: Usage | None = None  # running tasks, in poll and runs replies
+    last: tuple[dict[str, float], ...] = ()  # runs replies: its newest metrics records
 
     @classmethod
     def from_json(cls, raw: object, edge: Edge, known: Collection[str] | None = None) -> TaskStatus:
@@ -55,6 +80,10 @@ class TaskStatus:
             frozen=bool(d.get("frozen")),
             # printed by status, both views of `up` and the final error: cleaned like any text
             disk_full=text(disk_full) if isinstance(disk_full, str) else None,
+            usage=Usage.from_json(d.get("usage"), edge, name),
+            last=tuple(
+                r for r in map(metric_record, edge.items(d.get("last") or [], "last")[:16]) if r
+            ),
         )
 
     @property
@@ -101,6 +130,8 @@ class Poll:
     tasks: tuple[TaskStatus, ...]
     logs: dict[str, tuple[int, bytes]]  # task name -> (new offset, bytes read)
     listening: frozenset[int]
+    # task name -> (new offset in its metrics file, the records read; bad lines dropped)
+    metrics: dict[str, tuple[int, tuple[dict[str, float], ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

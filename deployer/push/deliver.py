@@ -15,7 +15,13 @@ from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push import fanout
 from deployer.push.fanout import Spread
-from deployer.push.sync import Manifest, PushResult, materialize_or_missing, push_all
+from deployer.push.sync import (
+    ByteMeter,
+    Manifest,
+    PushResult,
+    materialize_or_missing,
+    push_all,
+)
 
 
 def deliver(
@@ -26,6 +32,7 @@ def deliver(
     run_fields: dict[str, Any],
     groups: Sequence[Sequence[str]] = (),
     empty_stores: Collection[str] = (),
+    meter: ByteMeter | None = None,
 ) -> list[str]:
     """Code to `members`; hosts sharing a workdir (`groups`) get each content once, via the
     first of each group, which alone takes part in the fan-out. Hosts whose store was empty at
@@ -58,7 +65,7 @@ def deliver(
         # since: no chain ran.
         known = {h: lack for h, lack in missing.items() if lack} if spread is None else {}
     rest = [m for m in members if m.name not in done]
-    results = done | push_all(fleet, rest, manifest, run_fields, shared, known)
+    results = done | push_all(fleet, rest, manifest, run_fields, shared, known, meter)
     return push_summary(results, manifest, run_id, shared, spread)
 
 

@@ -6,11 +6,13 @@ from it. Unchanged files therefore cost one hash lookup, not a transfer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shlex
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,11 +144,36 @@ def _hashed(full: Path, rel: str, cache: HashCache) -> CodeFile:
     return CodeFile(path=rel, sha256=digest, mode=mode, size=size)
 
 
+class ByteMeter:
+    """Bytes sent to each host while a push runs, and how many it lacks: what the progress of
+    `up`'s push shows (sending: MB of MB per host, rate, ETA). Written by the pushing threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent: dict[str, int] = {}
+        self.lacking: dict[str, int] = {}
+
+    def expect(self, host: str, count: int) -> None:
+        with self._lock:
+            self.lacking[host] = self.lacking.get(host, 0) + count
+            self.sent.setdefault(host, 0)
+
+    def add(self, host: str, count: int) -> None:
+        with self._lock:
+            self.sent[host] = self.sent.get(host, 0) + count
+
+    def snapshot(self) -> list[tuple[str, int, int]]:
+        """(host, bytes sent, bytes it lacked) per host with something to send."""
+        with self._lock:
+            return [(h, self.sent.get(h, 0), n) for h, n in sorted(self.lacking.items())]
+
+
 def push(
     agent: Agent,
     manifest: Manifest,
     run_fields: dict[str, Any],
     lacking: Sequence[str] | None = None,
+    meter: ByteMeter | None = None,
 ) -> PushResult:
     """Sends the contents the host lacks, then has the agent build the run directory.
 
@@ -166,8 +193,12 @@ def push(
     missing = [by_hash[sha] for sha in lacking]
     fields = run_fields | manifest.keep_for([agent.host])
     if missing:
+        on_piece = None
+        if meter is not None:
+            meter.expect(agent.host, sum(f.size for f in missing))
+            on_piece = functools.partial(meter.add, agent.host)
         with agent.dedicated() as own:
-            _materialize(own, manifest, missing, files, fields)
+            _materialize(own, manifest, missing, files, fields, on_piece)
     else:
         agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, files=files, **fields)
     sent = sum(f.size for f in missing)
@@ -197,16 +228,18 @@ def send_contents(
     op: str,
     *,
     wait: float = 0,
+    on_piece: Callable[[int], None] | None = None,
     **params: Any,
 ) -> dict[str, Any]:
     """One `op` request with `contents` streamed raw after its line (its `blobs`), read from disk
-    piece by piece; the reply. `wait`: seconds the host may spend beyond the transfer itself."""
+    piece by piece; the reply. `wait`: seconds the host may spend beyond the transfer itself;
+    `on_piece`: told each piece's size as it is handed to the connection."""
     try:
         return agent.call(
             op,
             timeout=_timeout(contents) + wait,
             blobs=[[f.sha256, f.size] for f in contents],
-            body=_contents(manifest.root, contents),
+            body=_contents(manifest.root, contents, on_piece),
             **params,
         )
     except HostError as exc:
@@ -222,13 +255,22 @@ def _materialize(
     contents: Sequence[CodeFile],
     files: list[list[Any]],
     run_fields: dict[str, Any],
+    on_piece: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     return send_contents(
-        agent, manifest, contents, protocol.OP_MATERIALIZE, files=files, **run_fields
+        agent,
+        manifest,
+        contents,
+        protocol.OP_MATERIALIZE,
+        on_piece=on_piece,
+        files=files,
+        **run_fields,
     )
 
 
-def _contents(root: Path, contents: Sequence[CodeFile]) -> Iterator[bytes]:
+def _contents(
+    root: Path, contents: Sequence[CodeFile], on_piece: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
     """Each file's bytes in READ_BYTES pieces. The host hashes what arrives and refuses a
     content whose hash is not the manifest's, so this side reads each byte once, hashes nothing
     and only checks the sizes."""
@@ -241,6 +283,8 @@ def _contents(root: Path, contents: Sequence[CodeFile]) -> Iterator[bytes]:
                     break
                 left -= len(piece)
                 yield piece
+                if on_piece is not None:
+                    on_piece(len(piece))
             if left or f.read(1):
                 raise _changed_error(root, code_file)
 
@@ -275,6 +319,7 @@ def push_all(
     run_fields: dict[str, Any],
     groups: Sequence[Sequence[str]] = (),
     known: Mapping[str, Sequence[str]] | None = None,
+    meter: ByteMeter | None = None,
 ) -> dict[str, PushResult]:
     """Pushes to `members`; hosts sharing a workdir (`groups`) get each content once. `known`:
     what some hosts lack, as they answered just before or as their hello said (an empty
@@ -290,7 +335,7 @@ def push_all(
         [m for m in members if m.name in later],
     ):
         results |= fleet.each(
-            lambda m: push(m.agent, manifest, run_fields, (known or {}).get(m.name)),
+            lambda m: push(m.agent, manifest, run_fields, (known or {}).get(m.name), meter),
             wave,
             what="pushing the code failed",
         )

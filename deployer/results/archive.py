@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from deployer.core.lines import Assembler, LineAssembler, defang
 from deployer.core.statedir import state_dir
 from deployer.hosts.replies import task_name_ok
+from deployer.results import metricstore
 
 LIMIT_BYTES = 64 * 1024 * 1024
 INDEX = "archive.json"
@@ -87,6 +89,26 @@ class LogArchive:
             where = exc.filename or self.dir
             self.failure = f"{where}: {exc.strerror or exc}"
             self._on_failure(self.failure)
+
+    def write_metrics(self, task: str, records: Iterable[Mapping[str, float]]) -> None:
+        """The task's metrics records, kept for `runs` and `report` (metricstore.py)."""
+        if self.failure is None:
+            self._guard(lambda: metricstore.append(self.dir, "metrics", task, records))
+
+    def write_usage(self, task: str, sample: Mapping[str, float]) -> None:
+        if self.failure is None:
+            self._guard(lambda: metricstore.append(self.dir, "usage", task, [sample]))
+
+    def note(self, kind: str, text: str, at: float | None = None) -> None:
+        """One line of the run's journal: a step or phase of `up`, with the time it was said."""
+        if self.failure is None:
+            entry = {"t": round(time.time() if at is None else at, 3), "kind": kind, "text": text}
+            self._guard(lambda: metricstore.append(self.dir, "", "journal", [entry]))
+
+    def keep(self, name: str, data: object) -> None:
+        """facts.json, outcome.json (metricstore.py)."""
+        if self.failure is None:
+            self._guard(lambda: metricstore.write_json(self.dir, name, data))
 
     def _write(self, task: str, host: str, offset: int, data: bytes) -> None:
         entry = self.files.get(task)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from deployer.hosts.reply_types import Escaped, TaskStatus
 from deployer.results.archive import LogArchive, read_runs
 from deployer.results.state import RUN_ID, RunRecord, load, load_if_readable
 from deployer.sources import load_inventory
+from remote import protocol
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,12 @@ class Stopped:
 
 
 def stop_runs(
-    fleet: Fleet, runs: list[HostRun], grace: float, *, finished_too: bool = False
+    fleet: Fleet,
+    runs: list[HostRun],
+    grace: float,
+    *,
+    finished_too: bool = False,
+    on_host: Callable[[str], None] = lambda host: None,
 ) -> tuple[list[Stopped], list[HostError]]:
     """Stops the given runs on their hosts (in parallel): those with running tasks, or with
     finished_too every one (a named run: its escaped processes may outlive its tasks).
@@ -301,10 +307,12 @@ def stop_runs(
     members = [fleet.member(h) for h in by_host]
 
     def stop(member: Member) -> list[Stopped]:
-        return [
+        done = [
             Stopped(r, member.agent.stop(r.run_id, grace=grace).escaped)
             for r in by_host[member.name]
         ]
+        on_host(member.name)  # its stops returned: none of its tasks is in its grace now
+        return done
 
     results, failures = fleet.each_settled(stop, members)
     stopped = [s for host in by_host if host in results for s in results[host]]
@@ -321,8 +329,10 @@ def follow_logs(
     follow: bool = False,
     interval: float = 0.5,
     assembler: Callable[[], Assembler] = LineAssembler,
+    final: list[TaskStatus] | None = None,
 ) -> bool:
-    """Prints a run's logs by byte offset; with follow, until every task has finished.
+    """Prints a run's logs by byte offset; with follow, until every task has finished (then
+    `final`, when given, receives the tasks' last statuses: how the run ended).
 
     Returns False when no host knows the run (or the task). `tail` N starts each task's log at
     the N-th last line (0: print only what comes next), never in the middle of a line.
@@ -333,9 +343,11 @@ def follow_logs(
     first, seen = True, False
     while True:
         active = False
+        last: list[TaskStatus] = []
         for member in fleet.members:
             statuses = _statuses(member, run_id)
             wanted = [s for s in statuses or [] if task is None or s.name == task]
+            last += wanted
             for s in wanted:
                 key = (member.name, s.name)
                 if key not in offsets:
@@ -349,8 +361,27 @@ def follow_logs(
             active = active or any(not s.finished for s in wanted)
         first = False
         if not follow or not active:
+            if final is not None:
+                final[:] = last
             return seen
         time.sleep(interval)
+
+
+def ended_line(run_id: str, statuses: Sequence[TaskStatus]) -> str:
+    """`logs -f`'s last line: how the run ended, counted by outcome ('run X ended: 2 exited 0'),
+    the first failure named."""
+    counts: dict[str, int] = {}
+    for status in statuses:
+        counts[status.outcome()] = counts.get(status.outcome(), 0) + 1
+    said = ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda c: -c[1]))
+    own = [s for s in statuses if s.reason != protocol.REASON_STOPPED]  # not stopped by us
+    failed = sorted(
+        (s for s in own if s.finished and not s.succeeded), key=lambda s: s.ended or 0.0
+    )
+    first = f"; first failure: {failed[0].name} ({failed[0].outcome()})" if failed else ""
+    by_itself = bool(statuses) and len(own) == len(statuses)
+    verdict = "succeeded" if by_itself and all(s.succeeded for s in statuses) else "ended"
+    return f"run {run_id} {verdict}: {said or 'no task'}{first}"
 
 
 def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:

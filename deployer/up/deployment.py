@@ -24,12 +24,13 @@ from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.results.archive import LogArchive
+from deployer.results.metricsync import OFFSETS
 from deployer.results.state import new_run_id
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
 from deployer.up.artifacts import ArtifactsPull
 from deployer.up.prepare import Preparation
-from deployer.up.records import archive_warning
+from deployer.up.records import Journal, archive_warning, run_facts
 from deployer.up.recovery import Recovery
 from deployer.up.start import StartPhase
 from deployer.up.teardown import Teardown
@@ -90,9 +91,12 @@ class Deployment:
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
         self.hide = run_masker(plan, self.forwarded)
-        self._view = SteadyView(masked_view(view, self.hide))  # steady once teardown begins
-        view = self.view = self._view
         self.archive = LogArchive(self.run_id, on_failure=self._archive_failed)
+        self.journal = Journal(masked_view(view, self.hide))  # up's phases, for `report`
+        self._view = SteadyView(self.journal)  # steady once teardown begins
+        view = self.view = self._view
+        self.outcome: dict[str, object] = {"outcome": "unknown"}
+        self.began = time.time()
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
         self.poller = Poller(
@@ -173,10 +177,14 @@ class Deployment:
 
     def run(self) -> int:
         try:
-            return self._phases()
+            code = self._phases()
+            self.outcome = {"outcome": "running" if self.options.detach else "succeeded"}
+            return code
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
+            self.outcome = {"outcome": "stopped", "why": "interrupted"}
             raise self._interrupted(int(getattr(exc, "signum", signal.SIGINT))) from None
-        except BaseException:
+        except BaseException as exc:
+            self.outcome = {"outcome": "failed", "why": self.hide(str(exc)).partition("\n")[0]}
             self._view.steady = True
             self.teardown()
             self.recovery.arm_idle_stop_anyway()
@@ -236,10 +244,33 @@ class Deployment:
                 self.dashboard.close()
         finally:
             try:
+                if self.contacted_hosts:  # the run reached its hosts: `runs` lists it
+                    self._keep_facts()
                 if self.archive.files and not self.options.detach:
                     self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
             finally:
                 self.view.close()
+
+    def _keep_facts(self) -> None:
+        """The run's facts, journal and outcome beside its archive (results/metricstore.py):
+        what `tfdeploy runs` and `tfdeploy report` read once the hosts are gone."""
+        facts = run_facts(self.plan, self.run_id, self.began, self.hide)
+        facts["exits"] = {
+            w.task.name: w.status.outcome() if w.status and w.status.finished else None
+            for w in self.board.watches.values()
+        }
+        facts["started_at"] = {
+            w.task.name: w.status.started for w in self.board.watches.values() if w.status
+        }
+        facts["ended_at"] = {
+            w.task.name: w.status.ended for w in self.board.watches.values() if w.status
+        }
+        self.archive.keep("facts.json", facts)
+        for entry in self.journal.entries:
+            self.archive.note(entry[1], entry[2], at=entry[0])
+        self.archive.keep("outcome.json", {**self.outcome, "ended": time.time()})
+        offsets = {n: w.series.offset for n, w in self.board.watches.items()}
+        self.archive.keep(OFFSETS, offsets)  # what `down` need not read again
 
     def detach(self) -> None:
         """Every task started: the run now outlives this controller on every host (its lease

@@ -288,7 +288,7 @@ def _conclude(
         gpu_reports=reports,
         warnings=tuple(warnings),
         gpu_lines=tuple(gpu_lines(final_plan, reports)),
-        summary=f"python {'/'.join(python)}, tensorflow {'/'.join(tf_versions) or '-'}",
+        summary=f"python {'/'.join(python)}, {_tensorflow_words(final_plan, tf_versions)}",
         workdir_groups=shared_workdirs([m.name for m in members], facts),
         empty_stores=frozenset(name for name, f in facts.items() if f.get("store_empty") is True),
         facts=facts,
@@ -368,3 +368,15 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
     if wants_gpus(member.host):
         facts["gpus"] = member.agent.gpus(claim.run_id)
     return facts
+
+
+def _tensorflow_words(plan: Plan, versions: Sequence[str]) -> str:
+    """'tensorflow 2.21.0'; where the hosts have none, where the tasks' TensorFlow comes from
+    (the job's requirements or image), not a bare '-' that reads as "missing"."""
+    if versions:
+        return f"tensorflow {'/'.join(versions)}"
+    if environment.uses_requirements(plan) or images_by_host(plan):
+        return "tensorflow: from the job's environment"
+    if plan.job.setup:
+        return "tensorflow: from the job's setup commands"
+    return "tensorflow: none on the hosts (job.require_tensorflow = false)"

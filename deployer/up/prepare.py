@@ -3,18 +3,19 @@ code, and the job's setup commands; what recovery runs again for a replacement h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from deployer.config.model import NetcheckMode
 from deployer.core.errors import HostsFailed
 from deployer.core.fold import fold_names
-from deployer.core.text import plural
+from deployer.core.text import human_size, plural
 from deployer.envs import uses
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
-from deployer.push.sync import Manifest, run_setup
+from deployer.push.sync import ByteMeter, Manifest, run_setup
 from deployer.up import tfrule
 from deployer.up.environment import Environments, for_groups, uses_requirements, with_extras
 from deployer.up.envprogress import InstallProgress
@@ -23,6 +24,7 @@ from deployer.up.preflight import Claim, Findings, preflight
 from deployer.up.records import host_fields, keep_record
 from deployer.up.room import room_problems
 from deployer.up.teardown import Teardown
+from deployer.watch.progress import HostProgress, Progress, Ticker, sent_progress
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display, LiveView
 
@@ -114,7 +116,8 @@ class Preparation:
             return findings
         self.view.phase("checking the job's container image")
         try:
-            lines = self.images.check(self.fleet, self.members, self.run.run_id)
+            with Ticker(self.view, Progress("checking the job's container image")):
+                lines = self.images.check(self.fleet, self.members, self.run.run_id)
         except BaseException:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise
@@ -134,7 +137,8 @@ class Preparation:
             return findings
         self.view.phase("resolving the job's environment")
         try:
-            lines = self.environment.resolve(findings.facts)
+            with Ticker(self.view, Progress("resolving the job's environment")):
+                lines = self.environment.resolve(findings.facts)
         except BaseException:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise
@@ -154,13 +158,24 @@ class Preparation:
         if self.environment.any:
             hosts = [m for m in self.members if m.name in self.environment.envs]
             self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
-            done, warnings = self.environment.install(
-                self.fleet, hosts, self.run.run_id, self._install_progress
+            installing = Progress(
+                "installing the job's environment",
+                rows=tuple(HostProgress(m.name, state="installing") for m in hosts),
             )
+            with Ticker(self.view, installing) as ticker:
+                done, warnings = self.environment.install(
+                    self.fleet,
+                    hosts,
+                    self.run.run_id,
+                    lambda p: self._install_progress(ticker, p),
+                )
             for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
                 self.view.step(line)
             installed = {h: {r["venv"]: r["tensorflow"] for r in rs} for h, rs in done.items()}
-        for line in self.images.load(self.fleet, self.members, self.run.run_id):
+        loading = Progress("loading the job's image on the hosts that lack it")
+        with Ticker(self.view, loading) if self.images.lacking() else contextlib.nullcontext():
+            loaded = self.images.load(self.fleet, self.members, self.run.run_id)
+        for line in loaded:
             self.view.step(line)
         self._tensorflow(self._facts, installed)
         self.run.runtimes = {
@@ -168,12 +183,12 @@ class Preparation:
             for t in self.run.plan.tasks
         }
 
-    def _install_progress(self, progress: InstallProgress) -> None:
-        """A host's install progress: a plain line (every few seconds per host), except on a
-        terminal's live view, whose status line shows it instead of the scrollback."""
-        if _is_live(self.view):
-            self.view.phase(progress.line())
-        else:
+    def _install_progress(self, ticker: Ticker, progress: InstallProgress) -> None:
+        """A host's install progress (wheels done of total) in its row of the progress display,
+        and piped a plain line per host every few seconds (a terminal's live view draws the
+        rows instead)."""
+        ticker.host(progress.host, done=progress.installed, total=progress.total, unit="wheels")
+        if not _is_live(self.view):
             self.view.step(progress.line())
 
     def push(
@@ -195,9 +210,24 @@ class Preparation:
         fields = host_fields(self.run.plan, self.run.run_id, self.lease)
         manifest = for_groups(manifest, groups)
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
-        pushing = deliver(
-            self.fleet, members, self.run.plan, manifest, fields, groups, empty_stores
+        meter = ByteMeter()
+        sending = Progress(
+            f"sending the code to {plural(len(members), 'host')}",
+            note=f"the code and wheels: {human_size(manifest.total_bytes)}; only what a "
+            "host lacks travels",
         )
+        with Ticker(self.view, sending) as ticker:
+            ticker.refresh = lambda: sent_progress(sending, meter)
+            pushing = deliver(
+                self.fleet,
+                members,
+                self.run.plan,
+                manifest,
+                fields,
+                groups,
+                empty_stores,
+                meter=meter,
+            )
         for line in pushing:
             self.view.step(line)
 

@@ -4,10 +4,15 @@ in any shell) and the run's fields that every host keeps in its run directory.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from deployer.config.plan import Plan
+from deployer.core.secrets import masked
 from deployer.core.statedir import state_dir
 from deployer.results.state import RunRecord, controller_name, save
+from deployer.watch.board import TaskRow
+from deployer.watch.progress import Progress, report
 from deployer.watch.view import Display
 
 
@@ -46,3 +51,67 @@ def archive_warning(run_id: str, why: str) -> str:
         f"warning: cannot keep the local log archive ({why}); the job goes on, its log "
         f"stays on the hosts: `tfdeploy logs {run_id}` reads it there"
     )
+
+
+def run_facts(plan: Plan, run_id: str, began: float, hide: Callable[[str], str]) -> dict[str, Any]:
+    """The run as its report shows it (results/metricstore.py `facts.json`): inventory, job,
+    hosts, and each task's host, command, TF_CONFIG and environment, secrets masked."""
+    job, secret = plan.job, plan.job.secret_env
+    return {
+        "run_id": run_id,
+        "job": job.name,
+        "inventory": str(plan.inventory.path),
+        "began": began,
+        "command": hide(job.command or ""),
+        "image": job.image,
+        "requirements": [str(r) for r in getattr(job, "requirements", None) or ()],
+        "hosts": [{"name": h.name, "address": h.address} for h in plan.hosts],
+        "tasks": [
+            {
+                "name": t.name,
+                "host": t.host,
+                "command": hide(t.command or ""),
+                "gpus": list(t.gpus),
+                "tf_config": t.env["TF_CONFIG"],
+                "env": {k: hide(v) for k, v in masked(t.own_env, secret).items()},
+            }
+            for t in plan.tasks
+        ],
+    }
+
+
+class Journal:
+    """Any view, which also keeps what `up` said and when (steps and phases): the timeline
+    of the run's report. Kept in memory (a run says a few dozen steps) and written beside the
+    archive when `up` ends (Deployment._keep_facts)."""
+
+    def __init__(self, view: Display) -> None:
+        self.view = view
+        self.entries: list[tuple[float, str, str]] = []
+
+    def step(self, text: str) -> None:
+        self._keep("step", text)
+        self.view.step(text)
+
+    def phase(self, text: str) -> None:
+        self._keep("phase", text)
+        self.view.phase(text)
+
+    def progress(self, progress: Progress) -> None:
+        report(self.view, progress)
+
+    def lines(self, label: str, lines: Sequence[str]) -> None:
+        self.view.lines(label, lines)
+
+    def tasks(self, rows: Sequence[TaskRow]) -> None:
+        self.view.tasks(rows)
+
+    def close(self) -> None:
+        self.view.close()
+
+    def _keep(self, kind: str, text: str) -> None:
+        if len(self.entries) < MAX_JOURNAL:
+            self.entries.append((time.time(), kind, text.partition("\n")[0][:300]))
+
+
+MAX_JOURNAL = 2000

@@ -16,6 +16,7 @@ from deployer.hosts.reply_types import TaskStatus
 from deployer.hosts.task_runtime import TaskRuntime
 from deployer.watch.loop import Watch
 from deployer.watch.poller import Poller
+from deployer.watch.progress import Progress, Ticker
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
 from remote import protocol
@@ -150,17 +151,24 @@ class StartPhase:
     ) -> None:
         self.fleet, self.run, self.poller, self.watching = fleet, run, poller, watching
         self.view, self.forwarded, self.on_start = view, forwarded, on_start
+        self.ticker: Ticker | None = None  # the start's progress, while it starts
 
     def __call__(self, members: Sequence[Member]) -> None:
         plan = self.run.plan
         deadline = self.run.clock() + plan.job.start_timeout
         groups = start_groups(plan)
         released = released_with_start(groups)
-        for group in groups:
-            self._start_group(group, released)
-            servers = [t for t in group if t.serves and t.port is not None]
-            if servers:
-                self.watching.wait_listening(servers, deadline)
+        starting = Progress("starting", done=0, total=len(plan.tasks), unit="tasks started")
+        self.ticker = ticker = Ticker(self.view, starting)
+        try:
+            for group in groups:
+                self._start_group(group, released)
+                servers = [t for t in group if t.serves and t.port is not None]
+                if servers:
+                    self.watching.wait_listening(servers, deadline)
+        finally:
+            self.ticker = None
+            ticker.close()
         # Started tasks hold their ports now. A reservation left to its lease could outlive
         # the run: a heartbeat stuck in a cut link arrives when the link heals and renews it.
         # Most hosts dropped theirs with their last start; the others (a ps waited on) now.
@@ -179,6 +187,8 @@ class StartPhase:
         def started(host: str, statuses: list[TaskStatus]) -> None:
             self.poller.contact.reached(host, self.run.clock())
             board.update(statuses)
+            if self.ticker is not None:
+                self.ticker.add(len(statuses))
 
         start_group(
             self.fleet,

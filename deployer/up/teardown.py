@@ -13,13 +13,16 @@ from collections.abc import Callable, Iterator, Mapping
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpureport import GpuReport
+from deployer.hosts.reply_types import StopReport
 from deployer.up import firewall
 from deployer.up.gpucheck import gpus_left, task_pids
 from deployer.up.restarts import stop_lines
 from deployer.watch.loop import Watch
 from deployer.watch.poller import Poller
+from deployer.watch.progress import StopCountdown
 from deployer.watch.runstate import RunState
 from deployer.watch.view import SteadyView
+from remote import protocol
 
 
 class Teardown:
@@ -71,7 +74,16 @@ class Teardown:
         run_id = self.run.run_id
         self.view.phase(f"teardown: stopping run {run_id} on {plural(len(members), 'host')}")
         grace = self.run.plan.job.stop_grace
-        for line in stop_everywhere(self.fleet, members, run_id, grace, self.hide):
+        running = {
+            w.task.name: w.task.host
+            for w in self.run.board.watches.values()
+            if w.status is not None and w.status.state == protocol.STATE_RUNNING
+        }
+        with StopCountdown(self.view, running, grace) as countdown:
+            lines = list(
+                stop_everywhere(self.fleet, members, run_id, grace, self.hide, countdown.done)
+            )
+        for line in lines:
             self.view.step(line)
         pids = task_pids(self.run.board)  # the GPUs' teardown proof (up/gpucheck.py)
         for line in gpus_left(self.fleet, members, run_id, self.gpus_before, pids):
@@ -87,7 +99,12 @@ class Teardown:
 
 
 def stop_everywhere(
-    fleet: Fleet, members: list[Member], run_id: str, grace: float, hide: Callable[[str], str]
+    fleet: Fleet,
+    members: list[Member],
+    run_id: str,
+    grace: float,
+    hide: Callable[[str], str],
+    on_host: Callable[[str], None] = lambda host: None,
 ) -> Iterator[str]:
     """Stops the run on `members`; yields what to report (escaped processes, failed stops).
 
@@ -95,7 +112,13 @@ def stop_everywhere(
     graceful stops still hold the fleet's usual slots.
     """
     try:
-        reports, failures = fleet.each_settled(lambda m: m.agent.stop(run_id, grace=grace), members)
+
+        def stop(member: Member) -> StopReport:
+            report = member.agent.stop(run_id, grace=grace)
+            on_host(member.name)
+            return report
+
+        reports, failures = fleet.each_settled(stop, members)
     except KeyboardInterrupt:
         yield "second Ctrl-C: killing every task now (SIGKILL)"
         reports, failures = fleet.each_settled(

@@ -18,6 +18,7 @@ from deployer.core.errors import JobFailed
 from deployer.core.lines import LineAssembler
 from deployer.hosts.reply_types import TaskStatus
 from deployer.watch.convention import convention_hint
+from deployer.watch.series import TaskProgress, TaskSeries
 from remote import protocol
 
 TAIL_LINES = 20
@@ -39,6 +40,7 @@ class TaskRow:
     outcome: str = ""  # "exit code 0", "killed by signal 9" once finished
     last_line: str = ""
     failed: bool = False  # ended without success by itself (lost, preempted, exit code not 0)
+    progress: TaskProgress | None = None  # its step, rate, loss, CPU, RSS (series.py)
 
     @property
     def label(self) -> str:
@@ -59,6 +61,7 @@ class TaskWatch:
     mark: tuple[object, ...] = ()  # (log bytes, state, restarts) at the last observed change
     active_at: float = 0.0  # controller clock at that change: the stall watchdog's input
     reported: bool = False  # its failure was reported while the job went on (an evaluator's)
+    series: TaskSeries = field(default_factory=TaskSeries)  # its metrics and resources
 
     @property
     def label(self) -> str:
@@ -91,8 +94,11 @@ class TaskBoard:
             if old is None:
                 continue
             watch.attempt, watch.restarts = old.attempt, old.restarts
+            watch.series = old.series
             if name not in moved:
                 watch.offset, watch.lines = old.offset, old.lines
+            else:
+                watch.series.offset = 0  # its metrics file starts afresh too
 
     def next_attempt(self) -> int:
         """A whole-job restart: every task starts afresh; its log goes on where it was."""
@@ -116,6 +122,14 @@ class TaskBoard:
             lines += watch.lines.flush()
         watch.tail.extend(lines)
         return lines
+
+    def metric_offsets(self, host: str) -> dict[str, int]:
+        """Where to read on in each started task's metrics file on `host`."""
+        return {
+            w.task.name: w.series.offset
+            for w in self.watches.values()
+            if w.task.host == host and w.status is not None
+        }
 
     def offsets(self, host: str) -> dict[str, int]:
         """Where to read on for each started task of a host."""
@@ -172,6 +186,9 @@ class TaskBoard:
                     outcome=s.outcome() if s and s.finished else "",
                     last_line=w.tail[-1] if w.tail else "",
                     failed=s is not None and evaluation_failed(s),
+                    progress=w.series.progress()
+                    if w.series.records or w.series.resources
+                    else None,
                 )
             )
         return rows

@@ -100,6 +100,7 @@ class Poller(OnRun):
             ports=ports,
             heartbeat=heartbeat,
             timeout=POLL_TIMEOUT_S,
+            metrics=self.board.metric_offsets(member.name),
         )
 
     def _collect(
@@ -125,6 +126,7 @@ class Poller(OnRun):
         lines: list[tuple[str, tuple[str, ...]]] = []
         for poll in polls.values():
             self.board.update(poll.tasks)
+            self._fold_metrics(poll)
             for name, (offset, data) in poll.logs.items():
                 if self.archive is not None:
                     host = self.board[name].task.host
@@ -133,6 +135,26 @@ class Poller(OnRun):
                 if new:
                     lines.append((self.board[name].label, tuple(new)))
         return tuple(lines)
+
+    def _fold_metrics(self, poll: Poll) -> None:
+        """The tasks' new metrics records and resource samples into their series (and the
+        local archive, so `runs` and `report` have them after the hosts are gone)."""
+        now = time.time()
+        for name, (offset, records) in poll.metrics.items():
+            series = self.board[name].series
+            series.offset = offset
+            series.add_records(records, now)
+            if self.archive is not None and records:
+                self.archive.write_metrics(name, records)
+        for status in poll.tasks:
+            if status.usage is None or status.name not in self.board.watches:
+                continue
+            watch = self.board[status.name]
+            gpu = self.gpu_monitor.numbers(watch.task) if self.gpu_monitor else {}
+            sample = {"cpu": status.usage.cpu, "rss": float(status.usage.rss), **gpu}
+            watch.series.add_sample(now, **sample)
+            if self.archive is not None:
+                self.archive.write_usage(status.name, {"t": round(now, 3), **sample})
 
     def _refresh_gpus(self) -> None:
         monitor = self.gpu_monitor

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from deployer.core.fold import fold, more_line, tally_lines
 from deployer.watch.board import TaskRow
+from deployer.watch.series import TaskProgress
 from remote import protocol
 
 PALETTE = (
@@ -43,7 +44,21 @@ STATE_STYLES = {
     protocol.STATE_STARTING: "yellow",
 }
 LAST_LINE_MIN = 24  # characters of each task's last line the table keeps at any width
-OPTIONAL = ("pid", "uptime", "GPU use", "GPUs")  # dropped in this order while it does not fit
+# Dropped in this order while the table does not fit: the trends first, the step last.
+OPTIONAL = (
+    "trend",
+    "pid",
+    "uptime",
+    "GPU use",
+    "GPUs",
+    "RSS",
+    "loss",
+    "ETA",
+    "CPU",
+    "steps/s",
+)
+STEP_COLUMNS = ("step", "steps/s", "ETA", "loss", "trend")  # tasks that write TFDEPLOY_METRICS
+NUMBERS = ("pid", "restarts", "uptime", "quiet", "step", "steps/s", "ETA", "loss", "CPU", "RSS")
 HOST_MIN = 8  # characters of a host name kept when the width left asks for cutting it
 SILENT_AFTER_S = 60.0  # a running task with no log line for this long is shown as silent
 CHROME_ROWS = 4  # a table's lines besides its rows: top, header, rule under it, bottom
@@ -119,6 +134,11 @@ class TaskTable:
             columns.append("GPUs")
         if any(row.gpu_use for row in rows):  # only where nvidia-smi answered
             columns.append("GPU use")
+        shown = [row.progress for row in rows if row.progress is not None]
+        if any(p.step is not None for p in shown):  # a task that reports its metrics
+            columns.extend(STEP_COLUMNS)
+        if any(p.cpu is not None or p.rss is not None for p in shown):  # sampled by its host
+            columns.extend(("trend", "CPU", "RSS") if "trend" not in columns else ("CPU", "RSS"))
         columns.append("uptime")
         if any(row.restarts for row in rows):
             columns.append("restarts")
@@ -130,7 +150,7 @@ class TaskTable:
         columns = self._columns(dropped)
         table = Table(expand=expand, pad_edge=False)
         for name in columns:
-            number = name in ("pid", "restarts", "uptime", "quiet")
+            number = name in NUMBERS
             table.add_column(
                 name,
                 no_wrap=True,
@@ -148,7 +168,15 @@ class TaskTable:
 
     def _cells(self, row: TaskRow) -> dict[str, RenderableType]:
         quiet = self.quiet(row) if self.quiet is not None else 0.0
+        p = row.progress or TaskProgress()
         return {
+            "step": p.step_text(),
+            "steps/s": p.rate_text(),
+            "ETA": p.eta_text(),
+            "loss": p.loss_text(),
+            "trend": Text(p.loss_spark or p.cpu_spark, style="cyan"),
+            "CPU": p.cpu_text(),
+            "RSS": p.rss_text(),
             "task": Text(row.name, style=task_colour(row.label)),
             "host": Text(row.host, overflow="ellipsis"),
             "pid": str(row.pid or "-"),
@@ -189,12 +217,42 @@ def task_panel(
         return [TaskTable(rows, now)]
     tally = tally_lines((row.name.partition(":")[0], state_text(row)) for row in rows)
     counts = [_one_line(Text(line, style="" if line[0] == " " else "bold")) for line in tally]
+    counts += [_one_line(Text(line, style="cyan")) for line in role_progress(rows)]
     room = lines - len(counts) - CHROME_ROWS - 1  # 1: the line that counts the folded rest
     if room < 1:
         return [*counts[:lines]]
     folded = fold(rows, room, lambda row: _interest(row, heard), state_text)
     rest = _one_line(Text(more_line(folded), style="dim"))
     return [*counts, TaskTable(folded.shown, now, heard.quiet), rest]
+
+
+def role_progress(rows: Sequence[TaskRow]) -> list[str]:
+    """Per role, what its tasks report, for a folded table: the slowest step (and the total),
+    the mean steps/s, loss and CPU, the largest RSS."""
+    roles: dict[str, list[TaskProgress]] = {}
+    for row in rows:
+        if row.progress is not None:
+            roles.setdefault(row.name.partition(":")[0], []).append(row.progress)
+    lines = []
+    for role, found in roles.items():
+        parts = []
+        steps = [p.step for p in found if p.step is not None]
+        if steps:
+            total = next((p.total_steps for p in found if p.total_steps), None)
+            parts.append(f"step {min(steps)}{f'/{total}' if total else ''} (slowest)")
+        for label, values, text in (
+            ("steps/s", [p.rate for p in found if p.rate is not None], "{:.3g}"),
+            ("loss", [p.loss for p in found if p.loss is not None], "{:.4g}"),
+            ("CPU", [p.cpu for p in found if p.cpu is not None], "{:.0f}%"),
+        ):
+            if values:
+                parts.append(f"{label} {text.format(sum(values) / len(values))} (mean)")
+        rss = [p.rss for p in found if p.rss is not None]
+        if rss:
+            parts.append(f"RSS {TaskProgress(rss=max(rss)).rss_text()} (max)")
+        if parts:
+            lines.append(f"  {role}: {', '.join(parts)}")
+    return lines
 
 
 def _one_line(text: Text) -> Text:

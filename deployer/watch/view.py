@@ -31,12 +31,16 @@ from rich.text import Text
 
 from deployer.core.lines import clean_text
 from deployer.core.secrets import Masker
+from deployer.watch import progress as progress_lines
 from deployer.watch.board import TaskRow
+from deployer.watch.progress import PlainProgress, Progress, report
 from deployer.watch.table import Heard, region_rows, task_colour, task_panel
 
 
 class Display(Protocol):
-    """Where a deployment's events go: steps, the current phase, log lines, the task table."""
+    """Where a deployment's events go: steps, the current phase, log lines, the task table.
+    A view may also have `progress(Progress)` (deployer/watch/progress.py; `report` calls it
+    where present): every view here has it, an API caller's may not."""
 
     def step(self, text: str) -> None: ...
     def phase(self, text: str) -> None: ...
@@ -100,12 +104,17 @@ class PlainView:
         self._out = out
         self._states: dict[str, str] = {}
         self._gone = False
+        self._progress = PlainProgress(self.step)
 
     def step(self, text: str) -> None:
         self._write(f"tfdeploy: {clean_text(text)}\n")  # it may quote a host: never control
 
     def phase(self, text: str) -> None:
         """Nothing: a pipe gets events, and the step that ends a phase says how it went."""
+
+    def progress(self, progress: Progress) -> None:
+        """A line when a long phase begins, then at most one "still ..." line every few s."""
+        self._progress.show(progress)
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
         """LINES_AT_ONCE lines a write: one write each cost `logs` of a large archive more than
@@ -183,6 +192,7 @@ class LiveView:
         self._flushed = clock() - self._period  # when lines were last printed: "long ago"
         self._heard: dict[str, float] = {}  # task label -> view clock at its last log line
         self._said: dict[str, int] = {}  # task label -> log lines it printed
+        self._progress: Progress | None = None  # a long phase's numbers, drawn under the table
         self._live = _CurrentLive(
             get_renderable=self._render,
             console=console,
@@ -200,11 +210,21 @@ class LiveView:
         status = [Text(f"tfdeploy: {self._status}", style="bold")] if self._status else []
         for line in status:
             line.no_wrap, line.overflow = True, "ellipsis"  # one line: the step is above in full
+        shown = self._progress
+        under = (
+            progress_lines.render(shown, time.monotonic(), self._console.width - 20)
+            if shown is not None
+            else []
+        )
         if not self._rows:
-            return Group(*status)
-        lines = region_rows(self._console.height) - len(status)
+            return Group(*under, *status)
+        lines = region_rows(self._console.height) - len(status) - progress_lines.rows_height(shown)
         heard = Heard(self._heard, self._said, self._clock())
-        return Group(*task_panel(self._rows, lines, heard), *status)
+        return Group(*task_panel(self._rows, max(1, lines), heard), *under, *status)
+
+    def progress(self, progress: Progress) -> None:
+        """Drawn under the table until the phase reports itself finished (or a step ends it)."""
+        self._progress = None if progress.finished else progress
 
     def step(self, text: str) -> None:
         text = clean_text(text)  # it may quote a host: never control
@@ -237,6 +257,7 @@ class LiveView:
 
     def close(self) -> None:
         self._flush()
+        self._progress = None
         self._status = ""  # every step is already in the scrollback
         self._live.stop()
 
@@ -273,6 +294,9 @@ class MaskedView:
     def phase(self, text: str) -> None:
         self.view.phase(self.hide(text))
 
+    def progress(self, progress: Progress) -> None:
+        report(self.view, progress)  # numbers and host names: no secret in them
+
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self.view.lines(label, [self.hide(line) for line in lines])
 
@@ -302,6 +326,9 @@ class SteadyView:
 
     def phase(self, text: str) -> None:
         self._guard(self.view.phase, text)
+
+    def progress(self, progress: Progress) -> None:
+        self._guard(report, self.view, progress)
 
     def lines(self, label: str, lines: Sequence[str]) -> None:
         self._guard(self.view.lines, label, lines)

@@ -60,8 +60,20 @@ def main(argv: list[str] | None = None) -> int:
             optimizer=keras.optimizers.Adam(learning_rate=args.lr),
             metrics=["accuracy"],
         )
+    callbacks = []
+    try:  # tfdeploy's live view, `status`, `runs` and `report` show its step, rate and loss
+        from tfdeploy_metrics import KerasMetrics
+
+        callbacks.append(KerasMetrics())
+    except ImportError:  # not run by tfdeploy
+        pass
     model.fit(
-        x_train, y_train, batch_size=BATCH_PER_REPLICA * replicas, epochs=args.epochs, verbose=2
+        x_train,
+        y_train,
+        batch_size=BATCH_PER_REPLICA * replicas,
+        epochs=args.epochs,
+        verbose=2,
+        callbacks=callbacks,
     )
     _, test_accuracy = model.evaluate(x_test, y_test, verbose=0)
     common.report_accuracy(float(test_accuracy))

@@ -111,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
             f"(step {int(step)}), attempt {os.environ.get('TFDEPLOY_ATTEMPT', '0')}"
         )
 
+    # Progress for tfdeploy's live view, `status`, `runs` and `report` (TFDEPLOY_METRICS):
+    # tfdeploy puts tfdeploy_metrics on the task's PYTHONPATH; elsewhere this reports nothing.
+    try:
+        from tfdeploy_metrics import report
+    except ImportError:
+
+        def report(step: int, total_steps: int | None = None, **values: float) -> None:
+            pass
+
+    per_epoch = len(y_train) // args.batch
+    total_steps = per_epoch * args.epochs
     first_step = True
     for epoch in range(int(epoch_done) + 1, args.epochs + 1):
         if args.fail_at_epoch == epoch and me == args.fail_task:
@@ -120,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
         total, steps = 0.0, 0
         for x, y in dist_dataset:
-            total += float(train_step(x, y))
+            loss = float(train_step(x, y))
+            total += loss
             steps += 1
+            report(int(step) + steps, total_steps, loss=loss, epoch=epoch)
             if first_step:
                 # "Time to first step": when the environment, the cluster and the first
                 # collective all worked (bench.env reads this line).
