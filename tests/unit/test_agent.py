@@ -572,7 +572,7 @@ def test_an_intact_agent_is_kept_and_a_damaged_one_installed_again(workdir: Path
         with open(home / "agent.py", "a") as f:
             f.write(")(")
         (home / "stray.py").write_text("x = 1\n")
-        assert agent.install()["ok"]
+        assert agent.install()["agent_id"] == agent_id()  # the hello answered, from the new files
         assert (home / "agent.py").read_text() == agent_files()["agent.py"]
         assert not (home / "stray.py").exists()
     finally:
