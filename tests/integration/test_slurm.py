@@ -161,3 +161,32 @@ def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     # The body ends the allocation once the lease lapses (+ the keeper's beat and the body's
     # look, 2 s each); three leases is a bound, not a measurement.
     assert _wait_gone(slurm, 3 * lease), "the allocation outlived its controller's lease"
+
+
+def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    up = Up(slurm_inventory(epochs=200, lease=10), state=tmp_path / "state")
+    up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
+    slurm.kill_slurmd("h3")
+    assert up.finish(timeout=180) == 1, up.report()  # on_failure = "teardown"
+    assert "Slurm requeued allocation" in up.stdout, up.report()
+    assert "node h3 failed" in up.stdout, up.report()
+    assert "released allocation" in up.stdout, up.report()
+    assert _ours(slurm) == []
+
+
+def test_a_preempted_allocation_is_reported_as_such(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    up = Up(slurm_inventory(epochs=200, lease=10), state=tmp_path / "state")
+    up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
+    urgent = slurm.sbatch("-p urgent -N2 --exclusive -t 2 -o /dev/null --wrap 'sleep 15'")
+    try:
+        assert up.finish(timeout=180) == 1, up.report()
+        assert "preempted by a higher-priority job" in up.stdout, up.report()
+        assert "released allocation" in up.stdout, up.report()
+        assert _ours(slurm) == []
+    finally:
+        slurm.check(f"scancel {urgent}")
+        slurm.wait_job(urgent, "CANCELLED", "COMPLETED", timeout=60)
