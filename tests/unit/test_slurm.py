@@ -287,7 +287,7 @@ def test_groups_must_ask_for_the_same_gpus_and_nodes_is_required(tmp_path: Path)
     with pytest.raises(InventoryError, match=r"slurm\.hosts\[0\]\.nodes: is missing"):
         load_inventory(path)
     path.write_text(BASE.format(extra="", group="").replace("gpus = 4", 'gpus = "auto"'))
-    with pytest.raises(InventoryError, match="not \"auto\""):
+    with pytest.raises(InventoryError, match='not "auto"'):
         load_inventory(path)
 
 
@@ -313,6 +313,6 @@ OWN = sorted(p.name for p in (ROOT / "inventories").glob("*.toml") if p.name != 
 @pytest.mark.parametrize("name", OWN)
 def test_every_inventory_in_inventories_plans_without_a_warning(name: str) -> None:
     assert "slurm.toml" in OWN
-    code, out, err = cli("plan", str(ROOT / "inventories" / name))
+    code, _, err = cli("plan", str(ROOT / "inventories" / name))
     assert code == 0, f"{name} does not plan:\n{err}"
     assert "warning" not in err, f"{name} plans with a warning:\n{err}"
