@@ -189,4 +189,3 @@ def test_a_preempted_allocation_is_reported_as_such(
         assert _ours(slurm) == []
     finally:
         slurm.check(f"scancel {urgent}")
-        slurm.wait_job(urgent, "CANCELLED", "COMPLETED", timeout=60)
