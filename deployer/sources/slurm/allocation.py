@@ -146,7 +146,10 @@ def wait_running(
                 "fewer nodes, less time, or another partition",
             )
         now = (job.state.value, job.reason)
-        if now != said or clock() - said_at >= SAY_EVERY_S:
+        # Reason "None": the scheduler has not looked at it yet (it runs a second later, or
+        # says why it waits): not worth a line until it lasts.
+        news = now != said and (job.reason != "None" or waited >= SAY_EVERY_S)
+        if news or clock() - said_at >= SAY_EVERY_S:
             say(waiting_line(settings, job, waited))
             said, said_at = now, clock()
         if settings.wait and waited >= settings.wait:
