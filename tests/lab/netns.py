@@ -508,6 +508,23 @@ class NamespaceLab(Lab):
             ns_argv, capture_output=True, text=True, timeout=timeout, env=env, cwd="/"
         )
 
+    def popen(self, host: HostRef, cmd: str) -> subprocess.Popen[str]:
+        """A shell command inside the host with pipes on stdin/stdout/stderr (text, line
+        buffered), for a conversation with it; the caller waits for it or kills it."""
+        slot = self._live(host)
+        argv = ["nsenter", "-t", str(slot.init), "-n", "-m", "-p", "-u", "--", "/bin/sh", "-c"]
+        env = {"PATH": _PATH, "HOME": "/root", "USER": "root", "LANG": "C.UTF-8"}
+        return subprocess.Popen(
+            [*argv, cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env=env,
+            cwd="/",
+        )
+
     def processes(self, host: HostRef) -> list[Proc]:
         slot = self._slot(host)
         if slot.crashed:

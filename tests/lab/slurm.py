@@ -278,6 +278,10 @@ class SlurmCluster:
         """A shell command on the login node as root (`squeue`, `sbatch`, `scontrol`, `srun`)."""
         return self.lab.run(self.login, cmd, timeout=timeout)
 
+    def login_popen(self, cmd: str) -> subprocess.Popen[str]:
+        """A shell command on the login node with pipes (e.g. an `srun` step to talk to)."""
+        return self.lab.popen(self.login, cmd)
+
     def check(self, cmd: str, timeout: float = 30) -> str:
         """`login_run` that must succeed; returns its stdout."""
         done = self.login_run(cmd, timeout=timeout)
