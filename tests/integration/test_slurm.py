@@ -63,6 +63,13 @@ def _ours(slurm: SlurmCluster) -> list[str]:
     return out.split()
 
 
+def _settled(slurm: SlurmCluster) -> None:
+    """Waits until slurmctld shows the nodes idle again: under load its node state lags an
+    ended allocation's steps by up to a minute (sinfo says "mixed" with no CPU allocated), longer
+    than the fixture's own wait. Slurm's bookkeeping, not tfdeploy's: squeue is empty already."""
+    slurm.wait_nodes("idle", timeout=120)
+
+
 def _wait_gone(slurm: SlurmCluster, within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -83,6 +90,7 @@ def test_mwms_trains_on_two_allocated_nodes_and_the_allocation_is_released(
     assert "test_accuracy=" in out and "job succeeded" in out, out
     assert "released allocation" in out, out
     assert _ours(slurm) == [], "the allocation outlived up"
+    _settled(slurm)
 
 
 def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
@@ -97,6 +105,7 @@ def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
     down = tfdeploy("down", str(inventory), state=tmp_path / "c", timeout=180, check_rc=0)
     assert f"released allocation {job_id}" in down.stdout + down.stderr, down.stdout
     assert _wait_gone(slurm, 30)
+    _settled(slurm)
 
 
 def test_more_nodes_than_the_partition_has_are_refused_in_slurms_words(
@@ -161,6 +170,7 @@ def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     # The body ends the allocation once the lease lapses (+ the keeper's beat and the body's
     # look, 2 s each); three leases is a bound, not a measurement.
     assert _wait_gone(slurm, 3 * lease), "the allocation outlived its controller's lease"
+    _settled(slurm)
 
 
 def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
@@ -174,6 +184,9 @@ def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
     assert "node h3 failed" in up.stdout, up.report()
     assert "released allocation" in up.stdout, up.report()
     assert _ours(slurm) == []
+    # The node comes back (as a rebooted one would): its slurmd ends the orphaned steps.
+    slurm.start_slurmd("h3")
+    slurm.heal()
 
 
 def test_a_preempted_allocation_is_reported_as_such(
