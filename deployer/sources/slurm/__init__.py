@@ -59,16 +59,14 @@ class SlurmSource:
             )
             try:
                 job = allocation.wait_running(cluster, settings, job_id, say)
-                found = nodes.allocated(cluster, settings, job)
-                allocation.start_keeper(allocation.HELD[settings.job_name], found.hosts[0].name)
+                found = self._held_nodes(cluster, job)
             except BaseException:  # the bound, Ctrl-C, a lost allocation: it holds nothing yet
                 if allocation.release(settings.job_name):
                     say(f"cancelled allocation {job_id}")
                 raise
         else:
             allocation.hold(settings.job_name, allocation.Held(cluster, job.id))
-            found = nodes.allocated(cluster, settings, job)
-            allocation.start_keeper(allocation.HELD[settings.job_name], found.hosts[0].name)
+            found = self._held_nodes(cluster, job)
             allocation.tell_keeper(settings.job_name, "keep")
         left = f", {say_duration(job.left)} left" if job.left is not None else ""
         if settings.signal:
@@ -76,6 +74,14 @@ class SlurmSource:
             left += f"; its tasks get SIG{name} {say_duration(before)} before the time limit"
         names = ", ".join(h.name for h in found.hosts)
         say(f"allocation {job.id} runs on {names}{left}")
+        return found
+
+    def _held_nodes(self, cluster: Cluster, job: QueuedJob) -> Discovered:
+        """The running allocation's nodes as hosts; its lease keeper started on the first."""
+        found = nodes.allocated(cluster, self.settings, job)
+        held = allocation.HELD[self.settings.job_name]
+        held.nodes = tuple(h.name for h in found.hosts)
+        allocation.start_keeper(held, found.hosts[0].name)
         return found
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
@@ -90,6 +96,9 @@ class SlurmSource:
                 say("the allocation stays while the run's tasks run (`tfdeploy down` ends it)")
             return
         if "down" not in when:  # up's end
+            ended = allocation.said_end(name)
+            if ended is not None:
+                say(ended)
             if self.settings.keep_allocation and allocation.tell_keeper(name, "keep"):
                 allocation.release(name)
                 say(

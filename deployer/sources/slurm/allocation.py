@@ -41,6 +41,7 @@ class Held:
 
     cluster: Cluster
     job_id: str
+    nodes: tuple[str, ...] = ()  # once it runs
     keeper: Session | None = None
     handed_over: bool = False  # detached or kept: ending this process must not release it
 
@@ -145,7 +146,10 @@ def wait_running(
                 "fewer nodes, less time, or another partition",
             )
         now = (job.state.value, job.reason)
-        if now != said or clock() - said_at >= SAY_EVERY_S:
+        # Reason "None": the scheduler has not looked at it yet (it runs a second later, or
+        # says why it waits): not worth a line until it lasts.
+        news = now != said and (job.reason != "None" or waited >= SAY_EVERY_S)
+        if news or clock() - said_at >= SAY_EVERY_S:
             say(waiting_line(settings, job, waited))
             said, said_at = now, clock()
         if settings.wait and waited >= settings.wait:
@@ -212,6 +216,44 @@ def release(name: str) -> str | None:
         return None
     held.cluster.cancel(held.job_id)
     return held.job_id
+
+
+def what_slurm_did(cluster: Cluster, held: Held) -> str | None:
+    """Why the allocation no longer runs, when Slurm ended or requeued it during the run (a
+    node that failed, a preemption, the time limit); None: it still runs."""
+    job = cluster.job(held.job_id)
+    if job is None or job.state is JobState.RUNNING:
+        return None
+    nodes = cluster.nodes(held.nodes) if held.nodes else {}
+    failed = [
+        n
+        for n in nodes.values()
+        if any(word in n.state for word in ("DOWN", "NOT_RESPONDING", "FAIL")) or "*" in n.state
+    ]
+    states = ", ".join(n.state for n in failed)
+    lost = f"node {', '.join(n.name for n in failed)} failed: {states}" if failed else ""
+    what = f"allocation {job.id}"
+    if job.state.waiting:
+        why = lost or "preempted by a higher-priority job"
+        return f"Slurm requeued {what} ({why}); it is {job.state.value.lower()} ({job.reason})"
+    if job.state is JobState.PREEMPTED:
+        return f"Slurm preempted {what}: a higher-priority job took its nodes"
+    if job.state is JobState.TIMEOUT:
+        return f"{what} reached its time limit"
+    if job.state is JobState.NODE_FAIL or lost:
+        return f"Slurm ended {what}: {lost or 'a node failed'}"
+    return f"{what} ended outside tfdeploy ({job.state.value.lower()})"
+
+
+def said_end(name: str) -> str | None:
+    """`what_slurm_did` for the allocation held under `name`; None when it cannot be asked."""
+    held = HELD.get(name)
+    if held is None:
+        return None
+    try:
+        return what_slurm_did(held.cluster, held)
+    except TfdeployError:
+        return None
 
 
 @atexit.register
