@@ -152,11 +152,17 @@ class _CurrentLive(Live):
     Live redraws its region below every print, but with what its last timed refresh rendered:
     a step printed right after another left the region showing the one before (the status
     line said "preflight" through push, start and watching, issue 29).
+
+    Fenced like paramiko's internals (hosts/paramiko_tuning.py): it reaches Live's private
+    `_lock` and `_live_render`, which rich 13.7 to 15 have (pyproject.toml bounds rich below 16);
+    a rich without them gets stock Live, whose region may show one step late, never an error.
     """
 
     def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
-        with self._lock:
-            self._live_render.set_renderable(self.renderable)
+        lock, region = getattr(self, "_lock", None), getattr(self, "_live_render", None)
+        if lock is not None and hasattr(region, "set_renderable"):
+            with lock:
+                region.set_renderable(self.renderable)  # type: ignore[union-attr]
         return super().process_renderables(renderables)
 
 
