@@ -72,7 +72,9 @@ def run_facts(plan: Plan, run_id: str, began: float, hide: Callable[[str], str])
                 "host": t.host,
                 "command": hide(t.command or ""),
                 "gpus": list(t.gpus),
-                "tf_config": t.env["TF_CONFIG"],
+                "tf_config": t.cluster_env.get("TF_CONFIG", ""),
+                # outside TensorFlow, the rank's variables (config/frameworks.py)
+                "cluster_env": t.cluster_env,
                 "env": {k: hide(v) for k, v in masked(t.own_env, secret).items()},
             }
             for t in plan.tasks

@@ -102,7 +102,9 @@ def test_a_hello_claiming_a_huge_glibc_is_refused_in_seconds_without_the_memory(
     controller's memory until the machine ran out. Now the hello is refused, the host named, in
     seconds. The controller runs under a 4 GB address-space limit so that a regression fails
     here instead of taking the machine."""
-    hostile.patch({"agent.py": [('        "glibc": _glibc(),', '        "glibc": "2.999999999",')]})
+    hostile.patch(
+        {"agent.py": [('        "glibc": hostfacts.glibc(),', '        "glibc": "2.999999999",')]}
+    )
     wheels = tmp_path / "index"
     make_wheel(wheels, "tinypkg")
     code = tmp_path / "code"

@@ -53,8 +53,9 @@ def test_a_task_name_from_collect_cannot_aim_pull_outside_the_run(
         {
             "results.py": [
                 (
-                    '        found[name] = {"files": files, "refused": refused}',
-                    '        found["../../canary-dir"] = {"files": files, "refused": refused}',
+                    '        found[name] = {"files": files, "refused": refused, "unread": unread}',
+                    '        found["../../canary-dir"] = {"files": files, "refused": refused, '
+                    '"unread": unread}',
                 ),
                 ('    name = params.param(req, "task", str)\n', '    name = "worker:0"\n'),
             ]
@@ -100,7 +101,9 @@ def test_logs_sync_writes_no_file_a_host_names(hostile: Hostile, tmp_path: Path)
     runs = hostile.state / "runs"
     assert {p.name for p in runs.iterdir()} <= {hostile.run_id, f"{hostile.run_id}.json"}
     archive = runs / hostile.run_id
-    assert {p.name for p in archive.glob("*")} <= {"archive.json", "worker-0.log"}
+    # the run's own record beside its logs (docs/metrics.md): nothing named by the host
+    own = {"facts.json", "outcome.json", "journal.jsonl", "metric_offsets.json", "usage", "metrics"}
+    assert {p.name for p in archive.glob("*")} <= {"archive.json", "worker-0.log", *own}
     assert result.returncode == 3, output
     assert "its agent's runs reply is not valid" in output
     assert "'../../../canary' is not a task name" in output
@@ -138,9 +141,9 @@ def test_host_error_texts_reach_the_terminal_cleaned(hostile: Hostile) -> None:
         {
             "agent.py": [
                 (
-                    "    root = layout.runs_dir(layout.workdir_path(req))\n    hosts_of",
+                    "    root = layout.runs_dir(workdir)\n    hosts_of",
                     f"    raise params.AgentError('{said}')\n"
-                    "    root = layout.runs_dir(layout.workdir_path(req))\n    hosts_of",
+                    "    root = layout.runs_dir(workdir)\n    hosts_of",
                 )
             ]
         }

@@ -101,3 +101,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Two hosts with images by job, host and role (tests of [job] image and its tables).
+TWO_HOSTS = """
+[[hosts]]
+address = "10.0.0.1"
+tasks = [{ role = "chief" }, { role = "evaluator" }]
+
+[[hosts]]
+address = "10.0.0.2"
+image = "host/img:2"
+container_runtime = "docker"
+tasks = [{ role = "worker" }]
+"""

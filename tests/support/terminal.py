@@ -12,6 +12,7 @@ counted (`overruns`), so a test of "the live view fits the terminal" can fail.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import pty
 import re
@@ -20,6 +21,8 @@ import struct
 import subprocess
 import termios
 import time
+
+from rich.console import Console
 
 TOKEN = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|[\r\n\x07\x08]")
 
@@ -165,3 +168,24 @@ def run_in_pty(
         os.close(master)
         code = process.wait(timeout=30)
     return code, b"".join(chunks).decode("utf-8", "replace")
+
+
+def terminal(width: int = 100, height: int = 25) -> Console:
+    """A console that behaves as a real terminal would (cursor moves, Live redraws)."""
+    return Console(
+        file=io.StringIO(),
+        width=width,
+        height=height,
+        force_terminal=True,
+        _environ={"TERM": "xterm-256color"},
+    )
+
+
+def output(console: Console) -> str:
+    return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
+
+
+def screen(console: Console) -> Screen:
+    shown = Screen(console.height, console.width)
+    shown.feed(output(console))
+    return shown

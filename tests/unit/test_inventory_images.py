@@ -12,19 +12,7 @@ from deployer.config.model import ImageFrom
 from deployer.core.errors import ExitStatus, InventoryError
 from deployer.up.images import Images, images_by_host, task_image
 from remote import containers
-from tests.support.helpers import JOB, load, plan, write_toml
-
-TWO_HOSTS = """
-[[hosts]]
-address = "10.0.0.1"
-tasks = [{ role = "chief" }, { role = "evaluator" }]
-
-[[hosts]]
-address = "10.0.0.2"
-image = "host/img:2"
-container_runtime = "docker"
-tasks = [{ role = "worker" }]
-"""
+from tests.support.helpers import JOB, TWO_HOSTS, load, plan, write_toml
 
 
 def test_defaults_no_image(tmp_path: Path) -> None:

@@ -10,8 +10,7 @@ import pytest
 
 from deployer.config.inventory import load_inventory
 from deployer.core.errors import ExitStatus, InventoryError
-from tests.support.helpers import JOB, write_toml
-from tests.unit.test_inventory_images import TWO_HOSTS
+from tests.support.helpers import JOB, TWO_HOSTS, write_toml
 
 
 def _load(tmp_path: Path, mounts: str) -> tuple[str, ...]:

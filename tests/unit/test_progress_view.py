@@ -10,7 +10,9 @@ from deployer.watch.progress import HostProgress, Progress
 from deployer.watch.series import TaskProgress
 from deployer.watch.table import role_progress
 from deployer.watch.view import LiveView
-from tests.unit.test_view import ROWS, screen, terminal
+from tests.support.terminal import screen, terminal
+
+ROWS = [TaskRow("worker:0", "h1", "running", 4242), TaskRow("worker:1", "h2", "running", 4343)]
 
 
 def test_a_phases_progress_is_drawn_under_the_table_and_goes_when_it_ends() -> None:

@@ -10,31 +10,10 @@ from rich.console import Console
 
 from deployer.watch.board import TaskRow
 from deployer.watch.view import LiveView, PlainView, prefixed
-from tests.support.terminal import Screen
+from tests.support.terminal import output, screen, terminal
 
 ROWS = [TaskRow("worker:0", "h1", "running", 4242), TaskRow("worker:1", "h2", "running", 4343)]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def terminal(width: int = 100, height: int = 25) -> Console:
-    """A console that behaves as a real terminal would (cursor moves, Live redraws)."""
-    return Console(
-        file=io.StringIO(),
-        width=width,
-        height=height,
-        force_terminal=True,
-        _environ={"TERM": "xterm-256color"},
-    )
-
-
-def output(console: Console) -> str:
-    return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
-
-
-def screen(console: Console) -> Screen:
-    shown = Screen(console.height, console.width)
-    shown.feed(output(console))
-    return shown
 
 
 def log_lines(console: Console) -> list[str]:
