@@ -30,6 +30,13 @@ class StreamError(AgentError):
     """The raw bytes after the request line could not be read to their end: what is left on
     stdin is not a request, so the session answers this one and ends."""
 
+    @classmethod
+    def of(cls, exc: BaseException) -> StreamError:
+        """`exc` (an AgentError keeps its code and subject) as the error that ends the stream."""
+        if isinstance(exc, AgentError):
+            return cls(str(exc), exc.code, exc.subject)
+        return cls(str(exc))
+
 
 class CallerGone(StreamError):
     """The controller left while its request was handled (caller.py): the op stops and the

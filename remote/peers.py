@@ -219,7 +219,7 @@ def seed(req: dict[str, Any], workdir: Path) -> dict[str, Any]:
         store.receive(store_dir, blobs, sys.stdin.buffer, forward.send, only_of(req))
     except (OSError, ValueError, params.AgentError) as exc:
         forward.close()  # the hosts after this one see their stream end early
-        raise params.StreamError(str(exc)) from exc
+        raise params.StreamError.of(exc) from exc
     return {"chain": [{"host": hostid.identity(), "error": ""}, *forward.finish()]}
 
 

@@ -64,7 +64,7 @@ def op_materialize(req: dict[str, Any]) -> protocol.MaterializeReply:
         if blobs:
             receive(store, blobs, sys.stdin.buffer)
     except (params.AgentError, OSError) as exc:
-        raise params.StreamError(str(exc)) from exc
+        raise params.StreamError.of(exc) from exc
     # `keep`: contents the store must hold that no code file names (the job's wheels).
     keep = [params.check_hash(h) for h in params.param(req, "keep", list, [])]
     lacking = set(_absent(store, sorted({digest for _, digest, _ in entries} | set(keep))))

@@ -13,6 +13,7 @@ shape and the fake follow.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import socket
 from pathlib import Path
@@ -304,3 +305,29 @@ WIRE: list[tuple[Any, ...]] = [
 
 def test_every_op_has_its_shapes() -> None:
     assert [w[0] for w in WIRE] == list(protocol.OPS)
+
+
+def test_a_damaged_content_is_named_by_its_code_and_digest_through_the_stream(
+    workdir: Path, run_id: str
+) -> None:
+    """A content whose bytes are not its hash ends the stream (remote/store.py): the failure
+    still carries FAIL_DAMAGED and the content's sha256, which the push matches to name the
+    file (push/sync.py `_changed`), never the sentence."""
+    from tests.support.agent import raw_call
+
+    data = b"what the manifest hashed"
+    digest = hashlib.sha256(data).hexdigest()
+    request = {
+        "v": protocol.PROTOCOL_VERSION,
+        "op": protocol.OP_MATERIALIZE,
+        "workdir": str(workdir),
+        "run_id": run_id,
+        "job": "demo",
+        "files": [["a.txt", digest, 0o644]],
+        "blobs": [[digest, len(data)]],
+    }
+    damaged = bytes([data[0] ^ 0xFF]) + data[1:]
+    reply = raw_call(json.dumps(request).encode() + b"\n" + damaged)
+    assert reply["ok"] is False and reply["code"] == protocol.FAIL_DAMAGED, reply
+    error = failure("h1", reply)
+    assert (error.code, error.subject) == (protocol.FAIL_DAMAGED, digest)
