@@ -17,7 +17,7 @@ from tests.lab import Lab, SlurmCluster
 from tests.support.faults import EXAMPLES, Up, tfdeploy
 from tests.support.helpers import to_toml
 
-pytestmark = [pytest.mark.lab, pytest.mark.isolated, pytest.mark.tf]
+pytestmark = [pytest.mark.lab, pytest.mark.isolated, pytest.mark.tf, pytest.mark.slurm_e2e]
 
 
 @pytest.fixture
