@@ -19,6 +19,12 @@ pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 STEPS_PER_EPOCH = 22  # 1,437 training digits in global batches of 64
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="examples/digits/mwms.py race, open: a worker stopped before it saved the epoch its "
+    "peers saved resumes one epoch behind them (each worker restores its own checkpoint), and the "
+    "ranks then disagree on the number of steps left",
+)
 def test_a_killed_mwms_worker_restarts_the_job_from_its_checkpoint(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
