@@ -13,7 +13,7 @@ bash scripts/install.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # pytest's workers (pytest-xdist): each has its own lab, and lab tests mostly wait on hosts, so
 # more workers than cores (docs/testing.md, "The parallel lab"). TFDEPLOY_TEST_WORKERS=0: serial.
-WORKERS=${TFDEPLOY_TEST_WORKERS:-4}
+WORKERS=${TFDEPLOY_TEST_WORKERS:-3}
 if [ "$TFDEPLOY_ROOT" != 1 ]; then
   echo "not root ($(id -un)): the lab runs as sshd hosts on 127.0.0.x loopback addresses, and the"
   echo "  tests marked isolated skip: network, PID and mount namespaces, link faults and firewall"
