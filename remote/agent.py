@@ -503,6 +503,10 @@ def main(argv: list[str]) -> int:
         import idle  # the detached idle watchdog (idle.py), started by the idle op
 
         return idle.main(argv[2:])
+    if len(argv) > 1 and argv[1] == "signal-tasks":
+        import relay  # a scheduler's warning signal, passed to one allocation's tasks (relay.py)
+
+        return relay.main(argv[2:])
     if len(argv) > 1 and argv[1] == "serve":
         return serve()
     # The request is one JSON line; materialize's file contents (blobs) may follow it raw.

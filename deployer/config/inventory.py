@@ -40,7 +40,14 @@ from deployer.config.model import (
 )
 from deployer.config.roles import BUILTIN_SERVER, ROLE_NAMES, TF_ROLES, has_port
 from deployer.config.schema import Table
-from deployer.config.sources import HostSource, Say, SourceContext, SourceReaders, SourceTable
+from deployer.config.sources import (
+    Deadline,
+    HostSource,
+    Say,
+    SourceContext,
+    SourceReaders,
+    SourceTable,
+)
 from deployer.core.errors import InventoryError
 
 HOST_KEY_MODES = ("strict", "accept-new")
@@ -74,6 +81,7 @@ class Inventory:
     instances: tuple[Any, ...] = ()  # the machines that discovery found, in host order
     tables: tuple[SourceTable, ...] = ()  # how each discovered source shows them (`plan`)
     sources: tuple[HostSource, ...] = ()  # every source, discovered or not: replace, terminate
+    deadlines: tuple[Deadline, ...] = ()  # the provisioned hosts' time limits (the watch warns)
 
 
 def discover_hosts(
@@ -89,6 +97,7 @@ def discover_hosts(
         return inventory
     file = str(inventory.path)
     hosts, instances, tables = list(inventory.hosts), list(inventory.instances), []
+    deadlines = list(inventory.deadlines)
     for source in inventory.pending:
         if provision is not None:
             found = source.provision(file, provision)
@@ -97,12 +106,14 @@ def discover_hosts(
         hosts += found.hosts
         instances += found.instances
         tables += [found.table] if found.table is not None else []
+        deadlines += found.deadlines
     check_unique_hosts(tuple(hosts), file)
     return dataclasses.replace(
         inventory,
         hosts=tuple(hosts),
         instances=tuple(instances),
         tables=(*inventory.tables, *tables),
+        deadlines=tuple(deadlines),
         pending=(),
     )
 

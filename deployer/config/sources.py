@@ -58,12 +58,24 @@ class SourceTable:
 
 
 @dataclass(frozen=True)
+class Deadline:
+    """A time at which the hosts go away whatever the job does: a Slurm allocation's time
+    limit. The watch warns before it and says when the tasks get their warning signal
+    (deployer/watch/deadlines.py); the source only knows the numbers."""
+
+    what: str  # "Slurm allocation 17"
+    ends_at: float  # Unix seconds
+    signal: tuple[str, int] | None = None  # ("USR1", 300): the tasks get SIGUSR1 300 s before
+
+
+@dataclass(frozen=True)
 class Discovered:
     """What a source found: hosts in order, the machines behind them, and how to show them."""
 
     hosts: tuple[Host, ...]
     instances: tuple[Any, ...] = ()  # e.g. EC2 instances; only the source knows their type
     table: SourceTable | None = None
+    deadlines: tuple[Deadline, ...] = ()  # when `up` provisioned: the hosts' time limits
 
 
 class HostSource(Protocol):

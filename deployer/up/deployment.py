@@ -115,6 +115,7 @@ class Deployment:
             interval=options.poll_interval,
             lease=self._lease(),
             hide=self.hide,
+            deadlines=plan.inventory.deadlines,
         )
         self.teardown = Teardown(
             fleet,

@@ -7,12 +7,14 @@ needs the start phase, so the deployment hands it in.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
 from deployer.config.model import EvaluatorFailure, FailurePolicy
 from deployer.config.plan import Task
 from deployer.config.roles import role
+from deployer.config.sources import Deadline
 from deployer.core.errors import JobFailed
 from deployer.core.fold import fold_names
 from deployer.core.secrets import Masker
@@ -20,6 +22,7 @@ from deployer.core.text import join_names, plural
 from deployer.hosts.gpus import GpuMonitor
 from deployer.watch.board import may_restart, retryable
 from deployer.watch.contact import Loss
+from deployer.watch.deadlines import DeadlineNotes
 from deployer.watch.poller import Poller, Tick
 from deployer.watch.runstate import OnRun
 from deployer.watch.view import Display
@@ -49,6 +52,8 @@ class Watch(OnRun):
         interval: float,
         lease: float,
         hide: Callable[[str], str] | None = None,
+        deadlines: tuple[Deadline, ...] = (),
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.poller = poller
         self.hide = hide or Masker()  # masks the run's secret values in a failure's log lines
@@ -59,6 +64,8 @@ class Watch(OnRun):
         self.sleep = sleep
         self.interval = interval
         self.lease = lease
+        self.wall = wall  # Unix seconds: a deadline is a time of day, not a run's clock
+        self.deadline_notes = DeadlineNotes(deadlines, wall())
 
     @property
     def gpu_monitor(self) -> GpuMonitor | None:
@@ -226,6 +233,8 @@ class Watch(OnRun):
                 f"{self.poller.contact.loss_after:g} s"
             )
         self.view.tasks(self.board.rows(self._gpu_use))
+        for note in self.deadline_notes.due(self.wall()):
+            self.view.step(note)
         if tick.loss is not None:
             self._host_lost(tick.loss)
         return tick

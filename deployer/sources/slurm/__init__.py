@@ -8,11 +8,13 @@ allocation.py submits, waits, keeps and releases, nodes.py turns the allocated n
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 
 from deployer.config.model import Host, SSHSettings
 from deployer.config.schema import Table
-from deployer.config.sources import AT_DETACH, Discovered, Say, SourceContext, Sourced
+from deployer.config.sources import AT_DETACH, Deadline, Discovered, Say, SourceContext, Sourced
 from deployer.sources.slurm import allocation, nodes
 from deployer.sources.slurm.cluster import Cluster
 from deployer.sources.slurm.outputs import JobState, QueuedJob, say_duration
@@ -74,7 +76,10 @@ class SlurmSource:
             left += f"; its tasks get SIG{name} {say_duration(before)} before the time limit"
         names = ", ".join(h.name for h in found.hosts)
         say(f"allocation {job.id} runs on {names}{left}")
-        return found
+        if job.left is None:
+            return found
+        limit = Deadline(f"Slurm allocation {job.id}", time.time() + job.left, settings.signal)
+        return dataclasses.replace(found, deadlines=(limit,))
 
     def _held_nodes(self, cluster: Cluster, job: QueuedJob) -> Discovered:
         """The running allocation's nodes as hosts; its lease keeper started on the first."""

@@ -11,6 +11,9 @@ when no task of the user's is left on any node), a kept one to the next `up` ("k
 
 from __future__ import annotations
 
+import shlex
+
+from deployer.hosts.bootstrap import agent_id
 from deployer.sources.slurm.settings import SlurmSettings
 
 LEASE_DIR = "/tmp"  # the lease file lives on the first node; both body and keeper see it
@@ -62,8 +65,7 @@ def body(settings: SlurmSettings) -> str:
         name = settings.signal[0]
         relay = f"""relay() {{
   echo "SIG{name}: passed to the run's tasks"
-  srun --overlap -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q sh -c \\
-    'for s in $(pgrep -u "$(id -u)" -x tfd-supervisor); do pkill -{name} -P "$s"; done' || true
+  {on_every_node(settings, name)} || true
 }}
 trap relay {name}
 """
@@ -80,8 +82,7 @@ while :; do
   keep) sleep {BEAT_S} ;;
   detached)
     sleep {DETACHED_CHECK_S}
-    left=$(srun --overlap -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q \\
-      pgrep -u "$(id -u)" -x tfd-supervisor 2>/dev/null || true)
+    left=$({on_every_node(settings, "0")} 2>/dev/null || true)
     if [ -z "$left" ]; then idle=$((idle + 1)); else idle=0; fi
     if [ "$idle" -ge 2 ]; then echo "no task of the run is left"; exit 0; fi ;;
   *)
@@ -92,6 +93,27 @@ while :; do
   esac
 done
 """
+
+
+def on_every_node(settings: SlurmSettings, signal: str) -> str:
+    """A step on every node in which each group's agent sends `signal` to the process groups
+    its runs recorded, of tasks started in this allocation only ("0": lists them, signals
+    nothing; remote/relay.py). Never a process found by its name: another job of the user's on
+    a shared node is not this run's."""
+    places = sorted({(g.settings.python, g.settings.workdir) for g in settings.groups})
+    calls = "\n".join(f"relay {shlex.quote(python)} {shlex.quote(wd)}" for python, wd in places)
+    script = f"""relay() {{
+  wd=$2
+  case $wd in "~/"*) wd=$HOME/${{wd#"~/"}};; "~") wd=$HOME;; esac
+  agent=$wd/agent/{agent_id()}/agent.py
+  [ ! -f "$agent" ] || "$1" -S "$agent" signal-tasks "$wd" {signal} "$SLURM_JOB_ID"
+}}
+{calls}
+"""
+    return (
+        'srun --overlap -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q '
+        f"sh -c {shlex.quote(script)}"
+    )
 
 
 # The keeper: renews the lease every BEAT_S seconds while its stdin is open, answers "ok" to
