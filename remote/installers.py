@@ -121,7 +121,11 @@ def uv_install(
     # it: wheels an earlier environment unpacked are linked, not unpacked again.
     env.update(UV_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
     argv = [str(uv), "pip", "install", "--offline", "--no-index", "--no-config"]
-    argv += ["--link-mode", "hardlink", "--compile-bytecode"]
+    # No `--compile-bytecode`: compiling every module of TensorFlow's set took 34 s of a 35 s
+    # install with a warm cache (1.4 s without; docs/bench/env.md), and a task imports about
+    # half of them, compiled at its first import into the venv's __pycache__ (the venv is the
+    # user's, so Python writes them) and read from there afterwards.
+    argv += ["--link-mode", "hardlink"]
     argv += ["--find-links", str(wheels), "--python", str(venv / "bin" / "python")]
     argv += ["-r", str(reqs)]
     return run(argv, env, on_start)
@@ -140,6 +144,7 @@ def pip_install(
     argv = [str(venv / "bin" / "python"), "-m", "pip", "install"]
     argv += [] if online else ["--isolated", "--no-index", "--no-cache-dir"]
     argv += ["--disable-pip-version-check", "--no-input", "--no-warn-script-location"]
+    argv += ["--no-compile"]  # as uv: modules are compiled when a task first imports them
     argv += [] if online else ["--find-links", str(wheels)]
     argv += ["-r", str(reqs)]
     return run(argv, env, on_start)
