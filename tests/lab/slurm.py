@@ -261,8 +261,18 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         while not check():
             if time.monotonic() > deadline:
-                raise LabError(f"timed out after {timeout:.0f}s waiting for {what}{self._logs()}")
+                said = f"timed out after {timeout:.0f}s waiting for {what}"
+                raise LabError(f"{said}{self._state()}{self._logs()}")
             time.sleep(0.05)
+
+    def _state(self) -> str:
+        """What slurmctld says of the nodes, jobs and steps, for a wait that timed out."""
+        asked = (
+            "sinfo -N -o '%N %P %T %C %E'; squeue -a -t all -o '%i %T %j %r %M %N'; "
+            "scontrol show node | grep -E 'NodeName|State|Alloc|Reason'; scontrol show step"
+        )
+        done = self.login_run(asked, timeout=30)
+        return f"\n--- the cluster's state:\n{done.stdout}{done.stderr}"
 
     def _logs(self) -> str:
         tails = []
