@@ -176,18 +176,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     no_frameworks = pytest.mark.skip(
         reason="trains Keras 3 on JAX: run with `pytest -m frameworks` (docs/testing.md)"
     )
-    # `up` on the lab's Slurm: after an allocation ends, its nodes stay "mixed" for minutes with
-    # squeue empty, which the fixture's idle check cannot wait out (issue 49, still open): only
-    # a run that asks for it, until that is understood.
-    slurm_asked = "slurm_e2e" in (config.option.markexpr or "")
-    no_slurm = pytest.mark.skip(
-        reason="tfdeploy up on the lab's Slurm (issue 49 open): run with `pytest -m slurm_e2e` "
-        "(docs/testing.md)"
-    )
     no_slow = pytest.mark.skip(reason=SLOW_SKIP) if _skips_slow(config) else None
     for item in items:
-        if "slurm_e2e" in item.keywords and not slurm_asked:
-            item.add_marker(no_slurm)
         if "vagrant" in item.keywords and not vagrant_asked:
             item.add_marker(no_vagrant)
         if "frameworks" in item.keywords and not frameworks_asked:

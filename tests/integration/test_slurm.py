@@ -25,12 +25,20 @@ def slurm_inventory(slurm_lab: Lab, slurm: SlurmCluster, tmp_path: Path) -> Call
     """`slurm_inventory(nodes=2, epochs=2, **slurm_keys)`: the digits example (MWMS) on
     `nodes` allocated nodes, the login node reached over SSH with the lab's keys."""
 
-    def write(*, nodes: int = 2, epochs: int = 2, lease: float = 60, **keys: object) -> Path:
+    def write(
+        *,
+        nodes: int = 2,
+        epochs: int = 2,
+        lease: float = 60,
+        code: Path = EXAMPLES,
+        command: str | None = None,
+        **keys: object,
+    ) -> Path:
         document = {
             "job": {
                 "name": "digits",
-                "code": str(EXAMPLES),
-                "command": f"python3 mwms.py --epochs {epochs}",
+                "code": str(code),
+                "command": command or f"python3 mwms.py --epochs {epochs}",
                 "python": slurm_lab.python,
                 "lease_seconds": lease,
                 "env": {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"},
@@ -64,9 +72,8 @@ def _ours(slurm: SlurmCluster) -> list[str]:
 
 
 def _settled(slurm: SlurmCluster) -> None:
-    """Waits until slurmctld shows the nodes idle again: under load its node state lags an
-    ended allocation's steps by up to a minute (sinfo says "mixed" with no CPU allocated), longer
-    than the fixture's own wait. Slurm's bookkeeping, not tfdeploy's: squeue is empty already."""
+    """Waits until slurmctld shows the nodes idle again (KillWait and the steps' cleanup after
+    an allocation ended; squeue is empty already)."""
     slurm.wait_nodes("idle", timeout=120)
 
 
@@ -188,6 +195,58 @@ def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
     # The node comes back (as a rebooted one would): its slurmd ends the orphaned steps.
     slurm.start_slurmd("h3")
     slurm.heal()
+
+
+# A task that saves its checkpoint on the time limit's warning signal, and ends.
+ON_WARNING = """import signal, sys, time
+def save(*_):
+    print("checkpoint saved on SIGUSR1", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, save)
+print("training", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_time_limits_warning_signal_reaches_every_task_and_nothing_else(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`signal = "USR1@60"`: Slurm signals the allocation's body (`scancel --batch` sends what
+    `--signal=B:USR1@60` sends at the time), which passes SIGUSR1 to the run's recorded task
+    process groups on every node through the agents (remote/relay.py). A process of the same
+    user on a node that only looks like a supervisor is not signalled."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "warned.py").write_text(ON_WARNING)
+    inventory = slurm_inventory(code=code, command="python3 warned.py", signal="USR1@60")
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"worker:0@h2 \| training", timeout=300)
+    up.wait_for(r"worker:1@h3 \| training", timeout=60)
+    assert "its tasks get SIGUSR1 1m00s before the time limit" in up.stdout, up.report()
+    # What a name-based relay (`pkill -USR1 -P $(pgrep -x tfd-supervisor)`) would have hit: a
+    # process named as the agent's supervisors are, whose child notes a USR1.
+    place = slurm.dir / "bystander"
+    place.mkdir(exist_ok=True)
+    hit = place / "hit"
+    script = place / "tfd-supervisor"
+    script.write_text(
+        f"#!/bin/sh\nsh -c 'trap \"touch {hit}\" USR1; while :; do sleep 0.2; done'\n"
+    )
+    script.chmod(0o755)
+    bystander = slurm.lab.popen(slurm.nodes[0], str(script))
+    try:
+        (job_id,) = _ours(slurm)
+        slurm.check(f"scancel --batch --signal=USR1 {job_id}")
+        assert up.finish(timeout=120) == 0, up.report()
+        assert up.stdout.count("checkpoint saved on SIGUSR1") == 2, up.report()
+        assert "released allocation" in up.stdout, up.report()
+        assert not hit.exists(), "a process named like a supervisor was signalled"
+    finally:
+        slurm.lab.run(slurm.nodes[0], "pkill -f '[b]ystander/' || true")
+        bystander.kill()
+        bystander.wait()
+    assert _wait_gone(slurm, 30)
+    _settled(slurm)
 
 
 def test_a_preempted_allocation_is_reported_as_such(

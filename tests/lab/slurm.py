@@ -343,12 +343,16 @@ class SlurmCluster:
         return seen[-1]
 
     def node_state(self, name: str) -> str:
-        """`sinfo -h -N -n NODE -o %T` for one node (idle, allocated, mixed, down*...).
+        """One node's state (idle, allocated, mixed, down*...) from `sinfo -h -N -o '%N %T'`.
 
-        sinfo prints a node once per partition it is in; the states agree.
+        Never `sinfo -n NODE`: Slurm 22.05 answers a one-node query from slurmctld's cached
+        allocation counts, which only a query of every node refreshes, so after a job ended it
+        said "mixed" for minutes while `sinfo -N` and `scontrol show node` said idle (the lab's
+        Slurm tests then waited out their bound). sinfo prints a node once per partition it is
+        in; the states agree.
         """
-        out = self.check(f"sinfo -h -N -n {shlex.quote(name)} -o %T")
-        states = sorted(set(out.split()))
+        out = self.check("sinfo -h -N -o '%N %T'")
+        states = sorted({state for node, state in _pairs(out) if node == name})
         return ",".join(states)
 
     def wait_nodes(self, state: str, timeout: float = 30, names: Sequence[str] = ()) -> None:
@@ -393,3 +397,8 @@ class SlurmCluster:
             if not found or time.monotonic() > deadline:
                 return found
             time.sleep(0.1)
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """`NODE STATE` lines as pairs; other lines are not node lines."""
+    return [(w[0], w[1]) for w in (line.split() for line in text.splitlines()) if len(w) == 2]
