@@ -48,7 +48,8 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         # The network check's stand-ins, started here instead of in a round of their own.
         import netcheck
 
-        extra["listening"] = netcheck.listen_as_asked(layout.netcheck_record(req, run_id), listen)
+        record = layout.netcheck_record(req, run_id)
+        extra["listening"] = netcheck.listen_as_asked(record, listen, owned=True)
     asked = params.param(req, "interpreters", dict, None)
     if asked is not None:  # preflight's interpreter rule, for a job without requirements
         extra["interpreters"] = _interpreters(asked)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import resource
 import selectors
 import socket
@@ -25,11 +26,13 @@ from typing import Any, Callable, TypeVar
 import daemon
 import layout
 import params
+import procs
 import protocol
 
 # A controller that dies mid-check leaves stand-ins for at most this long. It asks for what its
 # probes may take (protocol.probe_budget), which at 1,000 hosts probed in full is minutes.
 MAX_LISTEN_S = 600.0
+OWNER_CHECK_S = 1.0  # how often a stand-in looks whether the agent that started it still runs
 # Every prober of a large job may dial one port (the chief's) within a few milliseconds; a short
 # accept queue would drop SYNs, each costing a retransmission second (the kernel caps it at
 # net.core.somaxconn).
@@ -53,12 +56,14 @@ def op_netcheck(req: dict[str, Any]) -> protocol.NetcheckReply:
     raise params.AgentError(f"netcheck action must be listen, probe or close, not {action!r}")
 
 
-def listen_as_asked(record: Path, req: dict[str, Any]) -> int:
+def listen_as_asked(record: Path, req: dict[str, Any], *, owned: bool = False) -> int:
     """`listen` with the request's `ports` and `seconds` (the netcheck op's, or the `listen`
-    table of a hello)."""
+    table of a hello). `owned` (a hello's): the stand-ins also end with this agent process,
+    the session a hello opens and the controller keeps for the whole check; a netcheck op may
+    be a one-shot process that ends at once, so its stand-ins keep only their deadline."""
     ports = params.param(req, "ports", list)
     seconds = min(float(params.param(req, "seconds", (int, float), 30.0)), MAX_LISTEN_S)
-    return listen(record, [_port(p) for p in ports], seconds)
+    return listen(record, [_port(p) for p in ports], seconds, owned=owned)
 
 
 def _port(value: Any) -> int:
@@ -76,7 +81,7 @@ def _target(value: Any) -> tuple[str, int]:
 # ---- listening --------------------------------------------------------------------------------
 
 
-def listen(record: Path, ports: list[int], seconds: float) -> int:
+def listen(record: Path, ports: list[int], seconds: float, *, owned: bool = False) -> int:
     """Binds `ports` as TF would (every address), then leaves them to a detached listener."""
     close(record)  # a check of this run that was interrupted before its close
     sockets = []
@@ -88,7 +93,11 @@ def listen(record: Path, ports: list[int], seconds: float) -> int:
             sock.close()
         raise params.AgentError(f"cannot listen on TF port {port}: {exc.strerror}") from None
     deadline = time.monotonic() + seconds
-    pid = daemon.spawn(record, lambda: _serve(sockets, deadline))
+    # Owned: the agent process answering this hello serves the controller's session for the
+    # whole check; once it is gone (the controller interrupted during preflight, or dead),
+    # nobody will probe or close these, and they end within OWNER_CHECK_S, not at the deadline.
+    owner = (os.getpid(), procs.start_ticks(os.getpid())) if owned else None
+    pid = daemon.spawn(record, lambda: _serve(sockets, deadline, owner))
     for sock in sockets:
         sock.close()
     return pid
@@ -113,8 +122,9 @@ def _bound(port: int) -> socket.socket:
     return sock
 
 
-def _serve(sockets: list[socket.socket], deadline: float) -> None:
-    """Accepts connections until SIGTERM or the deadline; each is closed once its prober has
+def _serve(sockets: list[socket.socket], deadline: float, owner: tuple[int, Any] | None) -> None:
+    """Accepts connections until SIGTERM, the deadline or the end of the agent process that
+    started it (`owner`: pid and start ticks); each connection is closed once its prober has
     closed it (EOF), so TIME_WAIT stays on the prober's side, never on the TF port. A selector
     (epoll), not select(): hundreds of probers may be connected at once, past select's 1,024.
     SIGTERM ends the wait at once: the request that stops the check (the push's first, a
@@ -127,8 +137,9 @@ def _serve(sockets: list[socket.socket], deadline: float) -> None:
             for sock in sockets:
                 sock.setblocking(False)
                 selector.register(sock, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
+            while time.monotonic() < deadline and (owner is None or procs.process_alive(*owner)):
+                wait = min(OWNER_CHECK_S, max(0.0, deadline - time.monotonic()))
+                for key, _ in selector.select(wait):
                     sock = key.fileobj
                     assert isinstance(sock, socket.socket)
                     if sock in listening:

@@ -594,6 +594,47 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def test_a_hellos_stand_ins_end_with_its_session_and_a_netcheck_ops_keep_their_deadline(
+    workdir: Path,
+) -> None:
+    """Ctrl-C during preflight, between a hello that started stand-ins and their release: the
+    controller's session ends, and nobody will probe or close them. They went at their deadline
+    (60 s and more), and every following `up` of the port was refused meanwhile (seen in a full
+    suite run). Now a hello's stand-ins end with the agent process that serves its session. A
+    netcheck op's may be answered by a one-shot process: those keep their deadline."""
+    port = free_port()
+    request = {
+        "v": 1,
+        "op": "hello",
+        "workdir": str(workdir),
+        "ports": [port],
+        "run_id": "r-session",
+        "lease_seconds": 60,
+        "listen": {"ports": [port], "seconds": 60},
+    }
+    session = subprocess.Popen(
+        [PYTHON, str(AGENT), "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert session.stdin is not None and session.stdout is not None
+    session.stdin.write(json.dumps(request).encode() + b"\n")
+    session.stdin.flush()
+    assert ok(json.loads(session.stdout.readline()))["listening"]
+    assert wait_for(lambda: _listening(port))
+    session.stdin.close()  # the controller went away
+    assert session.wait(timeout=10) == 0
+    assert wait_for(lambda: not _listening(port), timeout=5)
+
+    other = free_port()
+    one_shot = call(workdir, "netcheck", action="listen", run_id="r-op", ports=[other], seconds=60)
+    assert ok(one_shot)["pid"] and wait_for(lambda: _listening(other))
+    time.sleep(2)  # longer than a stand-in takes to see its owner gone
+    assert _listening(other), "a one-shot netcheck op's stand-ins must live to their deadline"
+    ok(call(workdir, "netcheck", action="close", run_id="r-op"))
+    assert not _listening(other)
+
+
 def test_the_network_check_stand_ins_go_with_the_run_s_code_or_its_release(
     workdir: Path,
 ) -> None:
