@@ -6,8 +6,9 @@ each host listens on its planned TF ports (`listen`: the TF servers are not runn
 host connects to the destinations TF will connect to (`probe`), and the listeners go (`close`).
 
 The listener is a detached process holding sockets the op bound itself, so a bind error is the
-op's answer; it accepts and drops connections until `close` or its own deadline, so a controller
-that dies mid-check leaves no listening port behind for long.
+op's answer; it accepts and drops connections until `close` or its own deadline, and a hello's
+listener also ends with the agent process serving that hello's session, so a controller that
+dies or is interrupted mid-check leaves no listening port behind.
 """
 
 from __future__ import annotations
