@@ -7,9 +7,9 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
+import procs
 import protocol
 
 # Non-interactive SSH commands get sshd's PATH, not a login shell's: Debian's ~/.profile adds
@@ -152,15 +152,12 @@ def _of_run(pid: int | None, run_id: str) -> tuple[bool | None, str | None]:
     user."""
     if pid is None:
         return None, None
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
+    env = procs.environ(pid)
+    if env is None:
         return None, None
-    if f"{protocol.RUN_ID_ENV}={run_id}".encode() not in environ:
+    if env.get(protocol.RUN_ID_ENV) != run_id:
         return False, None
-    prefix = f"{protocol.TASK_ENV}=".encode()
-    task = next((e[len(prefix) :] for e in environ if e.startswith(prefix)), None)
-    return True, task.decode(errors="replace") if task is not None else None
+    return True, env.get(protocol.TASK_ENV)
 
 
 def _number(text: str) -> int | None:

@@ -121,10 +121,10 @@ def uv_install(
     # it: wheels an earlier environment unpacked are linked, not unpacked again.
     env.update(UV_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
     argv = [str(uv), "pip", "install", "--offline", "--no-index", "--no-config"]
-    # No `--compile-bytecode`: compiling every module of TensorFlow's set took 34 s of a 35 s
-    # install with a warm cache (1.4 s without; docs/bench/env.md), and a task imports about
-    # half of them, compiled at its first import into the venv's __pycache__ (the venv is the
-    # user's, so Python writes them) and read from there afterwards.
+    # No `--compile-bytecode`: compiling every module of TensorFlow's set was most of a new
+    # venv's build even when every wheel was linked from the cache (docs/environments.md), and a
+    # task imports about half of them, compiled at its first import into the venv's
+    # __pycache__ (the venv is the user's, so Python writes them) and read from there after.
     argv += ["--link-mode", "hardlink"]
     argv += ["--find-links", str(wheels), "--python", str(venv / "bin" / "python")]
     argv += ["-r", str(reqs)]

@@ -33,6 +33,22 @@ def start_ticks(pid: int) -> int | None:
     return None if stat is None else stat[1]
 
 
+def environ(pid: int) -> dict[str, str] | None:
+    """A process's environment as it was started (/proc/PID/environ); None when this host
+    cannot read it (gone, another user's, another PID namespace's). What a task's children
+    inherit whatever they do (a launcher, setsid), so it tells whose run a process is of."""
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    found: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            found.setdefault(key.decode(errors="replace"), value.decode(errors="replace"))
+    return found
+
+
 def process_alive(pid: Any, ticks: Any) -> bool:
     """True if pid is still the same live process (not recycled, not a zombie)."""
     if not isinstance(pid, int) or pid <= 0:

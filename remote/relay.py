@@ -80,9 +80,9 @@ def in_allocation(pids: dict[str, Any], job_id: str) -> bool:
     SSH sessions pam_slurm_adopt adopts (they carry no SLURM_* variable)."""
     for pid in (pids.get("supervisor"), pids.get("pgid")):
         if isinstance(pid, int) and pid > 0:
-            value = _environ_value(pid, JOB_ENV)
-            if value is not None:
-                return value == job_id
+            env = procs.environ(pid)
+            if env is not None and JOB_ENV in env:
+                return env[JOB_ENV] == job_id
             if re.search(rf"/job_{re.escape(job_id)}(/|$)", _cgroups(pid), re.MULTILINE):
                 return True
     return False
@@ -93,15 +93,3 @@ def _cgroups(pid: int) -> str:
         return Path(f"/proc/{pid}/cgroup").read_text(errors="replace")
     except OSError:
         return ""
-
-
-def _environ_value(pid: int, key: str) -> str | None:
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    prefix = key.encode() + b"="
-    for item in data.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :].decode(errors="replace")
-    return None

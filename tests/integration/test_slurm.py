@@ -77,6 +77,13 @@ def _settled(slurm: SlurmCluster) -> None:
     slurm.wait_nodes("idle", timeout=120)
 
 
+def _training(inventory: Callable[..., Path], tmp_path: Path, lease: float = 10) -> Up:
+    """`up` of a long MWMS job (200 epochs), once both of its tasks run."""
+    up = Up(inventory(epochs=200, lease=lease), state=tmp_path / "state")
+    up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
+    return up
+
+
 def _wait_gone(slurm: SlurmCluster, within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -169,8 +176,7 @@ def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
     lease = 10.0
-    up = Up(slurm_inventory(epochs=200, lease=lease), state=tmp_path / "state")
-    up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
+    up = _training(slurm_inventory, tmp_path, lease)
     assert len(_ours(slurm)) == 1
     up.proc.kill()  # SIGKILL: no teardown, no scancel; the keeper's step loses its stdin
     up.finish()
@@ -184,8 +190,7 @@ def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
 def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
-    up = Up(slurm_inventory(epochs=200, lease=10), state=tmp_path / "state")
-    up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
+    up = _training(slurm_inventory, tmp_path)
     slurm.kill_slurmd("h3")
     assert up.finish(timeout=180) == 1, up.report()  # on_failure = "teardown"
     assert "Slurm requeued allocation" in up.stdout, up.report()
@@ -252,8 +257,7 @@ def test_the_time_limits_warning_signal_reaches_every_task_and_nothing_else(
 def test_a_preempted_allocation_is_reported_as_such(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
-    up = Up(slurm_inventory(epochs=200, lease=10), state=tmp_path / "state")
-    up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
+    up = _training(slurm_inventory, tmp_path)
     urgent = slurm.sbatch("-p urgent -N2 --exclusive -t 2 -o /dev/null --wrap 'sleep 15'")
     try:
         assert up.finish(timeout=180) == 1, up.report()

@@ -37,8 +37,16 @@ def call(workdir: Path, op: str, *, host: str | None = None, **params: Any) -> d
     return raw_call(json.dumps(request).encode(), host=host)
 
 
-def raw_call(payload: bytes, *, host: str | None = None, python: str = PYTHON) -> dict[str, Any]:
-    env = {**os.environ, HOST_ID_ENV: host} if host else None
+def raw_call(
+    payload: bytes,
+    *,
+    host: str | None = None,
+    python: str = PYTHON,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """`env`: variables the agent process runs with besides this one's (e.g. SLURM_JOB_ID, as
+    an agent started as a job step has)."""
+    env = {**os.environ, **(env or {}), **({HOST_ID_ENV: host} if host else {})}
     proc = subprocess.run(
         [python, str(AGENT)], input=payload, capture_output=True, timeout=30, env=env
     )

@@ -6,12 +6,11 @@ that carries a supervisor's name, are never touched. Signal 0 lists what is left
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.support.agent import AGENT, PYTHON, new_run, ok, wait_for
+from tests.support.agent import AGENT, PYTHON, new_run, ok, raw_call, wait_for
 
 # Writes "got" into its run's code folder on SIGUSR1, then goes on; `exec` keeps one process.
 TRAPPING = "trap 'echo got > usr1' USR1; while :; do sleep 0.1; done"
@@ -22,14 +21,7 @@ def start_in_allocation(workdir: Path, run_id: str, job_id: str) -> dict[str, An
     new_run(workdir, run_id)
     request = {"v": 1, "op": "start", "workdir": str(workdir), "run_id": run_id, "grace": 1}
     request["tasks"] = [{"name": "worker:0", "command": TRAPPING}]
-    proc = subprocess.run(
-        [PYTHON, str(AGENT)],
-        input=json.dumps(request).encode(),
-        capture_output=True,
-        timeout=30,
-        env=os.environ | {"SLURM_JOB_ID": job_id},
-    )
-    reply = ok(json.loads(proc.stdout.splitlines()[0]))
+    reply = ok(raw_call(json.dumps(request).encode(), env={"SLURM_JOB_ID": job_id}))
     [task] = reply["tasks"]
     return dict(task)
 
