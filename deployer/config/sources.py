@@ -78,6 +78,16 @@ class Discovered:
     deadlines: tuple[Deadline, ...] = ()  # when `up` provisioned: the hosts' time limits
 
 
+@dataclass(frozen=True)
+class Regained:
+    """A source's hosts given back after all of them were taken at once (a requeued Slurm
+    allocation that runs again): each old host's name -> the host now in its place (the same
+    name when the machine is the same), and the new hosts' time limits."""
+
+    hosts: Mapping[str, Host]
+    deadlines: tuple[Deadline, ...] = ()
+
+
 class HostSource(Protocol):
     """A source whose hosts only I/O can find, and that may create and end machines."""
 
@@ -97,6 +107,11 @@ class HostSource(Protocol):
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         """A new machine in the place of `gone` (lost or preempted); None: not possible."""
+        ...
+
+    def regain(self, file: str, say: Say) -> Regained | None:
+        """After its hosts were lost at once: the same places again once the source gives them
+        back (waiting as long as that takes); None: it will not (they were lost otherwise)."""
         ...
 
     def terminate(self, when: tuple[str, ...], say: Say) -> None:

@@ -113,6 +113,19 @@ class Fleet:
         self._by_name.setdefault(member.name, member)
         return member
 
+    def renew(self, host: Host) -> Member:
+        """A host back after its connection ended with it (a requeued Slurm allocation's node):
+        a fresh connection in the place of the old one of its name, which is closed."""
+        old = self._by_name.get(host.name)
+        member = self._member(host)
+        if old is None:
+            self.members.append(member)
+        else:
+            self.members[self.members.index(old)] = member
+            _close_quietly(old)
+        self._by_name[host.name] = member
+        return member
+
     def member(self, name: str) -> Member:
         return self._by_name[name]
 

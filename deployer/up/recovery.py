@@ -14,12 +14,13 @@ from typing import Protocol
 
 from deployer.config.inventory import Inventory
 from deployer.config.model import Host
-from deployer.config.sources import Say
-from deployer.core.text import plural
+from deployer.config.sources import Regained, Say
+from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.sync import Manifest
 from deployer.up.preflight import Findings
-from deployer.up.restarts import backoff_s, restart_task, stop_attempt
+from deployer.up.restarts import StopFailed, backoff_s, restart_task, stop_attempt
+from deployer.watch.deadlines import DeadlineNotes
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
@@ -77,8 +78,9 @@ class Recovery:
 
     def restart_job(self, decision: RestartJob) -> None:
         """Stops every task of this attempt (and what escaped them), replaces a host that is
-        gone when one can, waits the backoff, and leaves the board at the next attempt. Ctrl-C
-        or a signal meanwhile ends `up` as usual."""
+        gone when one can, or regains every host when their source gives them back (a requeued
+        Slurm allocation, waited for until it runs again), waits the backoff, and leaves the
+        board at the next attempt. Ctrl-C or a signal meanwhile ends `up` as usual."""
         run, job = self.run, self.run.plan.job
         attempt = run.board.attempt + 1
         delay = backoff_s(job, attempt)
@@ -87,17 +89,31 @@ class Recovery:
             f"{job.max_restarts}, TFDEPLOY_ATTEMPT={attempt}) in {delay:g} s, after stopping "
             "every task"
         )
+        if not (decision.gone and self.regain()):
+            self.end_attempt(decision)
+        run.board.next_attempt()
+        deadline = run.clock() + delay
+        while run.clock() < deadline:
+            self.sleep(min(self.interval, deadline - run.clock()))
+
+    def end_attempt(self, decision: RestartJob) -> None:
+        """Stops every task of the attempt and replaces a gone host. A stop that fails because
+        the source took every host at once (a preempted allocation, first seen as a failed
+        task) regains them instead: nothing of the attempt is left there to stop."""
+        run = self.run
         lost = self.watching.poller.contact.lost
-        for line in stop_attempt(self.fleet, run.board, lost, run.run_id, job):
+        try:
+            lines = stop_attempt(self.fleet, run.board, lost, run.run_id, run.plan.job)
+        except StopFailed:
+            if self.regain():
+                return
+            raise
+        for line in lines:
             self.view.step(line)
         self.watching.tick(tolerate=True)  # the attempt's last words, under its own labels
         self.watching.drain()
         if decision.gone:
             self.replace(decision.host)
-        run.board.next_attempt()
-        deadline = run.clock() + delay
-        while run.clock() < deadline:
-            self.sleep(min(self.interval, deadline - run.clock()))
 
     def replace(self, name: str) -> None:
         """A new machine takes the gone host's place in the host order, so every task keeps
@@ -119,6 +135,38 @@ class Recovery:
         self.phases.setup(findings.manifest, only=[joined])
         self.arm_idle_stop()
         self.view.step(f"{new.name} replaces {name}: same tasks, same indices")
+
+    def regain(self) -> bool:
+        """Every host of a source was taken at once and the source gives them back (a requeued
+        Slurm allocation that runs again): the same places, each host connected afresh, checked
+        and made ready again. False: no source does, and the restart goes on as usual."""
+        inventory = self.run.plan.inventory
+        for source in inventory.sources:
+            back = source.regain(str(inventory.path), self.view.step)
+            if back is not None:
+                self.rejoin(back)
+                return True
+        return False
+
+    def rejoin(self, back: Regained) -> None:
+        """Nothing of the attempt outlived the hosts' loss (Slurm ended every step): the old
+        names are forgotten, and every regained host gets the code, environment and setup (an
+        unchanged node's copy is current, so its push sends next to nothing)."""
+        for name in back.hosts:
+            self.watching.poller.forget(name)
+            self.phases.contacted_hosts.discard(name)
+        joined = [self.fleet.renew(new) for new in back.hosts.values()]
+        hosts = [back.hosts.get(h.name, h) for h in self.run.plan.inventory.hosts]
+        moved = [new.name for old, new in back.hosts.items() if new.name != old]
+        self.run.replan(hosts, moved=moved)  # on the same node, a task's log goes on
+        self.phases.members = [self.fleet.member(h.name) for h in self.run.plan.hosts]
+        findings = self.phases.preflight()
+        self.phases.push(findings.manifest, (), only=joined)
+        self.phases.install_environment()
+        self.phases.setup(findings.manifest, only=joined)
+        self.watching.deadline_notes = DeadlineNotes(back.deadlines, self.watching.wall())
+        names = join_names([h.name for h in back.hosts.values()])
+        self.view.step(f"{names} back: same tasks, same indices")
 
     # ---- machines tfdeploy launched ---------------------------------------------------------
 

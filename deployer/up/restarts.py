@@ -22,6 +22,10 @@ from deployer.watch.view import Display
 MAX_BACKOFF_S = 300.0  # restart_backoff doubles per attempt up to this
 
 
+class StopFailed(JobFailed):
+    """A whole-job restart could not stop the attempt's tasks on some host."""
+
+
 def backoff_s(job: Job, attempt: int) -> float:
     """Seconds before attempt `attempt` (1 for the first restart): restart_backoff, doubling."""
     return min(job.restart_backoff * 2.0 ** (attempt - 1), MAX_BACKOFF_S)
@@ -82,7 +86,7 @@ def stop_attempt(
     reports, failures = fleet.each_settled(stop, [fleet.member(h) for h in started])
     if failures:
         lines = "\n".join(f"  {f.message}" for f in failures)
-        raise JobFailed(
+        raise StopFailed(
             "the job was not restarted: stopping its tasks failed on "
             f"{plural(len(failures), 'host')}:\n{lines}",
             hint=f"check with `tfdeploy status {run_id}`",

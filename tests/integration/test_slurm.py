@@ -6,6 +6,7 @@ squeue is empty and no process of a job is left on any host.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ def slurm_inventory(slurm_lab: Lab, slurm: SlurmCluster, tmp_path: Path) -> Call
         lease: float = 60,
         code: Path = EXAMPLES,
         command: str | None = None,
+        job: dict[str, object] | None = None,
         **keys: object,
     ) -> Path:
         document = {
@@ -42,6 +44,7 @@ def slurm_inventory(slurm_lab: Lab, slurm: SlurmCluster, tmp_path: Path) -> Call
                 "python": slurm_lab.python,
                 "lease_seconds": lease,
                 "env": {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"},
+                **(job or {}),
             },
             "ssh": {
                 "user": slurm_lab.user,
@@ -266,3 +269,65 @@ def test_a_preempted_allocation_is_reported_as_such(
         assert _ours(slurm) == []
     finally:
         slurm.check(f"scancel {urgent}")
+
+
+# A task that saves its step to a checkpoint beside the lab, resumes from it, and on a restart
+# (TFDEPLOY_ATTEMPT > 0) ends after five more steps; the first attempt runs until it is stopped.
+RESUMING = """import json, os, pathlib, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+ckpt = pathlib.Path(sys.argv[1]) / f"worker{index}"
+step = int(ckpt.read_text()) if ckpt.exists() else 0
+attempt = int(os.environ["TFDEPLOY_ATTEMPT"])
+print(f"attempt {attempt} starts at step {step}", flush=True)
+for _ in range(5 if attempt else 10**6):
+    step += 1
+    ckpt.write_text(str(step))
+    time.sleep(0.2)
+print(f"attempt {attempt} ended at step {step}", flush=True)
+"""
+
+
+def test_a_requeued_allocation_restarts_the_job_from_its_checkpoint_when_it_runs_again(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """on_failure = "restart-job": the allocation is asked with --requeue; a higher-priority
+    job preempts it, Slurm requeues it (same id) and runs it again once the nodes are free;
+    `up` waits for that, makes the nodes ready again, and every task resumes from its step."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "resume.py").write_text(RESUMING)
+    ckpt = slurm.dir / "ckpt" / tmp_path.name
+    ckpt.mkdir(parents=True)
+    inventory = slurm_inventory(
+        code=code,
+        command=f"python3 resume.py {ckpt}",
+        job={"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 1},
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"worker:0@h2 \| attempt 0 starts at step 0", timeout=300)
+    up.wait_for(r"worker:1@h3 \| attempt 0 starts at step 0", timeout=60)
+    (job_id,) = _ours(slurm)
+    assert slurm.job_field(job_id, "Requeue") == "1"  # asked so, whatever the cluster's default
+    urgent = slurm.sbatch("-p urgent -N2 --exclusive -t 2 -o /dev/null --wrap 'sleep 5'")
+    try:
+        up.wait_for(r"waiting for it to run again", timeout=120)
+        slurm.wait_job(urgent, "COMPLETED", timeout=60)
+        # Slurm makes a requeued job eligible ~2 min later (BeginTime); an admin's nudge:
+        slurm.check(f"scontrol update JobId={job_id} StartTime=now")
+        assert up.finish(timeout=240) == 0, up.report()
+    finally:
+        slurm.check(f"scancel {urgent}")
+    out = up.stdout
+    assert f"Slurm requeued allocation {job_id} (preempted by a higher-priority job)" in out, (
+        up.report()
+    )
+    assert f"allocation {job_id} runs again on h2, h3" in out, up.report()
+    for index, host in ((0, "h2"), (1, "h3")):
+        resumed = re.search(
+            rf"worker:{index}@{host} \[attempt 1\] \| attempt 1 starts at step (\d+)", out
+        )
+        assert resumed and int(resumed.group(1)) > 0, up.report()
+        assert int((ckpt / f"worker{index}").read_text()) == int(resumed.group(1)) + 5
+    assert f"released allocation {job_id}" in out, up.report()
+    assert _wait_gone(slurm, 30)
+    _settled(slurm)

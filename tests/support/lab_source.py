@@ -30,7 +30,15 @@ import paramiko
 from deployer.config.inventory import make_host, parse_host_settings
 from deployer.config.model import Host, HostSettings
 from deployer.config.schema import Table
-from deployer.config.sources import ANY_TIME, Discovered, Say, SourceContext, Sourced, SourceReader
+from deployer.config.sources import (
+    ANY_TIME,
+    Discovered,
+    Regained,
+    Say,
+    SourceContext,
+    Sourced,
+    SourceReader,
+)
 from deployer.hosts.hostkeys import key_name
 from deployer.sources import launching
 from tests.lab import Lab, LabHost
@@ -128,6 +136,9 @@ class LabSource:
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         return None
+
+    def regain(self, file: str, say: Say) -> Regained | None:
+        return None  # a lost machine is not given back
 
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
         def find(due: Sequence[LabSource]) -> list[str]:

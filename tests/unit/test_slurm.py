@@ -246,6 +246,23 @@ def test_every_key_reaches_sbatch(tmp_path: Path) -> None:
     assert "--test-only" in batch.sbatch_argv(_settings(tmp_path, extra), test_only=True)
 
 
+def test_restart_job_asks_for_a_requeueable_allocation_and_the_users_option_wins(
+    tmp_path: Path,
+) -> None:
+    """A requeued allocation is what restart-job waits for (Slurm gives it back, same id);
+    other policies leave requeueing to the cluster's default (tfdeploy releases it anyway)."""
+    assert "--requeue" not in batch.sbatch_argv(_settings(tmp_path))
+    path = tmp_path / "inv.toml"
+    path.write_text(
+        BASE.replace(
+            'command = "python3 mwms.py"', 'command = "x"\non_failure = "restart-job"'
+        ).format(extra='sbatch_options = ["--no-requeue"]\n', group="")
+    )
+    (source,) = load_inventory(path).pending
+    argv = batch.sbatch_argv(source.settings)  # type: ignore[attr-defined]
+    assert argv.index("--requeue") < argv.index("--no-requeue")  # sbatch: the last one wins
+
+
 @pytest.mark.parametrize(
     "extra,group,key,said",
     [

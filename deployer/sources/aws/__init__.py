@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from deployer.config.model import Host
 from deployer.config.schema import Table
-from deployer.config.sources import Discovered, Say, SourceContext, Sourced
+from deployer.config.sources import Discovered, Regained, Say, SourceContext, Sourced
 from deployer.sources.aws import launch
 from deployer.sources.aws.discovery import discover_all
 from deployer.sources.aws.settings import AwsSettings, parse_settings
@@ -37,6 +37,9 @@ class AwsSource:
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         return launch.replace_host(self.settings, file, gone, say)
+
+    def regain(self, file: str, say: Say) -> Regained | None:
+        return None  # a lost machine is replaced one at a time (replace)
 
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
         launch.terminate_launched(self.settings, when, say)

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 from deployer.config.model import Host, SSHSettings
 from deployer.config.schema import Table
-from deployer.config.sources import AT_DETACH, Deadline, Discovered, Say, SourceContext, Sourced
+from deployer.config.sources import (
+    AT_DETACH,
+    Deadline,
+    Discovered,
+    Regained,
+    Say,
+    SourceContext,
+    Sourced,
+)
 from deployer.sources.slurm import allocation, nodes
 from deployer.sources.slurm.cluster import Cluster
 from deployer.sources.slurm.outputs import JobState, QueuedJob, say_duration
@@ -70,27 +78,55 @@ class SlurmSource:
             allocation.hold(settings.job_name, allocation.Held(cluster, job.id))
             found = self._held_nodes(cluster, job)
             allocation.tell_keeper(settings.job_name, "keep")
+        say(self._runs_on(job, found))
+        return dataclasses.replace(found, deadlines=self._deadlines(job))
+
+    def _runs_on(self, job: QueuedJob, found: Discovered, again: str = "") -> str:
         left = f", {say_duration(job.left)} left" if job.left is not None else ""
-        if settings.signal:
-            name, before = settings.signal
+        if self.settings.signal:
+            name, before = self.settings.signal
             left += f"; its tasks get SIG{name} {say_duration(before)} before the time limit"
         names = ", ".join(h.name for h in found.hosts)
-        say(f"allocation {job.id} runs on {names}{left}")
+        return f"allocation {job.id} runs{again} on {names}{left}"
+
+    def _deadlines(self, job: QueuedJob) -> tuple[Deadline, ...]:
         if job.left is None:
-            return found
-        limit = Deadline(f"Slurm allocation {job.id}", time.time() + job.left, settings.signal)
-        return dataclasses.replace(found, deadlines=(limit,))
+            return ()
+        what = f"Slurm allocation {job.id}"
+        return (Deadline(what, time.time() + job.left, self.settings.signal),)
 
     def _held_nodes(self, cluster: Cluster, job: QueuedJob) -> Discovered:
         """The running allocation's nodes as hosts; its lease keeper started on the first."""
         found = nodes.allocated(cluster, self.settings, job)
         held = allocation.HELD[self.settings.job_name]
         held.nodes = tuple(h.name for h in found.hosts)
+        held.running_since = time.time() - (job.elapsed or 0)
         allocation.start_keeper(held, found.hosts[0].name)
         return found
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         return None  # a lost node ends the allocation's use: Slurm requeues or fails the job
+
+    def regain(self, file: str, say: Say) -> Regained | None:
+        """With on_failure = "restart-job" (the allocation asked with --requeue): once Slurm
+        requeued it (a preemption, a failed node), waits for the same allocation to run again,
+        as `up` waited for it first (the bound, Ctrl-C), and gives its nodes in the old ones'
+        places. Slurm ended every step of it, the keeper's too: a new keeper holds it."""
+        held = allocation.HELD.get(self.settings.job_name)
+        if held is None or not self.settings.requeue:
+            return None
+        job = allocation.requeued(held.cluster, held)
+        if job is None:
+            return None
+        said = allocation.what_slurm_did(held.cluster, held)
+        say(f"{said or f'Slurm requeued allocation {job.id}'}: waiting for it to run again")
+        allocation.close_keeper(held)
+        before = held.nodes
+        job = allocation.wait_running(held.cluster, self.settings, job.id, say)
+        found = self._held_nodes(held.cluster, job)
+        say(self._runs_on(job, found, again=" again"))
+        places = dict(zip(before, found.hosts, strict=True))
+        return Regained(places, self._deadlines(job))
 
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
         """At `up`'s end the allocation is released (kept with keep_allocation); a detached

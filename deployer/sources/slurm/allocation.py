@@ -25,6 +25,9 @@ from deployer.sources.slurm.settings import SlurmSettings
 
 POLL_S = 2.0  # between squeue calls while the allocation waits
 SAY_EVERY_S = 20.0  # a waiting line at least this often, and whenever the reason changes
+# How long an allocation whose nodes were all lost may take to show that Slurm requeued it:
+# the steps die first, the job turns COMPLETING, then PENDING (the lab's KillWait is 5 s).
+REQUEUE_SETTLE_S = 60.0
 
 
 class AllocationWaitEnded(TfdeployError):
@@ -42,6 +45,7 @@ class Held:
     cluster: Cluster
     job_id: str
     nodes: tuple[str, ...] = ()  # once it runs
+    running_since: float | None = None  # Unix seconds at which it (last) started running
     keeper: Session | None = None
     handed_over: bool = False  # detached or kept: ending this process must not release it
 
@@ -163,6 +167,39 @@ def wait_running(
         sleep(POLL_S)
 
 
+def requeued(
+    cluster: Cluster,
+    held: Held,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> QueuedJob | None:
+    """The held allocation once Slurm shows it requeued (pending again, or running again since
+    the nodes were lost); None: it still runs as it did, so its nodes were lost some other way.
+    One that ended for good (preempted without requeue, cancelled) is AllocationLost."""
+    deadline = clock() + REQUEUE_SETTLE_S
+    while True:
+        job = cluster.job(held.job_id)
+        if job is None or job.state.ended:
+            said = what_slurm_did(cluster, held) if job is not None else None
+            raise AllocationLost(
+                said or f"allocation {held.job_id} is gone",
+                hint="it cannot run again: `tfdeploy up` asks for a new one",
+            )
+        if job.state.waiting or _ran_again(held, job):
+            return job
+        if clock() >= deadline:
+            return None
+        sleep(POLL_S)
+
+
+def _ran_again(held: Held, job: QueuedJob) -> bool:
+    """Running, but started after the run began: requeued and run again before anyone asked."""
+    if job.state is not JobState.RUNNING or job.elapsed is None or held.running_since is None:
+        return False
+    return time.time() - job.elapsed > held.running_since + POLL_S
+
+
 def waiting_line(settings: SlurmSettings, job: QueuedJob, waited: float) -> str:
     """ "waiting for 2 nodes in gpu: Resources, 1m40s" (squeue's state when not PENDING)."""
     state = "" if job.state is JobState.PENDING else f"{job.state.value}, "
@@ -184,6 +221,14 @@ def start_keeper(held: Held, first_node: str) -> None:
     if reply.strip() != b"ok":
         raise AllocationLost(f"the lease keeper of allocation {held.job_id} said {reply!r}")
     held.keeper = session
+
+
+def close_keeper(held: Held) -> None:
+    """The keeper's session, closed (after a requeue it is gone with its step)."""
+    keeper, held.keeper = held.keeper, None
+    if keeper is not None:
+        with contextlib.suppress(Exception):
+            keeper.close()
 
 
 def hold(name: str, held: Held) -> None:
@@ -209,9 +254,7 @@ def release(name: str) -> str | None:
         held = HELD.pop(name, None)
     if held is None:
         return None
-    if held.keeper is not None:
-        with contextlib.suppress(Exception):
-            held.keeper.close()
+    close_keeper(held)
     if held.handed_over:
         return None
     held.cluster.cancel(held.job_id)

@@ -51,6 +51,8 @@ def sbatch_argv(settings: SlurmSettings, *, test_only: bool = False) -> list[str
     argv += [f"{name}={value}" for name, value in optional.items() if value is not None]
     if settings.exclusive:
         argv.append("--exclusive")
+    if settings.requeue:
+        argv.append("--requeue")  # before the user's options: their --no-requeue wins
     argv += settings.sbatch_options
     if test_only:
         argv.append("--test-only")

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from deployer.config.inventory import parse_host_settings
-from deployer.config.model import HostSettings
+from deployer.config.model import FailurePolicy, HostSettings
 from deployer.config.schema import Table
 from deployer.config.sources import SourceContext
 
@@ -73,6 +73,9 @@ class SlurmSettings:
     keep_allocation: bool = False  # the allocation outlives `up`, for the next one; `down` ends it
     reach: str = REACH[0]
     signal: tuple[str, int] | None = None  # ("USR1", 300): the tasks' warning before the limit
+    # on_failure = "restart-job": a preempted allocation, or one whose node failed, is requeued
+    # (sbatch --requeue, whatever the cluster's JobRequeue) and the job restarts when it runs again
+    requeue: bool = False
     lease_seconds: float = (
         60.0  # the job's lease: the allocation ends this long after its controller
     )
@@ -119,6 +122,7 @@ def parse_settings(t: Table, context: SourceContext) -> SlurmSettings:
         reach=t.choice("reach", REACH, REACH[0]),
         signal=_signal(t),
         lease_seconds=context.job.lease_seconds,
+        requeue=context.job.on_failure == FailurePolicy.RESTART_JOB,
     )
     t.finish()
     return settings
