@@ -8,7 +8,6 @@ which must not know each other.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from deployer.config.plan import Plan
 from deployer.core.text import join_names, plural
@@ -17,6 +16,7 @@ from deployer.push import fanout
 from deployer.push.fanout import Spread
 from deployer.push.sync import (
     ByteMeter,
+    HostRecord,
     Manifest,
     PushResult,
     materialize_or_missing,
@@ -29,7 +29,7 @@ def deliver(
     members: Sequence[Member],
     plan: Plan,
     manifest: Manifest,
-    run_fields: dict[str, Any],
+    record: HostRecord,
     groups: Sequence[Sequence[str]] = (),
     empty_stores: Collection[str] = (),
     meter: ByteMeter | None = None,
@@ -41,7 +41,7 @@ def deliver(
     shared = [g for g in groups if len(g) > 1]
     later = {h for g in shared for h in g[1:]}  # they find what their group's first stored
     spread = None
-    run_id = str(run_fields["run_id"])
+    run_id = record.run_id
     code = {f.sha256 for f in manifest.files}
     # host -> what it lacks, where that answer still holds. A group's later hosts find what
     # its first stored; an empty code directory builds the run dir in the asking materialize.
@@ -54,7 +54,7 @@ def deliver(
     done: dict[str, PushResult] = {}  # hosts that had every content: their run dir is built
     if plan.job.fanout:
         missing = dict(known) | fleet.each(
-            lambda m: materialize_or_missing(m.agent, manifest, run_fields),
+            lambda m: materialize_or_missing(m.agent, manifest, record),
             [m for m in firsts if m.name not in known],
             what="pushing the code failed",
         )
@@ -65,7 +65,7 @@ def deliver(
         # since: no chain ran.
         known = {h: lack for h, lack in missing.items() if lack} if spread is None else {}
     rest = [m for m in members if m.name not in done]
-    results = done | push_all(fleet, rest, manifest, run_fields, shared, known, meter)
+    results = done | push_all(fleet, rest, manifest, record, shared, known, meter)
     return push_summary(results, manifest, run_id, shared, spread)
 
 

@@ -59,11 +59,9 @@ class Manifest:
         wanted = set().union(*(self.needs.get(h, every) for h in hosts)) if hosts else every
         return sorted(wanted & every)
 
-    def keep_for(self, hosts: Sequence[str]) -> dict[str, Any]:
-        """What a materialize for `hosts` carries besides the files: `keep`, the extras the
-        store must hold too (a host lacking one answers it missing, and gets it)."""
-        kept = self.extras_for(hosts)
-        return {"keep": kept} if kept else {}
+    def entries(self) -> list[list[Any]]:
+        """The code's files as a materialize names them: [relpath, sha256, mode]."""
+        return [[f.path, f.sha256, f.mode] for f in self.files]
 
     @property
     def total_bytes(self) -> int:
@@ -71,6 +69,47 @@ class Manifest:
 
     def by_hash(self) -> dict[str, CodeFile]:
         return {f.sha256: f for f in (*self.files, *self.extras)}
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """The run as each host records it in its run directory (run.json), sent with every
+    materialize: what `status`, `down` and the lease read there later."""
+
+    run_id: str
+    job: str
+    lease_seconds: float
+    controller: str  # who started the run (user@machine)
+    # The run's own list of its hosts, (name, address): `down`/`status` from a shell whose
+    # inventory dropped one can still name it (results/runs.py).
+    hosts: tuple[tuple[str, str], ...]
+    hosts_at: float  # Unix seconds: when that list was made
+    # A detached run too starts undetached: the lease holds until every task started and `up`
+    # returns (detach()), so an `up --detach` killed half-way leaves nothing running.
+    detached: bool = False
+
+    def materialize(
+        self, manifest: Manifest, host: str, *, or_missing: bool = False
+    ) -> protocol.MaterializeRequest:
+        """`host`'s materialize: the code's files, and `keep`, the extras its store must hold
+        too (a host lacking one answers it missing, and gets it). `or_missing`: a host that
+        lacks contents says which instead of failing."""
+        request: protocol.MaterializeRequest = {
+            "run_id": self.run_id,
+            "job": self.job,
+            "files": manifest.entries(),
+            "detached": self.detached,
+            "lease_seconds": self.lease_seconds,
+            "controller": self.controller,
+            "hosts": [[name, address] for name, address in self.hosts],
+            "hosts_at": self.hosts_at,
+        }
+        keep = manifest.extras_for([host])
+        if keep:
+            request["keep"] = keep
+        if or_missing:
+            request["or_missing"] = True
+        return request
 
 
 @dataclass(frozen=True)
@@ -171,7 +210,7 @@ class ByteMeter:
 def push(
     agent: Agent,
     manifest: Manifest,
-    run_fields: dict[str, Any],
+    record: HostRecord,
     lacking: Sequence[str] | None = None,
     meter: ByteMeter | None = None,
 ) -> PushResult:
@@ -185,39 +224,31 @@ def push(
     up.
     """
     by_hash = manifest.by_hash()
-    files = [[f.path, f.sha256, f.mode] for f in manifest.files]
+    count = len(manifest.files)
     if lacking is None:
-        lacking = materialize_or_missing(agent, manifest, run_fields)
+        lacking = materialize_or_missing(agent, manifest, record)
         if not lacking:
-            return PushResult(files=len(files), sent_files=0, sent_bytes=0)
+            return PushResult(files=count, sent_files=0, sent_bytes=0)
     missing = [by_hash[sha] for sha in lacking]
-    fields = run_fields | manifest.keep_for([agent.host])
+    request = record.materialize(manifest, agent.host)
     if missing:
         on_piece = None
         if meter is not None:
             meter.expect(agent.host, sum(f.size for f in missing))
             on_piece = functools.partial(meter.add, agent.host)
         with agent.dedicated() as own:
-            _materialize(own, manifest, missing, files, fields, on_piece)
+            _materialize(own, manifest, missing, request, on_piece)
     else:
-        agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, files=files, **fields)
+        agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, **request)
     sent = sum(f.size for f in missing)
-    return PushResult(files=len(files), sent_files=len(missing), sent_bytes=sent)
+    return PushResult(files=count, sent_files=len(missing), sent_bytes=sent)
 
 
-def materialize_or_missing(
-    agent: Agent, manifest: Manifest, run_fields: dict[str, Any]
-) -> list[str]:
+def materialize_or_missing(agent: Agent, manifest: Manifest, record: HostRecord) -> list[str]:
     """Builds the run directory if the host's store has every content ([]: done); else the
     hashes it lacks (what `have` answers), and nothing is built."""
-    files = [[f.path, f.sha256, f.mode] for f in manifest.files]
-    reply = agent.ask(
-        protocol.OP_MATERIALIZE,
-        protocol.MaterializeReply,
-        files=files,
-        or_missing=True,
-        **(run_fields | manifest.keep_for([agent.host])),
-    )
+    request = record.materialize(manifest, agent.host, or_missing=True)
+    reply = agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, **request)
     return reply.get("missing", [])  # absent: the run directory was built
 
 
@@ -253,18 +284,11 @@ def _materialize(
     agent: Agent,
     manifest: Manifest,
     contents: Sequence[CodeFile],
-    files: list[list[Any]],
-    run_fields: dict[str, Any],
+    request: protocol.MaterializeRequest,
     on_piece: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     return send_contents(
-        agent,
-        manifest,
-        contents,
-        protocol.OP_MATERIALIZE,
-        on_piece=on_piece,
-        files=files,
-        **run_fields,
+        agent, manifest, contents, protocol.OP_MATERIALIZE, on_piece=on_piece, **request
     )
 
 
@@ -316,7 +340,7 @@ def push_all(
     fleet: Fleet,
     members: Sequence[Member],
     manifest: Manifest,
-    run_fields: dict[str, Any],
+    record: HostRecord,
     groups: Sequence[Sequence[str]] = (),
     known: Mapping[str, Sequence[str]] | None = None,
     meter: ByteMeter | None = None,
@@ -335,7 +359,7 @@ def push_all(
         [m for m in members if m.name in later],
     ):
         results |= fleet.each(
-            lambda m: push(m.agent, manifest, run_fields, (known or {}).get(m.name), meter),
+            lambda m: push(m.agent, manifest, record, (known or {}).get(m.name), meter),
             wave,
             what="pushing the code failed",
         )

@@ -21,7 +21,7 @@ from deployer.up.environment import Environments, for_groups, uses_requirements,
 from deployer.up.envprogress import InstallProgress
 from deployer.up.images import Images
 from deployer.up.preflight import Claim, Findings, preflight
-from deployer.up.records import host_fields, keep_record
+from deployer.up.records import host_record, keep_record
 from deployer.up.room import room_problems
 from deployer.up.teardown import Teardown
 from deployer.watch.progress import HostProgress, Progress, Ticker, sent_progress
@@ -207,7 +207,7 @@ class Preparation:
         self.contacted_hosts.update(m.name for m in members)
         # The job's wheels and layers travel with the code: stored, placed nowhere, each host
         # keeping its own (environment.py, images.py); a shared workdir's first host, its group's.
-        fields = host_fields(self.run.plan, self.run.run_id, self.lease)
+        record = host_record(self.run.plan, self.run.run_id, self.lease)
         manifest = for_groups(manifest, groups)
         self.view.phase(f"pushing the code to {plural(len(members), 'host')}")
         meter = ByteMeter()
@@ -223,7 +223,7 @@ class Preparation:
                 members,
                 self.run.plan,
                 manifest,
-                fields,
+                record,
                 groups,
                 empty_stores,
                 meter=meter,

@@ -10,6 +10,7 @@ from typing import Any
 from deployer.config.plan import Plan
 from deployer.core.secrets import masked
 from deployer.core.statedir import state_dir
+from deployer.push.sync import HostRecord
 from deployer.results.state import RunRecord, controller_name, save
 from deployer.watch.board import TaskRow
 from deployer.watch.progress import Progress, report
@@ -29,21 +30,10 @@ def keep_record(plan: Plan, run_id: str, *, detached: bool, view: Display) -> No
         )
 
 
-def host_fields(plan: Plan, run_id: str, lease: float) -> dict[str, object]:
+def host_record(plan: Plan, run_id: str, lease: float) -> HostRecord:
     """The run as each host records it with the push."""
-    return {
-        "run_id": run_id,
-        "job": plan.job.name,
-        # Detached too: the lease holds until every task started and `up` returns
-        # (detach()), so an `up --detach` killed half-way leaves nothing running.
-        "detached": False,
-        "lease_seconds": lease,
-        "controller": controller_name(),
-        # The run's own list of its hosts: `down`/`status` from a shell whose inventory
-        # dropped one can name it (results/runs.py).
-        "hosts": [[h.name, h.address] for h in plan.hosts],
-        "hosts_at": time.time(),
-    }
+    hosts = tuple((h.name, h.address) for h in plan.hosts)
+    return HostRecord(run_id, plan.job.name, lease, controller_name(), hosts, time.time())
 
 
 def archive_warning(run_id: str, why: str) -> str:

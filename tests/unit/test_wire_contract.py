@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deployer.hosts.replies import Edge, _hints, failure
+from deployer.push.sync import CodeFile, HostRecord, Manifest
 from remote import protocol
 from tests.support.agent import call, ok, status, wait_for
 from tests.support.fakehost import FakeClock, FakeHost
@@ -36,17 +37,22 @@ def _free_port() -> int:
 
 def _script(run_id: str, port: int) -> list[tuple[str, Any, dict[str, Any]]]:
     """(op, reply shape, request fields), in the order a deploy sends them."""
-    run = {"run_id": run_id, "job": "demo", "detached": False, "lease_seconds": None}
-    lacking = [["a.txt", "0" * 64, 0o644]]
+    # The materialize requests as the control side builds them (deployer/push/sync.py).
+    record = HostRecord(run_id, "demo", 30.0, "me@here", (("local", "127.0.0.1"),), 0.0)
+    lacking = Manifest(Path("."), (CodeFile("a.txt", "0" * 64, 0o644, 1),))
     return [
         (protocol.OP_HELLO, protocol.HelloReply, {"ports": [port], "run_id": run_id}),
         (protocol.OP_HAVE, protocol.HaveReply, {"hashes": ["0" * 64]}),
         (
             protocol.OP_MATERIALIZE,
             protocol.MaterializeReply,
-            {**run, "files": lacking, "or_missing": True},
+            dict(record.materialize(lacking, "local", or_missing=True)),
         ),
-        (protocol.OP_MATERIALIZE, protocol.MaterializeReply, {**run, "files": []}),
+        (
+            protocol.OP_MATERIALIZE,
+            protocol.MaterializeReply,
+            dict(record.materialize(Manifest(Path("."), ()), "local")),
+        ),
         (
             protocol.OP_SETUP,
             protocol.SetupReply,
