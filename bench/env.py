@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -48,6 +49,7 @@ from bench.env_arms import WORKDIR, Arms, Sample, pip_download, wheelhouse_bytes
 from bench.fanout import check_cap
 from bench.report import tee_to
 from bench.tools import BenchError, make_tmp
+from deployer.core.digest import sha256_file
 from tests.lab import Lab, LabHost, start_lab
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +79,9 @@ SETS = {
     "small": EnvSet("requests, pyyaml, rich", "requests\npyyaml\nrich\n", SMALL),
     "sklearn": EnvSet("scikit-learn (NumPy, SciPy)", "scikit-learn\n", SKLEARN),
     "tf": EnvSet("examples/digits/requirements.txt (tensorflow-cpu, scikit-learn)", "", None),
+    # Wheels for every platform (the local index has x86_64 builds only): a mixed cell's i686
+    # hosts can resolve it; uv's wheel is the one content of one platform.
+    "pure": EnvSet("rich (pure Python)", "rich\n", "import rich  # the environment's package"),
 }
 ARMS = {  # name: the row's label, in the order they run
     "by-hand": "by hand (download, rsync, pip install --no-index)",
@@ -91,7 +96,7 @@ ONLY = {
     "tfdeploy": ["tfdeploy", "warm", "changed", "no-reqs", "tfdeploy-pip"],
 }
 CHANGED = "six==1.17.0"  # the requirement the `changed` arm adds: one small pure wheel
-DEFAULT_CELLS = "small@1,small@4,tf@4,capped:sklearn@16,capped:tf@4"
+DEFAULT_CELLS = "small@1,small@4,tf@4,capped:sklearn@16,capped:tf@4,mixed:pure@2"
 MWMS_ARGS = "mwms.py --epochs 1 --checkpoint-dir="
 
 
@@ -100,21 +105,25 @@ class Cell:
     set: str
     hosts: int
     capped: bool
+    mixed: bool = False  # the second half of the hosts' Pythons report i686 (setarch)
 
     @property
     def title(self) -> str:
         link = "uplink capped" if self.capped else "uncapped"
-        return f"{SETS[self.set].label}, {self.hosts} host(s), {link}"
+        mixed = ", the second half's Python under `setarch i686`" if self.mixed else ""
+        return f"{SETS[self.set].label}, {self.hosts} host(s){mixed}, {link}"
 
 
 def parse_cells(text: str) -> list[Cell]:
     cells = []
     for item in text.split(","):
-        capped = item.startswith("capped:")
-        name, _, n = item.removeprefix("capped:").partition("@")
-        if name not in SETS or not n.isdigit():
-            raise BenchError(f"bad cell {item!r}: SET@N or capped:SET@N, SET one of {list(SETS)}")
-        cells.append(Cell(name, int(n), capped))
+        kind, _, rest = item.rpartition(":")
+        name, _, n = rest.partition("@")
+        if kind not in ("", "capped", "mixed") or name not in SETS or not n.isdigit():
+            raise BenchError(
+                f"bad cell {item!r}: SET@N, capped:SET@N or mixed:SET@N, SET one of {list(SETS)}"
+            )
+        cells.append(Cell(name, int(n), kind == "capped", kind == "mixed"))
     return cells
 
 
@@ -149,6 +158,7 @@ class CellResult:
     one_copy: list[float]
     cap: str
     imports: list[str] = field(default_factory=list)  # the tf set's import-time diagnosis
+    stores: list[str] = field(default_factory=list)  # a mixed cell's table: what each host holds
 
 
 # What the first step waits on before training: the imports of examples/digits, timed by the
@@ -190,6 +200,9 @@ def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: 
     code, command = make_code(tmp, cell.set)
     add_changed(code)
     bench = Arms(lab, tmp, code, command, tf=cell.set == "tf")
+    if cell.mixed:  # what each host stores is the question: tfdeploy's cold arm answers it
+        arms = [a for a in arms if a == "tfdeploy"]
+        bench.per_host = {h.name: {"python": i686_python(lab)} for h in hosts[len(hosts) // 2 :]}
     wh = tmp / f"wheels-{cell.set}"  # untimed: the wheelhouse's size, and what scp copies
     if not wh.exists():
         pip_download(code / "requirements.txt", wh, time.monotonic())
@@ -211,9 +224,46 @@ def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: 
             _log(f"{cell.title}, rep {rep + 1}: {arm} {_fmt_sample(s)}")
         if cell.set == "tf" and rep == 0:
             res.imports = import_times(lab, hosts[0])
+        if cell.mixed and rep == 0:
+            res.stores = stores_table(lab, hosts, state, bench.last_output)
         bench.reset_tfdeploy(hosts)
         shutil.rmtree(state, ignore_errors=True)
     return res
+
+
+def i686_python(lab: Lab) -> str:
+    """The lab's Python under `setarch i686`: uname's machine, which the agent reports as the
+    host's platform, says i686. In /var/tmp, which lab hosts see (their /tmp is their own)."""
+    wrapper = Path("/var/tmp/tfdeploy-bench-i686/python3")
+    wrapper.parent.mkdir(mode=0o755, exist_ok=True)
+    wrapper.write_text(f'#!/bin/sh\nexec setarch i686 {lab.python} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def stores_table(
+    lab: Lab, hosts: list[LabHost], state: Path, output: list[tuple[float, str]]
+) -> list[str]:
+    """Per host: the platform tfdeploy resolved for it, the installer that built its venv,
+    and what its content store holds after the run (bytes; the wheels, by the controller's
+    cache of their hashes)."""
+    names = {sha256_file(w): w.name for w in state.rglob("*.whl")}
+    text = "\n".join(line for _, line in output)
+    platform = dict(re.findall(r"environment [0-9a-f]{12} for (\S+): CPython [\d.]+, (\S+),", text))
+    rows = [
+        "| host | platform | installer | store | wheels stored |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for host in hosts:
+        held = lab.run(host, f"ls -A {WORKDIR}/store 2>/dev/null").stdout.split()
+        size = lab.run(host, f"du -sb {WORKDIR}/store 2>/dev/null | cut -f1").stdout.strip()
+        built = re.search(rf"environment built on .*\b{host.name}\b \((uv|pip), ", text)
+        wheels = sorted(names[h] for h in held if h in names)
+        rows.append(
+            f"| {host.name} | {platform.get(host.name, '?')} | {built[1] if built else '?'} | "
+            f"{_fmt_bytes(int(size or 0))} | {', '.join(wheels)} |"
+        )
+    return rows
 
 
 def _one(bench: Arms, arm: str, hosts: list[LabHost], state: Path, cell: Cell) -> Sample:
@@ -417,6 +467,9 @@ def _run(args: argparse.Namespace, cells: list[Cell], arms: list[str]) -> int:
         notes = cell_notes(res, cell)
         if notes:
             print("\n" + "\n".join(f"- {n}" for n in notes))
+        if res.stores:
+            print("\nWhat each host's content store holds after the run:\n")
+            print("\n".join(res.stores))
     elapsed = time.monotonic() - _STARTED
     print(
         "\nEach phase's own seconds (start: until every task printed its first line; first "

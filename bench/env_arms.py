@@ -159,6 +159,8 @@ def tf_config(hosts: list[LabHost], index: int) -> str:
 class Arms:
     def __init__(self, lab: Lab, tmp: Path, code: Path, command: str, tf: bool) -> None:
         self.lab, self.tmp, self.code, self.command, self.tf = lab, tmp, code, command, tf
+        self.per_host: dict[str, dict[str, object]] = {}  # keys of some hosts' entries
+        self.last_output: list[tuple[float, str]] = []  # the last `tfdeploy up`'s lines
         self.ssh = f"ssh -F {lab.ssh_config}"
 
     # -- by hand ----------------------------------------------------------------------------------
@@ -260,6 +262,7 @@ class Arms:
             tasks=[[{"role": "worker"}]] * len(hosts),
             hosts=hosts,
             job=job,
+            per_host=self.per_host,
         )
 
     def reset_tfdeploy(self, hosts: list[LabHost]) -> None:
