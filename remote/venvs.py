@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import bytecode
 import installers
 import sharedlock
 
@@ -232,6 +233,7 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         if uv is not None:
             cache = uv_cache(spec.venv.parent.parent, host_id)
             installers.uv_install(uv, spec.venv, spec.wheels, reqs, cache, started)
+            bytecode.seed(spec.venv, version, _siblings(spec.venv))
         else:
             installers.pip_install(spec.venv, spec.wheels, reqs, started, spec.online)
         lock.check()
@@ -245,6 +247,18 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         raise
     finally:
         shutil.rmtree(str(spec.work), ignore_errors=True)
+
+
+SEED_FROM = 3  # environments whose bytecode a new one may start with: the last used
+
+
+def _siblings(venv: Path) -> list[Path]:
+    """The host's other built environments, the most recently used first."""
+    try:
+        built = [p for p in venv.parent.iterdir() if p != venv and is_complete(p)]
+    except OSError:
+        return []
+    return sorted(built, key=lambda p: last_used(p) or 0.0, reverse=True)[:SEED_FROM]
 
 
 def _explain(exc: BaseException, spec: _Build) -> EnvError | None:

@@ -26,14 +26,16 @@ BASE = "/usr/bin/python3"  # the hosts' system Python
 UV = uv_binary()
 pytestmark = pytest.mark.skipif(UV is None, reason="no uv binary here (dev extra: pip install uv)")
 
-# What the task says of its venv: whether pip is in it (uv builds venvs without pip), and
-# tinydep's file as (inode, links): a file linked from the host's uv cache is shared.
+# What the task says of its venv: whether pip is in it (uv builds venvs without pip),
+# tinydep's file as (inode, links): a file linked from the host's uv cache is shared; and the
+# inode of tinydep's bytecode after the import (written by it, or found valid and used).
 TRAIN = """\
-import os, sys, shutil
+import importlib.util, os, sys
 import tinypkg, tinydep
 st = os.stat(tinydep.__file__)
+pyc = os.stat(importlib.util.cache_from_source(tinydep.__file__)).st_ino
 pip = os.path.exists(os.path.join(sys.prefix, "bin", "pip"))
-print("venv", sys.prefix, "pip", pip, "tinydep", st.st_ino, st.st_nlink)
+print("venv", sys.prefix, "pip", pip, "tinydep", st.st_ino, st.st_nlink, "pyc", pyc)
 """
 
 
@@ -66,13 +68,13 @@ def _job(tmp_path: Path, requirements: str, **extra: Any) -> tuple[Path, dict[st
     return code, job | extra
 
 
-def _said(out: str) -> list[tuple[str, str, int]]:
-    """(venv, pip in it, tinydep's inode) of each task."""
-    found = re.findall(r"venv (\S+) pip (True|False) tinydep (\d+) (\d+)", out)
-    return [(venv, pip, int(ino)) for venv, pip, ino, _ in found]
+def _said(out: str) -> list[tuple[str, str, int, int]]:
+    """(venv, pip in it, tinydep's inode, its bytecode's inode) of each task."""
+    found = re.findall(r"venv (\S+) pip (True|False) tinydep (\d+) (\d+) pyc (\d+)", out)
+    return [(venv, pip, int(ino), int(pyc)) for venv, pip, ino, _, pyc in found]
 
 
-def test_uv_builds_by_default_and_a_new_env_links_shared_wheels_from_the_hosts_cache(
+def test_uv_builds_by_default_and_a_new_env_links_shared_wheels_and_bytecode(
     lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
 ) -> None:
     code, job = _job(tmp_path, "tinypkg==1.0\n")
@@ -81,15 +83,18 @@ def test_uv_builds_by_default_and_a_new_env_links_shared_wheels_from_the_hosts_c
     first = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
     assert "2 wheels" in first and ", installed with uv" in first, first
     assert re.search(r"environment built on \S+ \(uv, ", first), first
-    [(venv1, pip1, ino1)] = _said(first)
+    [(venv1, pip1, ino1, pyc1)] = _said(first)
     assert pip1 == "False", first  # built by uv: no pip of its own
     # One more requirement: a new environment, built by uv from the same host cache, so the
     # wheel both share is linked (one inode in both venvs), not unpacked again.
     (code / "requirements.txt").write_text("tinypkg==1.0\ntinyextra==1.0\n")
     second = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
     assert re.search(r"environment built on \S+ \(uv, ", second), second
-    [(venv2, _, ino2)] = _said(second)
+    [(venv2, _, ino2, pyc2)] = _said(second)
     assert venv2 != venv1 and ino2 == ino1, second
+    # The bytecode the first environment's task compiled was linked into the second one
+    # (remote/bytecode.py), and Python found it valid: it did not compile tinydep again.
+    assert pyc2 == pyc1, second
     # The uv wheel was sent with the first environment only: the second sends tinyextra alone.
     sent = re.search(r"(\d+) bytes sent", second)
     assert sent is not None and int(sent.group(1)) < 50_000, second
@@ -103,7 +108,7 @@ def test_pip_by_choice_sends_no_uv_wheel(
     out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
     assert ", installed with pip" in out and "installed with uv" not in out, out
     assert re.search(r"environment built on \S+ \(pip, ", out), out
-    [(_, pip, _)] = _said(out)
+    [(_, pip, _, _)] = _said(out)
     assert pip == "True", out
     sent = re.search(r"(\d+) bytes sent", out)  # uv's wheel is ~40 MB here; the job's, bytes
     assert sent is not None and int(sent.group(1)) < 1_000_000, out
