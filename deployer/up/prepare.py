@@ -75,10 +75,26 @@ class Preparation:
         for warning in findings.warnings:
             self.view.step(f"warning: {warning}")
         self.view.step(f"preflight ok: {findings.summary}")
-        findings = self._check_images(self._resolve_environment(findings))
+        # What the hosts' facts decide, each a phase of its own: the environment resolved for
+        # their platforms, the images checked on them; then one manifest with what each host
+        # will store, the TensorFlow rule, and the room for it all.
+        self._resolve_environment(findings.facts)
+        self._check_images()
+        findings = dataclasses.replace(findings, manifest=self._payload(findings.manifest))
         self._tensorflow(findings.facts)
         self._check_room(findings)
         return findings
+
+    def _payload(self, manifest: Manifest) -> Manifest:
+        """The push's manifest: the code, and the wheels and image layers each host stores
+        (its own only), added to it once."""
+        extras = (*self.environment.extras(), *self.images.extras())
+        if not extras:
+            return manifest
+        wheels, layers = self.environment.needs(), self.images.needs()
+        empty: frozenset[str] = frozenset()
+        needs = {h: wheels.get(h, empty) | layers.get(h, empty) for h in {*wheels, *layers}}
+        return with_extras(manifest, extras, needs, [m.name for m in self.members])
 
     def _tensorflow(
         self,
@@ -108,12 +124,12 @@ class Preparation:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise HostsFailed(problems)
 
-    def _check_images(self, findings: Findings) -> Findings:
-        """The job's images checked on every host (pulled there, or saved here and added to
-        the push: images.py); nothing is sent when it fails, and the hosts drop the run."""
+    def _check_images(self) -> None:
+        """The job's images checked on every host (pulled there, or saved here for the push to
+        carry: images.py); nothing is sent when it fails, and the hosts drop the run."""
         self.images = Images(self.run.plan)
         if not self.images.any:
-            return findings
+            return
         self.view.phase("checking the job's container image")
         try:
             with Ticker(self.view, Progress("checking the job's container image")):
@@ -124,32 +140,24 @@ class Preparation:
         for line in lines:
             self.view.step(line)
         uses.record([lay.path for lay in self.images.layouts.values()], self.run.run_id)
-        hosts = [m.name for m in self.members]
-        manifest = with_extras(findings.manifest, self.images.extras(), self.images.needs(), hosts)
-        return dataclasses.replace(findings, manifest=manifest)
 
-    def _resolve_environment(self, findings: Findings) -> Findings:
-        """The job's environment resolved for the hosts' platforms, its wheels added to the
-        push (environment.py); nothing is sent when it fails, and the hosts drop the run."""
+    def _resolve_environment(self, facts: Mapping[str, Mapping[str, object]]) -> None:
+        """The job's environment resolved for the hosts' platforms, its wheels for the push to
+        carry (environment.py); nothing is sent when it fails, and the hosts drop the run."""
         plan = self.run.plan
         self.environment = Environments(plan, refresh=self.refresh_env)
         if not uses_requirements(plan):
-            return findings
+            return
         self.view.phase("resolving the job's environment")
         try:
             with Ticker(self.view, Progress("resolving the job's environment")):
-                lines = self.environment.resolve(findings.facts)
+                lines = self.environment.resolve(facts)
         except BaseException:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise
         for line in lines:
             self.view.step(line)
         uses.record(self.environment.cache_entries(), self.run.run_id)
-        hosts = [m.name for m in self.members]
-        manifest = with_extras(
-            findings.manifest, self.environment.extras(), self.environment.needs(), hosts
-        )
-        return dataclasses.replace(findings, manifest=manifest)
 
     def install_environment(self) -> None:
         """The `env` op on every host with requirements (a built env is reused at once): each
