@@ -185,16 +185,25 @@ def test_stop_is_grace_then_kill_and_removes_the_container(
     clean_container_lab: Lab, host: Any
 ) -> None:
     lab = clean_container_lab
-    polite = argv(lab, "rStop", "polite", "trap 'exit 0' TERM; while :; do sleep 0.1; done")
-    stubborn = argv(lab, "rStop", "stubborn", "trap '' TERM; while :; do sleep 0.1; done")
+    _, _, home = login(lab)
+    loop = "while :; do sleep 0.1; done"  # ready-*: in the workdir, mounted at its own path
+    polite = argv(lab, "rStop", "polite", f"trap 'exit 0' TERM; touch ready-polite; {loop}")
+    stubborn = argv(lab, "rStop", "stubborn", f"trap '' TERM; touch ready-stubborn; {loop}")
     for run in (polite, stubborn):
         lab.run(host, f"{podman_cmd(lab, host, run.detached())} >/dev/null")
+    # Stopped only once each shell has set its trap (a TERM before it, under load, is lost to
+    # a container still starting, and the polite one then waits out the grace too).
+    deadline = time.monotonic() + 30
+    while lab.run(host, f"ls {home}/.tfdeploy/ready-* 2>/dev/null").stdout.count("ready-") < 2:
+        assert time.monotonic() < deadline, "the containers' shells never started"
+        time.sleep(0.1)
     names = [containers.container_name("rStop", t) for t in ("polite", "stubborn")]
     took = []
     for name in names:
         t0 = time.monotonic()
         call(lab, host, f"containers.stop('podman', {name!r}, 4)")
         took.append(time.monotonic() - t0)
+    lab.run(host, f"rm -f {home}/.tfdeploy/ready-*")
     assert took[0] < 3.0, took  # ended on SIGTERM, through the container's init
     assert took[1] >= 4.0, took  # ignored SIGTERM: killed when the grace ran out
     assert call(lab, host, "containers.run_containers('podman', 'rStop')") == []
