@@ -331,3 +331,34 @@ def test_a_requeued_allocation_restarts_the_job_from_its_checkpoint_when_it_runs
     assert f"released allocation {job_id}" in out, up.report()
     assert _wait_gone(slurm, 30)
     _settled(slurm)
+
+
+def test_ctrl_c_while_up_waits_for_a_requeued_allocation_releases_it(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The requeued allocation waits (pending, BeginTime) for `up`'s restart: Ctrl-C then
+    ends `up` as anywhere else, and the pending allocation is cancelled, not left queued to
+    run later without anyone."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "resume.py").write_text(RESUMING)
+    ckpt = slurm.dir / "ckpt" / tmp_path.name
+    ckpt.mkdir(parents=True)
+    inventory = slurm_inventory(
+        code=code,
+        command=f"python3 resume.py {ckpt}",
+        job={"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 1},
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"worker:1@h3 \| attempt 0 starts at step 0", timeout=300)
+    (job_id,) = _ours(slurm)
+    urgent = slurm.sbatch("-p urgent -N2 --exclusive -t 2 -o /dev/null --wrap 'sleep 5'")
+    try:
+        up.wait_for(r"waiting for it to run again", timeout=120)
+        up.proc.send_signal(signal.SIGINT)
+        assert up.finish(timeout=120) == 130, up.report()
+        assert f"released allocation {job_id}" in up.stdout, up.report()
+        assert _ours(slurm) == []
+    finally:
+        slurm.check(f"scancel {urgent}")
+    _settled(slurm)

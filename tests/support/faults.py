@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +27,13 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
 def _env(state: Path) -> dict[str, str]:
-    return os.environ | {"TFDEPLOY_STATE_DIR": str(state), "COLUMNS": "200"}
+    # PYTHONFAULTHANDLER: an `up` that hangs is killed with SIGABRT, which prints where each
+    # of its threads was (finish()).
+    return os.environ | {
+        "TFDEPLOY_STATE_DIR": str(state),
+        "COLUMNS": "200",
+        "PYTHONFAULTHANDLER": "1",
+    }
 
 
 def tfdeploy(
@@ -107,7 +114,17 @@ class Up:
                 self._changed.wait(min(left, 0.5))
 
     def finish(self, timeout: float = 60) -> int:
-        code = self.proc.wait(timeout=timeout)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # what it said, and where its threads were: the clue
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            for reader in self._readers:
+                reader.join(timeout=5)
+            raise AssertionError(f"up did not end within {timeout:g} s\n{self.report()}") from None
         for reader in self._readers:
             reader.join(timeout=5)
         return code

@@ -8,8 +8,10 @@ words (its stderr), naming the command.
 from __future__ import annotations
 
 import shlex
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from deployer.config.model import Host, SSHSettings
 from deployer.core.errors import ExitStatus, TfdeployError
@@ -61,6 +63,35 @@ def login_transport(login: Host) -> Transport:
     return open_transport(login)
 
 
+T = TypeVar("T")
+
+
+def off_main(call: Callable[[], T]) -> T:
+    """`call` on a daemon thread of its own, waited for here: a Ctrl-C or a signal (raised in
+    the main thread) then lands in this wait, never inside paramiko or logging. Raised there,
+    mid-call, it left logging's module lock held and a connection waiting for a key exchange
+    that never came, and `up`'s teardown and release hung behind them for minutes. The
+    abandoned call ends by itself (CALL_S) on its thread."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the waiting thread as it came
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="slurm-call", daemon=True).start()
+    while not done.wait(0.5):
+        pass
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
 class Cluster:
     """Slurm's commands on the login node."""
 
@@ -74,7 +105,7 @@ class Cluster:
         return cls(login_transport(login), login)
 
     def call(self, argv: Sequence[str], *, stdin: bytes = b"") -> tuple[int, str, str]:
-        result = self.transport.run(argv, stdin=stdin, timeout=CALL_S)
+        result = off_main(lambda: self.transport.run(argv, stdin=stdin, timeout=CALL_S))
         out = result.stdout.decode(errors="replace")
         err = result.stderr.decode(errors="replace")
         if result.exit_code == 127:
