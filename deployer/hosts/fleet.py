@@ -117,13 +117,12 @@ class Fleet:
         """A host back after its connection ended with it (a requeued Slurm allocation's node):
         a fresh connection in the place of the old one of its name, which is closed."""
         old = self._by_name.get(host.name)
-        member = self._member(host)
         if old is None:
-            self.members.append(member)
-        else:
-            self.members[self.members.index(old)] = member
-            _close_quietly(old)
+            return self.add(host)
+        member = self._member(host)
+        self.members[self.members.index(old)] = member
         self._by_name[host.name] = member
+        _close_quietly(old)
         return member
 
     def member(self, name: str) -> Member:

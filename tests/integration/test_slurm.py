@@ -287,25 +287,34 @@ print(f"attempt {attempt} ended at step {step}", flush=True)
 """
 
 
+def _resuming(
+    slurm: SlurmCluster, inventory: Callable[..., Path], tmp_path: Path
+) -> tuple[Up, Path]:
+    """`up` of RESUMING on two nodes under restart-job, once both workers run; and the
+    directory of their checkpoints (beside the lab, which the nodes see)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "resume.py").write_text(RESUMING)
+    ckpt = slurm.dir / "ckpt" / tmp_path.name
+    ckpt.mkdir(parents=True)
+    written = inventory(
+        code=code,
+        command=f"python3 resume.py {ckpt}",
+        job={"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 1},
+    )
+    up = Up(written, state=tmp_path / "state")
+    up.wait_for(r"worker:0@h2 \| attempt 0 starts at step 0", timeout=300)
+    up.wait_for(r"worker:1@h3 \| attempt 0 starts at step 0", timeout=60)
+    return up, ckpt
+
+
 def test_a_requeued_allocation_restarts_the_job_from_its_checkpoint_when_it_runs_again(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
     """on_failure = "restart-job": the allocation is asked with --requeue; a higher-priority
     job preempts it, Slurm requeues it (same id) and runs it again once the nodes are free;
     `up` waits for that, makes the nodes ready again, and every task resumes from its step."""
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "resume.py").write_text(RESUMING)
-    ckpt = slurm.dir / "ckpt" / tmp_path.name
-    ckpt.mkdir(parents=True)
-    inventory = slurm_inventory(
-        code=code,
-        command=f"python3 resume.py {ckpt}",
-        job={"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 1},
-    )
-    up = Up(inventory, state=tmp_path / "state")
-    up.wait_for(r"worker:0@h2 \| attempt 0 starts at step 0", timeout=300)
-    up.wait_for(r"worker:1@h3 \| attempt 0 starts at step 0", timeout=60)
+    up, ckpt = _resuming(slurm, slurm_inventory, tmp_path)
     (job_id,) = _ours(slurm)
     assert slurm.job_field(job_id, "Requeue") == "1"  # asked so, whatever the cluster's default
     urgent = slurm.sbatch("-p urgent -N2 --exclusive -t 2 -o /dev/null --wrap 'sleep 5'")
@@ -339,18 +348,7 @@ def test_ctrl_c_while_up_waits_for_a_requeued_allocation_releases_it(
     """The requeued allocation waits (pending, BeginTime) for `up`'s restart: Ctrl-C then
     ends `up` as anywhere else, and the pending allocation is cancelled, not left queued to
     run later without anyone."""
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "resume.py").write_text(RESUMING)
-    ckpt = slurm.dir / "ckpt" / tmp_path.name
-    ckpt.mkdir(parents=True)
-    inventory = slurm_inventory(
-        code=code,
-        command=f"python3 resume.py {ckpt}",
-        job={"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 1},
-    )
-    up = Up(inventory, state=tmp_path / "state")
-    up.wait_for(r"worker:1@h3 \| attempt 0 starts at step 0", timeout=300)
+    up, _ = _resuming(slurm, slurm_inventory, tmp_path)
     (job_id,) = _ours(slurm)
     urgent = slurm.sbatch("-p urgent -N2 --exclusive -t 2 -o /dev/null --wrap 'sleep 5'")
     try:

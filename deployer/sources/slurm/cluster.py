@@ -11,7 +11,8 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from concurrent.futures import Future
+from typing import TypeVar
 
 from deployer.config.model import Host, SSHSettings
 from deployer.core.errors import ExitStatus, TfdeployError
@@ -72,24 +73,16 @@ def off_main(call: Callable[[], T]) -> T:
     mid-call, it left logging's module lock held and a connection waiting for a key exchange
     that never came, and `up`'s teardown and release hung behind them for minutes. The
     abandoned call ends by itself (CALL_S) on its thread."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
+    result: Future[T] = Future()
 
     def work() -> None:
         try:
-            box["value"] = call()
+            result.set_result(call())
         except BaseException as exc:  # handed to the waiting thread as it came
-            box["error"] = exc
-        finally:
-            done.set()
+            result.set_exception(exc)
 
     threading.Thread(target=work, name="slurm-call", daemon=True).start()
-    while not done.wait(0.5):
-        pass
-    if "error" in box:
-        raise box["error"]
-    value: T = box["value"]
-    return value
+    return result.result()
 
 
 class Cluster:
