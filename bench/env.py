@@ -23,7 +23,9 @@ preflight (tfdeploy's `preflight ok`), resolve (the wheels are here), send (on e
 install (a venv on every host), running (every task printed its first line), first step (every
 worker printed `first step done`). Uplink bytes are what this machine sent into the lab during
 the arm (tx_bytes of the lab's bridge: frames, SSH included; what hosts pass to each other is
-not in it). Peak RSS: tfdeploy's own process; by hand, the largest process the arm ran here.
+not in it). CPU here: this machine's busy core-seconds (/proc/stat, every process: the lab's
+hosts too) until every worker's first step, and their share of all cores over that time.
+Peak RSS: tfdeploy's own process; by hand, the largest process the arm ran here.
 The lab's hosts share this machine's cores: installing N
 venvs at once is CPU-bound here, which a real fleet is not.
 """
@@ -96,6 +98,7 @@ ONLY = {
     "tfdeploy": ["tfdeploy", "warm", "changed", "no-reqs", "tfdeploy-pip"],
 }
 CHANGED = "six==1.17.0"  # the requirement the `changed` arm adds: one small pure wheel
+CORES = os.cpu_count() or 1
 DEFAULT_CELLS = "small@1,small@4,tf@4,capped:sklearn@16,capped:tf@4,mixed:pure@2"
 MWMS_ARGS = "mwms.py --epochs 1 --checkpoint-dir="
 
@@ -329,7 +332,8 @@ def _first(samples: list[Sample]) -> float | None:
 
 
 def cell_table(res: CellResult, arms: list[str]) -> str:
-    head = ["arm", *HEADS, "to first step", "÷ by hand", "uplink (÷ wheelhouse)", "peak RSS here"]
+    head = ["arm", *HEADS, "to first step", "÷ by hand", "CPU here to first step"]
+    head += ["uplink (÷ wheelhouse)", "peak RSS here"]
     rows = [head, ["---"] * len(head)]
     base = _first(res.samples.get("by-hand", []))
     for arm in arms:
@@ -345,11 +349,21 @@ def cell_table(res: CellResult, arms: list[str]) -> str:
                 *(_secs(p) for p in phases),
                 _secs(_first(ss)),
                 _ratio(_first(ss), base),
+                _cpu(_median([s.busy_first for s in ss]), _first(ss)),
                 f"{_fmt_bytes(up)} ({up / res.wheels:.2f}x)",
                 f"{rss:.0f} MB",
             ]
         )
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def _cpu(busy: float | None, wall: float | None) -> str:
+    """`164 core-s (90%)`: this machine's busy CPU seconds until the first step, and the share
+    of all its cores over that time: near 100%, the arm's wall time is its CPU work over the
+    cores, the lab's hosts all sharing them."""
+    if busy is None or not wall:
+        return "-"
+    return f"{busy:.0f} core-s ({busy / (CORES * wall):.0%})"
 
 
 def _diff(a: float | None, b: float | None) -> float | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from bench.dataplane import machine_busy
 from bench.tools import BenchError
 from tests.lab import Lab, LabHost
 
@@ -47,6 +48,38 @@ class Sample:
     rss_kb: int = 0  # the largest process this arm ran on this machine
     reinstalled: bool | None = None  # tfdeploy: its output said it built a venv
     installer: str = ""  # tfdeploy: the installer its output named (uv or pip)
+    busy_first: float | None = None  # this machine's busy CPU seconds until the first step
+
+
+class BusyTrace:
+    """This machine's busy CPU seconds, all cores (bench.dataplane.machine_busy), sampled every
+    STEP_S from an arm's start, so `at(t)` is what the arm's work had cost the cores t seconds
+    in. The lab's hosts share these cores: busy core-seconds over the core count bound an arm's
+    wall time from below, whichever way it spreads its work."""
+
+    STEP_S = 0.25
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+        self.samples = [(0.0, machine_busy())]
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._done.wait(self.STEP_S):
+            self.samples.append((time.monotonic() - self.began, machine_busy()))
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def at(self, t: float | None) -> float | None:
+        """Busy seconds from the start to the last sample at or before `t`."""
+        if t is None:
+            return None
+        seen = [busy for when, busy in self.samples if when <= t]
+        return seen[-1] - self.samples[0][1]
 
 
 @dataclass
@@ -174,6 +207,7 @@ class Arms:
         s = Sample()
         before = self.lab.uplink_bytes()
         began = time.monotonic()
+        trace = BusyTrace(began)
         procs = [pip_download(self.code / "requirements.txt", wh, began)]
         s.phases["resolve"] = time.monotonic() - began
         procs += self._all(hosts, began, self._rsync_argv(wh), "rsync")
@@ -184,6 +218,8 @@ class Arms:
         s.uplink = self.lab.uplink_bytes() - before
         s.phases.update(task_marks([p.lines for p in starts], len(hosts)))
         s.rss_kb = max(p.rss_kb for p in procs + starts)
+        trace.stop()
+        s.busy_first = trace.at(s.phases.get("first"))
         on_all(self.lab, hosts, f"rm -rf {HAND_DIR}")  # the lab's disk is memory
         return s
 
@@ -275,7 +311,11 @@ class Arms:
         began = time.monotonic()
         env = os.environ | {"TFDEPLOY_STATE_DIR": str(state)}
         argv = [sys.executable, "-m", "deployer", "up", str(inventory)]
-        done = run(argv, began, env=env, what="tfdeploy up")
+        trace = BusyTrace(began)
+        try:
+            done = run(argv, began, env=env, what="tfdeploy up")
+        finally:
+            trace.stop()
         s.uplink = self.lab.uplink_bytes() - before
         s.rss_kb = done.rss_kb
         s.phases.update(tfdeploy_phases(done.lines))
@@ -285,6 +325,7 @@ class Arms:
             if m:
                 per_task.setdefault(m.group(1), []).append((t, m.group(2)))
         s.phases.update(task_marks(list(per_task.values()), len(hosts)))
+        s.busy_first = trace.at(s.phases.get("first"))
         s.reinstalled = any(re.search(INSTALLING, line) for _, line in done.lines)
         used = {
             m

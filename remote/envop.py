@@ -80,21 +80,40 @@ def op_env(req: dict[str, Any]) -> protocol.EnvReply:
 
 
 def op_env_progress(req: dict[str, Any]) -> protocol.EnvProgressReply:
-    """How far a build of the env is: which of its projects the venv holds (their .dist-info,
-    which pip and uv alike write as each project is installed). Read from the file system, so
-    it answers while the env op that builds runs on another session."""
-    venv = venvs.env_path(layout.workdir_path(req), params.param(req, "hash", str))
+    """How far a build of the env is: which of its projects are ready. pip installs one project
+    after the other, each leaving its .dist-info in the venv; uv first unpacks every wheel into
+    the host's uv cache (most of its time, all wheels at once) and links them all into the venv
+    at the very end, so a uv build counts the projects its cache holds unpacked too (a project
+    an earlier environment unpacked counts at once: uv links it, it has nothing to unpack).
+    Read from the file system, so it answers while the env op that builds runs on another
+    session."""
+    workdir = layout.workdir_path(req)
+    venv = venvs.env_path(workdir, params.param(req, "hash", str))
     names = params.param(req, "names", list)
     if not all(isinstance(n, str) for n in names):
         raise params.AgentError("names must be strings")
-    found = set()
+    found = _unpacked(venvs.uv_cache(workdir, hostid.identity()))
     for site in venv.glob("lib/python*/site-packages"):
-        try:
-            entries = os.listdir(str(site))
-        except OSError:
-            continue
-        found |= {normalized(e.split("-", 1)[0]) for e in entries if e.endswith(".dist-info")}
+        found |= {normalized(e.split("-", 1)[0]) for e in _listed(site) if e.endswith(".dist-info")}
     return {"installed": len(found & set(names)), "complete": venvs.is_complete(venv)}
+
+
+def _unpacked(cache: Path) -> set[str]:
+    """The projects uv's cache holds unpacked: uv keeps each wheel it unpacked as
+    wheels-v<N>/<source>/<source id>/<project>/<version-tags> (a link to the unpacked files,
+    written once they are all there) beside a `.lock` it takes while unpacking."""
+    found: set[str] = set()
+    for project in cache.glob("wheels-v*/*/*/*"):
+        if any(not e.endswith(".lock") for e in _listed(project)):
+            found.add(normalized(project.name))
+    return found
+
+
+def _listed(folder: Path) -> list[str]:
+    try:
+        return os.listdir(str(folder))
+    except OSError:
+        return []
 
 
 def normalized(name: str) -> str:

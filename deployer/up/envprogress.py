@@ -2,8 +2,9 @@
 
 The env op that builds a venv answers only when it is done (a TensorFlow set with pip: a minute
 per host, with CUDA wheels several). Meanwhile this asks each host still building, every
-EVERY_S seconds, how many of its environment's projects the venv holds (the `envprogress` op:
-their .dist-info directories, which pip and uv both write as each project lands), on a one-shot
+EVERY_S seconds, how many of its environment's projects are ready (the `envprogress` op: their
+.dist-info in the venv, which pip writes as each project lands, or their unpacked files in the
+host's uv cache, where uv spends its time before it links them all at once), on a one-shot
 call beside the busy session, and hands each answer to a callback as an `InstallProgress`: `up`
 prints it as a plain line per host (`installing on h1: 12 of 38 wheels, 8 s`), and a live view
 may draw it instead. A host whose env is complete (reused, or built) is not reported. Progress is

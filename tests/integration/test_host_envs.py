@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab, LabHost
+from tests.support.agent import call, ok
 from tests.support.wheels import make_uv_wheel, make_wheel, uv_binary
 
 pytestmark = pytest.mark.timeout(300)
@@ -111,6 +112,28 @@ def test_an_offline_build_then_a_reuse_that_changes_nothing(tmp_path: Path, inst
     assert snapshot(venv) == before  # nothing reinstalled, not one file touched
     assert sorted(p.name for p in (venv / ".uses").iterdir()) == ["r1", "r2"]
     assert sorted(p.name for p in venv.parent.iterdir()) == ["h1"]  # no lock, no work dir left
+
+
+@needs_uv
+def test_a_uv_builds_progress_counts_the_projects_its_hosts_cache_holds_unpacked(
+    tmp_path: Path,
+) -> None:
+    """uv unpacks every wheel into the host's cache first and links them all into the venv at
+    the end: counting only the venv's .dist-info, a TensorFlow build said `0 of 38 wheels` for
+    its whole half minute. The progress op counts the cache's unpacked projects too."""
+    wheels = wheelhouse(tmp_path, uv=True)
+    workdir = tmp_path / "wd"
+    names = ["tinypkg", "tinydep", "absent"]
+    before = ok(call(workdir, "envprogress", host="me", hash="h1", names=names))
+    assert (before["installed"], before["complete"]) == (0, False), before
+    venv = Path(build(tmp_path, wheels, "--run-id", "r1", host="me")["venv"])
+    built = ok(call(workdir, "envprogress", host="me", hash="h1", names=names))
+    assert (built["installed"], built["complete"]) == (2, True), built
+    shutil.rmtree(venv)  # no .dist-info left anywhere: what counts now is the cache alone
+    cached = ok(call(workdir, "envprogress", host="me", hash="h1", names=names))
+    assert (cached["installed"], cached["complete"]) == (2, False), cached
+    other = ok(call(workdir, "envprogress", host="other", hash="h1", names=names))
+    assert other["installed"] == 0, other  # another host's cache is its own
 
 
 @needs_uv

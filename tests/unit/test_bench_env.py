@@ -3,10 +3,12 @@ the programs' lines would leave its columns empty (or worse, measure the wrong l
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from bench.env import Cell, durations, parse_cells
-from bench.env_arms import Sample, task_marks, tfdeploy_phases
+from bench.env_arms import BusyTrace, Sample, task_marks, tfdeploy_phases
 from bench.tools import BenchError
 
 
@@ -40,3 +42,15 @@ def test_cells_name_a_set_and_a_host_count() -> None:
     assert parse_cells("small@1,capped:tf@4") == [Cell("small", 1, False), Cell("tf", 4, True)]
     with pytest.raises(BenchError, match="bad cell"):
         parse_cells("huge@4")
+
+
+def test_the_cpu_column_reads_the_machines_busy_seconds_up_to_a_time() -> None:
+    began = time.monotonic()
+    trace = BusyTrace(began)
+    spin_until = began + 0.6
+    while time.monotonic() < spin_until:  # one core busy: the machine's busy time grows
+        pass
+    trace.stop()
+    burned = trace.at(time.monotonic() - began)
+    assert burned is not None and burned >= 0.4, trace.samples
+    assert trace.at(0.0) == 0.0 and trace.at(None) is None
