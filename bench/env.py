@@ -230,8 +230,14 @@ def run_cell(lab: Lab, tmp: Path, cell: Cell, arms: list[str], reps: int, rate: 
         if cell.mixed and rep == 0:
             res.stores = stores_table(lab, hosts, state, bench.last_output)
         bench.reset_tfdeploy(hosts)
-        shutil.rmtree(state, ignore_errors=True)
+        for used in (state, pip_state(state)):  # the next cell of this set resolves cold too
+            shutil.rmtree(used, ignore_errors=True)
     return res
+
+
+def pip_state(state: Path) -> Path:
+    """The pip arm's own state (and so wheel cache) beside the cell's."""
+    return state.with_name(state.name + "-pip")
 
 
 def i686_python(lab: Lab) -> str:
@@ -284,7 +290,7 @@ def _one(bench: Arms, arm: str, hosts: list[LabHost], state: Path, cell: Cell) -
     if arm in ("tfdeploy", "tfdeploy-pip"):
         bench.reset_tfdeploy(hosts)
     if arm == "tfdeploy-pip":  # cold here too: a state (and so a wheel cache) of its own
-        state = state.with_name(state.name + "-pip")
+        state = pip_state(state)
     return bench.tfdeploy(inventory, hosts, state)
 
 
