@@ -47,6 +47,7 @@ from pathlib import Path
 
 from bench import report
 from bench.__main__ import _fmt_bytes
+from bench.dataplane import CORES
 from bench.env_arms import WORKDIR, Arms, Sample, pip_download, wheelhouse_bytes
 from bench.fanout import check_cap
 from bench.report import tee_to
@@ -98,7 +99,6 @@ ONLY = {
     "tfdeploy": ["tfdeploy", "warm", "changed", "no-reqs", "tfdeploy-pip"],
 }
 CHANGED = "six==1.17.0"  # the requirement the `changed` arm adds: one small pure wheel
-CORES = os.cpu_count() or 1
 DEFAULT_CELLS = "small@1,small@4,tf@4,capped:sklearn@16,capped:tf@4,mixed:pure@2"
 MWMS_ARGS = "mwms.py --epochs 1 --checkpoint-dir="
 

@@ -70,7 +70,10 @@ class BusyTrace:
         while not self._done.wait(self.STEP_S):
             self.samples.append((time.monotonic() - self.began, machine_busy()))
 
-    def stop(self) -> None:
+    def __enter__(self) -> BusyTrace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
 
@@ -207,18 +210,17 @@ class Arms:
         s = Sample()
         before = self.lab.uplink_bytes()
         began = time.monotonic()
-        trace = BusyTrace(began)
-        procs = [pip_download(self.code / "requirements.txt", wh, began)]
-        s.phases["resolve"] = time.monotonic() - began
-        procs += self._all(hosts, began, self._rsync_argv(wh), "rsync")
-        s.phases["send"] = time.monotonic() - began
-        procs += self._all(hosts, began, self._install_argv, "pip install")
-        s.phases["install"] = time.monotonic() - began
-        starts = self._all(hosts, began, self._start_argv(hosts), "the task")
+        with BusyTrace(began) as trace:
+            procs = [pip_download(self.code / "requirements.txt", wh, began)]
+            s.phases["resolve"] = time.monotonic() - began
+            procs += self._all(hosts, began, self._rsync_argv(wh), "rsync")
+            s.phases["send"] = time.monotonic() - began
+            procs += self._all(hosts, began, self._install_argv, "pip install")
+            s.phases["install"] = time.monotonic() - began
+            starts = self._all(hosts, began, self._start_argv(hosts), "the task")
         s.uplink = self.lab.uplink_bytes() - before
         s.phases.update(task_marks([p.lines for p in starts], len(hosts)))
         s.rss_kb = max(p.rss_kb for p in procs + starts)
-        trace.stop()
         s.busy_first = trace.at(s.phases.get("first"))
         on_all(self.lab, hosts, f"rm -rf {HAND_DIR}")  # the lab's disk is memory
         return s
@@ -311,11 +313,8 @@ class Arms:
         began = time.monotonic()
         env = os.environ | {"TFDEPLOY_STATE_DIR": str(state)}
         argv = [sys.executable, "-m", "deployer", "up", str(inventory)]
-        trace = BusyTrace(began)
-        try:
+        with BusyTrace(began) as trace:
             done = run(argv, began, env=env, what="tfdeploy up")
-        finally:
-            trace.stop()
         s.uplink = self.lab.uplink_bytes() - before
         s.rss_kb = done.rss_kb
         s.phases.update(tfdeploy_phases(done.lines))

@@ -46,11 +46,10 @@ def test_cells_name_a_set_and_a_host_count() -> None:
 
 def test_the_cpu_column_reads_the_machines_busy_seconds_up_to_a_time() -> None:
     began = time.monotonic()
-    trace = BusyTrace(began)
-    spin_until = began + 0.6
-    while time.monotonic() < spin_until:  # one core busy: the machine's busy time grows
-        pass
-    trace.stop()
+    with BusyTrace(began) as trace:
+        spin_until = began + 0.6
+        while time.monotonic() < spin_until:  # one core busy: the machine's busy time grows
+            pass
     burned = trace.at(time.monotonic() - began)
     assert burned is not None and burned >= 0.4, trace.samples
     assert trace.at(0.0) == 0.0 and trace.at(None) is None
