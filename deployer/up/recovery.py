@@ -15,8 +15,10 @@ from typing import Protocol
 from deployer.config.inventory import Inventory
 from deployer.config.model import Host
 from deployer.config.sources import Regained, Say
+from deployer.core.errors import JobFailed
 from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
+from deployer.hosts.reply_types import StopReport
 from deployer.push.sync import Manifest
 from deployer.up.preflight import Findings
 from deployer.up.restarts import StopFailed, backoff_s, restart_task, stop_attempt
@@ -24,6 +26,10 @@ from deployer.watch.deadlines import DeadlineNotes
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
+
+# How often a lost host is tried again while a restart waits for it: each try is one agent call
+# (a new connection once the old one died), bounded by the transport's own connect timeout.
+LOST_RETRY_S = 1.0
 
 
 class Phases(Protocol):
@@ -92,9 +98,62 @@ class Recovery:
         if not (decision.gone and self.regain()):
             self.end_attempt(decision)
         run.board.next_attempt()
-        deadline = run.clock() + delay
-        while run.clock() < deadline:
-            self.sleep(min(self.interval, deadline - run.clock()))
+        self.wait_for_lost_hosts(run.clock() + delay)
+
+    def wait_for_lost_hosts(self, deadline: float) -> None:
+        """The backoff, spent trying the hosts the attempt lost that are still the run's (none
+        replaced them): a host whose link comes back is watched again, once what is left of
+        the last attempt there is stopped. One still silent when the backoff ends takes the
+        next restart's backoff too, saying so, until max_restarts are used up: then the job
+        fails on it. No attempt starts on a host `up` cannot reach, nor goes unwatched."""
+        run, job, contact = self.run, self.run.plan.job, self.watching.poller.contact
+        planned = {h.name for h in run.plan.hosts}
+        absent = sorted(h for h in contact.lost if h in planned)
+        while True:
+            absent = [h for h in absent if h not in self.back(absent)]
+            if run.clock() >= deadline and absent:
+                if run.board.attempt >= job.max_restarts:
+                    raise self.still_lost(absent)
+                attempt = run.board.next_attempt()
+                wait = max(backoff_s(job, attempt), contact.loss_after)
+                deadline = run.clock() + wait
+                self.view.step(
+                    f"{join_names(absent)} still unreachable: restart {attempt} of "
+                    f"{job.max_restarts} waits up to {wait:g} s more for "
+                    f"{'it' if len(absent) == 1 else 'them'}"
+                )
+            if run.clock() >= deadline:
+                return
+            self.sleep(min(max(self.interval, LOST_RETRY_S), max(0.0, deadline - run.clock())))
+
+    def back(self, absent: Sequence[str]) -> set[str]:
+        """The lost hosts that answer now: each one's tasks of the run (what the lease left of
+        the last attempt) stopped, then watched again from a clean slate."""
+        if not absent:
+            return set()
+        run, poller = self.run, self.watching.poller
+        members = [self.fleet.member(h) for h in absent]
+
+        def settle(member: Member) -> StopReport:
+            names = [t.name for t in run.plan.tasks_on(member.name)]
+            return member.agent.stop(
+                run.run_id, grace=run.plan.job.stop_grace, tasks=names, escaped=True
+            )
+
+        reports, _ = self.fleet.each_settled(settle, members)
+        for host in sorted(reports):
+            poller.rewatch(host)
+            self.view.step(f"contact with {host} is back: its tasks start with the next attempt")
+        return set(reports)
+
+    def still_lost(self, absent: Sequence[str]) -> JobFailed:
+        names = join_names(list(absent))
+        return JobFailed(
+            f"{names} did not answer again before the last restart (max_restarts = "
+            f"{self.run.plan.job.max_restarts}); the job was not restarted there",
+            hint="every task that started was stopped; check the host and its network, then "
+            f"`tfdeploy status {self.run.run_id} -i {self.run.plan.inventory.path}`",
+        )
 
     def end_attempt(self, decision: RestartJob) -> None:
         """Stops every task of the attempt and replaces a gone host. A stop that fails because

@@ -63,6 +63,13 @@ class Poller(OnRun):
         self._inflight.pop(host, None)
         self.contact.forget(host)
 
+    def rewatch(self, host: str) -> None:
+        """`host`, lost, answers again (a link that came back): polled from the next tick on,
+        its silence judged afresh; a poll left in flight on its dead connection is dropped."""
+        self.hosts.add(host)
+        self._inflight.pop(host, None)
+        self.contact.forget(host)
+
     def watch_host(self, host: str) -> None:
         """From now on, `host` is polled (a start was attempted there)."""
         self.hosts.add(host)

@@ -51,7 +51,10 @@ p.add_argument("--code", type=int, default=0)
 p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--no-serve", action="store_true")
 p.add_argument("--fail-first", type=int, default=0)
+p.add_argument("--first-attempt-sleep", type=float, default=None)  # attempt 0 sleeps this long
 a = p.parse_args()
+if a.first_attempt_sleep is not None and os.environ.get("TFDEPLOY_ATTEMPT", "0") == "0":
+    a.sleep = a.first_attempt_sleep
 name, run = os.environ["TFDEPLOY_TASK"], os.environ["TFDEPLOY_RUN_ID"]
 if a.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -667,6 +670,54 @@ def test_host_loss_is_detected_within_10_s_and_the_rest_torn_down(
     # A crashed host comes back empty (its disk was a tmpfs); a cut one kept its run directory.
     assert (f"worker:1@{victim.name}" in states) == (fault == "cut-link")
     print(f"{fault}: loss detected {detected - faulted:.1f} s after the fault")
+
+
+@pytest.mark.isolated
+@pytest.mark.parametrize("outage", ["past-the-lease", "within-the-lease"])
+def test_a_lost_host_that_comes_back_is_watched_again_and_the_restarted_job_ends_0(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, outage: str
+) -> None:
+    """restart-job after a host's link is cut for longer than the host-loss limit: the restart
+    waits for the host (saying so), stops what the last attempt left there, starts the next
+    attempt on every host and watches every host again, so the job ends 0 (issue 58: `up`
+    stopped polling the host it had marked lost, its new task was stopped by the lease unseen,
+    and `up` waited for it until killed; with the link still cut, the restart's start failed)."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    lease = 8 if outage == "past-the-lease" else 60
+    inventory = task_inventory(
+        lab,
+        lab_inventory,
+        tmp_path,
+        [[{"role": "worker"}]] * 2,
+        args="--first-attempt-sleep 3600 --sleep 1",
+        on_failure="restart-job",
+        max_restarts=5,
+        restart_backoff=1,
+        lease_seconds=lease,
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"\| worker:\d up in", count=2)
+    run_id = up.run_id()
+    lab.cut_link(h2)
+    try:
+        up.wait_for(rf"host {h2.name} lost after", timeout=60)
+        if outage == "past-the-lease":
+            # Unreachable, the host's supervisor stops attempt 0's task when the lease lapses,
+            # and `up` cannot see it: it must neither start without the host nor lose it.
+            wait_until("the cut host's lease to lapse", no_task_left(lab, [h2]), 60)
+            up.wait_for(rf"{h2.name} still unreachable: restart \d of 5 waits", timeout=60)
+    finally:
+        lab.restore_link(h2)
+    up.wait_for(rf"contact with {h2.name} is back", timeout=90)
+    assert up.finish(timeout=120) == 0, up.report()
+    assert re.search(r"job succeeded: worker:0 and worker:1 exited 0", up.stdout), up.report()
+    states = final_states(inventory, run_id, tmp_path)
+    assert {label: t["exit_code"] for label, t in states.items()} == {
+        f"worker:0@{h1.name}": 0,
+        f"worker:1@{h2.name}": 0,
+    }, states
+    assert no_task_left(lab, [h1, h2])()
 
 
 # ---- logs across reconnects ----------------------------------------------------------------------
