@@ -26,7 +26,9 @@ from deployer.config.inventory import load_inventory
 REPO = Path(__file__).resolve().parents[2]
 VAGRANT_DIR = REPO / "vagrant"
 INVENTORY = REPO / "inventories" / "vagrant.toml"
-TFDEPLOY = str(Path(sys.executable).with_name("tfdeploy"))
+# The checkout's tfdeploy, as every test runs it: the suite's venv holds the dependencies only
+# (scripts/install.sh), never a `tfdeploy` script, and PYTHONPATH puts this checkout first.
+TFDEPLOY = (sys.executable, "-m", "deployer")
 KEY = REPO / ".vagrant-lab" / "id_ed25519"
 
 pytestmark = [pytest.mark.vagrant, pytest.mark.timeout(3600)]
@@ -43,7 +45,12 @@ def libvirt_driver() -> str:
     return "kvm" if usable else "qemu"
 
 
-ENV = {**os.environ, "TFDEPLOY_LIBVIRT_DRIVER": libvirt_driver(), "TFDEPLOY_VM_CPUS": "1"}
+ENV = {
+    **os.environ,
+    "TFDEPLOY_LIBVIRT_DRIVER": libvirt_driver(),
+    "TFDEPLOY_VM_CPUS": "1",
+    "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+}
 HOSTS = load_inventory(INVENTORY).hosts
 
 
@@ -149,7 +156,7 @@ class Lines:
 
 def test_mwms_trains_across_vms_and_a_destroyed_vm_is_reported_lost(vms: dict[str, float]) -> None:
     began = time.monotonic()
-    up = run(TFDEPLOY, "up", "../inventories/vagrant.toml", check=False)
+    up = run(*TFDEPLOY, "up", "../inventories/vagrant.toml", check=False)
     vms["tfdeploy up (training)"] = time.monotonic() - began
     assert up.returncode == 0, up.stdout + up.stderr
     accuracies = [float(a) for a in re.findall(r"test_accuracy=([\d.]+)", up.stdout)]
@@ -162,7 +169,7 @@ def test_mwms_trains_across_vms_and_a_destroyed_vm_is_reported_lost(vms: dict[st
     victim, survivor = HOSTS[-1], HOSTS[0]
     began = time.monotonic()
     proc = subprocess.Popen(
-        [TFDEPLOY, "up", "../inventories/vagrant.toml"],
+        [*TFDEPLOY, "up", "../inventories/vagrant.toml"],
         cwd=VAGRANT_DIR,
         env=ENV,
         stdout=subprocess.PIPE,
@@ -180,7 +187,7 @@ def test_mwms_trains_across_vms_and_a_destroyed_vm_is_reported_lost(vms: dict[st
     assert f"error: host {victim.name} was lost" in out, out
     assert nothing_left(survivor.address) == []
 
-    down = run(TFDEPLOY, "down", "../inventories/vagrant.toml", check=False)
+    down = run(*TFDEPLOY, "down", "../inventories/vagrant.toml", check=False)
     assert down.returncode != 0 and victim.name in down.stdout + down.stderr  # still gone
     assert "Traceback" not in down.stdout + down.stderr
     assert nothing_left(survivor.address) == []
