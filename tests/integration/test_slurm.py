@@ -360,3 +360,36 @@ def test_ctrl_c_while_up_waits_for_a_requeued_allocation_releases_it(
     finally:
         slurm.check(f"scancel {urgent}")
     _settled(slurm)
+
+
+def test_a_kept_allocation_is_not_handed_to_an_inventory_that_asks_another(
+    slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    # Before, the kept allocation in `debug` went to an inventory asking `urgent`, silently (its
+    # tasks saw SLURM_JOB_PARTITION=debug). Now only the same request gets it.
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "task.py").write_text(
+        "import os\nprint('partition', os.environ['SLURM_JOB_PARTITION'])\n"
+    )
+    quick = {"code": code, "command": "python3 task.py", "job": {"require_tensorflow": False}}
+    state = tmp_path / "state"
+    kept = slurm_inventory(keep_allocation=True, **quick)
+    first = tfdeploy("up", str(kept), state=state, timeout=300, check_rc=0)
+    assert "kept the allocation for the next up" in first.stderr + first.stdout
+    (job_id,) = _ours(slurm)
+    other = slurm_inventory(keep_allocation=True, partition="urgent", time="00:10:00", **quick)
+    refused = tfdeploy("up", str(other), state=state, timeout=120, check_rc=2)
+    said = refused.stdout + refused.stderr
+    assert f"allocation {job_id} (tfdeploy-digits) was kept by an up that asked for another" in said
+    assert "partition debug (this inventory: urgent)" in said, said
+    assert "time 00:15:00 (this inventory: 00:10:00)" in said, said
+    assert "tfdeploy down INVENTORY" in said
+    assert _ours(slurm) == [job_id], "the refused up submitted or released an allocation"
+    same = slurm_inventory(keep_allocation=True, **quick)
+    again = tfdeploy("up", str(same), state=state, timeout=300, check_rc=0)
+    out = again.stdout + again.stderr
+    assert f"using allocation {job_id}, kept by the last up" in out and "partition debug" in out
+    tfdeploy("down", str(same), state=state, timeout=120, check_rc=0)
+    assert _wait_gone(slurm, within=60)
+    _settled(slurm)

@@ -6,8 +6,10 @@ Each test ends on the `slurm` fixture's check: squeue empty and no process of a 
 
 from __future__ import annotations
 
+import random
 import select
 import time
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +167,131 @@ def test_a_crashed_node_comes_back_idle_when_its_host_is_revived(slurm: SlurmClu
     lab.revive_host("h3")  # boots with its mounts and starts slurmd, as a rebooted node would
     slurm.wait_nodes("idle", names=["h3"], timeout=30)
     assert slurm.check("srun -N1 -w h3 hostname").strip() == slurm.node("h3").hostname
+
+
+# ---- tfdeploy's readers of Slurm's output and options, against Slurm itself (issue 58) --------
+
+
+def _generated_hostlists(seed: int = 58, count: int = 300) -> list[str]:
+    """Hostlists of every form Slurm prints, generated from the grammar: plain names, several
+    brackets per name (`rack[1-2]-n[01-04]`), lists and single numbers in a bracket
+    (`a[1-3,5]`), zero padding of either width (`n[01-10]`, `n[8-10]`, `n[008-10]`), commas
+    outside brackets (`a1,b[2-3]`), pieces with dots, dashes and underscores, empty pieces."""
+    rng = random.Random(seed)
+    pieces = ["", "n", "gpu", "rack", "-n", "a.b", "x_y", "h-", "c1-", "Node"]
+
+    def numeral() -> str:
+        n = rng.choice([0, 1, 2, 7, 8, 9, 10, 11, 99, 100])
+        return str(n).zfill(rng.choice([1, 1, 2, 3]))
+
+    def rng_range() -> str:
+        lo = numeral()
+        if rng.random() < 0.3:
+            return lo
+        hi = int(lo) + rng.choice([0, 1, 2, 3, 12])
+        return f"{lo}-{str(hi).zfill(rng.choice([1, 2, 3]))}"
+
+    def token() -> str:
+        if rng.random() < 0.2:
+            return rng.choice(["h1", "gpu01", "login", "n-7", "a.b.c"])
+        brackets = rng.choice([1, 1, 1, 2, 2, 3])
+        out = ""
+        for i in range(brackets):
+            # a first piece never starts with '-': scontrol would read it as an option (and
+            # tfdeploy refuses such a name, which it would hand to scontrol and srun)
+            piece = rng.choice(pieces if i else [p for p in pieces if p[:1] not in ("", "-")])
+            ranges = ",".join(rng_range() for _ in range(rng.choice([1, 1, 2, 3])))
+            out += f"{piece}[{ranges}]"
+        return out
+
+    return [",".join(token() for _ in range(rng.choice([1, 1, 2, 3]))) for _ in range(count)]
+
+
+# Forms Slurm refuses, and tfdeploy with it. (Slurm also reads forms it never prints, such as a
+# space or a `+` inside a bracket: tfdeploy refuses those; they are not compared.)
+REFUSED_HOSTLISTS = (
+    "h[-]",
+    "h[]",
+    "h[5-3]",
+    "h[1-3]x",
+    "x[1-2]y[3-4]z",
+    "h[1-2]]",
+    "a-[1-2]-b",
+    "h[0-9999999999]",
+    "n[0-1048576]",
+)
+
+
+def test_the_hostlist_parser_expands_as_scontrol_show_hostnames(slurm: SlurmCluster) -> None:
+    from deployer.sources.slurm.outputs import UnreadableOutput, expand_hostlist
+
+    # The forms issue 58 names, then generated ones, then forms Slurm refuses.
+    named = [
+        "rack[1-2]-n[01-04]",
+        "a[1-3,5]",
+        "n[01-10]",
+        "n[8-10]",
+        "a1,b[2-3]",
+        "a[1-2]b[3-4]c[5,6]",
+    ]
+    expressions = [*named, *_generated_hostlists(), *REFUSED_HOSTLISTS]
+    slurms = slurm.hostnames(expressions)
+    for expression, by_slurm in zip(expressions, slurms, strict=True):
+        try:
+            ours: list[str] | None = expand_hostlist(expression, "test", limit=100_000)
+        except UnreadableOutput:
+            ours = None
+        assert ours == by_slurm, expression
+    assert sum(s is None for s in slurms) == len(REFUSED_HOSTLISTS)
+
+
+def test_the_sbatch_option_table_is_the_lab_sbatchs(slurm: SlurmCluster) -> None:
+    from deployer.sources.slurm.sbatch_options import LONG_OPTIONS
+
+    assert slurm.sbatch_long_options() == LONG_OPTIONS
+
+
+def test_every_prefix_resolves_as_sbatchs_getopt_long_resolves_it(slurm: SlurmCluster) -> None:
+    from deployer.sources.slurm.sbatch_options import LONG_OPTIONS, resolve
+
+    prefixes = sorted({n[:i] for n in LONG_OPTIONS for i in range(1, len(n) + 1)})
+    said = slurm.sbatch_says(prefixes)
+    for prefix in prefixes:
+        kind, names = said[prefix]
+        found = resolve(prefix)
+        if kind == "ambiguous":
+            assert found.ambiguous and sorted(found.candidates) == sorted(names), prefix
+        elif kind in ("requires", "takes-none"):
+            assert (found.name, found.ambiguous) == (names[0], False), prefix
+        else:  # took an option whose value is optional without saying its name
+            assert kind == "other" and found.name is not None, (prefix, kind)
+            assert LONG_OPTIONS[found.name] == "optional", prefix
+
+
+def test_refused_abbreviations_are_what_sbatch_really_takes_them_for(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    # What an abbreviation did before it was refused: sbatch took `--job-n=` for --job-name and
+    # `--parti=` for --partition (the allocation then invisible to tfdeploy's `squeue -n`).
+    from deployer.core.errors import InventoryError
+    from deployer.sources import load_inventory
+    from tests.unit.test_slurm import BASE
+
+    written = {"--job-n": "probe58", "--parti": "urgent", "--comm": "c"}
+    taken = {"--job-n": "JobName", "--parti": "Partition", "--comm": "Comment"}
+    names = {"--job-n": "--job-name", "--parti": "--partition", "--comm": "--comment"}
+    options = " ".join(f"{o}={v}" for o, v in written.items())
+    job = slurm.sbatch(f"--hold -o /dev/null {options} --wrap true")
+    try:
+        shown = f" {slurm.check(f'scontrol show job -o {job}').strip()} "
+        for option, value in written.items():
+            assert f" {taken[option]}={value} " in shown, (option, shown)
+            path = tmp_path / "inv.toml"
+            extra = f'sbatch_options = ["{option}={value}"]\n'
+            path.write_text(BASE.format(extra=extra, group=""))
+            with pytest.raises(InventoryError, match=f"sbatch reads it as {names[option]}"):
+                load_inventory(path)
+        ambiguous = slurm.login_run("sbatch --n=1 --hold --wrap true")
+        assert ambiguous.returncode != 0 and "is ambiguous" in ambiguous.stderr
+    finally:
+        _cancel(slurm, job)

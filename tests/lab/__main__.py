@@ -9,6 +9,7 @@ from pathlib import Path
 import tests.lab
 from tests.lab import LabError, cleanup, start_lab, visible
 from tests.lab import containers as lab_containers
+from tests.support.lab_inventories import write_slurm_inventory
 
 # The README's first multi-host run: the bundled MWMS example, its checkpoints as artifacts.
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
@@ -36,7 +37,10 @@ def _up(args: argparse.Namespace) -> int:
         "artifacts": ["ckpt/**"],
     }
     user = lab.login_user if args.as_user else None
-    inventory = lab.write_inventory(args.inventory, tasks=tasks, job=job, user=user)
+    if args.slurm:  # the login node reached over SSH, the compute nodes allocated by `up`
+        inventory = write_slurm_inventory(lab, args.inventory, job=job, user=user)
+    else:
+        inventory = lab.write_inventory(args.inventory, tasks=tasks, job=job, user=user)
     kind = ("namespaces" if lab.isolated else "loopback") + (", podman" if args.containers else "")
     print(f"lab {lab.id} up: {len(lab.hosts)} hosts ({kind})")
     for h in lab.all_hosts:
@@ -52,6 +56,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"            ssh -F {lab.ssh_config} {slurm.login.name} squeue")
         print(f"            outside the hosts: SLURM_CONF={slurm.conf_dir / 'slurm.conf'} squeue")
         print(f"            shared folder for job files: {slurm.shared}")
+        print(f"            tfdeploy up {inventory} (a [slurm] inventory: docs/slurm.md)")
     print(f"stop with:  python -m tests.lab down {lab.id}")
     return 0
 

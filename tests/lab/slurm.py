@@ -380,6 +380,60 @@ class SlurmCluster:
                 self.login_run(f"scontrol update NodeName={h.name} State=RESUME")
         self.wait_nodes("idle", timeout=SLURMD_TIMEOUT * 3 + 10)
 
+    # -- what Slurm's own tools say, for the parsers tfdeploy has of them ----------------------
+
+    def hostnames(self, expressions: Sequence[str]) -> list[list[str] | None]:
+        """`scontrol show hostnames EXPR` on the login node for each expression, in one shell:
+        the names Slurm expands it to, or None where Slurm refuses it."""
+        # It exits 0 either way; a refusal says "Invalid hostlist" (on stderr).
+        script = "".join(
+            f"echo '<<<'; scontrol show hostnames {shlex.quote(e)} 2>&1\n" for e in expressions
+        )
+        out = self.check(script + "true\n", timeout=120)
+        found: list[list[str] | None] = []
+        for block in out.split("<<<\n")[1:]:
+            refused = "Invalid hostlist" in block or "error:" in block
+            found.append(None if refused else block.split())
+        if len(found) != len(expressions):
+            raise LabError(f"scontrol show hostnames: {len(found)} answers to {len(expressions)}")
+        return found
+
+    def sbatch_long_options(self) -> dict[str, str]:
+        """sbatch's long options as its getopt_long reads them, each with its argument
+        ("required", "none", "optional"): the names `sbatch --help`/`--usage` print and those
+        getopt_long lists for every one- and two-character prefix, then each name's argument
+        from getopt_long's own words. deployer/sources/slurm/sbatch_options.py is this table."""
+        names = set(
+            re.findall(r"--([a-z][a-z0-9_-]*)", self.check("sbatch --help; sbatch --usage"))
+        )
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        prefixes = [a + b for a in letters for b in ["", *letters, *"0123456789-_"]]
+        for _, found in self.sbatch_says(prefixes).values():
+            names |= set(found)
+        arguments = {}
+        for name, (kind, _) in self.sbatch_says(sorted(names)).items():
+            arguments[name] = {"requires": "required", "takes-none": "none"}.get(kind, "optional")
+        return arguments
+
+    def sbatch_says(self, prefixes: Sequence[str]) -> dict[str, tuple[str, list[str]]]:
+        """What sbatch's getopt_long answers to `sbatch --PREFIX` (and `--PREFIX=x`), for each
+        prefix: ("ambiguous", candidates), ("requires", [name]), ("takes-none", [name]),
+        ("unknown", []) or ("other", []) (it took an option that may have a value: its name is
+        not said). Always with `--test-only` first and in the shared folder: a prefix of `--wrap`
+        given `=x` is a whole batch job, which must be neither submitted nor leave a file."""
+        sbatch = "sbatch --test-only"
+        script = f"cd {shlex.quote(str(self.shared))}\n" + "".join(
+            f"echo '<<<'; {sbatch} --{p} </dev/null 2>&1; echo '==='; "
+            f"{sbatch} --{p}=x </dev/null 2>&1\n"
+            for p in prefixes
+        )
+        out = self.check(script + "true\n", timeout=300)  # each sbatch fails, by design
+        said: dict[str, tuple[str, list[str]]] = {}
+        for prefix, block in zip(prefixes, out.split("<<<\n")[1:], strict=True):
+            bare, _, valued = block.partition("===")
+            said[prefix] = _getopt_says(bare, valued)
+        return said
+
     # -- what a job left -----------------------------------------------------------------------
 
     def leftovers(self, settle: float = KILL_WAIT + 5) -> dict[str, list[str]]:
@@ -397,6 +451,22 @@ class SlurmCluster:
             if not found or time.monotonic() > deadline:
                 return found
             time.sleep(0.1)
+
+
+def _getopt_says(bare: str, valued: str) -> tuple[str, list[str]]:
+    """glibc getopt_long's words for `--PREFIX` and `--PREFIX=x` (see `sbatch_says`)."""
+    m = re.search(r"is ambiguous; possibilities:(.*)", bare)
+    if m:
+        return "ambiguous", re.findall(r"'--([^']+)'", m[1])
+    m = re.search(r"option '--([^']+)' requires an argument", bare)
+    if m:
+        return "requires", [m[1]]
+    if "unrecognized option" in bare:
+        return "unknown", []
+    m = re.search(r"option '--([^']+)' doesn't allow an argument", valued)
+    if m:
+        return "takes-none", [m[1]]
+    return "other", []
 
 
 def _pairs(text: str) -> list[tuple[str, str]]:

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.lab import Lab, LabHost
+from tests.lab import Lab, LabError, LabHost
+from tests.lab.inventory import _table
 
 
 def inventory_writer(lab: Lab, tmp_path: Path, default_user: str) -> Callable[..., Path]:
@@ -36,3 +37,34 @@ def inventory_writer(lab: Lab, tmp_path: Path, default_user: str) -> Callable[..
         )
 
     return write
+
+
+def write_slurm_inventory(
+    lab: Lab, path: str | Path, *, job: dict[str, Any], user: str | None = None
+) -> Path:
+    """A `[slurm]` inventory for a lab started with its Slurm cluster (`tests.lab up N --slurm`):
+    the login node (h1) reached over SSH with the lab's keys, every compute node allocated as
+    one group of workers in partition `debug` (docs/slurm.md, "Practise on the lab")."""
+    slurm = getattr(lab, "slurm", None)
+    if slurm is None:
+        raise LabError("a [slurm] inventory needs a lab started with its Slurm cluster")
+    document = {
+        "job": {"python": lab.python, "workdir": "~/.tfdeploy", "port": 2222, **job},
+        "ssh": {
+            "user": user or lab.user,
+            "identity": str(lab.key_path),
+            "known_hosts": str(lab.known_hosts),
+            "host_keys": "strict",
+            "connect_timeout": 5,
+        },
+        "slurm": {
+            "login": slurm.login.address,
+            "partition": "debug",
+            "time": "00:30:00",
+            "hosts": [{"nodes": len(slurm.nodes), "tasks": [{"role": "worker"}]}],
+        },
+    }
+    lines = [line for key, table in document.items() for line in [*_table(f"[{key}]", table), ""]]
+    out = Path(path)
+    out.write_text("\n".join(lines))
+    return out

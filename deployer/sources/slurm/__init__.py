@@ -23,7 +23,7 @@ from deployer.config.sources import (
     SourceContext,
     Sourced,
 )
-from deployer.sources.slurm import allocation, nodes
+from deployer.sources.slurm import allocation, batch, nodes
 from deployer.sources.slurm.cluster import Cluster
 from deployer.sources.slurm.outputs import JobState, QueuedJob, say_duration
 from deployer.sources.slurm.settings import SlurmSettings, parse_settings
@@ -159,17 +159,27 @@ class SlurmSource:
 
 
 def _kept(cluster: Cluster, settings: SlurmSettings, say: Say) -> QueuedJob | None:
-    """The job's allocation that a previous `up` kept, if it runs; another one of the job's name
-    pending or running is refused (two `up` of one job would share nodes)."""
+    """The job's allocation that a previous `up` kept, if it runs and was asked for as this
+    inventory asks (batch.request: partition, nodes, time, gpus, the options and body that shape
+    it); another one of the job's name, pending or running, is refused (two `up` of one job would
+    share nodes), and so is a kept one asked for otherwise, saying what differs."""
     found = cluster.named(settings.job_name)
     if not found:
         return None
     job = found[0]
-    if settings.keep_allocation and job.state is JobState.RUNNING and job.nodes == settings.nodes:
-        say(f"using allocation {job.id}, kept by the last up")
-        return job
     from deployer.sources.slurm.cluster import SlurmRefused
 
+    if settings.keep_allocation and job.state is JobState.RUNNING:
+        differs = batch.request_differences(settings, job.comment)
+        if not differs:
+            say(f"using allocation {job.id}, kept by the last up")
+            return job
+        raise SlurmRefused(
+            f"allocation {job.id} ({settings.job_name}) was kept by an up that asked for another "
+            f"allocation than this inventory does: {'; '.join(differs)}",
+            hint="`tfdeploy down INVENTORY` releases it (or scancel "
+            f"{job.id} on the login node); then up again for an allocation of this request",
+        )
     raise SlurmRefused(
         f"the job already has allocation {job.id} ({job.state.value.lower()}, "
         f"{settings.job_name}): another up of this inventory runs, or a previous one was kept",

@@ -11,9 +11,12 @@ when no task of the user's is left on any node), a kept one to the next `up` ("k
 
 from __future__ import annotations
 
+import hashlib
 import shlex
+from urllib.parse import quote, unquote
 
 from deployer.hosts.bootstrap import agent_id
+from deployer.sources.slurm.outputs import short
 from deployer.sources.slurm.settings import SlurmSettings
 
 LEASE_DIR = "/tmp"  # the lease file lives on the first node; both body and keeper see it
@@ -26,12 +29,77 @@ def lease_path(job_id: str) -> str:
     return f"{LEASE_DIR}/tfdeploy-slurm-{job_id}.lease"
 
 
+# What the allocation's comment says tfdeploy asked for: how a later `up` with keep_allocation
+# tells whether the kept allocation is the one its inventory asks (docs/slurm.md).
+REQUEST_TAG = "tfdeploy-request:"
+
+
+def request(settings: SlurmSettings) -> dict[str, str]:
+    """What shapes the allocation, by name: the [slurm] keys sbatch is given, the options of
+    the user's own and the body (its lease, its signal relay, the agents' places), as texts.
+    Tasks, roles, the command and the code are not in it: a kept allocation runs new ones."""
+    options = "\0".join(settings.sbatch_options)
+    return {
+        "partition": settings.partition,
+        "nodes": str(settings.nodes),
+        "time": settings.time,
+        "gpus": str(settings.gpus_per_node),
+        "account": settings.account or "-",
+        "qos": settings.qos or "-",
+        "constraint": settings.constraint or "-",
+        "reservation": settings.reservation or "-",
+        "exclusive": "yes" if settings.exclusive else "no",
+        "requeue": "yes" if settings.requeue else "no",
+        "signal": f"{settings.signal[0]}@{settings.signal[1]}" if settings.signal else "-",
+        "sbatch_options": _digest(options) if options else "-",
+        "body": _digest(body(settings)),
+    }
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def request_comment(settings: SlurmSettings) -> str:
+    """`request` as one word for `sbatch --comment` (no space: scontrol's Key=Value form)."""
+    pairs = (f"{k}={quote(v, safe='')}" for k, v in request(settings).items())
+    return REQUEST_TAG + ";".join(pairs)
+
+
+def request_of(comment: str) -> dict[str, str] | None:
+    """A job's comment read back as `request`'s texts; None: not a comment tfdeploy wrote."""
+    if not comment.startswith(REQUEST_TAG):
+        return None
+    found = {}
+    for pair in comment[len(REQUEST_TAG) :].split(";"):
+        key, equal, value = pair.partition("=")
+        if not equal:
+            return None
+        found[key] = unquote(value)
+    return found
+
+
+def request_differences(settings: SlurmSettings, comment: str) -> list[str]:
+    """What the kept allocation was asked with that this inventory asks otherwise, as
+    "partition debug (this inventory: urgent)"; [] when it is the same request."""
+    asked = request(settings)
+    kept = request_of(comment)
+    if kept is None:
+        return ["its request (it was not submitted by this tfdeploy: no request comment)"]
+    return [
+        f"{key} {short(kept.get(key, '(none)'))} (this inventory: {value})"
+        for key, value in asked.items()
+        if kept.get(key) != value
+    ]
+
+
 def sbatch_argv(settings: SlurmSettings, *, test_only: bool = False) -> list[str]:
     """The options of the one allocation: every node at once (gang-scheduled)."""
     argv = [
         "sbatch",
         "--parsable",
         f"--job-name={settings.job_name}",
+        f"--comment={request_comment(settings)}",
         f"--partition={settings.partition}",
         f"--nodes={settings.nodes}",
         "--ntasks-per-node=1",

@@ -99,6 +99,11 @@ class Cluster:
 
     def call(self, argv: Sequence[str], *, stdin: bytes = b"") -> tuple[int, str, str]:
         result = off_main(lambda: self.transport.run(argv, stdin=stdin, timeout=CALL_S))
+        for said in (result.stdout, result.stderr):
+            if len(said) > outputs.MAX_OUTPUT:  # bytes: not even decoded (outputs.bounded)
+                raise outputs.UnreadableOutput(
+                    shlex.join(argv), f"{len(said)} bytes, over {outputs.MAX_OUTPUT}", ""
+                )
         out = result.stdout.decode(errors="replace")
         err = result.stderr.decode(errors="replace")
         if result.exit_code == 127:
@@ -170,10 +175,11 @@ class Cluster:
 
 
 def words(err: str, out: str = "") -> str:
-    """What Slurm said, on one line, without its `sbatch: error:` prefixes."""
+    """What Slurm said, on one line, without its `sbatch: error:` prefixes; its last three
+    lines, each cleaned and cut (outputs.short: the login node's words are untrusted)."""
     lines = [
-        line.replace("sbatch: error: ", "").replace("srun: error: ", "").strip()
-        for line in (err or out).splitlines()
+        outputs.short(line.replace("sbatch: error: ", "").replace("srun: error: ", "").strip())
+        for line in (err or out)[-outputs.MAX_LINE :].splitlines()
         if line.strip()
     ]
     return " / ".join(lines[-3:]) if lines else "(nothing said)"

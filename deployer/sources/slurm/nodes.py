@@ -16,7 +16,13 @@ from deployer.config.model import Host, Via
 from deployer.config.sources import Discovered, SourceTable
 from deployer.sources.slurm import batch
 from deployer.sources.slurm.cluster import Cluster
-from deployer.sources.slurm.outputs import QueuedJob, expand_hostlist, say_duration
+from deployer.sources.slurm.outputs import (
+    MAX_HOSTS,
+    QueuedJob,
+    expand_hostlist,
+    hostlist_count,
+    say_duration,
+)
 from deployer.sources.slurm.settings import LOCAL, NodeGroup, SlurmSettings
 
 COLUMNS = ("node", "address", "GPUs granted", "allocation", "state", "time left", "group")
@@ -68,16 +74,19 @@ def without_hosts(settings: SlurmSettings, found: Sequence[QueuedJob]) -> Discov
 
 
 def allocated(cluster: Cluster, settings: SlurmSettings, job: QueuedJob) -> Discovered:
-    """The running allocation's nodes as hosts: names, addresses, the GPUs Slurm granted."""
-    names = expand_hostlist(job.nodelist)
-    if len(names) != settings.nodes:
+    """The running allocation's nodes as hosts: names, addresses, the GPUs Slurm granted.
+    The node list is counted before it is expanded: only a list of the nodes asked for is."""
+    command = f"squeue -j {job.id} (%N)"
+    count = hostlist_count(job.nodelist, command, MAX_HOSTS)
+    if count != settings.nodes:
         from deployer.sources.slurm.allocation import AllocationLost
 
         raise AllocationLost(
-            f"allocation {job.id} has {len(names)} nodes ({job.nodelist}), the inventory "
-            f"asks for {settings.nodes}",
+            f"allocation {job.id} has {count} nodes ({short_list(job.nodelist)}), the "
+            f"inventory asks for {settings.nodes}",
             hint=f"`tfdeploy down` releases it (or scancel {job.id}); then up again",
         )
+    names = expand_hostlist(job.nodelist, command, settings.nodes)
     found = cluster.nodes(names)
     granted = cluster.granted_gpus(job.id, names) if settings.gpus_per_node else {}
     hosts, rows = [], []
@@ -126,6 +135,11 @@ def _host(
     ssh = host.ssh
     jump = f"{ssh.jump},{settings.login}" if ssh.jump else settings.login
     return dataclasses.replace(host, ssh=dataclasses.replace(ssh, jump=jump))
+
+
+def short_list(nodelist: str, at_most: int = 80) -> str:
+    """A node list for a message (it may be long, never unsafe: the parser checked its form)."""
+    return nodelist if len(nodelist) <= at_most else nodelist[: at_most - 3] + "..."
 
 
 def _slots(settings: SlurmSettings) -> list[tuple[NodeGroup, int]]:

@@ -12,24 +12,30 @@ from deployer.config.inventory import parse_host_settings
 from deployer.config.model import FailurePolicy, HostSettings
 from deployer.config.schema import Table
 from deployer.config.sources import SourceContext
+from deployer.sources.slurm import sbatch_options
 
 LOCAL = "local"  # `login = "local"`: tfdeploy runs on the login node itself
 # How processes reach the allocated nodes: as job steps started from the login node (works where
 # nodes refuse SSH), or over SSH to each node (pam_slurm_adopt puts the session into the job).
 REACH = ("srun", "ssh")
 # Slurm's time formats (sbatch --time): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
+# ASCII digits, each field bounded (`\d` takes every script's digits, int() 5,000 of them).
+_TIME = re.compile(r"^([0-9]{1,6}-)?[0-9]{1,6}(:[0-9]{1,6}){0,2}$")
 # `signal`: NAME@SECONDS. Slurm signals the body (sbatch --signal=B:NAME@SECONDS), which passes
 # it to every task of the run on every node: tasks started by the agent are no step of their own.
-_SIGNAL = re.compile(r"^(?:SIG)?([A-Z][A-Z0-9]*)@(\d+)$")
+_SIGNAL = re.compile(r"^(?:SIG)?([A-Z][A-Z0-9]{0,15})@([0-9]{1,7})$")
 # An sbatch option of the user's own: long form, with its value after '='.
 _OPTION = re.compile(r"^--[a-z][a-z0-9-]*(=.+)?$")
-# Options tfdeploy sets itself: the user's extra options must not change what it relies on.
+# Options tfdeploy sets itself, or that would hide the allocation from it or make it something
+# else: the user's extra options must not change what it relies on. Refused by what sbatch takes
+# an option for (its getopt_long prefix rule: `--job-n=` is `--job-name=`; sbatch_options.py).
 OWN_OPTIONS = (
-    "--job-name",
+    "--job-name",  # down, status and the next up find the allocation by its name
+    "--comment",  # what tfdeploy asked for, read back by the next up (keep_allocation)
     "--nodes",
     "--ntasks",
     "--ntasks-per-node",
+    "--tasks-per-node",  # sbatch's other name for --ntasks-per-node
     "--partition",
     "--time",
     "--output",
@@ -39,8 +45,21 @@ OWN_OPTIONS = (
     "--array",
     "--chdir",
     "--gres",
+    "--gpus",
     "--gpus-per-node",
+    "--gpus-per-task",
+    "--gpus-per-socket",
     "--signal",
+    "--test-only",  # the check's own: in the submit, nothing would be submitted
+    "--wait",  # sbatch would not return until the allocation ended
+    "--hold",  # pending forever, until someone releases it
+    "--cluster",  # another cluster's queue: squeue here would not see it
+    "--clusters",
+    "--uid",  # another user's job: `squeue --me` would not see it
+    "--gid",
+    "--help",  # sbatch prints and submits nothing
+    "--usage",
+    "--version",
 )
 WAIT_S = 0.0  # `wait` left out: wait for the allocation as long as Slurm keeps it pending
 
@@ -167,14 +186,43 @@ def _options(t: Table) -> tuple[str, ...]:
                 f"expected long sbatch options such as '--mem=64G', got {option!r}",
                 hint="write each option as one string, its value after '='",
             )
-        name = option.partition("=")[0]
-        if name in OWN_OPTIONS:
-            t.fail(
-                "sbatch_options",
-                f"{name} is set by tfdeploy itself (from partition, time, nodes, gpus, signal)",
-                hint="use the [slurm] key for it, or remove the option",
-            )
+        _as_sbatch_reads(t, option)
     return options
+
+
+def _as_sbatch_reads(t: Table, option: str) -> None:
+    """Refuses `option` by what sbatch would take it for (sbatch_options.resolve)."""
+    written, equal, _ = option[2:].partition("=")
+    found = sbatch_options.resolve(written)
+    if found.ambiguous:
+        t.fail(
+            "sbatch_options",
+            f"--{written} is ambiguous to sbatch (it abbreviates "
+            + ", ".join(f"--{n}" for n in found.candidates)
+            + "), which refuses it",
+            hint="write the option's whole name",
+        )
+    if found.name is None:
+        return  # not an option of Slurm 22.05: sbatch itself judges it (`up` checks first)
+    name = f"--{found.name}"
+    said = name if found.name == written else f"--{written} (sbatch reads it as {name})"
+    if name in OWN_OPTIONS:
+        t.fail(
+            "sbatch_options",
+            f"{said} is set by tfdeploy itself, or would hide the allocation from it "
+            "(partition, time, nodes, gpus, signal and the allocation's name and comment are "
+            "[slurm] keys)",
+            hint="use the [slurm] key for it, or remove the option",
+        )
+    argument = sbatch_options.LONG_OPTIONS[found.name]
+    if argument == sbatch_options.REQUIRED and not equal:
+        t.fail(
+            "sbatch_options",
+            f"{said} takes a value: write it after '=' ({name}=VALUE); alone, sbatch would "
+            "take the next option for its value",
+        )
+    if argument == sbatch_options.NONE and equal:
+        t.fail("sbatch_options", f"{said} takes no value (sbatch refuses {option!r})")
 
 
 def _signal(t: Table) -> tuple[str, int] | None:
