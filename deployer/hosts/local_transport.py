@@ -16,12 +16,20 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from deployer.core.errors import HostError
 from deployer.hosts.session import CHUNK, StreamSession
-from deployer.hosts.transport import CommandResult, SessionEnded, render, short
+from deployer.hosts.transport import (
+    CommandResult,
+    OutputTooLarge,
+    SessionEnded,
+    render,
+    short,
+)
 
 # What sshd hands a command besides its own SSH_* variables: who and where the user is, the
 # search path and the locale. Everything else of the controller's environment stays here.
@@ -60,6 +68,50 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[byte
     )
 
 
+def _read_bounded(
+    proc: subprocess.Popen[bytes],
+    stdin: bytes,
+    timeout: float | None,
+    limit: int,
+    argv: Sequence[str],
+    host: str,
+) -> tuple[bytes, bytes]:
+    """communicate(), but ending the command once stdout and stderr hold over `limit` bytes
+    (OutputTooLarge), before they can fill this machine's memory."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    feeder = threading.Thread(target=_feed_and_close, args=(proc.stdin, stdin), daemon=True)
+    feeder.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    got: dict[int, bytearray] = {
+        proc.stdout.fileno(): bytearray(),
+        proc.stderr.fileno(): bytearray(),
+    }
+    open_fds = set(got)
+    while open_fds:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(list(argv), timeout or 0.0)
+        ready, _, _ = select.select(list(open_fds), [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                open_fds.discard(fd)
+            got[fd] += chunk
+        if sum(len(b) for b in got.values()) > limit:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise OutputTooLarge(host, argv, limit)
+    proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return bytes(got[proc.stdout.fileno()]), bytes(got[proc.stderr.fileno()])
+
+
+def _feed_and_close(pipe: Any, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
+
+
 class LocalTransport:
     """Runs argv on this machine (no shell); `env` adds to the login environment (tests' knobs)."""
 
@@ -68,7 +120,12 @@ class LocalTransport:
         self.env = dict(env or {})
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output: int | None = None,
     ) -> CommandResult:
         render(argv)  # same argv validation as over SSH
         try:
@@ -79,7 +136,10 @@ class LocalTransport:
             return CommandResult(126, b"", f"{argv[0]}: permission denied\n".encode())
         with proc:
             try:
-                out, err = proc.communicate(stdin, timeout=timeout)
+                if max_output is None:
+                    out, err = proc.communicate(stdin, timeout=timeout)
+                else:
+                    out, err = _read_bounded(proc, stdin, timeout, max_output, argv, self.name)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)

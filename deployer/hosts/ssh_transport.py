@@ -20,7 +20,13 @@ import paramiko
 from deployer.core.errors import HostError
 from deployer.hosts import paramiko_tuning, ssh
 from deployer.hosts.session import CHUNK, StreamSession, wait_s
-from deployer.hosts.transport import CommandResult, SessionEnded, render, short
+from deployer.hosts.transport import (
+    CommandResult,
+    OutputTooLarge,
+    SessionEnded,
+    render,
+    short,
+)
 
 # Stdin up to this size fits in the server's initial channel window, so it is sent inline;
 # larger stdin is sent from a helper thread so a command that writes before it reads can't
@@ -106,7 +112,12 @@ class SSHTransport:
         self._hops = []
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output: int | None = None,
     ) -> CommandResult:
         command = render(argv)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -117,7 +128,7 @@ class SSHTransport:
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 raise self._lost(argv, exc) from exc
             try:
-                return self._exec(chan, command, argv, stdin, deadline, timeout)
+                return self._exec(chan, command, argv, stdin, deadline, timeout, max_output)
             finally:
                 chan.close()
 
@@ -129,6 +140,7 @@ class SSHTransport:
         stdin: bytes,
         deadline: float | None,
         timeout: float | None,
+        max_output: int | None = None,
     ) -> CommandResult:
         try:
             # surrogateescape: argv from os.fsdecode() keeps its original bytes
@@ -144,6 +156,8 @@ class SSHTransport:
                 out += chan.recv(ssh.CHANNEL_WINDOW)
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(CHUNK)
+            if max_output is not None and len(out) + len(err) > max_output:
+                raise OutputTooLarge(self.name, argv, max_output)  # the caller closes chan
             if done:
                 break
             self._check_deadline(argv, deadline, timeout)

@@ -48,9 +48,14 @@ class StepTransport:
         self._login.connect()
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output: int | None = None,
     ) -> CommandResult:
-        return self._login.run(self.wrap(argv), stdin=stdin, timeout=timeout)
+        return self._login.run(self.wrap(argv), stdin=stdin, timeout=timeout, max_output=max_output)
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
         if not remote_path.startswith(("/", "~")):

@@ -13,12 +13,22 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from deployer.core.errors import HostError
+
 
 @dataclass(frozen=True)
 class CommandResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+
+
+class OutputTooLarge(HostError):
+    """A command printed more than its caller's `max_output`: it was ended unread."""
+
+    def __init__(self, host: str, argv: Sequence[str], limit: int) -> None:
+        super().__init__(host, f"`{argv[0]}` printed more than {limit} bytes; it was ended")
+        self.limit = limit
 
 
 class SessionEnded(Exception):
@@ -90,8 +100,17 @@ class Transport(Protocol):
         ...
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
-    ) -> CommandResult: ...
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output: int | None = None,
+    ) -> CommandResult:
+        """`max_output`: the bytes of stdout and stderr together that are kept at most; past
+        them the command is ended and OutputTooLarge raised (a host's command is untrusted:
+        what it prints must not fill this machine's memory before anyone looks at it)."""
+        ...
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None: ...
 

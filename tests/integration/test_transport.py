@@ -21,6 +21,8 @@ from deployer.core.errors import HostError
 from deployer.hosts import hostkeys
 from deployer.hosts.ssh import Endpoint
 from deployer.hosts.ssh_transport import SSHTransport
+from deployer.hosts.transport import OutputTooLarge
+from tests.lab.base import wait_until
 from tests.support.transport import HOSTILE, endpoint, expect_host_error, make_key
 
 
@@ -68,6 +70,21 @@ def test_large_outputs_on_both_streams_do_not_deadlock(transport: SSHTransport) 
     assert len(result.stderr) == 6_000_000
     assert result.stdout == b"\0" * 8_000_000 + b"x" * 5_000_000
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.lab
+def test_output_past_max_output_ends_the_command_and_the_connection_stays_usable(
+    transport: SSHTransport,
+) -> None:
+    """A host's command that prints without end is ended at max_output (its channel closed, so
+    the remote writer dies of SIGPIPE), never buffered whole; the connection goes on."""
+    with pytest.raises(OutputTooLarge, match=r"printed more than 2000000 bytes"):
+        transport.run(["yes", "tfdeploy-endless"], max_output=2_000_000, timeout=60)
+    assert transport.run(["echo", "ok"]).stdout == b"ok\n"
+    wait_until(
+        "the endless writer to die with its channel",
+        lambda: transport.run(["pgrep", "-f", "yes tfdeploy-endless"]).exit_code == 1,
+    )
 
 
 @pytest.mark.lab

@@ -21,7 +21,7 @@ from typing import Any
 
 from deployer.config.model import Host
 from deployer.core.errors import HostError
-from deployer.hosts.transport import CommandResult
+from deployer.hosts.transport import CommandResult, OutputTooLarge
 from remote import protocol
 
 
@@ -457,9 +457,17 @@ class FakeTransport:
         self.host = host
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output: int | None = None,
     ) -> CommandResult:
-        return CommandResult(0, self.host.answer(stdin, timeout), b"")
+        out = self.host.answer(stdin, timeout)
+        if max_output is not None and len(out) > max_output:
+            raise OutputTooLarge(self.name, argv, max_output)
+        return CommandResult(0, out, b"")
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
         raise NotImplementedError("the control side pushes through the agent, not put()")

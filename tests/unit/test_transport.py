@@ -23,7 +23,7 @@ import pytest
 from deployer.hosts import hostkeys
 from deployer.hosts.local_transport import LocalTransport
 from deployer.hosts.ssh_transport import SSHTransport
-from deployer.hosts.transport import render
+from deployer.hosts.transport import OutputTooLarge, render
 from tests.support.transport import HOSTILE, endpoint, expect_host_error, make_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +115,16 @@ def test_local_timeout_kills_the_whole_group() -> None:
         lambda: local.run(["sh", "-c", "sleep 30 & sleep 30"], timeout=0.5), r"timed out after"
     )
     assert time.monotonic() - started < 3
+
+
+def test_local_output_past_max_output_ends_the_command_unbuffered() -> None:
+    """A command that prints without end (a hostile wrapper on a login node) is ended once
+    stdout and stderr together pass max_output: nothing reads it all into memory first."""
+    t = LocalTransport("here")
+    script = "import sys\nwhile 1: sys.stdout.write('y' * 65536)"
+    with pytest.raises(OutputTooLarge, match=r"printed more than 1000000 bytes"):
+        t.run([sys.executable, "-c", script], max_output=1_000_000, timeout=60)
+    assert t.run(["echo", "ok"], max_output=10).stdout == b"ok\n"  # under the bound: as before
 
 
 def test_local_put_is_atomic_with_mode(tmp_path: Path) -> None:

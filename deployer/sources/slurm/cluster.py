@@ -18,7 +18,7 @@ from deployer.config.model import Host, SSHSettings
 from deployer.core.errors import ExitStatus, TfdeployError
 from deployer.hosts.fleet import open_transport, scheduler_env
 from deployer.hosts.local_transport import LocalTransport
-from deployer.hosts.transport import Transport
+from deployer.hosts.transport import OutputTooLarge, Transport
 from deployer.sources.slurm import outputs
 from deployer.sources.slurm.outputs import Node, Partition, QueuedJob
 from deployer.sources.slurm.settings import LOCAL, SlurmSettings
@@ -98,7 +98,16 @@ class Cluster:
         return cls(login_transport(login), login)
 
     def call(self, argv: Sequence[str], *, stdin: bytes = b"") -> tuple[int, str, str]:
-        result = off_main(lambda: self.transport.run(argv, stdin=stdin, timeout=CALL_S))
+        try:  # a login node that prints without end is ended at the bound, never buffered
+            result = off_main(
+                lambda: self.transport.run(
+                    argv, stdin=stdin, timeout=CALL_S, max_output=2 * outputs.MAX_OUTPUT
+                )
+            )
+        except OutputTooLarge:
+            raise outputs.UnreadableOutput(
+                shlex.join(argv), f"over {2 * outputs.MAX_OUTPUT} bytes", ""
+            ) from None
         for said in (result.stdout, result.stderr):
             if len(said) > outputs.MAX_OUTPUT:  # bytes: not even decoded (outputs.bounded)
                 raise outputs.UnreadableOutput(
