@@ -4,9 +4,13 @@ kept (results/metricstore.py): its facts, each task's curves, resources and a ti
 Plotting: hand-written inline SVG, no library. A charting library would cost an install
 (matplotlib ~40 MB with numpy; plotly's offline bundle puts ~3.5 MB of JavaScript into every
 page) for what is a few polylines; SVG opens from disk in any browser, needs no script and no
-CDN, and a page of 8 tasks x 4 charts of 2,000 points stays a few hundred kB. Each reported
-point of a loss curve is one `<circle class="pt">` (up to POINTS_DRAWN per curve; beyond that
-the polyline alone), which is what the browser test counts.
+CDN, and a page of 8 tasks x 4 charts of 1,000 points stays under 2 MB. Each reported point
+of a curve is one `<circle class="pt">`, which is what the browser test counts.
+
+Bounded whatever the run's length: each series is read downsampled to POINTS_DRAWN points
+(evenly over the run, first and last kept: results/metricstore.py), more than a 510-pixel-wide
+chart can show apart, so a week-long run's page is the size of an hour's. What the store could
+not read (a damaged line, named) and the lines the edge dropped are said under "Skipped".
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import html
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ from deployer.results import metricstore
 from deployer.results.archive import run_dir
 
 W, H, PAD = 560, 180, 40
-POINTS_DRAWN = 5000
+POINTS_DRAWN = metricstore.POINTS  # a series is read downsampled to this many points at most
 RATE_SPAN = 10  # records a steps/s point is measured over
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 
@@ -33,6 +37,13 @@ COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 def write_report(run_id: str, out: Path | None = None) -> Path:
     directory = run_dir(run_id)
     facts = metricstore.read_json(directory, "facts.json")
+    if not isinstance(facts, dict) and (directory / "facts.json").exists():
+        raise UsageError(
+            f"run {run_id}'s facts on this machine are damaged ({directory}/facts.json is not "
+            "a JSON object: cut short, nested too deep, or edited)",
+            hint="the page needs the run's facts, which `up` wrote when it started: restore the "
+            "file from a backup, or see the run's logs (`tfdeploy logs RUN_ID`)",
+        )
     if not isinstance(facts, dict):
         raise UsageError(
             f"run {run_id} has no facts on this machine ({directory}/facts.json)",
@@ -41,31 +52,78 @@ def write_report(run_id: str, out: Path | None = None) -> Path:
         )
     page = render_page(
         run_id,
-        facts,
-        metricstore.read_json(directory, "outcome.json") or {},
+        sane_facts(facts),
+        sane_outcome(metricstore.read_object(directory, "outcome.json")),
         metricstore.read(directory, "metrics"),
         metricstore.read(directory, "usage"),
-        _journal(directory),
+        metricstore.journal(directory),
     )
     target = out or directory / "report.html"
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a run's facts: private
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
         f.write(page)
     return target
 
 
-def _journal(directory: Path) -> list[dict[str, Any]]:
-    path = directory / "journal.jsonl"
-    entries = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
+def sane_facts(raw: dict[str, Any]) -> dict[str, Any]:
+    """facts.json as the page reads it: every field of its type, or left out. The file is this
+    machine's, but a person or a full disk may have changed it: a field that is not what `up`
+    writes is a blank on the page, never an error."""
+    tasks = [
+        {
+            "name": _str(t.get("name")) or "?",
+            "host": _str(t.get("host")),
+            "tf_config": _str(t.get("tf_config")),
+            "env": {str(k): _str(v) for k, v in _obj(t.get("env")).items()},
+        }
+        for t in _objs(raw.get("tasks"))
+    ]
+    return {
+        **{key: _str(raw.get(key)) for key in ("job", "inventory", "command", "image")},
+        "requirements": [_str(r) for r in _list(raw.get("requirements")) if isinstance(r, str)],
+        "hosts": [
+            {"name": _str(h.get("name")), "address": _str(h.get("address"))}
+            for h in _objs(raw.get("hosts"))
+        ],
+        "tasks": tasks,
+        "began": metricstore.time_value(raw.get("began")),
+        "started_at": _times(raw.get("started_at")),
+        "ended_at": _times(raw.get("ended_at")),
+        "exits": {str(k): _str(v) for k, v in _obj(raw.get("exits")).items()},
+    }
+
+
+def sane_outcome(raw: dict[str, Any]) -> dict[str, Any]:
+    """outcome.json as the page reads it (see sane_facts)."""
+    return {
+        "outcome": _str(raw.get("outcome")) or "unknown",
+        "why": _str(raw.get("why")),
+        "ended": metricstore.time_value(raw.get("ended")),
+        "exits": {str(k): _str(v) for k, v in _obj(raw.get("exits")).items()},
+    }
+
+
+def _str(value: object) -> str:
+    """A text of a record as the page shows it: bounded, and no lone surrogate (a JSON escape
+    can make one, and no UTF-8 page holds it)."""
+    return value[:4000].encode("utf-8", "replace").decode() if isinstance(value, str) else ""
+
+
+def _obj(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _objs(value: object) -> list[dict[str, Any]]:
+    return [v for v in _list(value) if isinstance(v, dict)]
+
+
+def _times(value: object) -> dict[str, float]:
+    found = {str(k): metricstore.time_value(v) for k, v in _obj(value).items()}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def _e(value: object) -> str:
@@ -76,20 +134,25 @@ def render_page(
     run_id: str,
     facts: dict[str, Any],
     outcome: dict[str, Any],
-    metrics: dict[str, list[dict[str, Any]]],
-    usage: dict[str, list[dict[str, Any]]],
-    journal: Sequence[dict[str, Any]],
+    metrics: Mapping[str, metricstore.Series],
+    usage: Mapping[str, metricstore.Series],
+    journal: metricstore.Series,
 ) -> str:
+    """The page of sane facts and outcome (sane_facts, sane_outcome) and the series as the
+    store reads them (downsampled, checked: results/metricstore.py)."""
+    entries = journal.records
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>tfdeploy report {_e(run_id)}</title><style>{CSS}</style></head><body>",
         f"<h1>Run {_e(run_id)}</h1>",
         _facts(facts, outcome),
+        _skipped(metrics, usage, journal),
         "<h2>Timeline</h2>",
-        _timeline(facts, journal, outcome),
+        _timeline(facts, entries, outcome),
     ]
-    for task in [t["name"] for t in facts.get("tasks", [])]:
-        records, samples = metrics.get(task, []), usage.get(task, [])
+    empty = metricstore.Series()
+    for task in [t["name"] for t in facts["tasks"]]:
+        records, samples = metrics.get(task, empty).records, usage.get(task, empty).records
         parts.append(f"<h2>{_e(task)}</h2><div class='charts'>")
         parts.append(_chart(task, "loss", _xy(records, "step", "loss"), "step", "loss"))
         parts.append(_chart(task, "steps_per_s", _rates(records), "step", "steps/s"))
@@ -106,26 +169,49 @@ def render_page(
     return "\n".join(parts)
 
 
+def _skipped(
+    metrics: Mapping[str, metricstore.Series],
+    usage: Mapping[str, metricstore.Series],
+    journal: metricstore.Series,
+) -> str:
+    """What the page could not show: the lines each task wrote that the edge dropped (no
+    record: docs/metrics.md), and the stored lines that were damaged, named."""
+    dropped = [f"{task}: {s.dropped}" for task, s in metrics.items() if s.dropped]
+    every = [*metrics.values(), *usage.values(), journal]
+    damaged = [line for s in every for line in s.damage]
+    count = sum(s.damaged for s in every)
+    items = []
+    if dropped:
+        items.append(
+            "<li class='dropped'>metrics lines dropped (not a record tfdeploy reads: not JSON, "
+            f"over 2 kB, nested, no whole step): {_e(', '.join(dropped))}</li>"
+        )
+    if count:
+        named = "".join(f"<li>{_e(line)}</li>" for line in damaged)
+        items.append(f"<li class='damaged'>damaged records skipped: {count}<ul>{named}</ul></li>")
+    return f"<h2>Skipped</h2><ul class='skipped'>{''.join(items)}</ul>" if items else ""
+
+
 def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
-    began, ended = facts.get("began"), outcome.get("ended")
+    began, ended = facts["began"], outcome["ended"]
     rows = [
         ("job", facts.get("job")),
         ("inventory", facts.get("inventory")),
         ("command", facts.get("command")),
-        ("image", facts.get("image") or "-"),
-        ("environment", ", ".join(facts.get("requirements") or []) or "the hosts' own Python"),
-        ("hosts", ", ".join(f"{h['name']} ({h['address']})" for h in facts.get("hosts", []))),
+        ("image", facts["image"] or "-"),
+        ("environment", ", ".join(facts["requirements"]) or "the hosts' own Python"),
+        ("hosts", ", ".join(f"{h['name']} ({h['address']})" for h in facts["hosts"])),
         ("started", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(began)) if began else "-"),
         ("duration", duration(ended - began) if began and ended else "-"),
-        ("outcome", f"{outcome.get('outcome', 'unknown')} {outcome.get('why', '')}".strip()),
+        ("outcome", f"{outcome['outcome']} {outcome['why']}".strip()),
     ]
     table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
-    exits = {**(facts.get("exits") or {}), **(outcome.get("exits") or {})}
+    exits = {**facts["exits"], **outcome["exits"]}
     tasks = "".join(
         f"<tr><td>{_e(t['name'])}</td><td>{_e(t['host'])}</td>"
         f"<td>{_e(exits.get(t['name']) or '-')}</td><td><code>{_e(t['tf_config'])}</code></td>"
-        f"<td><code>{_e(json.dumps(t.get('env') or {}))}</code></td></tr>"
-        for t in facts.get("tasks", [])
+        f"<td><code>{_e(json.dumps(t['env']))}</code></td></tr>"
+        for t in facts["tasks"]
     )
     return (
         f"<table class='facts'>{table}</table><h2>Tasks</h2><table class='tasks'>"
@@ -134,11 +220,11 @@ def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
     )
 
 
-def _xy(records: list[dict[str, Any]], x: str, y: str) -> list[tuple[float, float]]:
+def _xy(records: Sequence[dict[str, Any]], x: str, y: str) -> list[tuple[float, float]]:
     return [(float(r[x]), float(r[y])) for r in records if x in r and y in r]
 
 
-def _rates(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def _rates(records: Sequence[dict[str, Any]]) -> list[tuple[float, float]]:
     """Steps per second at each record, over the RATE_SPAN records before it: a step's own
     time is a few ms of jitter, and a curve of per-step rates is noise."""
     timed = [r for r in records if "time" in r and "step" in r]

@@ -5,21 +5,25 @@ run whose hosts are gone still lists. `-i INVENTORY` adds what that inventory's 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
+from deployer.core.lines import clean
 from deployer.core.statedir import state_dir
 from deployer.core.text import duration
 from deployer.results import metricstore
 from deployer.results.archive import run_dir
+from deployer.results.state import RUN_ID
 
 STATES = ("succeeded", "failed", "stopped", "running", "unknown")
+NAMED = 4  # damaged records named per run in the table (all of them in --json)
 
 
 @dataclass(frozen=True)
@@ -34,46 +38,98 @@ class RunSummary:
     detail: str = ""  # "worker:1 exit code 1", how it failed or stopped
     last_step: int | None = None
     final: dict[str, float] = field(default_factory=dict)  # the last record's numbers
+    metrics_dropped: int = 0  # lines the tasks wrote that were no record (docs/metrics.md)
+    damage: tuple[str, ...] = ()  # the run's local records that could not be read, named
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"hosts": list(self.hosts)}
+        return asdict(self) | {"hosts": list(self.hosts), "damage": list(self.damage)}
 
 
 def local_runs() -> list[RunSummary]:
-    """Every run of the state directory, newest first."""
+    """Every run of the state directory, newest first. A run whose records are damaged is
+    listed with what could be read, its damage named; it never hides the others."""
     root = state_dir() / "runs"
-    ids = {p.stem for p in root.glob("*.json")} | {p.name for p in root.iterdir() if p.is_dir()}
-    found = [summary(run_id) for run_id in ids] if root.is_dir() else []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    ids = {p.stem for p in entries if p.suffix == ".json"} | {p.name for p in entries if p.is_dir()}
+    found = [_summary_or_damage(run_id) for run_id in ids if RUN_ID.match(run_id)]
     return sorted(found, key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
 
 
+def _summary_or_damage(run_id: str) -> RunSummary:
+    """The run's summary; one that cannot be made (a folder that cannot be read) is the run
+    named with why, so `runs` still lists it and every other run."""
+    try:
+        return summary(run_id)
+    except (OSError, ValueError) as exc:
+        why = clean(f"{type(exc).__name__}: {exc}")
+        job = run_id.rsplit("-", 2)[0]
+        return RunSummary(run_id, job, "?", (), None, None, "unknown", damage=(why,))
+
+
 def summary(run_id: str) -> RunSummary:
-    record = _json(state_dir() / "runs" / f"{run_id}.json") or {}
-    directory = run_dir(run_id)
-    facts = metricstore.read_json(directory, "facts.json") or {}
-    ended = metricstore.read_json(directory, "outcome.json") or {}
-    started = facts.get("began") or record.get("created")
-    outcome = str(ended.get("outcome") or "unknown")
-    end = ended.get("ended")
-    if outcome == "running":
-        end = time.time()
-    metrics = metricstore.read(directory, "metrics")
-    last = [series[-1] for series in metrics.values() if series]
-    step = max((int(r["step"]) for r in last if "step" in r), default=None)
-    final = {k: v for k, v in (last[0] if last else {}).items() if k not in ("time", "step")}
-    hosts = tuple(h.get("name", "?") for h in facts.get("hosts") or record.get("hosts") or ())
+    root, directory = state_dir() / "runs", run_dir(run_id)
+    record = metricstore.read_object(root, f"{run_id}.json")
+    facts = metricstore.read_object(directory, "facts.json")
+    ended = metricstore.read_object(directory, "outcome.json")
+    started = metricstore.time_value(facts.get("began") or record.get("created"))
+    outcome = _text(ended.get("outcome")) or "unknown"
+    end = time.time() if outcome == "running" else metricstore.time_value(ended.get("ended"))
+    step, final, damage = _last_metrics(directory)
+    hosts = tuple(
+        _text(h.get("name")) or "?" for h in _objects(facts.get("hosts") or record.get("hosts"))
+    )
     return RunSummary(
         run_id=run_id,
-        job=str(facts.get("job") or record.get("job") or run_id.rsplit("-", 2)[0]),
-        inventory=str(facts.get("inventory") or record.get("inventory") or "?"),
+        job=_text(facts.get("job")) or _text(record.get("job")) or run_id.rsplit("-", 2)[0],
+        inventory=_text(facts.get("inventory")) or _text(record.get("inventory")) or "?",
         hosts=hosts,
         started=started,
-        duration_s=(end - started) if isinstance(end, int | float) and started else None,
+        duration_s=(end - started) if end is not None and started else None,
         outcome=outcome if outcome in STATES else "unknown",
-        detail=str(ended.get("why") or ""),
+        detail=_text(ended.get("why")),
         last_step=step,
         final=final,
+        metrics_dropped=metricstore.dropped(directory, "metrics"),
+        damage=(*_damaged_documents(run_id), *damage),
     )
+
+
+def _last_metrics(directory: Path) -> tuple[int | None, dict[str, float], list[str]]:
+    """The last step of any task, the first task's last numbers, and the damaged lines met:
+    each task's last record read from the end of its series (metricstore.last)."""
+    tasks = metricstore.tasks(directory, "metrics")
+    last = [metricstore.last(directory, "metrics", task) for task in tasks]
+    records = [one.records[-1] for one in last if one.records]
+    step = max((int(r["step"]) for r in records), default=None)
+    final = {k: v for k, v in (records[0] if records else {}).items() if k not in ("time", "step")}
+    return step, final, [line for one in last for line in one.damage]
+
+
+def _damaged_documents(run_id: str) -> list[str]:
+    """The run's documents that exist but hold no JSON object (cut by a full disk, edited):
+    its record, its facts, its outcome."""
+    root, directory = state_dir() / "runs", run_dir(run_id)
+    documents = [(root, f"{run_id}.json"), (directory, "facts.json"), (directory, "outcome.json")]
+    return [
+        f"{name}: not a JSON object"
+        for folder, name in documents
+        if (folder / name).exists() and not metricstore.read_object(folder, name)
+    ]
+
+
+def _text(value: object) -> str:
+    """A text of a local record as it may be printed (one line, no control character)."""
+    if not isinstance(value, str):
+        return ""
+    # a JSON escape can make a lone surrogate, which no terminal encoding writes
+    return clean(value[:300].encode("utf-8", "replace").decode().replace("\n", " "))
+
+
+def _objects(value: object) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def with_hosts(
@@ -97,7 +153,8 @@ def with_hosts(
     return shown
 
 
-def runs_table(runs: Sequence[RunSummary]) -> Table:
+def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
+    """The runs as a table, and below it each run whose local records are damaged, named."""
     table = Table()
     for name in ("run", "job", "hosts", "started", "duration", "outcome", "step", "final"):
         table.add_column(name, overflow="fold")
@@ -115,12 +172,11 @@ def runs_table(runs: Sequence[RunSummary]) -> Table:
             "-" if r.last_step is None else str(r.last_step),
             final or "-",
         )
-    return table
+    notes = [_damage_note(r) for r in runs if r.damage]
+    return Group(table, *notes) if notes else table
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+def _damage_note(run: RunSummary) -> Text:
+    named = "; ".join(run.damage[:NAMED])
+    more = f" (and {len(run.damage) - NAMED} more)" if len(run.damage) > NAMED else ""
+    return Text(f"run {run.run_id}: records skipped, damaged: {named}{more}")

@@ -14,16 +14,16 @@ The writers add their own check against the run's folder right before each write
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 import types
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deployer.config.roles import ROLES
+from deployer.core import boundedjson
 from deployer.core.errors import HostError
 from deployer.core.lines import clean
 from deployer.hosts import reply_bounds
@@ -37,6 +37,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]{0,39}")
 METRIC_KEYS = 24
 METRIC_LINE = 2048
+METRIC_DEPTH = 8  # a record is one flat object: a value nested deeper is no number anyway
 METRIC_ABS = 1e15
 STEP_MAX = 10**12
 PERMISSIONS = 0o777  # no setuid, setgid or sticky bit from a host
@@ -227,17 +228,51 @@ class Edge:
         return tuple(text(t) for t in self.items(value, field))
 
 
+class MetricRecords(tuple[dict[str, float], ...]):
+    """The records of a batch of metrics lines, and `dropped`: how many of its lines were no
+    record (not JSON, over METRIC_LINE, nested deeper than METRIC_DEPTH, no whole `step`). A
+    tuple, so every reader of a poll's records reads it as before; the count rides with it to
+    the store (results/metricstore.py), where `runs` and `report` say it."""
+
+    dropped: int
+
+    def __new__(cls, records: Iterable[dict[str, float]] = (), dropped: int = 0) -> MetricRecords:
+        batch = super().__new__(cls, records)
+        batch.dropped = dropped
+        return batch
+
+
+def metric_records(lines: Iterable[object]) -> MetricRecords:
+    """A poll's metrics lines of one task as records, the lines that are none counted."""
+    records, dropped = [], 0
+    for line in lines:
+        record = metric_record(line)
+        if record is None:
+            dropped += 1
+        else:
+            records.append(record)
+    return MetricRecords(records, dropped)
+
+
 def metric_record(line: object) -> dict[str, float] | None:
-    """One line of a task's metrics file as numbers, or None when it is not a record: a JSON
-    object with a whole `step` from 0 to STEP_MAX; other keys kept when their name matches
-    METRIC_NAME and their value is a finite number within METRIC_ABS (at most METRIC_KEYS).
+    """One line of a task's metrics file as numbers, or None when it is not a record: at most
+    METRIC_LINE characters of JSON nested at most METRIC_DEPTH deep (measured before it is
+    decoded: deployer/core/boundedjson.py), an object that `metric_fields` keeps.
     Not a HostError: a task may write what it likes there, and a bad line is skipped."""
     if not isinstance(line, str) or len(line) > METRIC_LINE:
         return None
     try:
-        raw = json.loads(line)
+        raw = boundedjson.loads(line, limit=METRIC_DEPTH)
     except ValueError:
         return None
+    return metric_fields(raw)
+
+
+def metric_fields(raw: object) -> dict[str, float] | None:
+    """A decoded record as the edge keeps it, or None when it is none: an object with a whole
+    `step` from 0 to STEP_MAX; other keys kept when their name matches METRIC_NAME and their
+    value is a finite number within METRIC_ABS (at most METRIC_KEYS). The one rule for a
+    record, whether it comes from a task now or from this machine's store later."""
     if not isinstance(raw, dict):
         return None
     step = _finite(raw.get("step"))
@@ -256,6 +291,8 @@ def metric_record(line: object) -> dict[str, float] | None:
 def _finite(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    if isinstance(value, int) and abs(value) > METRIC_ABS:
+        return None  # before float(): an integer of 400 digits is an OverflowError there
     number = float(value)
     return number if math.isfinite(number) and abs(number) <= METRIC_ABS else None
 

@@ -77,7 +77,7 @@ class HashCache:
 def _load(path: Path, root: str) -> dict[str, list[Any]]:
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # damaged: hashed again, nothing lost
         return {}
     if not isinstance(document, dict) or document.get("version") != VERSION:
         return {}

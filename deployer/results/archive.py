@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployer.core.lines import Assembler, LineAssembler, defang
+from deployer.core.lines import Assembler, LineAssembler, clean, defang
 from deployer.core.statedir import state_dir
-from deployer.hosts.replies import task_name_ok
+from deployer.hosts.replies import MetricRecords, task_name_ok
 from deployer.results import metricstore
 
 LIMIT_BYTES = 64 * 1024 * 1024
@@ -43,12 +43,14 @@ class _File:
             value = entry.get(key)
             return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
-        end = entry.get("end")
+        # The index is this machine's, but a person or a full disk may have changed it: a
+        # host that is no text is unknown ("?"), and a text is cleaned, as it is printed.
+        host, end = entry.get("host"), entry.get("end")
         return cls(
-            str(entry["host"]),
+            clean(host) if isinstance(host, str) else "?",
             number("base"),
             number("lost"),
-            end if isinstance(end, int) else None,
+            end if isinstance(end, int) and not isinstance(end, bool) else None,
         )
 
     def to_json(self) -> dict[str, object]:
@@ -91,9 +93,11 @@ class LogArchive:
             self._on_failure(self.failure)
 
     def write_metrics(self, task: str, records: Iterable[Mapping[str, float]]) -> None:
-        """The task's metrics records, kept for `runs` and `report` (metricstore.py)."""
+        """The task's metrics records, kept for `runs` and `report` (metricstore.py, bounded),
+        and how many of its lines the edge dropped (a MetricRecords batch says)."""
+        dropped = records.dropped if isinstance(records, MetricRecords) else 0
         if self.failure is None:
-            self._guard(lambda: metricstore.append(self.dir, "metrics", task, records))
+            self._guard(lambda: metricstore.append(self.dir, "metrics", task, records, dropped))
 
     def write_usage(self, task: str, sample: Mapping[str, float]) -> None:
         if self.failure is None:
@@ -293,7 +297,7 @@ def read_runs(
         if task is not None and name != task:
             continue
         assembler = make()
-        label = f"{name}@{entry['host']}"
+        label = f"{name}@{_File.from_json(entry).host}"
         path = directory / _file_name(name)
         for part in (path.with_suffix(".log.1"), path):
             for lines in _chunks(part, assembler):
@@ -351,8 +355,6 @@ def _tasks(directory: Path) -> dict[str, dict[str, object]]:
 
 
 def _read_index(directory: Path) -> dict[str, object]:
-    try:
-        data = json.loads((directory / INDEX).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The index, or {} when it is missing or damaged (not JSON, nested past any index's
+    depth: deployer/core/boundedjson.py)."""
+    return metricstore.read_object(directory, INDEX)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployer.config.model import Host, SSHSettings, Via
+from deployer.core import boundedjson
 from deployer.core.errors import UsageError
 from deployer.core.statedir import state_dir
 
@@ -157,7 +158,7 @@ def load_if_readable(run_id: str) -> RunRecord | None:
 
 def _parse(run_id: str, path: Path, text: str) -> RunRecord:
     try:
-        data = json.loads(text)
+        data = boundedjson.loads(text)
     except ValueError as exc:
         raise UnreadableRecord(run_id, path, f"not valid JSON (a truncated file?): {exc}") from None
     problem = _shape_problem(data)

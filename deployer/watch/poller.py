@@ -151,7 +151,7 @@ class Poller(OnRun):
             series = self.board[name].series
             series.offset = offset
             series.add_records(records, now)
-            if self.archive is not None and records:
+            if self.archive is not None:  # none read: the lines dropped still count
                 self.archive.write_metrics(name, records)
         for status in poll.tasks:
             if status.usage is None or status.name not in self.board.watches:
