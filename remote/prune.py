@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Counter, Tuple
 
+import bytecode
 import hostid
 import layout
 import params
@@ -246,16 +247,20 @@ def _remove_env(envs: Path, venv: Path, users: set[str], now: float, grace: floa
 
 
 def _prune_host_wheels(workdir: Path, dry: bool, tally: _Tally, unlinked: Counter[Inode]) -> None:
-    """This host's wheel directory and uv cache (venvs.wheels_dir, venvs.uv_cache) go with
-    the environments they served: they only speed up builds (a later build links its wheels
-    again from the store, which its push refilled). The cache's bytes freed are those no venv
-    links; the wheel directory's links are the store's, so its contents may go too. Left alone
-    while any build holds an env lock."""
+    """This host's wheel directory, uv cache and bytecode store (venvs.wheels_dir,
+    venvs.uv_cache, bytecode.store_dir) go with the environments they served: they only speed
+    up builds (a later build links its wheels again from the store, which its push refilled).
+    The cache's bytes freed are those no venv links; the wheel directory's links are the
+    store's, so its contents may go too. Left alone while any build holds an env lock."""
     here = hostid.identity()
     envs = venvs.envs_dir(workdir)
     if any(p.name.endswith(".lock") for p in _dirs(envs)):
         return
-    for path in (venvs.uv_cache(workdir, here), venvs.wheels_dir(workdir, here)):
+    for path in (
+        venvs.uv_cache(workdir, here),
+        venvs.wheels_dir(workdir, here),
+        bytecode.store_dir(workdir, here),
+    ):
         if not path.is_dir():
             continue
         freed, links = _walk(path)

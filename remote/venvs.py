@@ -233,7 +233,8 @@ def _build(spec: _Build, lock: sharedlock.SharedLock, host_id: str) -> str:
         if uv is not None:
             cache = uv_cache(spec.venv.parent.parent, host_id)
             installers.uv_install(uv, spec.venv, spec.wheels, reqs, cache, started)
-            bytecode.seed(spec.venv, version, _siblings(spec.venv))
+            store = bytecode.store_dir(spec.venv.parent.parent, host_id)
+            bytecode.seed(spec.venv, version, _siblings(spec.venv), store)
         else:
             installers.pip_install(spec.venv, spec.wheels, reqs, started, spec.online)
         lock.check()

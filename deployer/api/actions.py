@@ -20,7 +20,7 @@ from deployer.core.secrets import Masker
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.gpurelease import prove_runs_released
 from deployer.hosts.reply_types import escaped_text
-from deployer.results.metricsync import keep_runs
+from deployer.results.metricsync import keep_ended, keep_if_ended, keep_runs
 from deployer.results.pull import KEPT, PullResult, artifacts_home, pull, resume_command
 from deployer.results.runs import HostRun, Survey, Target, stop_runs, survey_runs
 from deployer.results.state import artifacts_pulled, mark_artifacts_pulled
@@ -74,9 +74,12 @@ def stop(
                 finished_too=target.run_id is not None,
                 on_host=countdown.done,
             )
-        # Their metrics and outcome, for `runs` and `report`: the runs this stop ended, or
-        # the one named (not every old run of the job: one poll per run and host each).
+        # Their metrics and outcome, for `runs` and `report`: the runs this stop ended, the
+        # one named, and the runs found ended whose end this machine has not recorded yet
+        # (a detached run that ended by itself); not every old run of the job: one poll per
+        # run and host each, once.
         keep_runs(fleet, [r for r in found if r.active or r.run_id == target.run_id])
+        keep_ended(fleet, [r for r in found if r.run_id != target.run_id], unreachable)
         gpus_held = prove_runs_released(
             fleet, [(s.run.host, s.run.run_id, s.pids) for s in stopped]
         )
@@ -123,13 +126,15 @@ def pull_files(
     assert found.run_id is not None, "pull needs a run id"
     with Fleet(found.hosts, concurrency=concurrency) as fleet:
         try:
-            return pull(fleet, found.run_id, list(patterns), Path(to), tasks=tasks)
+            pulled = pull(fleet, found.run_id, list(patterns), Path(to), tasks=tasks)
         except KeyboardInterrupt as exc:
             signum = int(getattr(exc, "signum", signal.SIGINT))
             again = resume_command(
                 found.run_id, list(patterns), os.fspath(to), tasks=tasks, inventory=inventory
             )
             raise Interrupted(f"pull interrupted; {KEPT}", hint=again, signum=signum) from None
+        keep_if_ended(fleet, found)  # a pull after the run ended: its end for the history
+    return pulled
 
 
 def waiting_artifacts(runs: Sequence[HostRun], job: Job) -> list[str]:

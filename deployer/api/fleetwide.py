@@ -27,6 +27,7 @@ from deployer.core.errors import HostError, UsageError
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.transport import CommandResult
 from deployer.results.gpuuse import with_gpu_use
+from deployer.results.metricsync import keep_ended
 from deployer.results.pull import PullResult
 from deployer.results.runs import HostRun, resolve, survey_runs
 
@@ -70,6 +71,7 @@ def status(target: str, *, inventory: str | None = None) -> RunsFound:
     with Fleet(found.hosts) as fleet:
         survey = survey_runs(fleet, found)
         runs = with_gpu_use(fleet, survey.runs)
+        keep_ended(fleet, survey.runs, survey.failures)  # the history learns what ended
     waiting = tuple(waiting_artifacts(survey.runs, found.inventory.job))
     sources = tuple(t for t in found.inventory.tables if t.in_status)
     return RunsFound(

@@ -30,6 +30,7 @@ from deployer.core.errors import HostsFailed, JobFailed, TfdeployError, UsageErr
 from deployer.core.text import task_order
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
 from deployer.hosts.reply_types import TaskStatus
+from deployer.results.metricsync import keep_ended
 from deployer.results.pull import PullResult
 from deployer.results.runs import (
     HostRun,
@@ -146,6 +147,7 @@ class Run:
         target = self._discovered()
         with self._fleet(target) as fleet:
             survey = survey_runs(fleet, target)
+            keep_ended(fleet, survey.runs, survey.failures)  # the history learns its end
         if survey.failures:
             raise HostsFailed(survey.failures, what="listing runs failed", outcome=None)
         if not survey.runs:
@@ -249,6 +251,7 @@ class Run:
                         raise unknown_run(self._target, survey)
                     states = _states(survey.runs, self._awaited_tasks(target))
                     if all(t.finished for t in states if t.awaited):
+                        keep_ended(fleet, survey.runs, survey.failures)
                         return self._result(states)
                 if deadline is not None and now >= deadline:
                     raise with_run(

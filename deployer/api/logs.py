@@ -18,7 +18,6 @@ from deployer.core.lines import Assembler, LineAssembler, RawLines
 from deployer.core.secrets import Masker
 from deployer.hosts.fleet import Fleet
 from deployer.hosts.reply_types import TaskStatus
-from deployer.results import metricstore
 from deployer.results.archive import (
     LIMIT_BYTES,
     LogArchive,
@@ -27,7 +26,7 @@ from deployer.results.archive import (
     has_archive,
     let_go,
 )
-from deployer.results.archive import run_dir as archive_dir
+from deployer.results.metricsync import keep_if_ended, kept_outcome
 from deployer.results.runs import (
     Target,
     archived_runs,
@@ -84,7 +83,7 @@ def read_logs(
         if not damaged(run_id, task):
             reader.archived(say)  # `up` saw it end: all of it is here, the hosts may be gone
             if follow and ended is not None:
-                kept = metricstore.read_json(archive_dir(run_id), "outcome.json") or {}
+                kept = kept_outcome(run_id)
                 how = f"{kept.get('outcome', 'ended')} {kept.get('why', '')}".strip()
                 ended(f"run {run_id} had ended: {how} (from the local archive)")
             return
@@ -115,6 +114,7 @@ def read_logs(
         if sync:
             if not sync_archive(fleet, found.run_id, LogArchive(found.run_id)):
                 raise _unknown_task(found.run_id, task)
+            keep_if_ended(fleet, found)  # the history learns its end (metricsync.py)
             reader.archived(say)
             return
         final: list[TaskStatus] = []
@@ -134,6 +134,8 @@ def read_logs(
                 raise
             reader.archived(say, f"{exc.message.splitlines()[0]}; from the local archive instead:")
             return
+        if follow and final and all(s.finished for s in final):
+            keep_if_ended(fleet, found)  # followed to its end: the history learns it
     if not seen:
         raise _unknown_task(found.run_id, task)
     if follow and ended is not None:

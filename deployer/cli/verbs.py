@@ -131,12 +131,12 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
 
 def runs_verb(args: argparse.Namespace, env: Env) -> int:
     """Every run this machine keeps a record of, newest first (api/runlist.py)."""
+    states: dict[str, list[Any]] = {}
+    if args.inventory:  # before the local runs are read: what it finds ended is recorded
+        for run in api.status(args.inventory).runs:
+            states.setdefault(run.run_id, []).extend(run.tasks)
     found = runlist.local_runs()
     if args.inventory:
-        hosts = api.status(args.inventory)
-        states: dict[str, list[Any]] = {}
-        for run in hosts.runs:
-            states.setdefault(run.run_id, []).extend(run.tasks)
         found = runlist.with_hosts(found, states)
     found = [
         r

@@ -42,6 +42,9 @@ class Channel:
         self.workdir = workdir
         self.home: str | None = None  # absolute workdir, known after install()
         self.absent = False  # install(look_only=True) found no workdir: the host has no runs
+        # The last hello's reply arrived, whatever it held (the edge may refuse it): the host
+        # may hold what that hello reserved, so a failed `up` releases it (preflight.py).
+        self.replied = False
         self._session: Session | None = None  # the bootstrap, still serving after install()
         self._in_flight = 0  # requests waiting for their reply, from any thread
         self._in_flight_lock = threading.Lock()
@@ -130,6 +133,7 @@ class Channel:
         # TensorFlow's dist-info itself); `site` costs ~15 ms of host CPU per connection.
         argv = [self.python, "-S", "-c", BOOTSTRAP]
         self.close_session()
+        self.replied = False
         try:
             session = self.transport.open_session(argv)
         except SessionEnded as exc:
@@ -140,6 +144,7 @@ class Channel:
             reply = self._over(session, json.dumps(payload).encode() + b"\n", 60)
             if reply.get(protocol.BOOTSTRAP_NEEDS_FILES):  # a host without this agent version
                 reply = self._over(session, agent_files_message(), 60)
+        self.replied = True
         edge = Edge(self.host, protocol.OP_HELLO)
         # The hello's facts (versions, host names, ids, problems) are printed by preflight and
         # status, and its versions make platform tags: parsed, bounded and cleaned at the edge.
@@ -285,10 +290,14 @@ class Channel:
             raise self._no_interpreter(exit_code, stderr.decode(errors="replace"))
         try:
             reply: dict[str, Any] = json.loads(stdout)
-        except ValueError:
+        except (ValueError, RecursionError):  # a host's line nested 1,000 deep is no reply
             detail = (stderr or stdout).decode(errors="replace").strip()
             last = detail.splitlines()[-1] if detail else f"exit code {exit_code}"
-            raise HostError(self.host, f"the tfdeploy agent failed: {text(last)}") from None
+            raise HostError(self.host, f"the tfdeploy agent failed: {text(last)[:300]}") from None
+        if not isinstance(reply, dict):
+            raise HostError(
+                self.host, f"the tfdeploy agent's reply is {type(reply).__name__}, not an object"
+            )
         if not reply.get("ok"):
             raise failure(self.host, reply)
         return reply

@@ -1,9 +1,18 @@
-"""What `down` keeps of a run it stops: the metrics its tasks wrote that this machine has not
-read yet (a detached run's, all of them), and how the run ended; both beside the run's archive
-(metricstore.py), so `runs` and `report` have them once the hosts are gone.
+"""What this machine keeps of a run once it learns the run's end: the metrics its tasks wrote
+that it has not read yet (a detached run's, all of them since `up` detached), and how the run
+ended; both beside the run's archive (metricstore.py), so `runs` and `report` have them once
+the hosts are gone.
+
+Every verb that learns a run's end records it, so the history never says `running` of a run
+that ended: `down` (what it stopped, and the runs it found ended), `status` and `runs -i` (a run
+whose every task has finished), `logs -f` (a run it followed to its end), `logs --sync`, `pull`
+and `Run.wait`. Each asks the hosts only while this machine has no end recorded for the run:
+once recorded, a run costs no poll again.
 
 Where each task's metrics file was read up to is kept in `metric_offsets.json` (by `up` at its
-end, and here), so nothing is read or stored twice.
+end, and here), so nothing is read or stored twice. The local records are read defensively: a
+damaged one (not JSON, not an object, a non-number offset) counts as absent and is rewritten;
+it never stops the verb that reads it (`down` stops its tasks whatever the records hold).
 """
 
 from __future__ import annotations
@@ -11,40 +20,122 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from deployer.core.errors import HostError
+from deployer.core.errors import HostError, TfdeployError
+from deployer.core.statedir import state_dir
 from deployer.hosts.fleet import Fleet
 from deployer.hosts.reply_types import TaskStatus
 from deployer.results import metricstore
 from deployer.results.archive import LogArchive, run_dir
-from deployer.results.runs import HostRun
+from deployer.results.runs import HostRun, Target, survey_runs
 from remote import protocol
 
 OFFSETS = "metric_offsets.json"
+OUTCOME = "outcome.json"
 MAX_ROUNDS = 64  # polls per host and run: 64 x 64 kB of metric lines at most
+ENDED = ("succeeded", "failed", "stopped")  # an outcome no later verb changes
 
 
 def keep_runs(fleet: Fleet, runs: Sequence[HostRun]) -> None:
     """For each run (as each host reports it): its unread metric lines into the local store,
-    and its outcome (as the hosts report it after the stop), unless `up` recorded one."""
+    and its outcome (as the hosts report it now), unless an end is recorded already. A run
+    one of whose hosts could not be polled keeps its metrics but no outcome: that host's tasks
+    are not known to have ended."""
     statuses: dict[str, list[TaskStatus]] = {}
+    partial: set[str] = set()
     for run in runs:
-        with contextlib.suppress(HostError, OSError):
+        try:
             statuses.setdefault(run.run_id, []).extend(_fetch(fleet, run))
+        except (TfdeployError, OSError, ValueError):  # a host, this disk, a store's refusal
+            partial.add(run.run_id)
     for run_id, tasks in statuses.items():
-        kept = metricstore.read_json(run_dir(run_id), "outcome.json") or {}
-        if kept.get("outcome") in (None, "running", "unknown"):
-            with contextlib.suppress(OSError):
-                metricstore.write_json(run_dir(run_id), "outcome.json", outcome(tasks))
+        if run_id in partial or recorded_end(run_id) is not None:
+            continue
+        with contextlib.suppress(OSError):  # a full disk: the history is a convenience
+            metricstore.write_json(run_dir(run_id), OUTCOME, outcome(tasks))
+
+
+def keep_ended(fleet: Fleet, runs: Sequence[HostRun], failures: Sequence[HostError]) -> list[str]:
+    """The runs among `runs` (a survey's: each host's share) that have ended on every host of
+    theirs, that this machine knows (its record or archive) and whose end it has not recorded:
+    their unread metrics and outcome kept (keep_runs). A run with a host that could not be
+    asked (`failures`) is left as it is. Returns the run ids kept."""
+    failed = {f.host for f in failures}
+    shares: dict[str, list[HostRun]] = {}
+    for run in runs:
+        shares.setdefault(run.run_id, []).append(run)
+    ended = [
+        run_id
+        for run_id, of_run in shares.items()
+        if not any(r.active for r in of_run)
+        and not failed & _hosts_of(of_run)
+        and _known_here(run_id)
+        and recorded_end(run_id) is None
+    ]
+    keep_runs(fleet, [r for run_id in ended for r in shares[run_id]])
+    return ended
+
+
+def keep_if_ended(fleet: Fleet, target: Target) -> None:
+    """`keep_ended` for the target's run, asking its hosts only while no end is recorded here
+    (`logs -f` and `pull` have no survey of their own)."""
+    if target.run_id is None or recorded_end(target.run_id) is not None:
+        return
+    if not _known_here(target.run_id):
+        return
+    survey = survey_runs(fleet, target)
+    keep_ended(fleet, survey.runs, survey.failures)
+
+
+def kept_outcome(run_id: str) -> dict[str, object]:
+    """The run's outcome record as this machine keeps it; {} when it has none or it is
+    damaged."""
+    return _object(run_dir(run_id), OUTCOME)
+
+
+def recorded_end(run_id: str) -> str | None:
+    """The outcome this machine recorded for the run, when it is an end (ENDED); None for none,
+    `running` (a detached `up` leaves that), or a damaged record."""
+    said = kept_outcome(run_id).get("outcome")
+    return said if isinstance(said, str) and said in ENDED else None
+
+
+def _hosts_of(shares: Sequence[HostRun]) -> set[str]:
+    """Every host a run has: the hosts that reported a share, and the run's own newest list
+    (each share carries that list: read once, not once per share, at 128 hosts)."""
+    newest = max(shares, key=lambda r: r.hosts_at)
+    return {r.host for r in shares} | {name for name, _ in newest.hosts}
+
+
+def _known_here(run_id: str) -> bool:
+    """Whether this machine started or kept the run (its record, or a folder beside it): the
+    history is of this machine's runs; another machine's runs found on the hosts are theirs."""
+    return (state_dir() / "runs" / f"{run_id}.json").is_file() or run_dir(run_id).is_dir()
+
+
+def _object(directory: Path, name: str) -> dict[str, object]:
+    """A local record that should hold a JSON object; {} when it is missing or damaged."""
+    try:
+        data = metricstore.read_json(directory, name)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _offsets(directory: Path) -> dict[str, int]:
+    """Where each task's metrics were read up to; a damaged entry is read again from 0 (the
+    store may then hold some records twice, never a wrong one)."""
+    return {
+        str(k): v
+        for k, v in _object(directory, OFFSETS).items()
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    }
 
 
 def _fetch(fleet: Fleet, run: HostRun) -> list[TaskStatus]:
     directory = run_dir(run.run_id)
-    offsets: dict[str, int] = {
-        k: v
-        for k, v in (metricstore.read_json(directory, OFFSETS) or {}).items()
-        if isinstance(v, int)
-    }
+    offsets = _offsets(directory)
     asked = {t.name: offsets.get(t.name, 0) for t in run.tasks}
     archive = LogArchive(run.run_id)
     agent = fleet.member(run.host).agent
@@ -54,10 +145,9 @@ def _fetch(fleet: Fleet, run: HostRun) -> list[TaskStatus]:
         tasks = list(poll.tasks)
         moved = False
         for name, (offset, records) in poll.metrics.items():
-            moved = moved or offset > asked[name]
+            moved = moved or offset > asked.get(name, 0)
             asked[name] = offset
-            if records:
-                archive.write_metrics(name, records)
+            archive.write_metrics(name, records)  # none read: the lines dropped still count
         if not moved:
             break
     metricstore.write_json(directory, OFFSETS, {**offsets, **asked})

@@ -46,10 +46,18 @@ def test_a_running_run_of_another_job_is_named_as_running() -> None:
     assert "starting" not in message + hint
 
 
-def test_a_starting_run_of_this_job_is_named_as_starting() -> None:
+def test_a_reservation_without_tasks_says_its_up_is_preparing_it_or_ended() -> None:
     message, hint = problem(OURS, "starting")
-    assert f"reserved by run {OURS} (another run of this job), which an `up` is starting" in message
-    assert hint == f"wait for that `up`, or stop it (`tfdeploy down {OURS}`)"
+    # The host knows no task of it started, not that its `up` still lives (issue 58: a
+    # refused `up` that had exited was said to be starting it): both are said.
+    assert (
+        f"reserved by run {OURS} (another run of this job), whose `up` has started no task "
+        "there: it is still preparing the run, or it ended without releasing them"
+    ) in message
+    assert "which an `up` is starting" not in message
+    assert hint == (
+        f"wait for that `up`, or stop that run (`tfdeploy down {OURS}`: it frees them at once)"
+    )
 
 
 @pytest.mark.parametrize("state", [None, "bogus"])
