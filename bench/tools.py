@@ -126,8 +126,11 @@ class Tfdeploy(Tool):
 
     def deploy(self, hosts: list[LabHost], tree: Path) -> int | None:
         out = self.cli("up", "--detach", str(self.inventory(hosts, tree)))
-        m = re.search(r"(\d+) bytes sent", out)
-        return int(m.group(1)) // len(hosts) if m else None
+        m = re.search(r"(\d+(?:\.\d+)?) (B|kB|MB|GB|TB) sent", out)  # human units: 3 digits
+        if m is None:
+            return 0 if "0 bytes sent" in out else None
+        scale = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}[m.group(2)]
+        return int(float(m.group(1)) * scale) // len(hosts)
 
     def down(self, hosts: list[LabHost]) -> None:
         self.cli("down", str(self.inventory(hosts, self.ctx.tmp)))

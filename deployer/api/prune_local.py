@@ -1,11 +1,13 @@
 """`tfdeploy prune --local`: frees this machine's caches by the hosts' rules (docs/results.md
 "Pruning this machine").
 
-The caches: resolved environments (`<state>/envs/<hash>/`: a job's wheels, and uv's wheel per
-host platform) and images saved for `image_from = "controller"` (`<state>/images/<id>/`). Each
-`up` records its run id in the entries it used (deployer/envs/uses.py). As on a host, an entry
-stays while a recent run uses it (the newest `keep` runs of each job this machine has a record
-of) or while it was used within `grace`; with `older_than`, only entries last used before it go.
+The caches: resolved environments (`<state>/envs/<hash>/`: a job's wheels, and uv's wheel
+per host platform, hard links into the wheel store `<state>/envs/.wheels/`, which keeps a
+wheel while an entry links it) and images saved for `image_from = "controller"`
+(`<state>/images/<id>/`). Each `up` records its run id in the entries it used
+(deployer/envs/uses.py). As on a host, an entry stays while a recent run uses it (the newest
+`keep` runs of each job this machine has a record of) or while it was used within `grace`;
+with `older_than`, only entries last used before it go.
 Whatever goes is resolved or saved again by the next `up` that needs it.
 """
 
@@ -24,7 +26,7 @@ from deployer.api.prune import DEFAULT_GRACE_S, DEFAULT_KEEP
 from deployer.core.errors import UsageError
 from deployer.core.statedir import state_dir
 from deployer.core.text import join_names, plural, size
-from deployer.envs import uses
+from deployer.envs import uses, wheelhouse
 from deployer.envs.resolve import cache_root
 
 GRAVE = ".pruned-"
@@ -65,12 +67,13 @@ def prune_local(
     recent = recent_runs(keep)
     now = time.time()
     gone: dict[str, list[str]] = {"environment": [], "image": []}
-    kept = freed = 0
+    doomed: list[Path] = []
+    kept = 0
     for kind, root in (("environment", cache_root()), ("image", state_dir() / "images")):
         for entry in _dirs(root):
             if entry.name.startswith("."):
                 if entry.name.endswith(_LEFTOVER) and now - _mtime(entry) >= grace:
-                    freed += _remove(entry, dry_run)
+                    doomed.append(entry)
                 continue
             last = uses.last_used(entry)
             if (
@@ -80,8 +83,14 @@ def prune_local(
             ):
                 kept += 1
                 continue
-            freed += _remove(entry, dry_run)
+            doomed.append(entry)
             gone[kind].append(entry.name[:12])
+    store = wheelhouse.store_of(cache_root())
+    freed = _freed(doomed, store)
+    if not dry_run:
+        for entry in doomed:
+            _remove(entry)
+        _sweep(store, now - grace)
     result = LocalPruned(tuple(gone["environment"]), tuple(gone["image"]), kept, freed, dry_run)
     if say is not None:
         say(result.line())
@@ -99,15 +108,34 @@ def recent_runs(keep: int) -> set[str]:
     return {run for runs in by_job.values() for _, run in sorted(runs, reverse=True)[:keep]}
 
 
-def _remove(entry: Path, dry_run: bool) -> int:
-    """The entry's bytes; removed unless dry (renamed aside first: never half there)."""
-    freed = sum(f.stat().st_size for f in _walk(entry))
-    if not dry_run:
-        grave = entry.with_name(f"{GRAVE}{entry.name}-{os.getpid()}")
-        with contextlib.suppress(FileNotFoundError):
-            entry.rename(grave)
-            shutil.rmtree(grave, ignore_errors=True)
-    return freed
+def _remove(entry: Path) -> None:
+    """The entry removed (renamed aside first: never half there)."""
+    grave = entry.with_name(f"{GRAVE}{entry.name}-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        entry.rename(grave)
+        shutil.rmtree(grave, ignore_errors=True)
+
+
+def _freed(doomed: list[Path], store: Path) -> int:
+    """The bytes that removing `doomed` and then sweeping the wheel store frees: a file counts
+    once all of its hard links are among them (entries share wheels through the store)."""
+    found: dict[tuple[int, int], list[int]] = {}  # inode -> [size, links, links seen here]
+    for top in (*doomed, store):
+        for path in _walk(top):
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                seen = found.setdefault((st.st_dev, st.st_ino), [st.st_size, st.st_nlink, 0])
+                seen[2] += 1
+    return sum(size for size, links, seen in found.values() if seen >= links)
+
+
+def _sweep(store: Path, before: float) -> None:
+    """The stored wheels no entry links any more (and parts of stores cut short) removed."""
+    for path in _walk(store):
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if st.st_nlink == 1 and (not path.name.startswith(".") or st.st_mtime < before):
+                path.unlink()
 
 
 def _walk(root: Path) -> Iterator[Path]:

@@ -7,7 +7,9 @@ indexes, find-links, constraints, certificates, proxy. docs/environments.md says
 not uv (docs/bench/env_tools.md has the numbers).
 
 The result is cached by (requirements text with every file it reaches, Python, platform) and
-reused until that changes or `refresh=True`: a warm `up` never waits on the index.
+reused until that changes or `refresh=True`: a warm `up` never waits on the index. A changed
+set is seeded with the wheels earlier resolutions stored (wheelhouse.py's store), so pip
+fetches only the new ones.
 
 A requirement with only a source distribution is built here (`pip wheel`) when the wheel it
 makes runs on the host: a pure-Python wheel always, a platform wheel only when this machine's
@@ -26,6 +28,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
+from urllib.parse import unquote
 
 from deployer.core.errors import ExitStatus, TfdeployError
 from deployer.core.statedir import state_dir
@@ -39,6 +43,16 @@ MAX_PASSES = 20
 _MISSING = re.compile(r"No matching distribution found for (.+?)\s*$", re.MULTILINE)
 _TAIL_LINES = 15
 _NAME = re.compile(r"[\s;<>=!~\[@(]")  # what ends a project name in a requirement
+# pip -vv: "Found link URL (from PAGE), version: V" and "Skipping link: WHY: URL (from PAGE)";
+# the link is the first URL of such a line.
+_LINK = re.compile(r"(?:Found link|Skipping link:).*?(?P<url>\b(?:https?|file)://[^\s)]+)")
+# A location pip could not read for another reason than "no such page".
+_UNREACHABLE = re.compile(
+    r"Could not fetch URL|NewConnectionError|Max retries exceeded|ProxyError|"
+    r"Temporary failure in name resolution|Name or service not known|Connection refused"
+)
+_NOT_FOUND = re.compile(r"\b404\b|Not Found")
+_TAKEN = re.compile(r"^\s*(?:File was already downloaded|Saved) (.+?)\s*$", re.MULTILINE)
 
 
 class ResolveError(TfdeployError):
@@ -79,16 +93,44 @@ def resolve(
     final = root / key
     if not refresh and (found := wheelhouse.load(final, key)) is not None:
         return found
-    work = _fresh(root / f".{key}.{os.getpid()}.tmp")
-    try:
-        _fill(work, spec, target, dict(env if env is not None else os.environ), pip, sdists)
-        wheelhouse.write(work, key, target.describe(), spec.text)
-        _replace(work, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    environ = dict(env if env is not None else os.environ)
+    # Seeded from the wheel store unless asked afresh (`--refresh-env`: every wheel fetched).
+    for reuse in (True, False) if not refresh else (False,):
+        if _attempt(root, key, spec, target, environ, pip, sdists, reuse=reuse):
+            break
     result = wheelhouse.load(final, key)
     assert result is not None, final  # written whole just above
     return result
+
+
+def _attempt(
+    root: Path,
+    key: str,
+    spec: EnvSpec,
+    target: HostPlatform,
+    env: dict[str, str],
+    pip: Sequence[str] | None,
+    sdists: bool,
+    *,
+    reuse: bool,
+) -> bool:
+    """One resolution into a new entry of `root`, seeded from its wheel store when `reuse`.
+    False when a seeded wheel proved damaged (its bytes are not its sha256's): it left the
+    store, and the caller resolves again unseeded."""
+    work = _fresh(root / f".{key}.{os.getpid()}.tmp")
+    try:
+        seeded = _fill(work, spec, target, env, pip, sdists, root if reuse else None)
+        house = wheelhouse.write(work, key, target.describe(), spec.text)
+        damaged = [w for w in house.wheels if seeded.get(w.file, w.sha256) != w.sha256]
+        for w in damaged:
+            wheelhouse.forget(root, seeded[w.file])
+        if damaged:
+            return False
+        wheelhouse.share(house, wheelhouse.store_of(root))
+        _replace(work, root / key)
+        return True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _fill(
@@ -98,23 +140,35 @@ def _fill(
     env: dict[str, str],
     pip: Sequence[str] | None,
     sdists: bool = True,
-) -> None:
-    """Downloads every wheel into work/wheels, building the sdist-only ones that may be."""
+    reuse: Path | None = None,
+) -> dict[str, str]:
+    """Downloads every wheel into work/wheels, building the sdist-only ones that may be.
+
+    `reuse`: the cache whose stored wheels seed the download folder (wheelhouse.seed), so pip
+    fetches only what no earlier resolution brought. Returns {file: sha256} of the seeded
+    wheels this resolution kept (the caller checks their bytes: a damaged store is not reused).
+    """
     main = work / "requirements.in"
     main.write_text(spec.for_target(target))
     runner = _Pip(list(pip or [sys.executable, "-m", "pip"]), env, spec.base)
     built = work / "built"
     built.mkdir()
+    wheels = work / wheelhouse.WHEELS
+    seeded = wheelhouse.seed(reuse, wheels, target.describe()) if reuse is not None else {}
     local_build = False
     for _ in range(MAX_PASSES):
         argv = ["download", "--only-binary=:all:", *target.pip_args(local_build=local_build)]
-        argv += ["--find-links", str(built), "-d", str(work / wheelhouse.WHEELS), "-r", str(main)]
+        argv += ["--find-links", str(built), "-d", str(wheels), "-r", str(main)]
         result = runner.run(argv)
+        if result.ok and seeded and not _keep_used(wheels, seeded, result.output):
+            shutil.rmtree(wheels)  # which seeded wheels pip took is not known: again, unseeded
+            seeded = {}
+            continue
         if result.ok:
             _build_named(runner, spec, target, work)
             for scratch in (built, work / "sdists", work / "build"):
                 shutil.rmtree(scratch, ignore_errors=True)
-            return
+            return seeded
         missing = _missing(result.output)
         if missing is not None and not sdists:
             raise ResolveError(f"{missing}: no wheel for {target.describe()}")
@@ -124,6 +178,22 @@ def _fill(
     raise ResolveError(
         f"resolving for {target.describe()} did not settle after {MAX_PASSES} passes"
     )
+
+
+def _keep_used(wheels: Path, seeded: dict[str, str], output: str) -> bool:
+    """Removes the seeded wheels pip did not take; False when pip's words do not say which it
+    took (each it took is "File was already downloaded PATH", each new one "Saved PATH", and
+    "Successfully downloaded NAMES" names every project): then nothing can be trusted."""
+    said = re.search(r"^Successfully downloaded (.+)$", output, re.MULTILINE)
+    if said is None:
+        return False
+    taken = {Path(m.strip()).name for m in _TAKEN.findall(output)}
+    for name in list(seeded):
+        if name not in taken:
+            (wheels / name).unlink(missing_ok=True)
+            del seeded[name]
+    present = {canonical(p.name.split("-", 1)[0]) for p in wheels.iterdir()}
+    return all(canonical(n) in present for n in said.group(1).split())
 
 
 def _build_sdist(
@@ -138,13 +208,8 @@ def _build_sdist(
     fetched = runner.run(
         ["download", "--no-deps", "--no-binary=:all:", "-vv", "-d", str(sdists), requirement]
     )
-    if not fetched.ok and not _offered(fetched.output):
-        raise ResolveError(
-            f"{requirement}: the package index has no package of that name; pip said:\n"
-            + _unknown_words(fetched.output),
-            hint="check the name's spelling (`pip index versions NAME` asks the index pip "
-            "uses here)",
-        )
+    if not fetched.ok and not _offered(fetched.output, project_of(requirement)):
+        _raise_unknown(requirement, fetched.output)
     if not fetched.ok:
         raise ResolveError(
             f"{requirement}: no wheel for {target.describe()} and no source distribution",
@@ -191,11 +256,53 @@ def _local_folders(spec: EnvSpec, target: HostPlatform) -> list[Path]:
     return found
 
 
-def _offered(output: str) -> bool:
-    """Some index or find-links folder offered a file of the project (pip -vv logs each one it
-    passes over as "Skipping link: ..."; an index's own page is "Skipping link: not a file")."""
-    return any(
-        "Skipping link:" in line and "not a file" not in line for line in output.splitlines()
+def project_of(requirement: str) -> str:
+    """The canonical project name a requirement names (PEP 503: runs of -_. are one -)."""
+    return canonical(_NAME.split(requirement.strip(), maxsplit=1)[0])
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _offered(output: str, project: str) -> bool:
+    """Some index or find-links location offered a file of `project`: pip -vv logs each link
+    it takes (`Found link URL`) or passes over (`Skipping link: WHY: URL`). Only a link whose
+    file is the project's counts: a find-links HTML page (PyTorch's, JAX's) lists every
+    project's files, and pip passes over each of them by name for any request, so counting
+    every skipped link said "no wheel for your platform" of a name no index has."""
+    for line in output.splitlines():
+        found = _LINK.search(line)
+        if found is not None and _file_of(found.group("url"), project):
+            return True
+    return False
+
+
+def _file_of(url: str, project: str) -> bool:
+    """Whether the file a link names is a distribution of `project` (a wheel's or an sdist's
+    name is the project's, normalized, before the first dash that starts its version)."""
+    name = unquote(url.split("#", 1)[0].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1])
+    if name.endswith(".whl"):
+        return canonical(name.split("-", 1)[0]) == project
+    stem = canonical(re.sub(r"\.(tar\.gz|tar\.bz2|tgz|zip|tar)$", "", name))
+    return stem.startswith(project + "-") and stem[len(project) + 1 : len(project) + 2].isdigit()
+
+
+def _raise_unknown(requirement: str, output: str) -> NoReturn:
+    """No location offered a file of the project. An index that answered 404 (or a page with
+    none of its files) has no project of that name; an index that could not be asked at all
+    (no network, a proxy refusing) proves nothing, and is said as such."""
+    said = _unknown_words(output)
+    if _UNREACHABLE.search(output) and not _NOT_FOUND.search(output):
+        raise ResolveError(
+            f"{requirement}: pip could not ask the package index about it; pip said:\n" + said,
+            hint="check this machine's network and pip configuration (`pip config list`, "
+            "PIP_INDEX_URL, proxy); `pip download --no-deps NAME` shows the same",
+        )
+    raise ResolveError(
+        f"{requirement}: the package index has no package of that name; pip said:\n" + said,
+        hint="check the name's spelling (`pip index versions NAME` asks the index pip uses "
+        "here; a name is found as pip spells it: `scikit-learn`, not `sklearn`)",
     )
 
 
@@ -242,7 +349,12 @@ class _Pip:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
         self.argv, self.cwd = argv, cwd
         # pip's own progress and version check are noise in a captured tail.
-        self.env = env | {"PIP_PROGRESS_BAR": "off", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        # Not quiet: which wheels a seeded download took is read from pip's lines (_keep_used).
+        self.env = env | {
+            "PIP_PROGRESS_BAR": "off",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_QUIET": "0",
+        }
 
     def run(self, args: list[str]) -> _Pass:
         try:

@@ -12,11 +12,18 @@ Layout of one cache entry (`<cache>/<environment hash>/`):
 An entry appears whole (written under a temporary name, then renamed) or not at all, so a
 resolution interrupted half-way is never reused. The manifest is read back with every wheel's
 size checked: a wheel deleted or truncated by hand makes the entry stale, not wrong.
+
+Entries share their wheels: `<cache>/.wheels/<sha256>` holds each wheel once, and every entry's
+`wheels/<file>` is a hard link to it, so three variants of a TensorFlow set cost about one set
+of disk. The store also seeds the next resolution (resolve.py): the wheels it holds are linked
+into the new entry before pip runs, so pip fetches only the wheels it has not seen.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +34,8 @@ VERSION = 1
 MANIFEST = "manifest.json"
 PINNED = "pinned.txt"
 WHEELS = "wheels"
+STORE = ".wheels"  # under the cache root: one file per wheel, named by its sha256
+SEED_ENTRIES = 32  # the newest entries whose wheels seed a resolution
 # name-version(-build)?-python-abi-platform.whl (PEP 427); names are normalized with "_".
 _WHEEL_NAME = re.compile(
     r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
@@ -120,3 +129,86 @@ def load(path: Path, key: str) -> Wheelhouse | None:
         return Wheelhouse(path, key, str(doc["platform"]), wheels, str(doc["requirements"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def store_of(root: Path) -> Path:
+    return root / STORE
+
+
+def share(house: Wheelhouse, store: Path) -> None:
+    """Every wheel of `house` (an entry being built, on the cache's file system) made one file
+    with the store's: a wheel new to the store is linked into it; one the store has is linked
+    from it. Where hard links cannot be made (another file system), each keeps its own copy."""
+    with contextlib.suppress(OSError):
+        store.mkdir(parents=True, exist_ok=True)
+    for w in house.wheels:
+        mine, kept = house.wheel_dir / w.file, store / w.sha256
+        with contextlib.suppress(OSError):
+            if kept.exists() and os.path.samefile(mine, kept):
+                continue
+            # The bytes in the entry were hashed just now (write): they become the store's, so a
+            # store file damaged since it was stored is never linked into a new entry.
+            part = store / f".{w.sha256}.{os.getpid()}.partial"
+            os.link(mine, part)
+            os.replace(part, kept)
+
+
+def seed(root: Path, into: Path, platform: str) -> dict[str, str]:
+    """Links into `into` the wheels of the newest entries that fit `platform` (theirs, and
+    every pure wheel), by file name, from the store (or the entry itself, for an entry written
+    before the store): pip takes a file already in its download folder as downloaded ("File
+    was already downloaded"), so only new wheels are fetched. Returns {file name: sha256} of
+    what was linked (the caller checks those bytes); a name two wheels share is left out."""
+    store = store_of(root)
+    names: dict[str, tuple[str, Path]] = {}
+    clashes: set[str] = set()
+    for entry in _newest(root)[:SEED_ENTRIES]:
+        house = load(entry, entry.name)
+        if house is None:
+            continue
+        for w in house.wheels:
+            if house.platform != platform and not w.pure:
+                continue
+            kept = store / w.sha256
+            source = kept if kept.exists() else house.wheel_dir / w.file
+            if names.setdefault(w.file, (w.sha256, source))[0] != w.sha256:
+                clashes.add(w.file)
+    linked = {}
+    into.mkdir(parents=True, exist_ok=True)
+    for name, (sha, source) in names.items():
+        if name in clashes:
+            continue
+        with contextlib.suppress(OSError):
+            os.link(source, into / name)
+            linked[name] = sha
+    return linked
+
+
+def forget(root: Path, sha256: str) -> None:
+    """A stored wheel found damaged leaves the store: no later resolution is seeded with it."""
+    with contextlib.suppress(OSError):
+        (store_of(root) / sha256).unlink()
+
+
+def _newest(root: Path) -> list[Path]:
+    try:
+        found = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []
+    stamped = []
+    for entry in found:
+        with contextlib.suppress(OSError):
+            stamped.append(((entry / MANIFEST).stat().st_mtime, entry))
+    return [entry for _, entry in sorted(stamped, reverse=True)]
+
+
+def disk_use(root: Path) -> tuple[int, int]:
+    """(bytes on disk, entries) of the cache at `root`: each file once, however many entries
+    link it (what `tfdeploy prune --local` can free)."""
+    seen: dict[tuple[int, int], int] = {}
+    for top, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(top, name))
+                seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values()), len(_newest(root))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from deployer.config.plan import Plan
-from deployer.core.text import join_names, plural
+from deployer.core.text import human_size, join_names, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push import fanout
 from deployer.push.fanout import Spread
@@ -60,7 +60,7 @@ def deliver(
         )
         files = len(manifest.files)
         done = {h: PushResult(files, 0, 0) for h, lack in missing.items() if not lack}
-        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, missing)
+        spread = fanout.spread(fleet, firsts, plan, manifest, run_id, missing, meter)
         # The star push need not ask again (one round trip per host) where nothing changed
         # since: no chain ran.
         known = {h: lack for h, lack in missing.items() if lack} if spread is None else {}
@@ -96,9 +96,10 @@ def push_summary(
     if not sent:
         news = "0 bytes sent, every file was already there"
     elif spread is not None:
-        news = f"{sent} bytes sent from here ({spread.uplink_bytes} to the fan-out's seed)"
+        seed = human_size(spread.uplink_bytes)
+        news = f"{human_size(sent)} sent from here ({seed} to the fan-out's seed)"
     else:
-        news = f"{sent} bytes sent ({plural(sent_files, 'file')})"
+        news = f"{human_size(sent)} sent ({plural(sent_files, 'file')})"
         if _some_were_there(results, manifest, groups):
             news += ", the rest already there"
     files = plural(len(manifest.files), "file")

@@ -23,6 +23,7 @@ push returns.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +31,10 @@ from typing import Any
 
 from deployer.config.plan import Plan
 from deployer.core.errors import HostError
-from deployer.core.text import plural
+from deployer.core.text import human_size, plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.replies import Edge, text
-from deployer.push.sync import CodeFile, Manifest, send_contents
+from deployer.push.sync import ByteMeter, CodeFile, Manifest, send_contents
 from remote import protocol
 
 MIN_BYTES = 1 << 20  # less than this to send: a star push costs less than setting up a chain
@@ -51,8 +52,8 @@ class Spread:
 
     def lines(self) -> list[str]:
         said = [
-            f"fan-out: {self.uplink_bytes} bytes sent to {self.seed}, relayed host to host to "
-            f"{plural(len(self.copied), 'host')}"
+            f"fan-out: {human_size(self.uplink_bytes)} sent to {self.seed}, relayed host to host "
+            f"to {plural(len(self.copied), 'host')}"
         ]
         said += [
             f"{host}: {why}; it gets the code from here" for host, why in self.fallback.items()
@@ -67,10 +68,12 @@ def spread(
     manifest: Manifest,
     run_id: str,
     missing: Mapping[str, Sequence[str]],
+    meter: ByteMeter | None = None,
 ) -> Spread | None:
     """Fills the members' stores with what they lack (`missing`: each member's answer to
     `have`) along a relay chain; None when a star push is the better deal (one host, little to
-    send, fewer than two hosts able to listen)."""
+    send, fewer than two hosts able to listen). `meter`: told the bytes this machine streams
+    into the seed as they go (the push's progress counts what travels)."""
     by_hash = manifest.by_hash()
     ports = {m.name: p for m in members if (p := serving_port(plan, m.name)) is not None}
     chain = [m for m in members if missing[m.name] and m.name in ports]
@@ -82,7 +85,7 @@ def spread(
         relay.listen()
         if len(relay.hosts) < 2:
             return None  # no host after the first can listen: the star push does it all
-        outcomes = relay.stream(manifest, contents)
+        outcomes = relay.stream(manifest, contents, meter)
     finally:
         relay.close()
     sent = sum(f.size for f in contents)
@@ -141,11 +144,17 @@ class _Chain:
             self.run_id, address, port, self.secret, then, LISTEN_S, self.store[member.name]
         )
 
-    def stream(self, manifest: Manifest, contents: Sequence[CodeFile]) -> list[str]:
+    def stream(
+        self, manifest: Manifest, contents: Sequence[CodeFile], meter: ByteMeter | None = None
+    ) -> list[str]:
         """Streams the contents into the first host, relayed along the chain; each host's
         error ("" when it stored everything), in chain order. A first host that fails takes
         the chain with it: every host then gets the star push."""
         first, hop = self.hosts[0], self._hop(self.hosts[1])
+        on_piece = None
+        if meter is not None:
+            meter.expect(first.name, sum(f.size for f in contents))
+            on_piece = functools.partial(meter.add, first.name)
 
         def seed(member: Member) -> dict[str, Any]:
             # A session of its own: the stream holds it as long as it needs. On the fleet's
@@ -156,6 +165,7 @@ class _Chain:
                     manifest,
                     contents,
                     protocol.OP_PEERS,
+                    on_piece=on_piece,
                     action=protocol.PEERS_SEED,
                     run_id=self.run_id,
                     secret=self.secret,

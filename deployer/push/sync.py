@@ -23,6 +23,7 @@ from deployer.config.model import Job
 from deployer.core.errors import HostError, InventoryError, TfdeployError
 from deployer.core.secrets import mask_text
 from deployer.core.statedir import state_dir
+from deployer.core.text import human_size
 from deployer.envs.damaged import damaged
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
@@ -66,6 +67,19 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def extras_bytes(self) -> int:
+        """The wheels' and image layers' bytes: most of a cold environment's push."""
+        return sum(f.size for f in self.extras)
+
+    def sending_note(self) -> str:
+        """The push's note: what the contents weigh, the wheels and layers included (each
+        host is sent only what its store lacks: the progress counts that)."""
+        said = f"the code: {human_size(self.total_bytes)}"
+        if self.extras:
+            said += f", the wheels and image layers: {human_size(self.extras_bytes)}"
+        return said + "; only what a host lacks travels"
 
     def by_hash(self) -> dict[str, CodeFile]:
         return {f.sha256: f for f in (*self.files, *self.extras)}

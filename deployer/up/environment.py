@@ -23,7 +23,7 @@ from pathlib import Path
 from deployer.config.model import Host, Job, Requirements, WheelsFrom
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError, HostsFailed
-from deployer.core.text import join_names, plural
+from deployer.core.text import human_size, join_names, plural
 from deployer.envs import known, uv, wheelhouse
 from deployer.envs.identity import EnvIdentity, Interpreter
 from deployer.envs.platform import HostPlatform
@@ -150,6 +150,7 @@ class Environments:
     envs: dict[str, dict[str, HostEnv]] = field(default_factory=dict)  # host -> req key -> env
     venvs: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> req key -> venv
     resolved: int = 0  # distinct environments resolved (or read from the cache)
+    fresh: int = 0  # of them, resolved now (not read from the cache)
 
     @property
     def any(self) -> bool:
@@ -202,17 +203,18 @@ class Environments:
                     identity=dataclasses.replace(env.identity, installer=_installer_word(choice)),
                 )
         self.resolved = len(houses)
-        return [
+        said = [
             f"environment {env_hash(spec, target, choices[d].installer)[:12]} for "
             f"{join_names(names)}: {target.describe()}, "
             + (
-                f"{plural(len(h.wheels), 'wheel')}, {h.size} bytes, {choices[d].said()}"
+                f"{plural(len(h.wheels), 'wheel')}, {human_size(h.size)}, {choices[d].said()}"
                 if h
                 else 'installed from the hosts\' own index (wheels_from = "hosts")'
             )
             for d, (spec, target, names) in groups.items()
             for h in [houses[d]]
         ]
+        return said + ([cache_line()] if self.fresh else [])
 
     def _installer(self, house: Wheelhouse | None, target: HostPlatform) -> uv.Choice:
         """uv (its wheel for the platform) unless the job says pip, the hosts install from
@@ -227,6 +229,8 @@ class Environments:
         """One environment's wheels (None: the hosts fetch them); its error names its hosts."""
         if self.plan.job.wheels_from is not WheelsFrom.CONTROLLER:
             return None
+        if self.refresh or wheelhouse.load(cache_root() / digest, digest) is None:
+            self.fresh += 1  # the cache grows: the lines say how much it holds (cache_line)
         try:
             return resolve(spec, target, refresh=self.refresh)
         except ResolveError as exc:
@@ -374,6 +378,18 @@ class Environments:
         return out
 
 
+def cache_line() -> str:
+    """What this machine's cache of environments holds, said when a resolution added to it:
+    each requirements variant is an entry (their wheels shared), and nothing removes one but
+    `prune --local`."""
+    held, entries = wheelhouse.disk_use(cache_root())
+    return (
+        f"this machine's environment cache: {human_size(held)} in "
+        f"{plural(entries, 'environment')} ({cache_root()}); `tfdeploy prune --local` frees "
+        "what no recent run uses"
+    )
+
+
 def _key(requirements: Requirements) -> str:
     return requirements if isinstance(requirements, str) else "\n".join(requirements or ())
 
@@ -420,7 +436,7 @@ class PlannedEnv:
         if self.hash is None:
             return f"environment of {self.host} ({self.requirements}): resolved at up"
         state = (
-            f"{plural(self.wheels, 'wheel')}, {self.size} bytes, resolved here"
+            f"{plural(self.wheels, 'wheel')}, {human_size(self.size or 0)}, resolved here"
             if self.wheels is not None
             else "resolved at up"
         )

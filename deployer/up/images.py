@@ -24,7 +24,7 @@ from deployer.config.model import ImageFrom
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.statedir import state_dir
-from deployer.core.text import join_names, plural
+from deployer.core.text import human_size, join_names, plural
 from deployer.envs import images as oci
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.sync import CodeFile
@@ -140,7 +140,7 @@ class Images:
             hosts = [h for h, i in lacking.items() if image in i]
             lines.append(
                 f"image {image} ({layout.image_id[:12]}, {plural(len(layout.blobs), 'blob')}, "
-                f"{layout.size} bytes) to be sent to {join_names(hosts)}"
+                f"{human_size(layout.size)}) to be sent to {join_names(hosts)}"
             )
         if problems:
             raise HostsFailed(problems)

@@ -6,6 +6,7 @@ the phases after it work from one plan that never changes under them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import threading
@@ -23,8 +24,9 @@ from deployer.hosts.gpuhealth import gpu_lines
 from deployer.hosts.gpurelease import prove_released
 from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
 from deployer.push.sync import Manifest, scan
-from deployer.up import environment, firewall, frameworkrule, netcheck
+from deployer.up import environment, firewall, frameworkrule, netcheck, scriptcheck
 from deployer.up.images import images_by_host
+from remote import protocol
 from remote.protocol import InterpretersQuery
 
 MIN_FREE_DISK = 100 * 1024 * 1024
@@ -88,11 +90,16 @@ def _held_by(host: str, ports: str, run: str, state: str | None, job: str) -> Ho
             hint=f"stop that run ({down}) or give this job another port (job.port)",
         )
     if state == "starting":
+        # The host knows only that an `up` reserved them and started no task of that run
+        # there: that `up` may be pushing or installing still, or it died without releasing
+        # them (SIGKILL, a lost link). Both are said; the reservation lapses with its lease.
         return HostError(
             host,
-            f"TF port(s) {ports} already in use: reserved by run {run} ({whose}), which an "
-            "`up` is starting (between its preflight and its start)",
-            hint=f"wait for that `up`, or stop it ({down})",
+            f"TF port(s) {ports} already in use: reserved by run {run} ({whose}), whose `up` "
+            "has started no task there: it is still preparing the run, or it ended without "
+            "releasing them (the reservation then lapses within that run's lease_seconds, "
+            f"{protocol.DEFAULT_RESERVATION_S:g} s by default)",
+            hint=f"wait for that `up`, or stop that run ({down}: it frees them at once)",
         )
     return HostError(
         host,
@@ -156,6 +163,7 @@ def preflight(
     greeted.in_venv = environment.uses_requirements(plan) | frozenset(images_by_host(plan))
     try:
         findings = _conclude(plan, fleet, greeted, members, scanning, forwarded)
+        scriptcheck.refuse_missing_scripts(findings.plan)  # a script `code` lacks: nothing starts
         if mode is not NetcheckMode.OFF:
             tried = netcheck.check(
                 fleet,
@@ -174,11 +182,19 @@ def preflight(
         # `release` also stops the stand-ins a hello started.
         holders = [m for m in members if m.name in greeted.claimed]
         fleet.each_settled(
-            lambda m: m.agent.release(claim.run_id),
+            lambda m: _release(m, claim.run_id),
             holders,
             urgent=isinstance(exc, KeyboardInterrupt),
         )
         raise
+
+
+def _release(member: Member, run_id: str) -> None:
+    """The hello's reservation dropped on a host that answered. After a reply the edge
+    refused, the host's session still serves it; without that session and an agent directory
+    there is no way to ask, and the reservation lapses with its lease."""
+    with contextlib.suppress(RuntimeError):  # no agent directory known: the reply named none
+        member.agent.release(run_id)
 
 
 class _Scan:
@@ -354,15 +370,21 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
     asked: InterpretersQuery | None = None
     if words and member.name not in greeted.in_venv:
         asked = {"python": member.agent.python, "words": words}  # else the env op answers
-    facts = member.agent.install(
-        ports,
-        run_id=claim.run_id,
-        lease_seconds=claim.lease_seconds,
-        listen=(listen.ports, listen.seconds) if listen is not None else None,
-        interpreters=asked,
-        job=plan.job.name,
-    )
-    greeted.claimed.add(member.name)  # one set.add per thread: safe under the GIL
+    try:
+        facts = member.agent.install(
+            ports,
+            run_id=claim.run_id,
+            lease_seconds=claim.lease_seconds,
+            listen=(listen.ports, listen.seconds) if listen is not None else None,
+            interpreters=asked,
+            job=plan.job.name,
+        )
+    finally:
+        # A host that answered holds the hello's reservation, even when the edge refused
+        # its reply (a malformed field): the failure path releases it (one set.add per
+        # thread: safe under the GIL).
+        if member.agent.replied:
+            greeted.claimed.add(member.name)
     if listen is not None and facts.get("listening"):
         greeted.listened(member.name, listen)
     if wants_gpus(member.host):

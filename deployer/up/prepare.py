@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from deployer.config.model import NetcheckMode
 from deployer.core.errors import HostsFailed
 from deployer.core.fold import fold_names
-from deployer.core.text import human_size, plural
+from deployer.core.text import plural
 from deployer.envs import uses
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
@@ -221,8 +221,7 @@ class Preparation:
         meter = ByteMeter()
         sending = Progress(
             f"sending the code to {plural(len(members), 'host')}",
-            note=f"the code and wheels: {human_size(manifest.total_bytes)}; only what a "
-            "host lacks travels",
+            note=manifest.sending_note(),
         )
         with Ticker(self.view, sending) as ticker:
             ticker.refresh = lambda: sent_progress(sending, meter)

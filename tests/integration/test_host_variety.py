@@ -25,6 +25,7 @@ import pytest
 
 from tests.lab import Lab, LabHost, LabUnsupported, pythons
 from tests.support.lab_cli import tfdeploy as lab_tfdeploy
+from tests.support.sizes import sizes_sent
 
 pytestmark = pytest.mark.lab
 
@@ -335,7 +336,7 @@ def test_shared_home_push_sends_each_content_once(
         out = tfdeploy(
             "up", str(inventory), state=tmp_path / "state", timeout=45, check_rc=0
         ).stdout
-        sent = [int(b) for b in re.findall(r"(\d+) bytes sent", out)]
+        sent = sizes_sent(out)
         # The three hosts share one store: the 300 kB cross the wire once, not three times.
         assert sent and 300_000 <= sent[0] < 2 * 300_000, out
     finally:

@@ -21,6 +21,7 @@ import pytest
 
 from tests.lab import Lab
 from tests.support.lab_cli import EXAMPLES, TF_ENV, accuracies, tfdeploy
+from tests.support.sizes import sizes_sent
 
 pytestmark = pytest.mark.lab
 
@@ -188,7 +189,7 @@ def test_redeploy_of_unchanged_code_sends_no_bytes(
     state = tmp_path / "state"
     first = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
     second = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
-    sent = [int(b) for b in re.findall(r"(\d+) bytes sent", first + second)]
+    sent = sizes_sent(first + second)
     # Every workdir got every file once: loopback hosts share one home, so one workdir.
     workdirs = 2 if clean_lab.isolated else 1
     assert sent[0] >= workdirs * 200_000  # data.bin is new; main.py may be there already

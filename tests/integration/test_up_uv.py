@@ -20,6 +20,7 @@ import pytest
 from deployer.envs.uv import UV_VERSION
 from tests.lab import Lab, LabHost
 from tests.support.lab_cli import tfdeploy
+from tests.support.sizes import sizes_sent
 from tests.support.wheels import make_uv_wheel, make_wheel, uv_binary
 
 BASE = "/usr/bin/python3"  # the hosts' system Python
@@ -28,15 +29,34 @@ pytestmark = pytest.mark.skipif(UV is None, reason="no uv binary here (dev extra
 
 # What the task says of its venv: whether pip is in it (uv builds venvs without pip),
 # tinydep's file as (inode, links): a file linked from the host's uv cache is shared; and the
-# inode of tinydep's bytecode after the import (written by it, or found valid and used).
+# inode and links of tinydep's bytecode after the import (written by it, or found valid and
+# used: a file the host's bytecode store links, remote/bytecode.py, has two or more).
 TRAIN = """\
 import importlib.util, os, sys
 import tinypkg, tinydep
 st = os.stat(tinydep.__file__)
-pyc = os.stat(importlib.util.cache_from_source(tinydep.__file__)).st_ino
+pyc = os.stat(importlib.util.cache_from_source(tinydep.__file__))
 pip = os.path.exists(os.path.join(sys.prefix, "bin", "pip"))
-print("venv", sys.prefix, "pip", pip, "tinydep", st.st_ino, st.st_nlink, "pyc", pyc)
+print("venv", sys.prefix, "pip", pip, "tinydep", st.st_ino, st.st_nlink, "pyc", pyc.st_ino,
+      pyc.st_nlink)
 """
+# A task that rewrites its venv's bytecode of tinydep, in place, with code that prints
+# POISONED (stamped with the source's mtime and size, so Python takes it): in its own venv it
+# runs; it must reach no other venv (docs/environments.md: "neither venv can change the other's").
+POISON = (
+    TRAIN
+    + """\
+import marshal
+path = importlib.util.cache_from_source(tinydep.__file__)
+head = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
+head += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+head += (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+code = compile("print('POISONED', flush=True)", tinydep.__file__, "exec")
+with open(path, "r+b") as f:
+    f.truncate(0)
+    f.write(head + marshal.dumps(code))
+"""
+)
 
 
 @pytest.fixture
@@ -63,15 +83,16 @@ def _job(tmp_path: Path, requirements: str, **extra: Any) -> tuple[Path, dict[st
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     (code / "train.py").write_text(TRAIN)
+    (code / "poison.py").write_text(POISON)
     (code / "requirements.txt").write_text(requirements)
     job = {"python": BASE, "requirements": "requirements.txt", "require_tensorflow": False}
     return code, job | extra
 
 
-def _said(out: str) -> list[tuple[str, str, int, int]]:
-    """(venv, pip in it, tinydep's inode, its bytecode's inode) of each task."""
-    found = re.findall(r"venv (\S+) pip (True|False) tinydep (\d+) (\d+) pyc (\d+)", out)
-    return [(venv, pip, int(ino), int(pyc)) for venv, pip, ino, _, pyc in found]
+def _said(out: str) -> list[tuple[str, str, int, int, int]]:
+    """(venv, pip in it, tinydep's inode, its bytecode's inode and links) of each task."""
+    found = re.findall(r"venv (\S+) pip (True|False) tinydep (\d+) (\d+) pyc (\d+) (\d+)", out)
+    return [(venv, pip, int(ino), int(pyc), int(n)) for venv, pip, ino, _, pyc, n in found]
 
 
 def test_uv_builds_by_default_and_a_new_env_links_shared_wheels_and_bytecode(
@@ -83,21 +104,23 @@ def test_uv_builds_by_default_and_a_new_env_links_shared_wheels_and_bytecode(
     first = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
     assert "2 wheels" in first and ", installed with uv" in first, first
     assert re.search(r"environment built on \S+ \(uv, ", first), first
-    [(venv1, pip1, ino1, pyc1)] = _said(first)
+    [(venv1, pip1, ino1, pyc1, _)] = _said(first)
     assert pip1 == "False", first  # built by uv: no pip of its own
     # One more requirement: a new environment, built by uv from the same host cache, so the
     # wheel both share is linked (one inode in both venvs), not unpacked again.
     (code / "requirements.txt").write_text("tinypkg==1.0\ntinyextra==1.0\n")
     second = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
     assert re.search(r"environment built on \S+ \(uv, ", second), second
-    [(venv2, _, ino2, pyc2)] = _said(second)
+    [(venv2, _, ino2, pyc2, links2)] = _said(second)
     assert venv2 != venv1 and ino2 == ino1, second
-    # The bytecode the first environment's task compiled was linked into the second one
-    # (remote/bytecode.py), and Python found it valid: it did not compile tinydep again.
-    assert pyc2 == pyc1, second
+    # The second environment started with bytecode of tinydep, the module the first one's task
+    # imported: the host's store's, compiled by the seeding (remote/bytecode.py), never the
+    # file that task wrote; and Python found it valid: it did not compile tinydep again (a
+    # file of its own would have one link).
+    assert pyc2 != pyc1 and links2 >= 2, second
     # The uv wheel was sent with the first environment only: the second sends tinyextra alone.
-    sent = re.search(r"(\d+) bytes sent", second)
-    assert sent is not None and int(sent.group(1)) < 50_000, second
+    sent = sizes_sent(second)
+    assert sent and sent[0] < 50_000, second
 
 
 def test_pip_by_choice_sends_no_uv_wheel(
@@ -108,10 +131,10 @@ def test_pip_by_choice_sends_no_uv_wheel(
     out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
     assert ", installed with pip" in out and "installed with uv" not in out, out
     assert re.search(r"environment built on \S+ \(pip, ", out), out
-    [(_, pip, _, _)] = _said(out)
+    [(_, pip, _, _, _)] = _said(out)
     assert pip == "True", out
-    sent = re.search(r"(\d+) bytes sent", out)  # uv's wheel is ~40 MB here; the job's, bytes
-    assert sent is not None and int(sent.group(1)) < 1_000_000, out
+    sent = sizes_sent(out)  # uv's wheel is ~40 MB here; the job's, bytes
+    assert sent and sent[0] < 1_000_000, out
 
 
 def test_without_a_uv_wheel_for_the_hosts_pip_installs_and_up_says_why(
@@ -184,3 +207,35 @@ def test_a_building_host_reports_its_progress_in_wheels_every_few_seconds(
     # A warm up reuses the venv at once: no progress to report.
     again = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
     assert "installing on" not in again and "environment reused on" in again, again
+
+
+def test_a_pyc_a_task_wrote_into_its_venv_reaches_no_other_venv(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    """Job A's task rewrites tinydep's bytecode in its venv with code that prints POISONED; job
+    B's new venv, seeded from A's (issue 58: it linked A's file and printed POISONED), runs
+    tinydep's own code, from bytecode the seeding compiled; and when B's task rewrites that
+    file in place (a link of the host's store), job C's venv finds the store's entry changed
+    and compiles it again."""
+    for extra in ("tinyone", "tinytwo"):
+        make_wheel(index, extra, "1.0")
+    code, job = _job(tmp_path, "")
+
+    def up(name: str, requirements: str, script: str) -> str:
+        (code / "requirements.txt").write_text(requirements)
+        runs = job | {"name": name, "command": f"python3 {script}"}
+        inventory = lab_inventory([[{"role": "worker"}]], code=code, job=runs)
+        return tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
+
+    first = up("joba", "tinypkg==1.0\ntinyone==1.0\n", "poison.py")
+    assert "POISONED" not in first, first  # tinydep was imported before the rewrite
+    again = up("joba", "tinypkg==1.0\ntinyone==1.0\n", "train.py")
+    assert "| POISONED" in again, again  # the rewrite is real: A's own venv runs it
+    second = up("jobb", "tinypkg==1.0\ntinyone==1.0\ntinytwo==1.0\n", "poison.py")
+    assert "POISONED" not in second, second
+    [(venv2, _, _, _, links2)] = _said(second)
+    assert links2 >= 2, second  # seeded: the store's file, which Python took as valid
+    third = up("jobc", "tinypkg==1.0\ntinytwo==1.0\n", "train.py")
+    assert "POISONED" not in third, third
+    [(venv3, _, _, _, links3)] = _said(third)
+    assert venv3 != venv2 and links3 >= 2, third

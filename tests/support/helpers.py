@@ -27,8 +27,12 @@ command = "python3 train.py"
 
 
 def write_toml(tmp_path: Path, text: str, *, name: str = "inventory.toml") -> Path:
-    """Writes an inventory next to an existing `code` directory and returns its path."""
+    """Writes an inventory next to a `code` directory that holds JOB's script (preflight
+    refuses a command whose script is not in `code`) and returns its path."""
     (tmp_path / "code").mkdir(exist_ok=True)
+    script = tmp_path / "code" / "train.py"
+    if not script.exists():
+        script.write_text("print('stand-in for the job script')\n")
     path = tmp_path / name
     path.write_text(textwrap.dedent(text), encoding="utf-8")
     return path

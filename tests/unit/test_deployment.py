@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from deployer.core.errors import HostsFailed, Interrupted, JobFailed
+from deployer.core.text import human_size
 from tests.support.fakehost import RecordingView
 from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import JOB
@@ -343,7 +344,7 @@ def test_a_push_says_what_was_already_there_only_when_something_was(
     first = h.hosts["a"].received_bytes
     assert first == len("print('hi')\n1 2 3\n")
     assert _pushed(h.view).startswith(
-        f"pushed 2 files to 2 hosts: {2 * first} bytes sent (4 files) (run "
+        f"pushed 2 files to 2 hosts: {human_size(2 * first)} sent (4 files) (run "
     )
     h.view = RecordingView()
     a = h.hosts["a"]
@@ -361,7 +362,7 @@ def test_a_push_says_what_was_already_there_only_when_something_was(
     h.run(h.at(1, finish))
     assert h.hosts["a"].received_bytes == first + len(changed)
     assert _pushed(h.view).startswith(
-        f"pushed 2 files to 2 hosts: {2 * len(changed)} bytes sent (2 files), "
+        f"pushed 2 files to 2 hosts: {human_size(2 * len(changed))} sent (2 files), "
         "the rest already there"
     )
 
