@@ -275,7 +275,7 @@ def test_refused_abbreviations_are_what_sbatch_really_takes_them_for(
     # `--parti=` for --partition (the allocation then invisible to tfdeploy's `squeue -n`).
     from deployer.core.errors import InventoryError
     from deployer.sources import load_inventory
-    from tests.unit.test_slurm import BASE
+    from tests.support.slurm_outputs import BASE
 
     written = {"--job-n": "probe58", "--parti": "urgent", "--comm": "c"}
     taken = {"--job-n": "JobName", "--parti": "Partition", "--comm": "Comment"}

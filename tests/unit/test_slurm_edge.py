@@ -38,7 +38,7 @@ from deployer.sources.slurm.outputs import (
 )
 from deployer.sources.slurm.sbatch_options import LONG_OPTIONS, resolve
 from deployer.sources.slurm.settings import OWN_OPTIONS, SlurmSettings
-from tests.unit.test_slurm import BASE, JOB_DETAIL, NODES, PARTITION
+from tests.support.slurm_outputs import BASE, JOB_DETAIL, NODES, PARTITION
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
