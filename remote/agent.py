@@ -41,6 +41,25 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         busy, held = [p for p in ports if not _bindable(p)], {}
     else:
         busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable, job)
+    try:
+        return _hello_reply(req, workdir, run_id, busy, held, others, with_runs)
+    except BaseException:
+        # A hello that fails after reserving answers ok:false, and its `up` then releases
+        # nothing here (it holds no reply): what it reserved goes with it.
+        if run_id is not None and not busy:
+            reservations.release(workdir, run_id)
+        raise
+
+
+def _hello_reply(
+    req: dict[str, Any],
+    workdir: Path,
+    run_id: str | None,
+    busy: list[int],
+    held: dict[int, str],
+    others: list[str],
+    with_runs: bool,
+) -> protocol.HelloReply:
     # `runs`: the reply carries what op_runs would (status, down): one round trip less.
     extra: dict[str, Any] = {"runs": op_runs(req)["runs"]} if with_runs else {}
     listen = params.param(req, "listen", dict, None)
@@ -347,6 +366,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     protocol.OP_ENVIRONMENT: _deferred("envop", "op_env"),
     protocol.OP_IMAGE: _deferred("imageop", "op_image"),
     protocol.OP_ENV_PROGRESS: _deferred("envop", "op_env_progress"),
+    protocol.OP_KEEP: _deferred("keeper", "op_keep"),
 }
 
 

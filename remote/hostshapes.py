@@ -195,6 +195,23 @@ class PeersPidReply(TypedDict):
     pid: int
 
 
+class KeepBase(TypedDict):
+    action: str  # KEEP_*
+    run_id: str
+    secret: str  # the run's keeper secret (hex): over SSH only, never written down
+
+
+class KeepRequest(KeepBase, total=False):
+    address: str  # warden: this host's cluster address, where it listens
+    idle_seconds: float  # warden: leaves after this long unasked while no task runs here
+    plan: dict[str, Any]  # keeper: the run's hosts (and their wardens), tasks and policy
+
+
+class KeepWardenReply(TypedDict):
+    port: int  # the warden's port on the cluster address
+    pid: int
+
+
 class ChainEntryBase(TypedDict):
     error: str  # "" when that host stored everything
 
@@ -300,3 +317,4 @@ FirewallReply = Union[
 ]
 NetcheckReply = Union[ListenReply, ProbeReply, ClosedReply]
 PeersReply = Union[PeersPidReply, ChainReply, ClosedReply]
+KeepReply = Union[KeepWardenReply, PeersPidReply]

@@ -35,6 +35,7 @@ OP_PRUNE: Final = "prune"
 OP_ENVIRONMENT: Final = "env"
 OP_IMAGE: Final = "image"
 OP_ENV_PROGRESS: Final = "envprogress"
+OP_KEEP: Final = "keep"
 OPS: Final = (
     OP_HELLO,
     OP_HAVE,
@@ -57,6 +58,7 @@ OPS: Final = (
     OP_ENVIRONMENT,
     OP_IMAGE,
     OP_ENV_PROGRESS,
+    OP_KEEP,
 )
 
 # The "action" of the ops that have several: firewall, netcheck, peers.
@@ -68,6 +70,8 @@ NETCHECK_LISTEN: Final = "listen"
 NETCHECK_PROBE: Final = "probe"
 NETCHECK_CLOSE: Final = "close"
 PEERS_RELAY: Final = "relay"
+KEEP_WARDEN: Final = "warden"  # keep: this host's warden of a kept run (remote/warden.py)
+KEEP_KEEPER: Final = "keeper"  # keep: the run's keeper (remote/keeper.py)
 PEERS_SEED: Final = "seed"
 PEERS_CLOSE: Final = "close"
 IMAGE_CHECK: Final = "check"

@@ -65,6 +65,32 @@ def op_start(req: dict[str, Any]) -> protocol.TasksReply:
     return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
 
 
+def relaunch(run_dir: Path, names: list[str], attempt: int) -> list[dict[str, Any]]:
+    """The named tasks started again exactly as recorded (spec.json: the command, environment
+    and container the controller's start asked for), only TFDEPLOY_ATTEMPT set to `attempt`:
+    what a run's keeper may do (keeper.py), which can start no command the controller did not."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt < 10**6:
+        raise params.AgentError(f"attempt must be a whole number, got {attempt!r:.20}")
+    with layout.run_lock(run_dir):
+        if layout.run_stopped(run_dir):
+            raise layout.StoppedRun(run_dir.name)
+        launched = []
+        for name in names:
+            task_dir = run_dir / "tasks" / params.task_dirname(name)
+            spec = layout.read_json(task_dir / "spec.json")
+            if not isinstance(spec, dict):
+                raise params.AgentError(f"run {run_dir.name} has no recorded task {name}")
+            if procs.task_state(task_dir)[0] == protocol.STATE_RUNNING:
+                raise params.AgentError(f"task {name} of run {run_dir.name} is still running")
+            env = {**spec.get("env", {}), protocol.ATTEMPT_ENV: str(attempt)}
+            fields = {k: v for k, v in spec.items() if k not in ("grace", "restarts")}
+            grace = float(spec.get("grace", DEFAULT_GRACE))
+            launched.append((task_dir, _launch(run_dir, task_dir, {**fields, "env": env}, grace)))
+        layout.touch(run_dir / "lease")
+        _wait_started(launched)
+    return [procs.task_status(task_dir) for task_dir, _ in launched]
+
+
 def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise params.AgentError(f"each task must be an object (name, command), got {item!r:.80}")
@@ -357,6 +383,9 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
     now = time.time()
     stops: list[_Stop | _SetupStop] = []
     if names is None:
+        import warden  # a kept run's keeper and warden here end first: no restart races this
+
+        warden.stop_all(layout.workdir_path(req), run_dir.name)
         with layout.run_lock(run_dir):  # no start is half-way through creating tasks now
             if not layout.run_stopped(run_dir):
                 _mark_stopped(run_dir, {"requested": now, "grace": grace})

@@ -11,7 +11,7 @@ from typing import Any
 
 from deployer.hosts.channel import Channel
 from deployer.hosts.fetching import FETCH_AHEAD, Fetched, FetchOrder, FetchReading
-from deployer.hosts.replies import Edge, metric_record, text
+from deployer.hosts.replies import Edge, metric_records, text
 from deployer.hosts.reply_types import (
     Collected,
     Escaped,
@@ -153,6 +153,32 @@ class Agent(Channel):
         """Drops the run's lease: it outlives the controller from now on (`up --detach`)."""
         request: protocol.RunRequest = {"run_id": run_id}
         self.ask(protocol.OP_DETACH, protocol.DetachReply, **request)
+
+    def keep_warden(self, run_id: str, secret: str, address: str, idle_seconds: float) -> int:
+        """Starts this host's warden of the run on its cluster address; returns its port."""
+        request: protocol.KeepRequest = {
+            "action": protocol.KEEP_WARDEN,
+            "run_id": run_id,
+            "secret": secret,
+            "address": address,
+            "idle_seconds": idle_seconds,
+        }
+        reply = self.ask(protocol.OP_KEEP, protocol.KeepWardenReply, **request)
+        edge = Edge(self.host, protocol.OP_KEEP)
+        port = edge.count(reply["port"], "the warden's port")
+        if not 0 < port < 65536:
+            raise edge.error("port", f"{port} is no TCP port")
+        return port
+
+    def keep(self, run_id: str, secret: str, plan: dict[str, Any]) -> None:
+        """Starts the run's keeper on this host: from now on it holds the run's policy."""
+        request: protocol.KeepRequest = {
+            "action": protocol.KEEP_KEEPER,
+            "run_id": run_id,
+            "secret": secret,
+            "plan": plan,
+        }
+        self.ask(protocol.OP_KEEP, protocol.PeersPidReply, **request)
 
     def release(self, run_id: str) -> None:
         """Drops the run's port reservations (preflight failed: nothing of it will start)."""
@@ -418,6 +444,5 @@ def _metric_lines(
         offset = edge.count(entry["offset"], f"{name}'s metrics offset")
         if offset < asked[name]:
             raise edge.error(f"{name}'s metrics offset", f"went back ({offset} < {asked[name]})")
-        records = (metric_record(line) for line in entry["lines"][:1024])
-        found[name] = (offset, tuple(r for r in records if r is not None))
+        found[name] = (offset, metric_records(entry["lines"][:1024]))  # lines dropped counted
     return found

@@ -29,6 +29,7 @@ from deployer.results.state import new_run_id
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
 from deployer.up.artifacts import ArtifactsPull
+from deployer.up.handover import hand_over, kept
 from deployer.up.prepare import Preparation
 from deployer.up.records import Journal, archive_warning, run_facts
 from deployer.up.recovery import Recovery
@@ -206,9 +207,17 @@ class Deployment:
         self.recovery.arm_idle_stop()
         self.firewall_up()
         self.start_and_watch()
-        if self.options.detach:
+        if self.options.detach and kept(self.plan):
+            where = hand_over(self.fleet, self.members, self.plan, self.run_id)
+            self.view.step(
+                f"run {self.run_id} is running detached, kept by its keeper on {where}: its "
+                f'failure policy (on_failure = "{self.plan.job.on_failure}") goes on without '
+                "this machine"
+            )
+        elif self.options.detach:
             self.detach()
             self.view.step(f"run {self.run_id} is running detached")
+        if self.options.detach:
             for line in next_steps(self.run_id, self.plan.job.artifacts, detached=True):
                 self.view.step(line)
             return 0

@@ -306,6 +306,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_ENVIRONMENT, P.EnvBase, P.EnvRequest, P.EnvReply),
     (P.OP_IMAGE, P.ImageBase, P.ImageRequest, P.ImageReply),
     (P.OP_ENV_PROGRESS, P.EnvProgressRequest, P.EnvProgressReply),
+    (P.OP_KEEP, P.KeepBase, P.KeepRequest, *P.KeepReply.__args__),
 ]
 
 

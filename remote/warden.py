@@ -1,0 +1,179 @@
+"""A run's warden on one host: the way into this host's agent for the run's keeper.
+
+The keeper (keeper.py, on one host of the run) holds the run's failure policy once the
+controller has handed it over, so it must reach every host without an SSH key of its own. Each
+host runs one warden per kept run: a detached listener on the host's cluster address (never
+the wildcard), that answers only requests proved with the run's keeper secret (keepwire.py),
+only about its own run, and only the ops a policy needs:
+
+- `poll`: the run's task states here, and a heartbeat (the run's lease, as the controller's
+  polls were): the keeper gone, the hosts stop the run by the lease rule, so it is never orphaned;
+- `stop`: named tasks of the run (and what escaped them), as a whole-job restart stops them;
+- `restart`: named tasks started again exactly as the controller's start recorded them, with
+  only TFDEPLOY_ATTEMPT changed (taskops.relaunch): no command the controller did not send;
+- `end`: the run is over; the warden leaves.
+
+What a compromised host of the run can make the others do is therefore bounded by the run
+itself: stop its tasks, start them again as they were, and keep its lease alive (or let it
+lapse). It can start no other command, read no file, and reach no other run (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import daemon
+import keepwire
+import layout
+import params
+import procs
+import protocol
+
+# What a keeper may ask (the request's "ask"): a vocabulary of its own, not the agent's ops.
+POLL, STOP, RESTART, END = "poll", "stop", "restart", "end"
+WARDEN_OPS = (POLL, STOP, RESTART, END)
+ACCEPT_WAIT_S = 1.0
+
+
+def record_path(workdir: Path, run_id: str, kind: str) -> Path:
+    """Where this host records the run's warden or keeper (a whole-run stop ends both)."""
+    return layout.host_dir(workdir) / "keep" / f"{run_id}.{kind}.json"
+
+
+def start(req: dict[str, Any]) -> dict[str, Any]:
+    """Binds the cluster address (a free port), then serves in a detached process."""
+    workdir = layout.workdir_path(req)
+    run_dir = layout.run_path(req)
+    address = params.param(req, "address", str)
+    secret = secret_of(req)
+    idle_s = float(params.param(req, "idle_seconds", (int, float), 120.0))
+    record = record_path(workdir, run_dir.name, "warden")
+    daemon.stop(record)  # a warden of an earlier hand-over of this run
+    family = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((address, 0))
+        sock.listen(16)
+    except OSError as exc:
+        sock.close()
+        raise params.AgentError(f"cannot listen on {address}: {exc.strerror}") from None
+    port = sock.getsockname()[1]
+    pid = daemon.spawn(record, lambda: _serve(sock, workdir, run_dir, secret, idle_s))
+    sock.close()
+    return {"port": port, "pid": pid}
+
+
+def secret_of(req: dict[str, Any]) -> bytes:
+    text = params.param(req, "secret", str)
+    if len(text) < 32 or any(c not in "0123456789abcdef" for c in text):
+        raise params.AgentError("the keeper's secret must be at least 32 lowercase hex digits")
+    return bytes.fromhex(text)
+
+
+def _serve(sock: socket.socket, workdir: Path, run_dir: Path, secret: bytes, idle_s: float) -> None:
+    """Answers until `end`, SIGTERM, or `idle_s` without a proved request while no task of the
+    run runs here (a keeper that died leaves nothing listening for long). Each connection has a
+    thread of its own: a poll (the heartbeat) is answered while a stop of grace seconds runs."""
+    daemon.stop_on_sigterm()
+    sock.settimeout(ACCEPT_WAIT_S)
+    ended = threading.Event()
+    last = [time.monotonic()]
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            done = _answer_one(conn, workdir, run_dir, secret)
+        if done is not None:
+            last[0] = time.monotonic()
+            if done:
+                ended.set()
+
+    try:
+        while not ended.is_set():
+            try:
+                conn, _ = sock.accept()
+            except socket.timeout:
+                if time.monotonic() - last[0] > idle_s and not _running(run_dir):
+                    return
+                continue
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+    except daemon.Stopped:
+        return
+    finally:
+        sock.close()
+
+
+def _answer_one(conn: socket.socket, workdir: Path, run_dir: Path, secret: bytes) -> bool | None:
+    """One connection: None when it proved nothing; else whether the run is over."""
+    conn.settimeout(keepwire.IO_TIMEOUT_S)
+    nonce = keepwire.new_nonce()
+    try:
+        conn.sendall(keepwire.GREETING + nonce + b"\n")
+        line = keepwire.read_line(conn)
+        request = keepwire.verified(secret, keepwire.ASK, nonce, "request", line)
+    except (OSError, keepwire.WireError):
+        return None
+    try:
+        reply: dict[str, Any] = {"ok": True, **_op(request, workdir, run_dir)}
+    except (params.AgentError, layout.StoppedRun, OSError) as exc:
+        reply = {"ok": False, "error": str(exc)[:2000]}
+    with contextlib.suppress(OSError):
+        conn.sendall(keepwire.signed(secret, keepwire.ANSWER, nonce, "reply", reply))
+    return isinstance(request, dict) and request.get("ask") == END
+
+
+def _op(request: Any, workdir: Path, run_dir: Path) -> dict[str, Any]:
+    if not isinstance(request, dict) or request.get("ask") not in WARDEN_OPS:
+        raise params.AgentError(f"a warden answers only {', '.join(WARDEN_OPS)}")
+    if request.get("run_id") != run_dir.name:
+        raise params.AgentError(f"this warden answers only for run {run_dir.name}")
+    op = request["ask"]
+    if op == POLL:
+        layout.touch(run_dir / "lease")  # the keeper's poll is the run's heartbeat
+        return {"tasks": procs.run_statuses(run_dir), "listening": _listening(request)}
+    if op == END:
+        return {}
+    import taskops  # stops and starts pay for their imports
+
+    names = _names(request, run_dir)
+    if op == STOP:
+        grace = taskops.grace_param(request)
+        req = {"workdir": str(workdir), "run_id": run_dir.name, "grace": grace}
+        return dict(taskops.op_stop({**req, "tasks": names, "escaped": True}))
+    return {"tasks": taskops.relaunch(run_dir, names, params.param(request, "attempt", int))}
+
+
+def _names(request: dict[str, Any], run_dir: Path) -> list[str]:
+    names = params.param(request, "tasks", list)
+    known = {d.name for d in layout.task_dirs(run_dir)}
+    for name in names:
+        if not isinstance(name, str) or params.task_dirname(name) not in known:
+            raise params.AgentError(f"run {run_dir.name} has no task {name!r:.60} here")
+    return names
+
+
+def _listening(request: dict[str, Any]) -> list[int]:
+    ports = request.get("ports") or []
+    found = []
+    for port in ports[:256] if isinstance(ports, list) else []:
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    found.append(port)
+            except OSError:
+                pass
+    return found
+
+
+def _running(run_dir: Path) -> bool:
+    return any(procs.task_state(d)[0] == protocol.STATE_RUNNING for d in layout.task_dirs(run_dir))
+
+
+def stop_all(workdir: Path, run_id: str) -> None:
+    """A whole-run stop ends the run's keeper and warden here first: no restart races it."""
+    for kind in ("keeper", "warden"):
+        daemon.stop(record_path(workdir, run_id, kind))

@@ -1,0 +1,205 @@
+"""A detached run keeps its failure policy: its keeper, beside the hosts, restarts and ends it.
+
+The task is TF-shaped (no TensorFlow: the subject is tfdeploy's keeper): it reads TF_CONFIG,
+binds its port, checkpoints a step counter beside itself and resumes from it, and ends 0 after
+its last step, as examples/digits does with a real checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab import Lab
+from tests.lab.base import wait_until
+from tests.support.faults import pids_of, tfdeploy
+
+pytestmark = pytest.mark.lab
+
+STEPS = 40
+
+# One step every 0.25 s, the counter saved after each (in the host's private /tmp, where the
+# test reads it): attempt 0 is killed half-way, and the next attempt resumes from it.
+TASK = r"""
+import json, os, socket, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+kind, index = cfg["task"]["type"], cfg["task"]["index"]
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(cfg["cluster"][kind][index].rsplit(":", 1)[1])))
+server.listen()
+ckpt = "/tmp/kept-" + os.environ["TFDEPLOY_RUN_ID"] + "-" + kind + "-" + str(index)
+step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+attempt = os.environ["TFDEPLOY_ATTEMPT"]
+print(kind, index, "attempt", attempt, "resumed from step" if step else "starting at step", step,
+      flush=True)
+while step < int(sys.argv[1]):
+    time.sleep(0.25)
+    step += 1
+    with open(ckpt + ".part", "w") as f:
+        f.write(str(step))
+    os.replace(ckpt + ".part", ckpt)
+    print("step", step, flush=True)
+print(kind, index, "done at step", step, flush=True)
+"""
+
+
+def _inventory(lab: Lab, lab_inventory: Any, tmp_path: Path, **job: Any) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "keeptask.py").write_text(TASK)
+    table = {
+        "name": "kept",
+        "command": f"{lab.python} keeptask.py {STEPS}",
+        "on_failure": "restart-job",
+        "max_restarts": 2,
+        "restart_backoff": 1,
+        "stop_grace": 2,
+        # Shorter than the run: the keeper's polls must renew it, or the hosts stop the run.
+        "lease_seconds": 6,
+    } | job
+    return lab_inventory([[{"role": "worker"}]] * 2, code=code, job=table)  # type: ignore[no-any-return]
+
+
+def _status(inventory: Path, run_id: str, tmp_path: Path) -> list[dict[str, Any]]:
+    out = tfdeploy(
+        "status", run_id, "-i", str(inventory), "--json", state=tmp_path / "look", check_rc=0
+    )
+    return [dict(t, host=r["host"]) for r in json.loads(out.stdout)["runs"] for t in r["tasks"]]
+
+
+def _keeper_events(lab: Lab, host: Any, run_id: str) -> list[dict[str, Any]]:
+    """What the keeper recorded in its run folder (workdir ~/.tfdeploy, as the lab writes it)."""
+    found = lab.run(host, ["sh", "-c", f"cat ~/.tfdeploy/hosts/*/runs/{run_id}/keeper.json"])
+    events: list[dict[str, Any]] = json.loads(found.stdout)["events"]
+    return events
+
+
+def _step(lab: Lab, host: Any, run_id: str, task: str) -> int:
+    """The task's checkpointed step on its host (0 before its first save)."""
+    path = f"/tmp/kept-{run_id}-{task.replace(':', '-')}"
+    said = lab.run(host, ["sh", "-c", f"cat {path} 2>/dev/null || echo 0"]).stdout.split()
+    return int(said[-1]) if said else 0
+
+
+@pytest.mark.isolated
+def test_a_detached_run_restarts_by_itself_after_a_killed_worker_and_ends_succeeded(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """`up --detach` of a restart-job job, then one worker SIGKILLed on its host with no
+    tfdeploy command running: the keeper stops the attempt, starts every task again
+    (TFDEPLOY_ATTEMPT=1), both resume from their checkpoints and end 0; `status` reads one
+    restart each; `down` exits 0; the keeper and wardens leave (issue 59: nothing restarted a
+    detached run, and the other worker finished alone)."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path)
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
+    assert found, up.stdout
+    run_id = found.group(1)
+    wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+
+    def ended() -> bool:
+        events = _keeper_events(lab, h1, run_id)
+        return bool(events) and "ended" in events[-1]
+
+    wait_until("the keeper to end the run", ended, timeout=120, interval=0.5)
+    tasks = _status(inventory, run_id, tmp_path)
+    assert {(t["name"], t["exit_code"], t["restarts"]) for t in tasks} == {
+        ("worker:0", 0, 1),
+        ("worker:1", 0, 1),
+    }, tasks
+    logs = tfdeploy("logs", run_id, "-i", str(inventory), state=tmp_path / "look", check_rc=0)
+    assert re.search(r"worker 1 attempt 1 resumed from step (\d+)", logs.stdout), logs.stdout
+    assert f"worker 0 done at step {STEPS}" in logs.stdout
+    assert f"worker 1 done at step {STEPS}" in logs.stdout
+    events = _keeper_events(lab, h1, run_id)
+    restarts = [e for e in events if "restart_job" in e]
+    assert [e["cause"] for e in restarts] == ["worker:1 was killed by signal 9"], events
+    assert events[-1]["ended"]["outcome"] == "succeeded", events
+    # The keeper and both wardens leave with the run; `down` then has nothing left to stop.
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+    wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
+    tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "look", check_rc=0)
+
+
+@pytest.mark.isolated
+def test_down_stops_a_kept_run_its_keeper_and_its_wardens(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """`down` of a kept run stops the keeper and the wardens first (no restart races the stop),
+    then the tasks; and the run outlived several of its lease periods before (the keeper's
+    polls renew it)."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path)
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    found = re.search(r"run (\S+) is running detached, kept", up.stdout)
+    assert found, up.stdout
+    run_id = found.group(1)
+    began = time.monotonic()
+    wait_until(
+        "worker:0 to pass step 30 (7.5 s: past the 6 s lease)",
+        lambda: _step(lab, h1, run_id, "worker:0") >= 30,
+        60,
+    )
+    assert time.monotonic() - began >= 6  # physics: 30 steps of 0.25 s
+    tasks = _status(inventory, run_id, tmp_path)
+    assert {t["state"] for t in tasks} == {"running"}, tasks
+    tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "fresh", check_rc=0)
+    for host in (h1, h2):
+        assert not pids_of(lab, host, "keeptask.py")
+        assert not lab.leftovers(host, 10), lab.leftovers(host)
+
+
+@pytest.mark.isolated
+def test_a_kept_run_waits_for_a_lost_host_and_restarts_the_job_when_it_is_back(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """The keeper's host loses contact with another host of the run for longer than the lease:
+    that host's tasks stop by their lease, the keeper restarts the job once the host answers
+    again (each restart that finds it still silent takes the next backoff), and the run ends
+    succeeded, resumed from the checkpoints."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path, max_restarts=6)
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    found = re.search(r"run (\S+) is running detached, kept", up.stdout)
+    assert found, up.stdout
+    run_id = found.group(1)
+    wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
+    lab.cut_link(h2)
+    try:
+        # Unreachable, h2 stops its task when the keeper's heartbeat (its lease) lapses.
+        wait_until("h2's lease to lapse", lambda: not pids_of(lab, h2, "keeptask.py"), 60)
+
+        def restarting() -> bool:
+            return any("restart_job" in e for e in _keeper_events(lab, h1, run_id))
+
+        wait_until("the keeper to restart the job", restarting, 60, interval=0.5)
+    finally:
+        lab.restore_link(h2)
+
+    def ended() -> bool:
+        events = _keeper_events(lab, h1, run_id)
+        return bool(events) and "ended" in events[-1]
+
+    wait_until("the keeper to end the run", ended, timeout=180, interval=0.5)
+    events = _keeper_events(lab, h1, run_id)
+    assert events[-1]["ended"]["outcome"] == "succeeded", events
+    causes = [e["cause"] for e in events if "restart_job" in e]
+    assert causes[0].startswith(f"host {h2.name} was lost"), causes
+    tasks = _status(inventory, run_id, tmp_path)
+    assert {(t["name"], t["exit_code"]) for t in tasks} == {("worker:0", 0), ("worker:1", 0)}
+    logs = tfdeploy("logs", run_id, "-i", str(inventory), state=tmp_path / "look", check_rc=0)
+    assert re.search(r"worker 1 attempt \d+ resumed from step", logs.stdout), logs.stdout
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+    wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
