@@ -260,9 +260,17 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
                 "hosts_at": meta.get("hosts_at") if listed else None,
                 "tasks": tasks,
                 "starting": not tasks and _preparing(run_dir, meta, now),
+                "kept": _kept(workdir, run_dir.name),
             }
         )
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
+
+
+def _kept(workdir: Path, run_id: str) -> bool:
+    """The run's keeper or warden lives here (a kept run between two attempts is not over)."""
+    import warden
+
+    return warden.alive(workdir, run_id)
 
 
 def _claimed(run_id: str, claim: dict[str, Any]) -> protocol.RunShape:

@@ -115,6 +115,9 @@ class RunShape(RunBase, total=False):
     # No task yet, and its `up` is preparing it (pushing, installing, setting up, starting):
     # a run for `down`, `status` and `prune` from its preflight's reservation on.
     starting: bool
+    # Its keeper or warden lives on this host (remote/warden.py): the run is not over while
+    # they are, even with every task exited (a restart's backoff).
+    kept: bool
 
 
 class HelloFacts(TypedDict):

@@ -173,6 +173,15 @@ def _running(run_dir: Path) -> bool:
     return any(procs.task_state(d)[0] == protocol.STATE_RUNNING for d in layout.task_dirs(run_dir))
 
 
+def alive(workdir: Path, run_id: str) -> bool:
+    """Whether the run's keeper or warden recorded here is still that live process."""
+    for kind in ("keeper", "warden"):
+        found = layout.read_json(record_path(workdir, run_id, kind))
+        if isinstance(found, dict) and procs.process_alive(found.get("pid"), found.get("ticks")):
+            return True
+    return False
+
+
 def stop_all(workdir: Path, run_id: str) -> None:
     """A whole-run stop ends the run's keeper and warden here first: no restart races it."""
     for kind in ("keeper", "warden"):

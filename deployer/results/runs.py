@@ -48,10 +48,13 @@ class HostRun:
     # No task yet: its `up` is preparing it (pushing, installing, setting up, starting). A run
     # from its preflight's reservation on: `down` stops it, and the host then refuses the rest.
     starting: bool = False
+    # Its keeper or warden lives there: a kept run between two attempts (every task exited,
+    # the next about to start) is not over (docs/up.md, "A kept run").
+    kept: bool = False
 
     @property
     def active(self) -> bool:
-        return self.starting or any(not t.finished for t in self.tasks)
+        return self.starting or self.kept or any(not t.finished for t in self.tasks)
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,7 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         hosts=pairs,
         hosts_at=edge.number(hosts_at, "a run's hosts_at", "hosts_at") or 0.0,
         starting=r.get("starting") is True and not tasks,
+        kept=r.get("kept") is True,
     )
 
 

@@ -203,3 +203,37 @@ def test_a_kept_run_waits_for_a_lost_host_and_restarts_the_job_when_it_is_back(
     assert re.search(r"worker 1 attempt \d+ resumed from step", logs.stdout), logs.stdout
     wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
     wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
+
+
+@pytest.mark.isolated
+def test_a_kept_run_between_two_attempts_is_not_over(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """In a restart's backoff every task has exited, yet the run goes on: `status` must not
+    record an end (`runs` would say stopped while the keeper starts the next attempt), and
+    `down` stops the run there and then, keeper included, instead of "nothing to stop"."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path, restart_backoff=120)
+    state = tmp_path / "state"
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    found = re.search(r"run (\S+) is running detached, kept", up.stdout)
+    assert found, up.stdout
+    run_id = found.group(1)
+    wait_until("worker:1 to pass step 4", lambda: _step(lab, h2, run_id, "worker:1") >= 4, 60)
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+
+    def backing_off() -> bool:
+        stopped = not pids_of(lab, h1, "keeptask.py") and not pids_of(lab, h2, "keeptask.py")
+        return stopped and any("restart_job" in e for e in _keeper_events(lab, h1, run_id))
+
+    wait_until("the keeper's backoff, every task stopped", backing_off, 60, interval=0.5)
+    tfdeploy("status", str(inventory), state=state, check_rc=0)
+    runs = tfdeploy("runs", "--json", state=state, check_rc=0)
+    [mine] = [r for r in json.loads(runs.stdout)["runs"] if r["run_id"] == run_id]
+    assert mine["outcome"] == "running", mine
+    down = tfdeploy("down", run_id, "-i", str(inventory), state=state, check_rc=0)
+    assert f"stopped run {run_id}" in down.stdout, down.stdout
+    for host in (h1, h2):
+        assert not lab.leftovers(host, 10), lab.leftovers(host)

@@ -73,6 +73,7 @@ def test_an_images_tensorflow_is_compared_with_the_host_pythons(
     lab.import_test_image(h1, image)  # type: ignore[attr-defined]
     code = tmp_path / "code"
     code.mkdir()
+    (code / "train.py").write_text("")  # preflight refuses a command whose script is missing
     job = {
         "command": f"{VENV}/bin/python train.py",
         "container_mounts": ["/usr:ro", "/lib:ro", "/lib64:ro", f"{VENV}:ro"],
