@@ -5,12 +5,18 @@ and content id it installs.
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 import zlib
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TypeVar
 
 from remote import protocol
+
+T = TypeVar("T")
 
 REMOTE_DIR = Path(__file__).resolve().parents[2] / "remote"
 TASK_SIDE_DIR = REMOTE_DIR / "taskside"
@@ -92,7 +98,23 @@ sys.exit(agent.serve(json.dumps(d["request"]).encode()))
 )
 
 
-@cache
+# functools.cache lets every thread that calls before the first call returns compute the value
+# again: the fleet's 20 workers each read and hashed the agent's files at a verb's start
+# (a quarter of a 64-host `status`'s CPU). One lock: computed once per process.
+_ONCE = threading.RLock()  # re-entered: agent_id reads agent_files
+
+
+def _once(fn: Callable[[], T]) -> Callable[[], T]:
+    cached = cache(fn)
+
+    def locked() -> T:
+        with _ONCE:
+            return cached()
+
+    return functools.wraps(fn)(locked)
+
+
+@_once
 def agent_files() -> dict[str, str]:
     """The remote side's source files, pushed to every host (the package marker is not needed),
     and the task-side helpers (remote/taskside/: modules a task imports, never the agent; the
@@ -104,7 +126,7 @@ def agent_files() -> dict[str, str]:
     }
 
 
-@cache
+@_once
 def agent_files_message() -> bytes:
     """The files as the bootstrap reads them, encoded once per process: the size of what
     follows on a line, then the JSON compressed (a third of its size: a first deploy over a
@@ -113,7 +135,7 @@ def agent_files_message() -> bytes:
     return b"%d\n" % len(packed) + packed
 
 
-@cache
+@_once
 def agent_id() -> str:
     """Content hash of the agent: two tfdeploy versions never overwrite each other's agent."""
     return protocol.agent_id((name, text.encode()) for name, text in agent_files().items())

@@ -107,15 +107,55 @@ class Edge:
 
     def _shaped(self, value: object, shape: Any, field: str) -> dict[str, Any]:
         d = self.obj(value, field)
-        inner = "" if field == "the reply" else f"{field}."
-        for key in sorted(shape.__required_keys__):
+        required, fields = _plan(shape)
+        for key in required:
             if key not in d:
-                raise self.error(f"{inner}{key}", "is missing")
-        return {
-            key: self._typed(d[key], kind, f"{inner}{key}", key)
-            for key, kind in _hints(shape).items()
-            if key in d
-        }
+                raise self.error(_joined(field, key), "is missing")
+        out: dict[str, Any] = {}
+        for key, kind, leaf in fields:
+            if key not in d:
+                continue
+            item = d[key]
+            # Most fields are a text, a number or null: checked here without building the
+            # field's name, which only an error needs (every field of every poll comes here).
+            if leaf is not None and ((item is None and leaf[1]) or _is(item, leaf[0])):
+                out[key] = None if item is None else self._leaf(item, field, key)
+            else:
+                out[key] = self._typed(item, kind, _joined(field, key), key)
+        return out
+
+    def _leaves(
+        self, items: list[Any], leaf: tuple[Any, bool], kind: Any, field: str, name: str
+    ) -> list[Any]:
+        """A list's texts or numbers, as `_typed` reads each: a clean item passes without its
+        field's name being made; any other goes the long way, to its error."""
+        out: list[Any] = []
+        versioned = name in reply_bounds.VERSIONS
+        for i, item in enumerate(items):
+            if item is None and leaf[1]:
+                out.append(None)
+            elif (
+                isinstance(item, str)
+                and leaf[0] is str
+                and not versioned
+                and len(item) <= reply_bounds.MAX_TEXT
+                and item.isprintable()
+            ):
+                out.append(item.rstrip())
+            else:
+                out.append(self._typed(item, kind, f"{field}[{i}]", name))
+        return out
+
+    def _leaf(self, value: object, field: str, name: str) -> object:
+        """`_bounded` for a field of a shape, its name made only for an error."""
+        if isinstance(value, str):
+            if len(value) <= reply_bounds.MAX_TEXT and name not in reply_bounds.VERSIONS:
+                return value.rstrip() if value.isprintable() else text(value)
+            return self._bounded(value, _joined(field, name), name)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and reply_bounds.number_problem(name, value) is not None:  # type: ignore[arg-type]
+            return self._bounded(value, _joined(field, name), name)
+        return value
 
     def _typed(self, value: object, kind: Any, field: str, name: str) -> Any:
         """`value` checked as `kind` and bounded as the field `name`; its cleaned copy."""
@@ -127,10 +167,11 @@ class Edge:
         if form == "optional":
             return None if value is None else self._typed(value, inner, field, name)
         if form == "list":
-            return [
-                self._typed(item, inner, f"{field}[{i}]", name)
-                for i, item in enumerate(self.items(value, field))
-            ]
+            items = self.items(value, field)
+            leaf = _leaf_of(inner)
+            if leaf is not None:  # a list of texts or numbers (a run's host list: N per host)
+                return self._leaves(items, leaf, inner, field, name)
+            return [self._typed(item, inner, f"{field}[{i}]", name) for i, item in enumerate(items)]
         if form == "dict":
             return {
                 self._typed(key, str, f"{field} key {key!r:.40}", ""): self._typed(
@@ -335,6 +376,31 @@ def _form(kind: Any) -> tuple[str, Any]:
     if origin is dict:
         return "dict", args[1]
     return "leaf", kind
+
+
+@functools.cache
+def _leaf_of(kind: Any) -> tuple[Any, bool] | None:
+    """(the leaf type, whether null is allowed) for a text, number or flag type, else None."""
+    form, inner = _form(kind)
+    if form == "leaf":
+        return (kind, False)
+    if form == "optional" and _form(inner)[0] == "leaf":
+        return (inner, True)
+    return None
+
+
+def _joined(field: str, key: str) -> str:
+    return key if field == "the reply" else f"{field}.{key}"
+
+
+@functools.cache
+def _plan(
+    shape: Any,
+) -> tuple[tuple[str, ...], tuple[tuple[str, Any, tuple[Any, bool] | None], ...]]:
+    """A shape's required keys (sorted) and its fields: (key, type, leaf), leaf being (the
+    leaf type, whether null is allowed) for a text, number or flag field, else None."""
+    fields = tuple((key, kind, _leaf_of(kind)) for key, kind in _hints(shape).items())
+    return tuple(sorted(shape.__required_keys__)), fields
 
 
 @functools.cache
