@@ -41,6 +41,8 @@ STATE_FILE = "keeper.json"
 
 
 class Keeper:
+    """One run's policy loop: a heartbeat thread polls every warden, the main thread judges."""
+
     def __init__(self, plan: dict[str, Any], secret: bytes, run_dir: Path) -> None:
         self.run_id: str = plan["run_id"]
         self.hosts: dict[str, dict[str, Any]] = {h["name"]: h for h in plan["hosts"]}
@@ -280,6 +282,8 @@ class Keeper:
 
 
 class Ended(Exception):
+    """The run is over: its outcome (succeeded, failed, stopped) and why."""
+
     def __init__(self, outcome: str, why: str) -> None:
         super().__init__(outcome)
         self.outcome, self.why = outcome, why

@@ -80,6 +80,16 @@ def _keeper_events(lab: Lab, host: Any, run_id: str) -> list[dict[str, Any]]:
     return events
 
 
+def _wait_for_the_end(lab: Lab, host: Any, run_id: str, timeout: float) -> None:
+    """Until the keeper on `host` has recorded the run's end."""
+
+    def ended() -> bool:
+        events = _keeper_events(lab, host, run_id)
+        return bool(events) and "ended" in events[-1]
+
+    wait_until("the keeper to end the run", ended, timeout=timeout, interval=0.5)
+
+
 def _step(lab: Lab, host: Any, run_id: str, task: str) -> int:
     """The task's checkpointed step on its host (0 before its first save)."""
     path = f"/tmp/kept-{run_id}-{task.replace(':', '-')}"
@@ -107,11 +117,7 @@ def test_a_detached_run_restarts_by_itself_after_a_killed_worker_and_ends_succee
     [victim] = pids_of(lab, h2, "keeptask.py")
     lab.run(h2, ["kill", "-KILL", str(victim)])
 
-    def ended() -> bool:
-        events = _keeper_events(lab, h1, run_id)
-        return bool(events) and "ended" in events[-1]
-
-    wait_until("the keeper to end the run", ended, timeout=120, interval=0.5)
+    _wait_for_the_end(lab, h1, run_id, 120)
     tasks = _status(inventory, run_id, tmp_path)
     assert {(t["name"], t["exit_code"], t["restarts"]) for t in tasks} == {
         ("worker:0", 0, 1),
@@ -188,11 +194,7 @@ def test_a_kept_run_waits_for_a_lost_host_and_restarts_the_job_when_it_is_back(
     finally:
         lab.restore_link(h2)
 
-    def ended() -> bool:
-        events = _keeper_events(lab, h1, run_id)
-        return bool(events) and "ended" in events[-1]
-
-    wait_until("the keeper to end the run", ended, timeout=180, interval=0.5)
+    _wait_for_the_end(lab, h1, run_id, 180)
     events = _keeper_events(lab, h1, run_id)
     assert events[-1]["ended"]["outcome"] == "succeeded", events
     causes = [e["cause"] for e in events if "restart_job" in e]
