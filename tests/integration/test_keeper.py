@@ -66,6 +66,14 @@ def _inventory(lab: Lab, lab_inventory: Any, tmp_path: Path, **job: Any) -> Path
     return lab_inventory([[{"role": "worker"}]] * 2, code=code, job=table)  # type: ignore[no-any-return]
 
 
+def _up_kept(inventory: Path, state: Path) -> str:
+    """`up --detach`, which must say the run went to its keeper; the run's id."""
+    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
+    found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
+    assert found, up.stdout
+    return found.group(1)
+
+
 def _status(inventory: Path, run_id: str, tmp_path: Path) -> list[dict[str, Any]]:
     out = tfdeploy(
         "status", run_id, "-i", str(inventory), "--json", state=tmp_path / "look", check_rc=0
@@ -109,10 +117,7 @@ def test_a_detached_run_restarts_by_itself_after_a_killed_worker_and_ends_succee
     lab = clean_lab
     h1, h2 = lab.hosts[:2]
     inventory = _inventory(lab, lab_inventory, tmp_path)
-    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
-    found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
-    assert found, up.stdout
-    run_id = found.group(1)
+    run_id = _up_kept(inventory, tmp_path / "state")
     wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
     [victim] = pids_of(lab, h2, "keeptask.py")
     lab.run(h2, ["kill", "-KILL", str(victim)])
@@ -147,10 +152,7 @@ def test_down_stops_a_kept_run_its_keeper_and_its_wardens(
     lab = clean_lab
     h1, h2 = lab.hosts[:2]
     inventory = _inventory(lab, lab_inventory, tmp_path)
-    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
-    found = re.search(r"run (\S+) is running detached, kept", up.stdout)
-    assert found, up.stdout
-    run_id = found.group(1)
+    run_id = _up_kept(inventory, tmp_path / "state")
     began = time.monotonic()
     wait_until(
         "worker:0 to pass step 30 (7.5 s: past the 6 s lease)",
@@ -177,10 +179,7 @@ def test_a_kept_run_waits_for_a_lost_host_and_restarts_the_job_when_it_is_back(
     lab = clean_lab
     h1, h2 = lab.hosts[:2]
     inventory = _inventory(lab, lab_inventory, tmp_path, max_restarts=6)
-    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
-    found = re.search(r"run (\S+) is running detached, kept", up.stdout)
-    assert found, up.stdout
-    run_id = found.group(1)
+    run_id = _up_kept(inventory, tmp_path / "state")
     wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
     lab.cut_link(h2)
     try:
@@ -218,10 +217,7 @@ def test_a_kept_run_between_two_attempts_is_not_over(
     h1, h2 = lab.hosts[:2]
     inventory = _inventory(lab, lab_inventory, tmp_path, restart_backoff=120)
     state = tmp_path / "state"
-    up = tfdeploy("up", "--detach", str(inventory), state=state, check_rc=0)
-    found = re.search(r"run (\S+) is running detached, kept", up.stdout)
-    assert found, up.stdout
-    run_id = found.group(1)
+    run_id = _up_kept(inventory, state)
     wait_until("worker:1 to pass step 4", lambda: _step(lab, h2, run_id, "worker:1") >= 4, 60)
     [victim] = pids_of(lab, h2, "keeptask.py")
     lab.run(h2, ["kill", "-KILL", str(victim)])

@@ -23,6 +23,7 @@ import pytest
 
 from tests.lab import Lab, SlurmCluster
 from tests.support.helpers import to_toml
+from tests.support.lab_inventories import login_ssh
 from tests.support.peak_rss import measured
 
 pytestmark = [pytest.mark.lab, pytest.mark.isolated, pytest.mark.slurm_e2e]
@@ -83,13 +84,7 @@ def wrapper(slurm: SlurmCluster) -> Iterator[Wrapper]:
 def inventory(slurm_lab: Lab, slurm: SlurmCluster, tmp_path: Path) -> Path:
     document = {
         "job": {"name": "hostile", "code": str(tmp_path), "command": "python3 -c pass"},
-        "ssh": {
-            "user": slurm_lab.user,
-            "identity": str(slurm_lab.key_path),
-            "known_hosts": str(slurm_lab.known_hosts),
-            "host_keys": "strict",
-            "connect_timeout": 5,
-        },
+        "ssh": login_ssh(slurm_lab),
         "slurm": {
             "login": slurm.login.address,
             "partition": "debug",

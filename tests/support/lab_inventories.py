@@ -39,6 +39,17 @@ def inventory_writer(lab: Lab, tmp_path: Path, default_user: str) -> Callable[..
     return write
 
 
+def login_ssh(lab: Lab, user: str | None = None) -> dict[str, Any]:
+    """An inventory's `[ssh]` table for the lab's hosts: its keys, its known_hosts, strict."""
+    return {
+        "user": user or lab.user,
+        "identity": str(lab.key_path),
+        "known_hosts": str(lab.known_hosts),
+        "host_keys": "strict",
+        "connect_timeout": 5,
+    }
+
+
 def write_slurm_inventory(
     lab: Lab, path: str | Path, *, job: dict[str, Any], user: str | None = None
 ) -> Path:
@@ -50,13 +61,7 @@ def write_slurm_inventory(
         raise LabError("a [slurm] inventory needs a lab started with its Slurm cluster")
     document = {
         "job": {"python": lab.python, "workdir": "~/.tfdeploy", "port": 2222, **job},
-        "ssh": {
-            "user": user or lab.user,
-            "identity": str(lab.key_path),
-            "known_hosts": str(lab.known_hosts),
-            "host_keys": "strict",
-            "connect_timeout": 5,
-        },
+        "ssh": login_ssh(lab, user),
         "slurm": {
             "login": slurm.login.address,
             "partition": "debug",
