@@ -5,8 +5,9 @@ set costs, side by side, the way before issue 58 and the way now.
 
 - before: the new set resolved into a cache that holds none of the old set's wheels (what every
   resolution did: `pip download` of the whole set, each wheelhouse its own copy);
-- now: into the cache that resolved the old set; its wheel store seeds pip's download folder,
-  so only the new wheels are fetched, and the new entry's wheels are hard links to the store.
+- now: into the cache that resolved the old set: the added line is resolved alone, against the
+  old set's versions and wheels (deployer/envs/extend.py), so only the new wheels are fetched,
+  and the new entry's wheels are hard links to the store.
 
 Both with this machine's Python and `deployer.envs.resolve` itself, against PyPI alone (no
 extra index, find-links or constraints of this machine's pip configuration: its local mirror
@@ -94,7 +95,11 @@ def run_set(name: str, reps: int, root: Path) -> None:
         before = statistics.median(t for t, _, _ in got[False])
         for seeded in (False, True):
             times = [t for t, _, _ in got[seeded]]
-            way = "now: seeded from the store" if seeded else "before: the whole set again"
+            way = (
+                "now: the added line against the old pins"
+                if seeded
+                else "before: the whole set again"
+            )
             cell = _cell(times, lambda x: f"{x:.2f}")
             print(
                 f"| {'warm' if pip_cache else 'off'} | {way} | {cell} "
@@ -121,8 +126,9 @@ def main(argv: list[str] | None = None) -> None:
                 run_set(name, args.tf_reps if name == "tf" else args.reps, root)
             print(
                 "\n`before` resolves the new set into a cache without the old set's wheels (each "
-                "wheelhouse its own copy); `now` into the same cache, seeded from its wheel "
-                "store. `cache on disk`: distinct bytes after both entries."
+                "wheelhouse its own copy); `now` into the same cache, the added line resolved "
+                "alone against the old set's pins. `cache on disk`: distinct bytes after both "
+                "entries."
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -73,12 +73,12 @@ def load() -> str:
 BYTECODE_NOTE = "deployer/ and remote/ compiled to bytecode first, as an installed tfdeploy is"
 
 
-def compile_tfdeploy() -> None:
+def compile_tfdeploy(root: Path | None = None) -> None:
     """Bytecode for deployer/ and remote/, as pip leaves an installed tfdeploy: a checkout run
     under PYTHONDONTWRITEBYTECODE=1 (container images often set it) would otherwise compile
     about 70 modules, a tenth of a second, in every command a bench times."""
     import compileall
 
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
     for package in ("deployer", "remote"):
         compileall.compile_dir(root / package, quiet=1)

@@ -6,6 +6,10 @@ measured by `os.wait4` on that process: wall seconds, controller CPU (user + sys
 Next to them, pdsh (`-R exec`: one OpenSSH client per host) runs a command on every host, the
 comparable work of one round of SSH to the fleet. The markdown table goes to --out; the slope
 columns say what one more host costs the controller.
+
+`--baseline REV` runs each verb of an earlier commit too, on the same lab, round by round beside
+this checkout's (a git worktree of REV, its own state): its figures and the ratio to them are
+measured under the same load, which a figure from another day is not.
 """
 
 from __future__ import annotations
@@ -83,10 +87,10 @@ def _wait4(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, int, os.
 
 
 class Runner:
-    """The four verbs and pdsh against one lab."""
+    """The four verbs and pdsh against one lab; `tree`: the checkout whose tfdeploy runs."""
 
-    def __init__(self, lab: Lab, tmp: Path) -> None:
-        self.lab = lab
+    def __init__(self, lab: Lab, tmp: Path, tree: Path = REPO) -> None:
+        self.lab, self.tree = lab, tree
         code = tmp / "code"
         code.mkdir(exist_ok=True)
         (code / "train.py").write_text("print('never run: the task is a sleep')\n")
@@ -95,16 +99,16 @@ class Runner:
             tasks=[[{"role": "worker"}]] * len(lab.hosts),
             job={"code": str(code), "command": "sleep 1000", "name": "scale", "stop_grace": 10},
         )
-        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        pythonpath = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
         self.env = os.environ | {
-            "TFDEPLOY_STATE_DIR": str(tmp / "state"),
+            "TFDEPLOY_STATE_DIR": str(tmp / f"state-{tree.name}"),
             "PYTHONPATH": pythonpath,
             "NO_COLOR": "1",
         }
 
     def verb(self, verb: str) -> Sample:
         argv = [sys.executable, "-m", "deployer", *verb.split(), str(self.inventory)]
-        return measure(argv, env=self.env)
+        return measure(argv, env=self.env, cwd=self.tree)
 
     def pdsh(self) -> Sample:
         """One OpenSSH client per host, all at once: `pgrep` of the task, like a status round."""
@@ -114,21 +118,28 @@ class Runner:
         return measure(argv, env=self.env | {"PDSH_RCMD_TYPE": "exec"})
 
 
-def run_size(n: int, reps: int, tmp: Path, log: Callable[[str], None]) -> dict[str, list[Sample]]:
-    """A lab of n hosts; a warm-up round, then `reps` timed rounds of every verb and pdsh."""
+def run_size(
+    n: int, reps: int, tmp: Path, log: Callable[[str], None], baseline: Baseline | None = None
+) -> dict[str, list[Sample]]:
+    """A lab of n hosts; a warm-up round, then `reps` timed rounds of every verb and pdsh (and
+    of the baseline's verbs, each round right after this checkout's)."""
     t0 = time.monotonic()
     lab = start_lab(n)
     log(f"N={n}: lab up in {time.monotonic() - t0:.1f} s")
     out: dict[str, list[Sample]] = defaultdict(list)
     try:
-        runner = Runner(lab, tmp)
-        for verb in VERBS:  # untimed: installs the agent and pushes the code once
-            runner.verb(verb)
+        arms = [("", Runner(lab, tmp))]
+        if baseline is not None:
+            arms.append((baseline.suffix, Runner(lab, tmp, baseline.tree)))
+        for _, runner in arms:
+            for verb in VERBS:  # untimed: installs the agent and pushes the code once
+                runner.verb(verb)
         for rep in range(reps):
-            for verb in VERBS:
-                out[verb].append(runner.verb(verb))
-                log(f"N={n} rep {rep + 1}: {verb}: {_fmt(out[verb][-1])}")
-            out[PDSH].append(runner.pdsh())
+            for suffix, runner in arms:
+                for verb in VERBS:
+                    out[verb + suffix].append(runner.verb(verb))
+                    log(f"N={n} rep {rep + 1}: {verb}{suffix}: {_fmt(out[verb + suffix][-1])}")
+            out[PDSH].append(arms[0][1].pdsh())
             log(f"N={n} rep {rep + 1}: pdsh: {_fmt(out[PDSH][-1])}")
         left = [f"{h.name}: {x}" for h in lab.hosts for x in lab.leftovers(h)]
         if left:
@@ -138,6 +149,41 @@ def run_size(n: int, reps: int, tmp: Path, log: Callable[[str], None]) -> dict[s
         lab.stop()
         log(f"N={n}: lab down in {time.monotonic() - t1:.1f} s")
     return out
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """An earlier commit's checkout (a git worktree), compiled to bytecode like this one."""
+
+    rev: str
+    tree: Path
+
+    @property
+    def suffix(self) -> str:
+        return f" @ {self.rev}"
+
+    @classmethod
+    def add(cls, rev: str, where: Path) -> Baseline:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", rev],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        tree = where / f"baseline-{commit}"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
+            check=True,
+            capture_output=True,
+        )
+        report.compile_tfdeploy(tree)
+        return cls(commit, tree)
+
+    def remove(self) -> None:
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(self.tree)],
+            capture_output=True,
+        )
 
 
 def _fmt(s: Sample) -> str:
@@ -160,10 +206,14 @@ def slope_ms(res: dict[tuple[str, int], list[Sample]], what: str, a: int, b: int
     return (_cpu(res, what, b) - _cpu(res, what, a)) / (b - a) * 1000
 
 
-def table(res: dict[tuple[str, int], list[Sample]], sizes: list[int]) -> str:
+def table(
+    res: dict[tuple[str, int], list[Sample]], sizes: list[int], baseline: Baseline | None = None
+) -> str:
+    verbs = [*VERBS, *(v + baseline.suffix for v in VERBS)] if baseline else list(VERBS)
+    md = lambda rs: "\n".join("| " + " | ".join(r) + " |" for r in rs)  # noqa: E731
     rows = [["verb", "N", "wall", "controller CPU", "peak RSS", "CPU ÷ pdsh"]]
     rows.append(["---"] * len(rows[0]))
-    for what in (*VERBS, PDSH):
+    for what in (*verbs, PDSH):
         for n in sizes:
             got = res[what, n]
             if not got:
@@ -187,7 +237,7 @@ def table(res: dict[tuple[str, int], list[Sample]], sizes: list[int]) -> str:
     head = ["verb", f"CPU per host {lo}→{mid}", *([f"{mid}→{hi}"] if hi > mid else [])]
     head += [f"peak RSS at {hi}", "target", "met"]
     slopes = [head, ["---"] * len(head)]
-    for what in (*VERBS, PDSH):
+    for what in (*verbs, PDSH):
         if not res[what, lo] or not res[what, mid] or mid == lo:
             continue
         s1 = slope_ms(res, what, lo, mid)
@@ -202,8 +252,27 @@ def table(res: dict[tuple[str, int], list[Sample]], sizes: list[int]) -> str:
             met = "yes" if s1 <= TARGET_MS and rss < TARGET_RSS_MB else "**no**"
         name = f"`{what}`" if what != PDSH else what
         slopes.append([name, *cells, f"{rss:.0f} MB", target, met])
-    md = lambda rs: "\n".join("| " + " | ".join(r) + " |" for r in rs)  # noqa: E731
-    return md(rows) + "\n\n" + md(slopes) + "\n"
+    text = md(rows) + "\n\n" + md(slopes) + "\n"
+    if baseline is not None:
+        text += "\n" + md(_against(res, sizes, baseline)) + "\n"
+    return text
+
+
+def _against(
+    res: dict[tuple[str, int], list[Sample]], sizes: list[int], baseline: Baseline
+) -> list[list[str]]:
+    """Controller CPU per host (all of it, divided by N) of this checkout and the baseline,
+    measured in the same rounds, and their ratio."""
+    rows = [["verb", "N", "CPU per host", f"CPU per host @ {baseline.rev}", "÷ baseline"]]
+    rows.append(["---"] * len(rows[0]))
+    for verb in VERBS:
+        for n in sizes:
+            if not res[verb, n] or not res[verb + baseline.suffix, n]:
+                continue
+            mine, theirs = _cpu(res, verb, n), _cpu(res, verb + baseline.suffix, n)
+            cells = [f"{mine / n * 1000:.2f} ms", f"{theirs / n * 1000:.2f} ms"]
+            rows.append([f"`{verb}`", str(n), *cells, f"{mine / theirs:.2f}x"])
+    return rows
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -211,6 +280,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default="16,64,128,256", help="host counts (16,64,128,256)")
     p.add_argument("--reps", type=int, default=3, help="timed rounds per size (3)")
     p.add_argument("--out", type=Path, help="write the markdown table here too")
+    p.add_argument("--baseline", metavar="REV", help="also run this commit's verbs, side by side")
     return p.parse_args(argv)
 
 
@@ -233,15 +303,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     res: dict[tuple[str, int], list[Sample]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="tfdeploy-scale-", dir="/var/tmp"))
+    baseline = Baseline.add(args.baseline, tmp) if args.baseline else None
     try:
         for n in sizes:
-            for what, samples in run_size(n, args.reps, tmp, log).items():
+            for what, samples in run_size(n, args.reps, tmp, log, baseline).items():
                 res[what, n] = samples
     finally:
+        if baseline is not None:
+            baseline.remove()
         shutil.rmtree(tmp, ignore_errors=True)
     res = defaultdict(list, res)
     elapsed = time.monotonic() - started
-    text = table(res, sizes) + (
+    text = table(res, sizes, baseline) + (
         f"\nMachine: {report.machine()}. "
         f"Load average before/after: {load_before} / {report.load()}. "
         f"Bench wall time {elapsed / 60:.1f} min; {report.BYTECODE_NOTE}; "

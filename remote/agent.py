@@ -61,7 +61,9 @@ def _hello_reply(
     with_runs: bool,
 ) -> protocol.HelloReply:
     # `runs`: the reply carries what op_runs would (status, down): one round trip less.
-    extra: dict[str, Any] = {"runs": op_runs(req)["runs"]} if with_runs else {}
+    extra: dict[str, Any] = {}
+    if with_runs:
+        extra.update(runs=op_runs(req)["runs"], nvidia_smi=hostfacts.nvidia_smi() is not None)
     listen = params.param(req, "listen", dict, None)
     if listen is not None and run_id is not None and not busy:
         # The network check's stand-ins, started here instead of in a round of their own.

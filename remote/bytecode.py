@@ -19,8 +19,10 @@ here, by the new venv's own interpreter (`py_compile`, a process of its own), fr
 source file, and named by that source's identity (device, inode, size, mtime) and by the sha256
 of the entry's own bytes. An entry is linked into a venv only while its bytes still hash to its
 name: a task that rewrites its venv's linked `.pyc` in place changes the store's file too, and
-the next seeding finds it changed, drops it and compiles the module again. Compiled once per
-module and host, an entry then serves every later venv (hard links, no copies). Python
+the next seeding finds it changed, drops it and compiles the module again. The store is
+filled off the critical path where it can be (fill: while the old venv's task trains, so the
+next venv's `up` does not wait for it); seeding compiles only what a fill did not. Compiled once
+per module and host, an entry then serves every later venv (hard links, no copies). Python
 replaces a `.pyc` by writing a new file and renaming it, never in place, so a venv's own
 recompile leaves the store as it is.
 
@@ -33,6 +35,7 @@ ran that task.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +46,7 @@ from typing import Iterator, Tuple
 
 PYCACHE = "__pycache__"
 STORE = "bytecode"
+FILL_LOCK = ".fill.lock"  # held by the one fill_main of this store that runs
 MAX_WORKERS = 8  # compiling processes at once, at most one per core
 PER_WORKER = 64  # modules below which one more process is not worth its start
 COMPILE_TIMEOUT_S = 900.0
@@ -103,6 +107,83 @@ def seed(venv: Path, version: str, siblings: list[Path], store: Path) -> int:
     return sum(_link(shelf, entries, w) for w in wanted.values())
 
 
+def fill(venv: Path, version: str, store: Path, parent: int | None = None) -> int:
+    """Compiles into the store every module whose `.pyc` the venv's own tasks wrote (their
+    imports) and the store lacks, in this process (the venv's python); returns how many
+    entries it made. Stops early once `parent` is no longer this process's parent.
+
+    Run while a task of `venv` trains (supervisor.py starts it, at the lowest priority, once the
+    task reported its first step): the next environment that adds a requirement to this one
+    then finds its bytecode compiled and only links it, instead of compiling TensorFlow's
+    imports while its `up` waits (3,300 modules, 8 s of CPU). Reads only the `.pyc` names, as
+    seed() does; the bytes come from the module's source, compiled here."""
+    import py_compile  # only a fill pays for it
+
+    ours = site_packages(venv, version)
+    if ours is None:
+        return 0
+    tag = "cpython-" + "".join(version.split(".")[:2])
+    shelf = store / tag
+    try:
+        shelf.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return 0
+    held = _entries(shelf)
+    missing: dict[str, Wanted] = {}
+    for pyc, rel in _compiled(ours, tag):
+        found = _module(pyc.name, rel, ours)
+        if found is not None and found[3] not in held:
+            missing.setdefault(found[3], found)
+    token, made = os.urandom(4).hex(), 0
+    mode = py_compile.PycInvalidationMode.TIMESTAMP
+    for i, (source, _, opt, key) in enumerate(missing.values()):
+        if parent is not None and os.getppid() != parent:
+            break  # the supervisor is gone: so is the run this fill served
+        temp = shelf / f".{token}-{i}.tmp"
+        try:
+            py_compile.compile(
+                str(source), cfile=str(temp), doraise=True, optimize=opt, invalidation_mode=mode
+            )
+        except Exception:
+            with contextlib.suppress(OSError):
+                os.unlink(str(temp))
+            continue
+        made += _shelve(source, key, temp) is not None
+    return made
+
+
+def fill_main(argv: list[str]) -> int:
+    """`VENV VERSION STORE PARENT`, in a process of its own: at the lowest priority (SCHED_IDLE,
+    else nice 19), and one per store at a time (a second task of the same venv on this host
+    finds the lock taken)."""
+    venv, version, store, parent = Path(argv[0]), argv[1], Path(argv[2]), int(argv[3])
+    try:  # Linux's idle class: CPU only when no task of the run wants it
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(19)
+    try:
+        store.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = os.open(str(store / FILL_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0
+    fill(venv, version, store, parent)
+    return 0
+
+
+def fill_argv(venv: Path, version: str, store: Path) -> list[str]:
+    """The command that runs fill_main in the venv's own python (the cache tag and magic
+    number its imports read), from this file's folder, for this process as its parent."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        f"import sys; sys.path.insert(0, {here!r}); import bytecode; "
+        "sys.exit(bytecode.fill_main(sys.argv[1:]))"
+    )
+    python = str(venv / "bin" / "python")
+    return [python, "-I", "-S", "-c", code, str(venv), version, str(store), str(os.getpid())]
+
+
 def site_packages(venv: Path, version: str) -> Path | None:
     minor = ".".join(version.split(".")[:2])
     path = venv / "lib" / f"python{minor}" / "site-packages"
@@ -125,19 +206,31 @@ def _compiled(root: Path, tag: str) -> Iterator[tuple[Path, Path]]:
 def _wanted(name: str, rel: Path, theirs: Path, ours: Path) -> Wanted | None:
     """The module of `.pyc` file `name` when its source is the same file in both venvs (from
     the same wheel, linked from the uv cache) and `ours` has no `.pyc` of it yet; None else."""
+    found = _module(name, rel, ours)
+    if found is None or os.path.lexists(str(found[1])):
+        return None
+    try:
+        mine, old = os.stat(str(found[0])), os.stat(str(theirs / rel / found[0].name))
+    except OSError:
+        return None
+    return found if (mine.st_ino, mine.st_dev) == (old.st_ino, old.st_dev) else None
+
+
+def _module(name: str, rel: Path, root: Path) -> Wanted | None:
+    """The module under `root` that `.pyc` file `name` (in `rel`'s `__pycache__`) is of: its
+    source, that `.pyc`'s path, the optimization level and the source's key; None when the
+    name is no `.pyc` name Python writes or the source is not there."""
     stem, _, rest = name.partition(".")
     parts = rest.split(".")  # cpython-311.pyc, cpython-311.opt-1.pyc
     opt = {2: 0, 3: {"opt-1": 1, "opt-2": 2}.get(parts[1], -1)}.get(len(parts), -1)
     if opt < 0:
         return None
-    source, target = ours / rel / f"{stem}.py", ours / rel / PYCACHE / name
+    source = root / rel / f"{stem}.py"
     try:
-        mine, old = os.stat(str(source)), os.stat(str(theirs / rel / f"{stem}.py"))
+        mine = os.stat(str(source))
     except OSError:
         return None
-    if (mine.st_ino, mine.st_dev) != (old.st_ino, old.st_dev) or os.path.lexists(str(target)):
-        return None
-    return source, target, opt, _key(mine, opt)
+    return source, root / rel / PYCACHE / name, opt, _key(mine, opt)
 
 
 def _key(st: os.stat_result, opt: int) -> str:

@@ -3,18 +3,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from typing import Any
 
+import hostfacts
 import procs
 import protocol
 
-# Non-interactive SSH commands get sshd's PATH, not a login shell's: Debian's ~/.profile adds
-# these two only for logins, so a user's own nvidia-smi (or a wrapper) there is looked up too.
-EXTRA_DIRS = ("~/bin", "~/.local/bin")
 QUERY_GPU = (
     "index",
     "uuid",
@@ -41,20 +37,9 @@ DECIMAL = re.compile(r"[0-9]{1,4}")
 NUMBER = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})?")
 
 
-def find_nvidia_smi() -> str | None:
-    found = shutil.which("nvidia-smi")
-    if found:
-        return found
-    for directory in EXTRA_DIRS:
-        path = os.path.join(os.path.expanduser(directory), "nvidia-smi")
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
 def op_gpus(req: dict[str, Any]) -> protocol.GpusReply:
     """`nvidia_smi` is null when the host has none; `error` says why a present one failed."""
-    smi = find_nvidia_smi()
+    smi = hostfacts.nvidia_smi()
     reply: dict[str, Any] = {"nvidia_smi": smi, "error": None, "gpus": [], "apps": [], "lost": []}
     if smi is None:
         return reply

@@ -5,10 +5,29 @@ must stay fast, and importing TensorFlow takes seconds and hundreds of MB)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 FRAMEWORK_DISTRIBUTIONS = ("torch", "jax", "jaxlib", "keras")  # `frameworks` in the hello
+
+
+# Non-interactive SSH commands get sshd's PATH, not a login shell's: Debian's ~/.profile adds
+# these two only for logins, so a user's own nvidia-smi (or a wrapper) there is looked up too.
+NVIDIA_SMI_DIRS = ("~/bin", "~/.local/bin")
+
+
+def nvidia_smi() -> str | None:
+    """The host's nvidia-smi (the GPU ops run it; a hello with `runs` says whether there is
+    one, so `status` asks for GPU use only where it can be read)."""
+    found = shutil.which("nvidia-smi")
+    if found:
+        return found
+    for directory in NVIDIA_SMI_DIRS:
+        path = os.path.join(os.path.expanduser(directory), "nvidia-smi")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def prefix() -> str:

@@ -144,6 +144,7 @@ class HelloReply(HelloFacts, total=False):
     # {"torch": "2.13.0+cpu", "jax": "0.10.2", "jaxlib": "0.10.2", "keras": "3.15.1"}
     frameworks: dict[str, str]
     runs: list[RunShape]  # asked with `runs`
+    nvidia_smi: bool  # asked with `runs`: the host has nvidia-smi (GPU use can be read)
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
     interpreters: InterpretersShape  # asked with `interpreters`
 

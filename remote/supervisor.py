@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import bytecode
 import containers
 import daemon
 import exits
@@ -27,6 +28,7 @@ import procs
 import protocol
 import strays
 import taskmetrics
+import venvs
 
 if TYPE_CHECKING:
     import spot
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 TICK = 0.25  # how often the stop marker is looked at; stop ops signal the group themselves
 LEASE_CHECK = 1.0
 STRAGGLER_WAIT = 2.0
+FILL_AFTER_S = 30.0  # a task that reports no step: its imports are surely done by then
 
 
 class _Supervisor:
@@ -53,6 +56,7 @@ class _Supervisor:
         self.watcher: spot.Watch | None = None
         self.notice: spot.Notice | None = None
         self.container: dict[str, Any] | None = spec.get("container")
+        self.fill: _Fill | None = None if self.container else _Fill.of(spec, task_dir)
 
     def run(self) -> None:
         proc = self._spawn()
@@ -60,6 +64,8 @@ class _Supervisor:
             return
         self._watch_spot()
         returncode = self._watch(proc)
+        if self.fill is not None:
+            self.fill.stop()
         if self.container is not None and returncode >= 0:
             returncode = containers.returncode(returncode)  # 128+N from the client: signal N
         ended = time.time()
@@ -180,6 +186,8 @@ class _Supervisor:
             if returncode is not None:
                 return returncode
             self._check_stop()
+            if self.fill is not None and self.reason is None:
+                self.fill.check()
 
     def _watch_spot(self) -> None:
         """Polls IMDS for a spot interruption notice when the task's spec asks for it.
@@ -285,6 +293,70 @@ class _Supervisor:
         while _members_alive(self.pgid) and time.time() < deadline:
             _killpg_quiet(self.pgid, signal.SIGKILL)
             time.sleep(0.05)
+
+
+class _Fill:
+    """Compiling the bytecode store from what the venv's tasks imported (bytecode.fill says
+    why): at once in a venv an earlier run used (its imports are known), else once the task
+    reported its first step (its imports are done) or ran FILL_AFTER_S without reporting; a
+    child of the supervisor, stopped when the task ends."""
+
+    def __init__(self, argv: list[str], metrics: Path, used_before: bool) -> None:
+        self.argv, self.metrics = argv, metrics
+        self.due = time.monotonic() + (0.0 if used_before else FILL_AFTER_S)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.done = False
+
+    @classmethod
+    def of(cls, spec: dict[str, Any], task_dir: Path) -> _Fill | None:
+        """For a task in an environment tfdeploy built (its `.complete` names the Python)."""
+        venv = spec.get("venv")
+        if not isinstance(venv, str):
+            return None
+        built = layout.read_json(Path(venv) / venvs.COMPLETE)
+        version = built.get("python") if isinstance(built, dict) else None
+        if not isinstance(version, str):
+            return None
+        try:
+            store = bytecode.store_dir(Path(venv).parent.parent, hostid.identity())
+        except params.AgentError:
+            return None  # no usable host identity: no store either (a speed-up only)
+        argv = bytecode.fill_argv(Path(venv), version, store)
+        try:
+            runs = len(os.listdir(str(Path(venv) / venvs.USES)))  # a file per run, ours too
+        except OSError:
+            runs = 0
+        return cls(argv, taskmetrics.metrics_path(task_dir), runs > 1)
+
+    def check(self) -> None:
+        if self.done:
+            return
+        if self.proc is not None:
+            self.done = self.proc.poll() is not None
+            return
+        try:
+            reported = os.stat(str(self.metrics)).st_size > 0
+        except OSError:
+            reported = False
+        if not reported and time.monotonic() < self.due:
+            return
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={"PATH": os.environ.get("PATH", os.defpath)},
+                close_fds=True,
+            )
+        except OSError:
+            self.done = True
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.done = True
 
 
 def _members_alive(pgid: int) -> bool:

@@ -7,9 +7,10 @@ indexes, find-links, constraints, certificates, proxy. docs/environments.md says
 not uv (docs/bench/env_tools.md has the numbers).
 
 The result is cached by (requirements text with every file it reaches, Python, platform) and
-reused until that changes or `refresh=True`: a warm `up` never waits on the index. A changed
-set is seeded with the wheels earlier resolutions stored (wheelhouse.py's store), so pip
-fetches only the new ones.
+reused until that changes or `refresh=True`: a warm `up` never waits on the index. A set that
+only adds requirements to one resolved before keeps its pins, and pip resolves the added lines
+alone (extend.py). Any other changed set is seeded with the wheels earlier resolutions stored
+(wheelhouse.py's store), so pip fetches only the new ones.
 
 A requirement with only a source distribution is built here (`pip wheel`) when the wheel it
 makes runs on the host: a pure-Python wheel always, a platform wheel only when this machine's
@@ -33,10 +34,10 @@ from urllib.parse import unquote
 
 from deployer.core.errors import ExitStatus, TfdeployError
 from deployer.core.statedir import state_dir
-from deployer.envs import wheelhouse
+from deployer.envs import extend, wheelhouse
 from deployer.envs.platform import HostPlatform
 from deployer.envs.spec import EnvSpec, env_hash
-from deployer.envs.wheelhouse import Wheelhouse
+from deployer.envs.wheelhouse import Wheelhouse, canonical
 
 # Each sdist-only requirement costs one more pass; a longer chain than this is a loop.
 MAX_PASSES = 20
@@ -94,6 +95,12 @@ def resolve(
     if not refresh and (found := wheelhouse.load(final, key)) is not None:
         return found
     environ = dict(env if env is not None else os.environ)
+    lines = tuple(spec.for_target(target).splitlines())
+    extension = None if refresh else extend.find(root, lines, target.describe())
+    if extension is not None and _extend(root, key, spec, target, environ, pip, extension):
+        result = wheelhouse.load(final, key)
+        assert result is not None, final  # written whole just above
+        return result
     # Seeded from the wheel store unless asked afresh (`--refresh-env`: every wheel fetched).
     for reuse in (True, False) if not refresh else (False,):
         if _attempt(root, key, spec, target, environ, pip, sdists, reuse=reuse):
@@ -120,7 +127,8 @@ def _attempt(
     work = _fresh(root / f".{key}.{os.getpid()}.tmp")
     try:
         seeded = _fill(work, spec, target, env, pip, sdists, root if reuse else None)
-        house = wheelhouse.write(work, key, target.describe(), spec.text)
+        lines = tuple(spec.for_target(target).splitlines())
+        house = wheelhouse.write(work, key, target.describe(), spec.text, lines)
         damaged = [w for w in house.wheels if seeded.get(w.file, w.sha256) != w.sha256]
         for w in damaged:
             wheelhouse.forget(root, seeded[w.file])
@@ -129,6 +137,49 @@ def _attempt(
         wheelhouse.share(house, wheelhouse.store_of(root))
         _replace(work, root / key)
         return True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _extend(
+    root: Path,
+    key: str,
+    spec: EnvSpec,
+    target: HostPlatform,
+    env: dict[str, str],
+    pip: Sequence[str] | None,
+    extension: extend.Extension,
+) -> bool:
+    """The added lines resolved against the base's pins and wheels (extend.py says why) into a
+    new entry of `root`; False, and nothing written, when pip cannot (the added lines need
+    other versions, or a build) or the base's wheels are not as resolved: the caller then
+    resolves the whole set."""
+    work = _fresh(root / f".{key}.{os.getpid()}.tmp")
+    try:
+        wheels = work / wheelhouse.WHEELS
+        wheels.mkdir()
+        for w in extension.base.wheels:
+            os.link(extension.base.wheel_dir / w.file, wheels / w.file)
+        pins = work / "pins.txt"
+        pins.write_text(extension.pins())
+        main = work / "requirements.in"
+        main.write_text(extension.requirements(spec.for_target(target).splitlines(), pins))
+        argv = ["download", "--only-binary=:all:", *target.pip_args()]
+        argv += ["--find-links", str(wheels), "-d", str(wheels), "-r", str(main)]
+        runner = _Pip(list(pip or [sys.executable, "-m", "pip"]), env, spec.base)
+        if not runner.run(argv).ok:
+            return False
+        for scratch in (main, pins):
+            scratch.unlink()
+        lines = tuple(spec.for_target(target).splitlines())
+        house = wheelhouse.write(work, key, target.describe(), spec.text, lines)
+        if not extend.consistent(house, extension.base):
+            return False
+        wheelhouse.share(house, wheelhouse.store_of(root))
+        _replace(work, root / key)
+        return True
+    except OSError:
+        return False  # the base went away under us (a prune): resolve the whole set
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -259,10 +310,6 @@ def _local_folders(spec: EnvSpec, target: HostPlatform) -> list[Path]:
 def project_of(requirement: str) -> str:
     """The canonical project name a requirement names (PEP 503: runs of -_. are one -)."""
     return canonical(_NAME.split(requirement.strip(), maxsplit=1)[0])
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _offered(output: str, project: str) -> bool:

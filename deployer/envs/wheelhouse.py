@@ -71,6 +71,7 @@ class Wheelhouse:
     platform: str
     wheels: tuple[Wheel, ...]
     requirements: str
+    lines: tuple[str, ...] = ()  # as pip read them for the platform (extend.py compares them)
 
     @property
     def size(self) -> int:
@@ -85,6 +86,11 @@ class Wheelhouse:
         return self.path / PINNED
 
 
+def canonical(name: str) -> str:
+    """A project's name as PEP 503 compares them: runs of -_. are one -, lower case."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def is_pure(filename: str) -> bool:
     parts = _parts(filename)
     return parts["abi"] == "none" and parts["plat"] == "any"
@@ -97,8 +103,11 @@ def _parts(filename: str) -> dict[str, str]:
     return match.groupdict()
 
 
-def write(path: Path, key: str, platform: str, requirements: str) -> Wheelhouse:
-    """The manifest and pinned list of the wheels now in `path/wheels` (an entry being built)."""
+def write(
+    path: Path, key: str, platform: str, requirements: str, lines: tuple[str, ...] = ()
+) -> Wheelhouse:
+    """The manifest and pinned list of the wheels now in `path/wheels` (an entry being built).
+    `lines`: the requirements as pip read them for the platform."""
     wheels = tuple(
         Wheel(w.name, sha256_file(w), w.stat().st_size)
         for w in sorted((path / WHEELS).glob("*.whl"))
@@ -111,9 +120,10 @@ def write(path: Path, key: str, platform: str, requirements: str) -> Wheelhouse:
         "platform": platform,
         "wheels": [{"file": w.file, "sha256": w.sha256, "size": w.size} for w in wheels],
         "requirements": requirements,
+        "lines": list(lines),
     }
     (path / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
-    return Wheelhouse(path, key, platform, wheels, requirements)
+    return Wheelhouse(path, key, platform, wheels, requirements, lines)
 
 
 def load(path: Path, key: str) -> Wheelhouse | None:
@@ -126,7 +136,9 @@ def load(path: Path, key: str) -> Wheelhouse | None:
         for w in wheels:
             if (path / WHEELS / w.file).stat().st_size != w.size:
                 return None
-        return Wheelhouse(path, key, str(doc["platform"]), wheels, str(doc["requirements"]))
+        said = doc.get("lines", [])
+        lines = tuple(x for x in said if isinstance(x, str)) if isinstance(said, list) else ()
+        return Wheelhouse(path, key, str(doc["platform"]), wheels, str(doc["requirements"]), lines)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -162,7 +174,7 @@ def seed(root: Path, into: Path, platform: str) -> dict[str, str]:
     store = store_of(root)
     names: dict[str, tuple[str, Path]] = {}
     clashes: set[str] = set()
-    for entry in _newest(root)[:SEED_ENTRIES]:
+    for entry in newest(root)[:SEED_ENTRIES]:
         house = load(entry, entry.name)
         if house is None:
             continue
@@ -190,7 +202,8 @@ def forget(root: Path, sha256: str) -> None:
         (store_of(root) / sha256).unlink()
 
 
-def _newest(root: Path) -> list[Path]:
+def newest(root: Path) -> list[Path]:
+    """The cache's entries, the most recently written first."""
     try:
         found = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError:
@@ -211,4 +224,4 @@ def disk_use(root: Path) -> tuple[int, int]:
             with contextlib.suppress(OSError):
                 st = os.lstat(os.path.join(top, name))
                 seen[(st.st_dev, st.st_ino)] = st.st_size
-    return sum(seen.values()), len(_newest(root))
+    return sum(seen.values()), len(newest(root))

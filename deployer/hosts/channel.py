@@ -42,6 +42,7 @@ class Channel:
         self.workdir = workdir
         self.home: str | None = None  # absolute workdir, known after install()
         self.absent = False  # install(look_only=True) found no workdir: the host has no runs
+        self.nvidia_smi: bool | None = None  # a hello with `runs` says; None: not asked yet
         # The last hello's reply arrived, whatever it held (the edge may refuse it): the host
         # may hold what that hello reserved, so a failed `up` releases it (preflight.py).
         self.replied = False
@@ -156,6 +157,8 @@ class Channel:
                 edge.get(reply, "runs")
         self.home = reply["workdir"]
         self.absent = bool(reply.get("absent"))
+        if isinstance(reply.get("nvidia_smi"), bool):
+            self.nvidia_smi = reply["nvidia_smi"]
         if self.absent:
             self.close_session()  # the bootstrap answered and left: nothing is installed
         return reply

@@ -22,10 +22,13 @@ from deployer.results.runs import HostRun
 
 def with_gpu_use(fleet: Fleet, runs: Sequence[HostRun]) -> list[HostRun]:
     """`runs` with each running task's GPU use filled in: one `gpus` question per host and
-    active run. A host that cannot answer it shows no GPU use (status is about the runs: the
+    active run, of the hosts with nvidia-smi (or not known to lack it). A host that cannot
+    answer it shows no GPU use (status is about the runs: the
     `runs` answer already said what the host has)."""
     active: dict[str, list[str]] = {}
     for r in runs:
+        if fleet.member(r.host).agent.nvidia_smi is False:
+            continue  # its hello said it has no nvidia-smi: a round trip per host saved
         if r.active and r.tasks and r.run_id not in active.setdefault(r.host, []):
             active[r.host].append(r.run_id)
     members = [fleet.member(h) for h in active]

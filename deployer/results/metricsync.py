@@ -24,7 +24,7 @@ from pathlib import Path
 
 from deployer.core.errors import HostError, TfdeployError
 from deployer.core.statedir import state_dir
-from deployer.hosts.fleet import Fleet
+from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.reply_types import TaskStatus
 from deployer.results import metricstore
 from deployer.results.archive import LogArchive, run_dir
@@ -41,19 +41,45 @@ def keep_runs(fleet: Fleet, runs: Sequence[HostRun]) -> None:
     """For each run (as each host reports it): its unread metric lines into the local store,
     and its outcome (as the hosts report it now), unless an end is recorded already. A run
     one of whose hosts could not be polled keeps its metrics but no outcome: that host's tasks
-    are not known to have ended."""
-    statuses: dict[str, list[TaskStatus]] = {}
-    partial: set[str] = set()
+    are not known to have ended. A run's hosts are polled at once, and its offsets read and
+    written once (per host, `down` of 128 hosts read and rewrote a record of 128 tasks 128
+    times, one host after the other)."""
+    shares: dict[str, list[HostRun]] = {}
     for run in runs:
-        try:
-            statuses.setdefault(run.run_id, []).extend(_fetch(fleet, run))
-        except (TfdeployError, OSError, ValueError):  # a host, this disk, a store's refusal
-            partial.add(run.run_id)
-    for run_id, tasks in statuses.items():
-        if run_id in partial or recorded_end(run_id) is not None:
+        shares.setdefault(run.run_id, []).append(run)
+    for run_id, of_run in shares.items():
+        tasks = _keep_run(fleet, run_id, of_run)
+        if tasks is None or recorded_end(run_id) is not None:
             continue
         with contextlib.suppress(OSError):  # a full disk: the history is a convenience
             metricstore.write_json(run_dir(run_id), OUTCOME, outcome(tasks))
+
+
+def _keep_run(fleet: Fleet, run_id: str, shares: Sequence[HostRun]) -> list[TaskStatus] | None:
+    """One run's unread metric lines from each of its hosts (`shares`) into the local store;
+    the tasks as the hosts report them now, or None when a host could not be polled."""
+    directory = run_dir(run_id)
+    offsets = _offsets(directory)
+    try:
+        archive = LogArchive(run_id)
+    except (OSError, ValueError):
+        return None
+    by_host = {r.host: r for r in shares}
+
+    def fetch(member: Member) -> tuple[list[TaskStatus], dict[str, int]]:
+        return _fetch(member, by_host[member.name], offsets, archive)
+
+    members = [fleet.member(name) for name in by_host]
+    try:
+        done, failures = fleet.each_settled(fetch, members)
+    except (TfdeployError, OSError, ValueError):  # this disk, a store's refusal
+        return None
+    asked = {name: at for _, moved in done.values() for name, at in moved.items()}
+    with contextlib.suppress(OSError):
+        metricstore.write_json(directory, OFFSETS, {**offsets, **asked})
+    if failures or len(done) < len(members):
+        return None
+    return [t for tasks, _ in done.values() for t in tasks]
 
 
 def keep_ended(fleet: Fleet, runs: Sequence[HostRun], failures: Sequence[HostError]) -> list[str]:
@@ -133,15 +159,15 @@ def _offsets(directory: Path) -> dict[str, int]:
     }
 
 
-def _fetch(fleet: Fleet, run: HostRun) -> list[TaskStatus]:
-    directory = run_dir(run.run_id)
-    offsets = _offsets(directory)
+def _fetch(
+    member: Member, run: HostRun, offsets: dict[str, int], archive: LogArchive
+) -> tuple[list[TaskStatus], dict[str, int]]:
+    """One host's share of a run: its tasks now, and where each task's metrics were read to
+    (its unread lines written to `archive`, at most MAX_ROUNDS polls)."""
     asked = {t.name: offsets.get(t.name, 0) for t in run.tasks}
-    archive = LogArchive(run.run_id)
-    agent = fleet.member(run.host).agent
     tasks: list[TaskStatus] = []
     for _ in range(MAX_ROUNDS):
-        poll = agent.poll(run.run_id, {}, max_bytes=0, heartbeat=False, metrics=asked)
+        poll = member.agent.poll(run.run_id, {}, max_bytes=0, heartbeat=False, metrics=asked)
         tasks = list(poll.tasks)
         moved = False
         for name, (offset, records) in poll.metrics.items():
@@ -150,8 +176,7 @@ def _fetch(fleet: Fleet, run: HostRun) -> list[TaskStatus]:
             archive.write_metrics(name, records)  # none read: the lines dropped still count
         if not moved:
             break
-    metricstore.write_json(directory, OFFSETS, {**offsets, **asked})
-    return tasks
+    return tasks, asked
 
 
 def outcome(tasks: Sequence[TaskStatus]) -> dict[str, object]:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from deployer.envs.uv import UV_VERSION
+from remote import protocol
 from tests.lab import Lab, LabHost
 from tests.support.lab_cli import tfdeploy
 from tests.support.sizes import sizes_sent
@@ -121,6 +122,56 @@ def test_uv_builds_by_default_and_a_new_env_links_shared_wheels_and_bytecode(
     # The uv wheel was sent with the first environment only: the second sends tinyextra alone.
     sent = sizes_sent(second)
     assert sent and sent[0] < 50_000, second
+
+
+# A task that reports its first step, then waits (at most 60 s) for its host's bytecode store
+# to hold tinydep's bytecode, and says that entry's inode: the fill the supervisor starts once
+# a task reported a step (remote/bytecode.py) compiles it while the task still runs.
+FILLED = (
+    TRAIN
+    + f"""\
+import glob, time
+from tfdeploy_metrics import report
+report(1, 1, loss=0.5)
+workdir = os.path.dirname(os.path.dirname(sys.prefix))
+tag = "cpython-%d%d" % sys.version_info[:2]
+shelf = os.path.join(workdir, "hosts", os.environ["{protocol.HOST_ID_ENV}"], "bytecode", tag)
+key = "%d-%d-%d-%d-o0." % (os.stat(tinydep.__file__).st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    found = [n for n in os.listdir(shelf) if n.startswith(key)] if os.path.isdir(shelf) else []
+    if found:
+        print("store entry", os.stat(os.path.join(shelf, found[0])).st_ino, flush=True)
+        break
+    time.sleep(0.05)
+else:
+    print("store entry none", flush=True)
+"""
+)
+
+
+def test_the_store_is_filled_while_a_task_trains_so_the_next_env_only_links_its_bytecode(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    """Issue 58: the first environment that added a requirement compiled the earlier one's
+    imports into the store while its `up` waited (8 s for TensorFlow's). Now the first run's
+    supervisor compiles them once the task reported a step, and the next environment links
+    that very entry (its inode) instead of compiling."""
+    code, job = _job(tmp_path, "tinypkg==1.0\n")
+    (code / "filled.py").write_text(FILLED)
+    inventory = lab_inventory(
+        [[{"role": "worker"}]], code=code, job=job | {"command": "python filled.py"}
+    )
+    state = tmp_path / "state"
+    first = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
+    [entry] = re.findall(r"store entry (\w+)", first)
+    assert entry != "none", first  # before: nothing compiled the store until the next env
+    (code / "requirements.txt").write_text("tinypkg==1.0\ntinyextra==1.0\n")
+    inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
+    second = tfdeploy("up", str(inventory), state=state, check_rc=0).stdout
+    [(_, _, _, pyc2, _)] = _said(second)
+    assert pyc2 == int(entry), second  # the fill's entry, linked: the seeding compiled none
+    assert lab.leftovers_of(lab.hosts) == {}
 
 
 def test_pip_by_choice_sends_no_uv_wheel(

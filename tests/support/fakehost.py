@@ -168,6 +168,7 @@ class FakeHost:
         facts["store_empty"] = not self.store  # as remote/agent.py answers
         if req.get("runs"):
             facts["runs"] = self._op_runs(req)["runs"]
+            facts["nvidia_smi"] = False  # as _op_gpus says
         run_id, ports = req.get("run_id"), req.get("ports", [])
         if run_id is None:
             return facts

@@ -81,3 +81,43 @@ def test_a_new_venv_gets_the_stores_bytecode_never_a_sibling_venvs_own(tmp_path:
     os.link(_site(old) / "mod0.py", _site(third) / "mod0.py")
     assert bytecode.seed(third, VERSION, [new, old], store) == 1
     assert _imported(third, "mod0").strip() == "clean 0"
+
+
+def test_a_fill_while_the_old_venv_trains_leaves_the_next_seed_nothing_to_compile(
+    tmp_path: Path,
+) -> None:
+    """bytecode.fill (the supervisor runs it once a task reported its first step) compiles the
+    store from what the venv's tasks imported, from the modules' sources, never their `.pyc`
+    bytes; the next venv's seeding then links those entries and compiles none (issue 58: the
+    "+1 requirement" `up` waited 8 s for TensorFlow's imports to compile)."""
+    old, new, store = _venv(tmp_path, "a"), _venv(tmp_path, "b"), tmp_path / "store"
+    for i in range(MODULES):
+        source = _site(old) / f"mod{i}.py"
+        source.write_text(f"VALUE = {i}\nprint('clean', VALUE)\n")
+        os.link(source, _site(new) / source.name)
+    _imported(old, ", ".join(f"mod{i}" for i in range(MODULES)))
+    pyc = Path(importlib.util.cache_from_source(str(_site(old) / "mod0.py")))
+    _poison(pyc, _site(old) / "mod0.py")
+
+    argv = bytecode.fill_argv(old, VERSION, store)
+    subprocess.run(argv, check=True, env={"PATH": os.environ["PATH"]})
+    shelf = store / f"cpython-{sys.version_info[0]}{sys.version_info[1]}"
+    entries = sorted(p for p in shelf.iterdir() if p.name.endswith(".pyc"))
+    assert len(entries) == MODULES
+    assert bytecode.fill(old, VERSION, store) == 0  # a second fill finds nothing to do
+    stamps = {p.name: p.stat().st_mtime_ns for p in entries}
+
+    assert bytecode.seed(new, VERSION, [old], store) == MODULES
+    assert {p.name: p.stat().st_mtime_ns for p in entries} == stamps  # linked, none compiled
+    assert _imported(new, "mod0").strip() == "clean 0"  # from the source, not the poisoned .pyc
+
+
+def test_a_fill_whose_parent_is_gone_stops(tmp_path: Path) -> None:
+    """The supervisor is the fill's parent: a fill whose supervisor died (its run stopped)
+    compiles nothing more."""
+    old, store = _venv(tmp_path, "a"), tmp_path / "store"
+    for i in range(5):
+        (_site(old) / f"mod{i}.py").write_text(f"VALUE = {i}\n")
+    _imported(old, ", ".join(f"mod{i}" for i in range(5)))
+    assert bytecode.fill(old, VERSION, store, parent=os.getppid() + 1) == 0
+    assert bytecode.fill(old, VERSION, store, parent=os.getppid()) == 5
