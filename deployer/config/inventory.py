@@ -252,6 +252,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         retry_exit_codes=_retry_exit_codes(t),
         stall_timeout=t.number("stall_timeout", _JOB.stall_timeout, minimum=1),
         lease_seconds=t.number("lease_seconds", _JOB.lease_seconds, minimum=5),
+        keeper=t.boolean("keeper", _JOB.keeper),
         firewall=t.boolean("firewall", _JOB.firewall),
         netcheck=_netcheck(t),
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),

@@ -213,6 +213,7 @@ class Job:
     retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
+    keeper: bool = True  # a restarting policy's run is handed to a keeper (deployer/up/handover.py)
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
     strategy: Strategy = Strategy.AUTO  # the tf.distribute strategy, for plan's rules (tfrules.py)
     # The cluster convention the tasks read (config/frameworks.py): TF_CONFIG, or the variables

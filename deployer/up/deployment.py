@@ -29,7 +29,7 @@ from deployer.results.state import new_run_id
 from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
 from deployer.up.artifacts import ArtifactsPull
-from deployer.up.handover import hand_over, kept
+from deployer.up.handover import hand_over, keeper_alive, kept, kept_attached
 from deployer.up.prepare import Preparation
 from deployer.up.records import Journal, archive_warning, run_facts
 from deployer.up.recovery import Recovery
@@ -325,10 +325,27 @@ class Deployment:
                 self.start(self.members)
                 self._forward_tensorboard()
                 if not self.options.detach:
+                    self._keep_attached()
                     self.watching.until_done()
                 return
             except RestartJob as decision:
                 self.recovery.restart_job(decision)
+
+    def _keep_attached(self) -> None:
+        """An attached run whose policy restarts, on the inventory's own hosts, is handed to a
+        keeper as a detached one is (handover.py): its policy, lease and end go on when this
+        machine sleeps, loses its network or `up` is killed; `up` watches and shows it, and
+        Ctrl-C, SIGTERM, a closed terminal and `down` still stop it all (a whole-run stop ends
+        the keeper first). Until here (preflight, push, start) the lease is `up`'s alone."""
+        if not kept_attached(self.plan) or self.watching.keeper_alive is not None:
+            return
+        where = hand_over(self.fleet, self.members, self.plan, self.run_id)
+        self.watching.keeper_alive = keeper_alive(self.fleet.member(where), self.run_id)
+        self.view.step(
+            f"run {self.run_id} is kept by its keeper on {where}: its failure policy (on_failure "
+            f'= "{self.plan.job.on_failure}") and lease go on if this machine sleeps or this '
+            "`up` dies; Ctrl-C stops it"
+        )
 
     def _forward_tensorboard(self) -> None:
         """[job.tensorboard]: a local port forwarded to it for as long as `up` watches."""

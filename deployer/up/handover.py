@@ -1,8 +1,9 @@
-"""Handing a detached run to its keeper, so its failure policy outlives the controller.
+"""Handing a run to its keeper, so its failure policy outlives the controller.
 
 `up --detach` of a job whose policy restarts (on_failure = "restart" or "restart-job") must not
-leave that policy in a terminal that is about to close: every host starts a warden of the run
-(remote/warden.py) on its cluster address, and the first host starts the run's keeper
+leave that policy in a terminal that is about to close, and an attached `up` must not lose it
+to a laptop that sleeps or an `up` that is killed (kept_attached): every host starts a warden of
+the run (remote/warden.py) on its cluster address, and the first host starts the run's keeper
 (remote/keeper.py) with the plan, the policy and every warden's port. From then on the keeper's
 polls are the run's heartbeat (the lease stays on: if the keeper's host dies, the others stop
 the run), it restarts what the policy says, and it ends the run when the job is done. The
@@ -12,7 +13,7 @@ wardens answer only the keeper, proved with a secret made here for this run and 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from deployer.config.model import FailurePolicy
@@ -27,8 +28,32 @@ KEEP_INTERVAL_S = 1.0  # how often the keeper polls every warden (and renews the
 
 
 def kept(plan: Plan) -> bool:
-    """Whether a detached run of `plan` is handed to a keeper: its policy restarts."""
-    return plan.job.on_failure in (FailurePolicy.RESTART, FailurePolicy.RESTART_JOB)
+    """Whether a detached run of `plan` is handed to a keeper: its policy restarts (and the
+    job does not say `keeper = false`)."""
+    restarts = plan.job.on_failure in (FailurePolicy.RESTART, FailurePolicy.RESTART_JOB)
+    return restarts and plan.job.keeper
+
+
+def kept_attached(plan: Plan) -> bool:
+    """Whether an attached `up` of `plan` hands its run to a keeper too: its policy restarts
+    and its hosts are the inventory's own. Where a source can replace a lost host (EC2) or
+    regain a requeued allocation (Slurm), the attached `up` keeps the policy itself: only the
+    controller can launch or allocate (the keeper cannot yet, docs/up.md)."""
+    return kept(plan) and not plan.inventory.sources
+
+
+def keeper_alive(member: Member, run_id: str) -> Callable[[], bool | None]:
+    """Asks the keeper's host whether the run's keeper (or its warden) still lives there:
+    True, False, or None when the host cannot be asked now."""
+
+    def alive() -> bool | None:
+        try:
+            runs = member.agent.runs()
+        except HostError:
+            return None
+        return any(r["run_id"] == run_id and r.get("kept") for r in runs)
+
+    return alive
 
 
 def hand_over(fleet: Fleet, members: Sequence[Member], plan: Plan, run_id: str) -> str:

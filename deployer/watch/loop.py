@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import NoReturn
 
 from deployer.config.model import EvaluatorFailure, FailurePolicy
 from deployer.config.plan import Task
@@ -66,6 +65,10 @@ class Watch(OnRun):
         self.lease = lease
         self.wall = wall  # Unix seconds: a deadline is a time of day, not a run's clock
         self.deadline_notes = DeadlineNotes(deadlines, wall())
+        # Set once the run is handed to its keeper (deployer/up/handover.py): the policy is then
+        # the keeper's, and this asks whether it still lives (None: its host cannot be asked).
+        self.keeper_alive: Callable[[], bool | None] | None = None
+        self._out_of_touch: set[str] = set()  # kept: hosts lost to this controller, said once
 
     @property
     def gpu_monitor(self) -> GpuMonitor | None:
@@ -104,12 +107,23 @@ class Watch(OnRun):
             now = self.clock()
             self.longest_pause, looked = max(self.longest_pause, now - looked), now
             self.tick()
+            if self.keeper_alive and self._all_succeeded(awaited):
+                break  # the keeper then stops the servers: their stop is the job's end, no failure
             failed = self.board.first_failure(awaited, self.plan.job)
             if failed and may_restart(self.board[failed], self.plan.job):
-                self.restart(failed)
+                if self.keeper_alive:
+                    self._keeper_restarts_task(failed, awaited)
+                else:
+                    self.restart(failed)
                 continue
             if failed and self.plan.job.on_failure == FailurePolicy.RESTART_JOB:
-                self._restart_job_or_fail(failed)
+                try:
+                    self._restart_job_or_fail(failed)
+                except RestartJob as decision:
+                    if not self.keeper_alive:
+                        raise
+                    self._keeper_restarts_job(decision, failed, awaited)
+                    continue
             if failed:
                 restarts = self.board[failed].restarts
                 after = f" after {plural(restarts, 'restart')}" if restarts else ""
@@ -134,6 +148,67 @@ class Watch(OnRun):
         rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
         note = self.evaluator_note()
         self.view.step(f"job succeeded: {fold_names(awaited)} exited 0{note}{rest}")
+
+    # ---- a kept run: the keeper restarts (remote/keeper.py, the same rules and counts) -------
+
+    def _keeper_restarts_task(self, name: str, awaited: list[str]) -> None:
+        """Policy "restart" of a kept run: the keeper starts the task again, this `up` says so
+        and watches it run again (it never starts it itself: one policy, one restart)."""
+        watch = self.board[name]
+        outcome = watch.status.outcome() if watch.status else "failed"
+        before = self._started([name])
+        watch.restarts += 1
+        self.view.step(
+            f"restarting {watch.label} ({outcome}): restart {watch.restarts} of "
+            f"{self.plan.job.max_restarts}, by its keeper"
+        )
+        self._until_restarted(name, before, awaited)
+
+    def _keeper_restarts_job(self, decision: RestartJob, failed: str, awaited: list[str]) -> None:
+        """Policy "restart-job" of a kept run: the keeper stops every task, waits its backoff
+        and starts them all again; this `up` says so and watches every task start anew."""
+        before = self._started([t.name for t in self.plan.tasks])
+        attempt = self.board.next_attempt()
+        self.view.step(
+            f"{decision.cause}: restarting the whole job (restart {attempt} of "
+            f"{self.plan.job.max_restarts}, TFDEPLOY_ATTEMPT={attempt}), by its keeper, after "
+            "stopping every task"
+        )
+        self._until_restarted(failed, before, awaited)
+
+    def _started(self, names: list[str]) -> dict[str, float | None]:
+        return {n: (s.started if (s := self.board[n].status) else None) for n in names}
+
+    def _until_restarted(
+        self, failed: str, before: dict[str, float | None], awaited: list[str]
+    ) -> None:
+        """Ticks until every task of `before` runs as a new process (its start time changed),
+        or the job is done; fails the job once the keeper ended the run without that restart,
+        or its host cannot be asked for longer than a host may be silent."""
+        assert self.keeper_alive is not None
+        unknown_since: float | None = None
+        while True:
+            self.sleep(self.interval)
+            self.tick()
+            if self._all_succeeded(awaited):
+                return
+            now_started = self._started(list(before))
+            if all(now_started[n] not in (None, before[n]) for n in before):
+                self.view.step("running again: the keeper restarted it")
+                return
+            alive = self.keeper_alive()
+            now = self.clock()
+            unknown_since = None if alive is not None else (unknown_since or now)
+            lost = (
+                unknown_since is not None and now - unknown_since > self.poller.contact.loss_after
+            )
+            if alive is False or lost:
+                self.tick(heartbeat=True, tolerate=True)
+                why = "its keeper's host cannot be asked" if lost else "its keeper ended the run"
+                raise self.failure(failed, f"failed; {why} without restarting it")
+
+    def _all_succeeded(self, awaited: list[str]) -> bool:
+        return all((s := self.board[n].status) is not None and s.succeeded for n in awaited)
 
     def evaluator_note(self) -> str:
         """', but the evaluator failed (...)' when one did: the job's success is not the whole
@@ -223,6 +298,7 @@ class Watch(OnRun):
     def tick(self, *, heartbeat: bool = True, tolerate: bool = False) -> Tick:
         """One poll of every started host, shown; a lost host fails the job."""
         tick = self.poller.tick(heartbeat=heartbeat, tolerate=tolerate)
+        self._out_of_touch -= set(tick.polls)  # answered: a later silence is said again
         for host in tick.recovered:
             self.view.step(f"contact with {host} is back; logs resume where they stopped")
         for label, lines in tick.lines:
@@ -239,7 +315,16 @@ class Watch(OnRun):
             self._host_lost(tick.loss)
         return tick
 
-    def _host_lost(self, loss: Loss) -> NoReturn:
+    def _host_lost(self, loss: Loss) -> None:
+        if self.keeper_alive is not None:  # the run is its keeper's, which watches the host
+            if loss.host not in self._out_of_touch:
+                self._out_of_touch.add(loss.host)
+                self.view.step(
+                    f"no contact with {loss.host} for {loss.since:.1f} s; the run's keeper "
+                    "holds its policy and lease: this controller keeps trying"
+                )
+            self.poller.rewatch(loss.host)
+            return
         self.view.step(f"host {loss.host} lost after {loss.since:.1f} s without contact")
         job = self.plan.job
         if job.on_failure == FailurePolicy.RESTART_JOB and self.board.attempt < job.max_restarts:

@@ -1,4 +1,5 @@
-"""A detached run keeps its failure policy: its keeper, beside the hosts, restarts and ends it.
+"""A run keeps its failure policy: its keeper, beside the hosts, restarts and ends it, detached
+or attached (an attached `up` is then its keeper's client: killed or asleep, it loses nothing).
 
 The task is TF-shaped (no TensorFlow: the subject is tfdeploy's keeper): it reads TF_CONFIG,
 binds its port, checkpoints a step counter beside itself and resumes from it, and ends 0 after
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import pytest
 
 from tests.lab import Lab
 from tests.lab.base import wait_until
-from tests.support.faults import pids_of, tfdeploy
+from tests.support.faults import Up, pids_of, tfdeploy
 
 pytestmark = pytest.mark.lab
 
@@ -49,13 +51,15 @@ print(kind, index, "done at step", step, flush=True)
 """
 
 
-def _inventory(lab: Lab, lab_inventory: Any, tmp_path: Path, **job: Any) -> Path:
+def _inventory(
+    lab: Lab, lab_inventory: Any, tmp_path: Path, steps: int = STEPS, **job: Any
+) -> Path:
     code = tmp_path / "code"
     code.mkdir()
     (code / "keeptask.py").write_text(TASK)
     table = {
         "name": "kept",
-        "command": f"{lab.python} keeptask.py {STEPS}",
+        "command": f"{lab.python} keeptask.py {steps}",
         "on_failure": "restart-job",
         "max_restarts": 2,
         "restart_backoff": 1,
@@ -235,3 +239,110 @@ def test_a_kept_run_between_two_attempts_is_not_over(
     assert f"stopped run {run_id}" in down.stdout, down.stdout
     for host in (h1, h2):
         assert not lab.leftovers(host, 10), lab.leftovers(host)
+
+
+def _attached(inventory: Path, state: Path) -> tuple[Up, str]:
+    """An attached `up`, once it said the run went to its keeper; the run's id."""
+    up = Up(inventory, state=state)
+    up.wait_for(r"is kept by its keeper on \S+: its failure policy")
+    return up, up.run_id()
+
+
+@pytest.mark.isolated
+def test_an_attached_up_killed_mid_run_leaves_the_run_to_its_keeper(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 59: an attached `up` SIGKILLed mid-run took its run with it (the hosts stopped the
+    tasks when its lease lapsed). Now the run's keeper holds the lease: the run finishes, `status`
+    reads both tasks exited 0, and the keeper and wardens leave with the run."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path)
+    up, run_id = _attached(inventory, tmp_path / "state")
+    wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
+    up.proc.kill()
+    up.finish()
+
+    _wait_for_the_end(lab, h1, run_id, 120)
+    tasks = _status(inventory, run_id, tmp_path)
+    assert {(t["name"], t["exit_code"], t["reason"]) for t in tasks} == {
+        ("worker:0", 0, "exited"),
+        ("worker:1", 0, "exited"),
+    }, tasks  # exited by themselves: not stopped by a lapsed lease
+    assert _keeper_events(lab, h1, run_id)[-1]["ended"]["outcome"] == "succeeded"
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+    wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
+
+
+@pytest.mark.isolated
+def test_an_attached_up_asleep_past_four_leases_and_cut_off_finds_its_run_going_and_exits_0(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """Issue 59: an attached `up` SIGSTOPped past its lease with its traffic dropped found its
+    tasks stopped by their lease. Now, stopped while every packet between it and the hosts is
+    dropped (the hosts still reach each other) for as long as four leases, it finds the tasks
+    never stopped, catches up the lines it missed and exits 0 when the job ends."""
+    lab = clean_lab
+    hosts = lab.hosts[:2]
+    lease = 6
+    steps = 4 * lease * 4 + 40  # 0.25 s a step: four leases asleep, and some after
+    inventory = _inventory(lab, lab_inventory, tmp_path, steps=steps)
+    up, run_id = _attached(inventory, tmp_path / "state")
+    wait_until("worker:0 to pass step 4", lambda: _step(lab, hosts[0], run_id, "worker:0") >= 4)
+    asleep_at = _step(lab, hosts[0], run_id, "worker:0")
+    up.proc.send_signal(signal.SIGSTOP)
+    try:
+        for h in hosts:
+            lab.cut_controller(h)
+        four_leases = asleep_at + 4 * lease * 4
+        wait_until(
+            "four leases of progress with the controller asleep and cut off",
+            lambda: _step(lab, hosts[0], run_id, "worker:0") >= four_leases,
+            timeout=4 * lease * 3,
+        )
+        assert all(pids_of(lab, h, "keeptask.py") for h in hosts)  # never stopped
+    finally:
+        for h in hosts:
+            lab.restore_controller(h)
+        up.proc.send_signal(signal.SIGCONT)
+    assert up.finish(timeout=120) == 0, up.report()
+    for index in (0, 1):
+        assert f"worker {index} done at step {steps}" in up.stdout, up.report()
+    # The lines written while it slept were caught up, not skipped.
+    assert f"step {four_leases - 1}" in up.stdout, up.report()
+    assert "lease expired" not in up.stdout + up.stderr, up.report()
+    for h in hosts:
+        assert not lab.leftovers(h, 10), lab.leftovers(h)
+
+
+@pytest.mark.isolated
+def test_an_attached_up_shows_its_keepers_restart_and_fails_when_none_is_left(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """The keeper restarts a kept attached run, not the `up` (one policy, never two restarts
+    for one failure): `up` says so, as it said its own restarts, and watches the job run again;
+    with no restart left it fails the job (the keeper's verdict too); nothing is left behind."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path, steps=400, max_restarts=1)
+    up, run_id = _attached(inventory, tmp_path / "state")
+    for attempt in (0, 1):
+        up.wait_for(rf"worker 1 attempt {attempt} ")
+        wait_until("worker:1 to take a step", lambda: _step(lab, h2, run_id, "worker:1") >= 2)
+        [victim] = pids_of(lab, h2, "keeptask.py")
+        lab.run(h2, ["kill", "-KILL", str(victim)])
+        if attempt == 0:
+            up.wait_for(r"running again: the keeper restarted it")
+    assert up.finish(timeout=120) == 1, up.report()
+    said = up.stdout + " ".join(up.stderr.split())
+    assert (
+        said.count("restarting the whole job (restart 1 of 1, TFDEPLOY_ATTEMPT=1), by its keeper")
+        == 1
+    ), up.report()
+    assert f"worker:1@{h2.name} [attempt 1] failed; no restart left (max_restarts = 1)" in said, (
+        up.report()
+    )
+    events = _keeper_events(lab, h1, run_id)
+    assert [e["restart_job"] for e in events if "restart_job" in e] == [1], events
+    for h in (h1, h2):
+        assert not lab.leftovers(h, 10), lab.leftovers(h)

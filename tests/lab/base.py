@@ -110,6 +110,12 @@ class Lab:
     def restore_link(self, host: HostRef) -> None:
         raise self._unsupported("restore_link")
 
+    def cut_controller(self, host: HostRef) -> None:
+        raise self._unsupported("cut_controller")
+
+    def restore_controller(self, host: HostRef) -> None:
+        raise self._unsupported("restore_controller")
+
     def crash_host(self, host: HostRef) -> None:
         raise self._unsupported("crash_host")
 

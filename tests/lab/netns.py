@@ -577,6 +577,22 @@ class NamespaceLab(Lab):
         subprocess.run(["ip", "link", "set", slot.veth, "down"], check=True)
         wait_until(f"{slot.veth} down", lambda: self._operstate(slot.veth) == "down")
 
+    def cut_controller(self, host: HostRef) -> None:
+        """Drop every packet between this machine (the controller) and the host, both ways,
+        while the host's peers still reach it: a laptop asleep or off the VPN, a cluster that
+        goes on. Rules in this namespace's INPUT and OUTPUT chains only (bridged traffic
+        between hosts never passes them)."""
+        for rule in self._controller_rules(host):
+            subprocess.run(["iptables", "-w", "-I", *rule], check=True)
+
+    def restore_controller(self, host: HostRef) -> None:
+        for rule in self._controller_rules(host):
+            subprocess.run(["iptables", "-w", "-D", *rule], check=False, capture_output=True)
+
+    def _controller_rules(self, host: HostRef) -> list[list[str]]:
+        address = self.host(host).address
+        return [["INPUT", "-s", address, "-j", "DROP"], ["OUTPUT", "-d", address, "-j", "DROP"]]
+
     def restore_link(self, host: HostRef) -> None:
         slot = self._slot(host)
         subprocess.run(["ip", "link", "set", slot.veth, "up"], check=True)

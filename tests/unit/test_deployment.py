@@ -128,7 +128,10 @@ def test_a_host_that_stops_answering_is_an_outage_then_a_loss(
 def test_a_failed_worker_is_restarted_until_max_restarts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    text = TWO_WORKERS.replace("[job]\n", '[job]\non_failure = "restart"\nmax_restarts = 1\n')
+    # `up`'s own policy (keeper = false; a keeper's: tests/integration/test_keeper.py)
+    text = TWO_WORKERS.replace(
+        "[job]\n", '[job]\non_failure = "restart"\nmax_restarts = 1\nkeeper = false\n'
+    )
     text += '\n[[hosts]]\nname = "p"\naddress = "192.0.2.3"\ntasks = [{ role = "ps" }]\n'
     h = Harness(tmp_path, text, monkeypatch)
     b = h.hosts["b"]

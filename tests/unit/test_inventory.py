@@ -172,7 +172,7 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
             "artifacts_to, code, command, "
             "container_mounts, container_runtime, "
             "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, framework, "
-            "image, image_from, installer, lease_seconds, max_restarts, "
+            "image, image_from, installer, keeper, lease_seconds, max_restarts, "
             "name, netcheck, on_failure, port, python, require_tensorflow, requirements, "
             "restart_backoff, retry_exit_codes, role_commands, role_frameworks, role_images, "
             "role_requirements, "

@@ -19,7 +19,9 @@ from tests.support.helpers import plan
 
 
 def restart_job(**keys: object) -> str:
-    keys = {"on_failure": '"restart-job"', "restart_backoff": 4, **keys}
+    """`up`'s own restart-job (keeper = false, as where a source replaces hosts; a keeper's:
+    tests/integration/test_keeper.py)."""
+    keys = {"on_failure": '"restart-job"', "restart_backoff": 4, "keeper": "false", **keys}
     lines = "[job]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
     return TWO_WORKERS.replace("[job]\n", lines)
 
