@@ -48,6 +48,10 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     print(f"weights checksum {checksum:.6f}", flush=True)
+    # Every rank reaches the teardown before any tears down: rank 0 hosts the rendezvous store,
+    # and a rank 0 that destroyed its group while a slower rank was still leaving its last
+    # collective aborted at exit ("terminate called without an active exception", SIGABRT).
+    dist.barrier()
     dist.destroy_process_group()
 
 
