@@ -97,13 +97,12 @@ def resolve(
     environ = dict(env if env is not None else os.environ)
     lines = tuple(spec.for_target(target).splitlines())
     extension = None if refresh else extend.find(root, lines, target.describe())
-    if extension is not None and _extend(root, key, spec, target, environ, pip, extension):
-        result = wheelhouse.load(final, key)
-        assert result is not None, final  # written whole just above
-        return result
+    extended = extension is not None and _extend(
+        root, key, spec, lines, target, environ, pip, extension
+    )
     # Seeded from the wheel store unless asked afresh (`--refresh-env`: every wheel fetched).
-    for reuse in (True, False) if not refresh else (False,):
-        if _attempt(root, key, spec, target, environ, pip, sdists, reuse=reuse):
+    for reuse in () if extended else (True, False) if not refresh else (False,):
+        if _attempt(root, key, spec, lines, target, environ, pip, sdists, reuse=reuse):
             break
     result = wheelhouse.load(final, key)
     assert result is not None, final  # written whole just above
@@ -114,6 +113,7 @@ def _attempt(
     root: Path,
     key: str,
     spec: EnvSpec,
+    lines: tuple[str, ...],
     target: HostPlatform,
     env: dict[str, str],
     pip: Sequence[str] | None,
@@ -127,7 +127,6 @@ def _attempt(
     work = _fresh(root / f".{key}.{os.getpid()}.tmp")
     try:
         seeded = _fill(work, spec, target, env, pip, sdists, root if reuse else None)
-        lines = tuple(spec.for_target(target).splitlines())
         house = wheelhouse.write(work, key, target.describe(), spec.text, lines)
         damaged = [w for w in house.wheels if seeded.get(w.file, w.sha256) != w.sha256]
         for w in damaged:
@@ -145,6 +144,7 @@ def _extend(
     root: Path,
     key: str,
     spec: EnvSpec,
+    lines: tuple[str, ...],
     target: HostPlatform,
     env: dict[str, str],
     pip: Sequence[str] | None,
@@ -163,7 +163,7 @@ def _extend(
         pins = work / "pins.txt"
         pins.write_text(extension.pins())
         main = work / "requirements.in"
-        main.write_text(extension.requirements(spec.for_target(target).splitlines(), pins))
+        main.write_text(extension.requirements(lines, pins))
         argv = ["download", "--only-binary=:all:", *target.pip_args()]
         argv += ["--find-links", str(wheels), "-d", str(wheels), "-r", str(main)]
         runner = _Pip(list(pip or [sys.executable, "-m", "pip"]), env, spec.base)
@@ -171,7 +171,6 @@ def _extend(
             return False
         for scratch in (main, pins):
             scratch.unlink()
-        lines = tuple(spec.for_target(target).splitlines())
         house = wheelhouse.write(work, key, target.describe(), spec.text, lines)
         if not extend.consistent(house, extension.base):
             return False
