@@ -74,6 +74,9 @@ def _ours(slurm: SlurmCluster) -> list[str]:
     return out.split()
 
 
+STOP_GRACE_S = 10  # the supervisors' default SIGTERM-to-SIGKILL grace (remote/supervisor.py)
+
+
 def _settled(slurm: SlurmCluster) -> None:
     """Waits until slurmctld shows the nodes idle again (KillWait and the steps' cleanup after
     an allocation ended; squeue is empty already)."""
@@ -187,6 +190,11 @@ def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     # look, 2 s each, and Slurm's KillWait); the slack is for a loaded machine, a bound and not
     # a measurement. Were the keeper kept alive, the allocation would last its 15 minutes.
     assert _wait_gone(slurm, lease + 60), "the allocation outlived its controller's lease"
+    # Each supervisor stops its task when the same lease lapses, SIGTERM then SIGKILL after the
+    # grace (10 s): an MWMS task outlives the SIGTERM (TensorFlow's preemption notifier takes
+    # it), so it may end after the allocation does. Its end is the event waited for.
+    left = slurm.leftovers(settle=STOP_GRACE_S + 30)
+    assert not left, f"the run outlived its lease: {left}"
     _settled(slurm)
 
 
