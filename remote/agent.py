@@ -247,6 +247,7 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
         if not isinstance(created, (int, float)):
             created = run_dir.stat().st_mtime  # half-written run: its directory's age will do
         tasks = procs.run_statuses(run_dir)
+        leased = _leased(run_dir, meta, now)
         ended = (protocol.STATE_EXITED, protocol.STATE_LOST)
         listed = run_dir.name == hosts_of or any(t.get("state") not in ended for t in tasks)
         if listed:  # an active run (or the one asked for): its progress and resources
@@ -261,8 +262,9 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
                 "hosts": meta.get("hosts") if listed else None,
                 "hosts_at": meta.get("hosts_at") if listed else None,
                 "tasks": tasks,
-                "starting": not tasks and _preparing(run_dir, meta, now),
+                "starting": not tasks and leased,
                 "kept": _kept(workdir, run_dir.name),
+                "leased": leased,
             }
         )
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
@@ -289,9 +291,9 @@ def _claimed(run_id: str, claim: dict[str, Any]) -> protocol.RunShape:
     }
 
 
-def _preparing(run_dir: Path, meta: dict[str, Any], now: float) -> bool:
-    """A run without tasks that its `up` is still preparing (setup, environment, the start
-    under way): not stopped, and its controller's lease is live."""
+def _leased(run_dir: Path, meta: dict[str, Any], now: float) -> bool:
+    """A run its `up` still holds: not detached, not stopped, and its controller's lease is
+    live (with no task yet: the `up` is preparing it; with tasks: it watches them)."""
     if layout.run_stopped(run_dir) or meta.get("detached"):
         return False
     lease = meta.get("lease_seconds")

@@ -118,6 +118,9 @@ class RunShape(RunBase, total=False):
     # Its keeper or warden lives on this host (remote/warden.py): the run is not over while
     # they are, even with every task exited (a restart's backoff).
     kept: bool
+    # Not detached, not stopped, and its `up`'s lease is live here: an `up` holds the run (and
+    # its policy, unless it is kept); `attach` tells a restart under way from a run left alone.
+    leased: bool
 
 
 class HelloFacts(TypedDict):

@@ -23,6 +23,7 @@ from deployer.api.actions import (
 )
 from deployer.api.inventories import InventoryLike, load
 from deployer.api.logs import read_logs
+from deployer.api.views import View, events_to
 from deployer.config.inventory import Inventory
 from deployer.config.plan import Plan, make_plan
 from deployer.config.roles import ROLES
@@ -182,6 +183,18 @@ class Run:
                 on_line(LogLine(label, text))
 
         self._read_logs(each, task, tail, None, follow=True)
+
+    def watch(self, view: View | None = None) -> None:
+        """What `tfdeploy attach` shows, as events to `view` (None: quiet), until the run ends:
+        returns once every awaited task exited 0; raises JobFailed when the job failed. It owns
+        nothing: no lease renewed, no restart made (its keeper's or its `up`'s are watched)."""
+        from deployer.api.attaching import watch_run  # the watch machinery: for this call only
+
+        shown = events_to(view)
+        try:
+            watch_run(self._target, shown, concurrency=self._concurrency)
+        finally:
+            shown.close()
 
     def _read_logs(
         self,

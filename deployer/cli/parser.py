@@ -214,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=verbs.report_verb)
 
+    attach = subparsers.add_parser(
+        "attach", help="the live view of a running run, until it ends (leaving it leaves the run)"
+    )
+    _target_args(
+        attach,
+        "run_id",
+        "a run id, or an inventory file: its job's newest run on the hosts, said on stderr",
+    )
+    attach.set_defaults(handler=verbs.attach_verb)
+
     logs = subparsers.add_parser("logs", help="print (or follow) the logs of a run")
     _target_args(
         logs,

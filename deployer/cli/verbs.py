@@ -161,6 +161,19 @@ def report_verb(args: argparse.Namespace, env: Env) -> int:
     return ExitStatus.OK
 
 
+def attach_verb(args: argparse.Namespace, env: Env) -> int:
+    """Exit 0 when the run succeeded, the job's failure otherwise; Ctrl-C leaves the run."""
+    from deployer.api.attaching import attach_run  # the watch machinery: for this verb only
+
+    attach_run(
+        args.run_id,
+        api.terminal_view(env.out, env.raw_out),
+        inventory=args.inventory,
+        say=lambda note: env.err.print(Text(clean_text(note)), style="yellow"),
+    )
+    return ExitStatus.OK
+
+
 def logs_verb(args: argparse.Namespace, env: Env) -> int:
     if args.sync and args.follow:
         raise UsageError("--sync copies what the hosts have and prints it; it does not follow")

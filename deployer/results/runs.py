@@ -51,6 +51,9 @@ class HostRun:
     # Its keeper or warden lives there: a kept run between two attempts (every task exited,
     # the next about to start) is not over (docs/up.md, "A kept run").
     kept: bool = False
+    # Not detached and its `up`'s lease is live there: an `up` holds the run (`attach` waits for
+    # that `up`'s restarts while it does).
+    leased: bool = False
 
     @property
     def active(self) -> bool:
@@ -234,6 +237,7 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         hosts_at=edge.number(hosts_at, "a run's hosts_at", "hosts_at") or 0.0,
         starting=r.get("starting") is True and not tasks,
         kept=r.get("kept") is True,
+        leased=r.get("leased") is True,
     )
 
 

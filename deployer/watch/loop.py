@@ -68,6 +68,8 @@ class Watch(OnRun):
         # Set once the run is handed to its keeper (deployer/up/handover.py): the policy is then
         # the keeper's, and this asks whether it still lives (None: its host cannot be asked).
         self.keeper_alive: Callable[[], bool | None] | None = None
+        self.holder = "its keeper"  # who restarts once keeper_alive is set (attach: "its `up`")
+        self.beats = True  # polls renew the run's lease (attach's never do: it owns nothing)
         self._out_of_touch: set[str] = set()  # kept: hosts lost to this controller, said once
 
     @property
@@ -160,7 +162,7 @@ class Watch(OnRun):
         watch.restarts += 1
         self.view.step(
             f"restarting {watch.label} ({outcome}): restart {watch.restarts} of "
-            f"{self.plan.job.max_restarts}, by its keeper"
+            f"{self.plan.job.max_restarts}, by {self.holder}"
         )
         self._until_restarted(name, before, awaited)
 
@@ -171,7 +173,7 @@ class Watch(OnRun):
         attempt = self.board.next_attempt()
         self.view.step(
             f"{decision.cause}: restarting the whole job (restart {attempt} of "
-            f"{self.plan.job.max_restarts}, TFDEPLOY_ATTEMPT={attempt}), by its keeper, after "
+            f"{self.plan.job.max_restarts}, TFDEPLOY_ATTEMPT={attempt}), by {self.holder}, after "
             "stopping every task"
         )
         self._until_restarted(failed, before, awaited)
@@ -194,7 +196,7 @@ class Watch(OnRun):
                 return
             now_started = self._started(list(before))
             if all(now_started[n] not in (None, before[n]) for n in before):
-                self.view.step("running again: the keeper restarted it")
+                self.view.step(f"running again: {self.holder} restarted it")
                 return
             alive = self.keeper_alive()
             now = self.clock()
@@ -204,7 +206,8 @@ class Watch(OnRun):
             )
             if alive is False or lost:
                 self.tick(heartbeat=True, tolerate=True)
-                why = "its keeper's host cannot be asked" if lost else "its keeper ended the run"
+                who = self.holder
+                why = f"{who}'s host cannot be asked" if lost else f"{who} ended the run"
                 raise self.failure(failed, f"failed; {why} without restarting it")
 
     def _all_succeeded(self, awaited: list[str]) -> bool:
@@ -297,7 +300,7 @@ class Watch(OnRun):
 
     def tick(self, *, heartbeat: bool = True, tolerate: bool = False) -> Tick:
         """One poll of every started host, shown; a lost host fails the job."""
-        tick = self.poller.tick(heartbeat=heartbeat, tolerate=tolerate)
+        tick = self.poller.tick(heartbeat=heartbeat and self.beats, tolerate=tolerate)
         self._out_of_touch -= set(tick.polls)  # answered: a later silence is said again
         for host in tick.recovered:
             self.view.step(f"contact with {host} is back; logs resume where they stopped")

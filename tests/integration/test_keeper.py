@@ -332,7 +332,7 @@ def test_an_attached_up_shows_its_keepers_restart_and_fails_when_none_is_left(
         [victim] = pids_of(lab, h2, "keeptask.py")
         lab.run(h2, ["kill", "-KILL", str(victim)])
         if attempt == 0:
-            up.wait_for(r"running again: the keeper restarted it")
+            up.wait_for(r"running again: its keeper restarted it")
     assert up.finish(timeout=120) == 1, up.report()
     said = up.stdout + " ".join(up.stderr.split())
     assert (
@@ -346,3 +346,91 @@ def test_an_attached_up_shows_its_keepers_restart_and_fails_when_none_is_left(
     assert [e["restart_job"] for e in events if "restart_job" in e] == [1], events
     for h in (h1, h2):
         assert not lab.leftovers(h, 10), lab.leftovers(h)
+
+
+def _attach(run_id: str, inventory: Path, tmp_path: Path) -> Up:
+    """`tfdeploy attach RUN -i INVENTORY` from another shell (no local record of the run)."""
+    watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
+    watcher.wait_for(rf"attached to run {re.escape(run_id)}: its keeper holds its failure policy")
+    return watcher
+
+
+@pytest.mark.isolated
+def test_attach_shows_a_detached_runs_restart_by_its_keeper_and_exits_with_its_outcome(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """`tfdeploy attach` opens the live view of a detached kept run from any shell: the tasks'
+    lines as they come, the keeper's restart after a worker is SIGKILLed on its host (attach
+    restarts nothing itself), and its exit is the run's outcome (0: succeeded)."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path)
+    run_id = _up_kept(inventory, tmp_path / "state")
+    watcher = _attach(run_id, inventory, tmp_path)
+    watcher.wait_for(r"worker:1@\S+ \| step 8$")
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+    watcher.wait_for(
+        r"restarting the whole job \(restart 1 of 2, TFDEPLOY_ATTEMPT=1\), by its keeper", 30
+    )
+    watcher.wait_for(r"running again: its keeper restarted it", 60)
+    watcher.wait_for(r"worker:1@\S+ \[attempt 1\] \| worker 1 attempt 1 resumed from step \d+", 30)
+    assert watcher.finish(timeout=120) == 0, watcher.report()
+    assert re.search(r"job succeeded: worker:0 and worker:1 exited 0", watcher.stdout), (
+        watcher.report()
+    )
+    events = _keeper_events(lab, h1, run_id)
+    assert [e["cause"] for e in events if "restart_job" in e] == [
+        "worker:1 was killed by signal 9"
+    ], events  # one restart: the keeper's, none of attach's
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+    wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
+
+
+@pytest.mark.isolated
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_leaving_attach_leaves_the_run_running(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, signum: signal.Signals
+) -> None:
+    """attach owns nothing: Ctrl-C, SIGTERM or a closed terminal ends attach (128 + the
+    signal) and says how to stop the run, which goes on, leased by its keeper alone."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path, steps=400)
+    run_id = _up_kept(inventory, tmp_path / "state")
+    watcher = _attach(run_id, inventory, tmp_path)
+    watcher.wait_for(r"worker:0@\S+ \| step 2$")
+    watcher.proc.send_signal(signum)
+    assert watcher.finish() == 128 + signum, watcher.report()
+    assert f"left run {run_id} running: tfdeploy down {run_id} stops it" in watcher.stdout
+    before = _step(lab, h1, run_id, "worker:0")
+    wait_until(  # past the 6 s lease: attach's polls never renewed it, the keeper's do
+        "worker:0 to go on 30 steps", lambda: _step(lab, h1, run_id, "worker:0") >= before + 30, 60
+    )
+    assert {t["state"] for t in _status(inventory, run_id, tmp_path)} == {"running"}
+    tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "other", check_rc=0)
+    for host in (h1, h2):
+        assert not lab.leftovers(host, 10), lab.leftovers(host)
+
+
+@pytest.mark.isolated
+def test_attach_to_a_detached_run_without_a_keeper_fails_with_its_first_failure(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """A detached run whose policy tears down has no keeper: attach says so, and a task that
+    fails ends attach with the job's failure (exit 1), naming the task and its cause."""
+    lab = clean_lab
+    h2 = lab.hosts[1]
+    inventory = _inventory(lab, lab_inventory, tmp_path, steps=400, on_failure="teardown")
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    found = re.search(r"\(run (\S+)\)$", up.stdout, re.MULTILINE)
+    assert found, up.stdout
+    run_id = found.group(1)
+    watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
+    watcher.wait_for(r"attached to run \S+: detached, with no failure policy")
+    watcher.wait_for(r"worker:1@\S+ \| step 2$")
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+    assert watcher.finish() == 1, watcher.report()
+    assert re.search(r"worker:1@\S+ .*killed by signal 9", watcher.stderr), watcher.report()
+    tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "other", check_rc=0)

@@ -59,12 +59,13 @@ _STARTED: list[Up] = []
 
 
 class Up:
-    """`tfdeploy up` running in the background; its output is read as it comes, with times."""
+    """`tfdeploy up` (or another verb that watches, `attach`) running in the background; its
+    output is read as it comes, with times."""
 
-    def __init__(self, inventory: Path, *flags: str, state: Path) -> None:
+    def __init__(self, target: Path | str, *flags: str, state: Path, verb: str = "up") -> None:
         _STARTED.append(self)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deployer", "up", *flags, str(inventory)],
+            [sys.executable, "-m", "deployer", verb, *flags, str(target)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
