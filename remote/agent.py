@@ -265,9 +265,19 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
                 "starting": not tasks and leased,
                 "kept": _kept(workdir, run_dir.name),
                 "leased": leased,
+                "recoveries": _recoveries(run_dir),
             }
         )
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
+
+
+def _recoveries(run_dir: Path) -> list[protocol.RecoveryShape]:
+    """The keeper's restarts of the run, where it kept its record (this host ran it)."""
+    if not (run_dir / "keeper.json").is_file():
+        return []
+    import keeper
+
+    return keeper.recoveries(run_dir)
 
 
 def _kept(workdir: Path, run_id: str) -> bool:

@@ -60,6 +60,9 @@ class Keeper:
         self.lock = threading.Lock()  # statuses and heard, shared with the heartbeat thread
         self.done = threading.Event()
         self.fresh_after = 0.0  # polls asked before this (the last restart) are not believed
+        # The last restart's recovery being timed: when its failure was seen, and the metrics
+        # size of each restarted task before it started again (its first new record ends it).
+        self.recovering: tuple[float, dict[str, int]] | None = None
 
     # ---- talking to the wardens ----------------------------------------------------------
 
@@ -162,6 +165,7 @@ class Keeper:
             self.stop_all(tolerant=True)
             raise Ended("failed", cause)
         statuses = self.snapshot()
+        self.time_recovery(statuses)
         stopped = [n for n, s in statuses.items() if s.get("reason") == protocol.REASON_STOPPED]
         if stopped:  # not by this keeper, which forgets what it stopped: `down`, or a person
             self.stop_all(tolerant=True)
@@ -187,9 +191,12 @@ class Keeper:
             and self.task_restarts.get(name, 0) < most
         ):
             self.task_restarts[name] = self.task_restarts.get(name, 0) + 1
+            seen, before = time.time(), _metrics_bytes(self.snapshot())
             self.note({"restart": name, "cause": cause})
             self.on_hosts(warden.RESTART, [name], attempt=self.attempt)
             self.forget_attempt()  # a poll asked before the restart still sees it failed
+            self.note({"started": self.attempt, "task": name, "after_s": _since(seen)})
+            self.recovering = (seen, {name: before.get(name, 0)})
         else:
             self.stop_all(tolerant=True)
             raise Ended("failed", cause)
@@ -214,6 +221,7 @@ class Keeper:
             self.wait(max(backoff, self.interval))
             try:
                 self.stop_all()  # a host back since: what its lease has not stopped yet
+                before = _metrics_bytes(self.snapshot())  # the stopped attempt's last sizes
                 for wave in sorted({int(t.get("wave", 0)) for t in self.tasks}):
                     names = [t["name"] for t in self.tasks if int(t.get("wave", 0)) == wave]
                     self.on_hosts(warden.RESTART, names, attempt=self.attempt)
@@ -226,7 +234,20 @@ class Keeper:
         self.forget_attempt()  # a poll asked before the last start still sees the stopped tasks
         with self.lock:
             self.heard = {h: time.monotonic() for h in self.hosts}
-        self.note({"started": self.attempt, "after_s": round(time.time() - seen, 2)})
+        self.note({"started": self.attempt, "after_s": _since(seen)})
+        self.recovering = (seen, before)
+
+    def time_recovery(self, statuses: dict[str, dict[str, Any]]) -> None:
+        """The restarted attempt trains again once a task writes a step record it had not
+        written before the restart: that moment, from the failure's, is the recovery time.
+        A job that writes no metrics has no such moment; its `started` time is what is known."""
+        if self.recovering is None:
+            return
+        seen, before = self.recovering
+        grown = _metrics_bytes(statuses)
+        if any(grown.get(name, 0) > size for name, size in before.items()):
+            self.note({"stepping": self.attempt, "after_s": _since(seen)})
+            self.recovering = None
 
     def finish(self) -> None:
         """Every awaited task exited 0: evaluators get their grace, then the rest is stopped."""
@@ -318,6 +339,15 @@ def retryable(status: dict[str, Any], policy: dict[str, Any]) -> bool:
     return code is None or code >= 128 or code in (policy.get("retry_exit_codes") or [])
 
 
+def _metrics_bytes(statuses: dict[str, dict[str, Any]]) -> dict[str, int]:
+    sizes = {n: s.get("metrics_bytes") for n, s in statuses.items()}
+    return {n: v for n, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _since(seen: float) -> float:
+    return round(time.time() - seen, 2)
+
+
 def _task(tasks: list[dict[str, Any]], name: str) -> dict[str, Any]:
     return next((t for t in tasks if t["name"] == name), {})
 
@@ -344,6 +374,49 @@ def _outcome(status: dict[str, Any]) -> str:
     if status.get("state") == protocol.STATE_LOST:
         return "was lost"
     return f"exited {status.get('exit_code')}"
+
+
+# ---- what `status` reads of it ---------------------------------------------------------------
+
+MAX_RECOVERIES = 20  # the newest ones a runs reply carries (a run restarted 1,000 times)
+
+
+def recoveries(run_dir: Path) -> list[protocol.RecoveryShape]:
+    """The keeper's restarts of the run, from its record, newest last: each one's attempt, the
+    failure that caused it (and the task, for a task restart), its backoff, and how long after
+    the failure was seen the tasks ran again (`started_after_s`) and trained again
+    (`stepping_after_s`: a new step record). [] where this host kept no record."""
+    state = layout.read_json(run_dir / STATE_FILE)
+    events = state.get("events") if isinstance(state, dict) else None
+    found: list[protocol.RecoveryShape] = []
+    for event in events if isinstance(events, list) else []:
+        if not isinstance(event, dict):
+            continue
+        if "restart_job" in event or "restart" in event:
+            found.append(_recovery(event))
+        elif found and "started" in event:
+            found[-1]["started_after_s"] = _seconds(event.get("after_s"))
+        elif found and "stepping" in event:
+            found[-1]["stepping_after_s"] = _seconds(event.get("after_s"))
+    return found[-MAX_RECOVERIES:]
+
+
+def _recovery(event: dict[str, Any]) -> protocol.RecoveryShape:
+    attempt = event.get("restart_job")
+    task = event.get("restart")
+    return {
+        "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0,
+        "task": task if isinstance(task, str) else None,
+        "cause": str(event.get("cause", ""))[:300],
+        "backoff": _seconds(event.get("backoff")),
+        "started_after_s": None,
+        "stepping_after_s": None,
+    }
+
+
+def _seconds(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else None
 
 
 # ---- the agent op that starts one -------------------------------------------------------------

@@ -109,6 +109,17 @@ class RunBase(TypedDict):
     tasks: list[TaskStatusShape]
 
 
+class RecoveryShape(TypedDict):
+    """One restart by a run's keeper (remote/keeper.py `recoveries`)."""
+
+    attempt: int  # the attempt it started (TFDEPLOY_ATTEMPT); a task restart: the current one
+    task: str | None  # the task restarted alone (policy "restart"); None: the whole job
+    cause: str  # "worker:1 was killed by signal 9"
+    backoff: float | None
+    started_after_s: float | None  # failure seen -> every restarted task running again
+    stepping_after_s: float | None  # failure seen -> the first new step record
+
+
 class RunShape(RunBase, total=False):
     """One run of a runs reply (and of a hello with `runs`)."""
 
@@ -121,6 +132,8 @@ class RunShape(RunBase, total=False):
     # Not detached, not stopped, and its `up`'s lease is live here: an `up` holds the run (and
     # its policy, unless it is kept); `attach` tells a restart under way from a run left alone.
     leased: bool
+    # The keeper's restarts of the run, newest last (at most 20), on the keeper's host.
+    recoveries: list[RecoveryShape]
 
 
 class HelloFacts(TypedDict):

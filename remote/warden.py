@@ -134,7 +134,7 @@ def _op(request: Any, workdir: Path, run_dir: Path) -> dict[str, Any]:
     op = request["ask"]
     if op == POLL:
         layout.touch(run_dir / "lease")  # the keeper's poll is the run's heartbeat
-        return {"tasks": procs.run_statuses(run_dir), "listening": _listening(request)}
+        return {"tasks": _with_metrics_bytes(run_dir), "listening": _listening(request)}
     if op == END:
         return {}
     import taskops  # stops and starts pay for their imports
@@ -186,3 +186,18 @@ def stop_all(workdir: Path, run_id: str) -> None:
     """A whole-run stop ends the run's keeper and warden here first: no restart races it."""
     for kind in ("keeper", "warden"):
         daemon.stop(record_path(workdir, run_id, kind))
+
+
+def _with_metrics_bytes(run_dir: Path) -> list[dict[str, Any]]:
+    """The tasks' statuses, each with the size of its metrics file: the keeper's sign that an
+    attempt trains again (its first new step record after a restart)."""
+    import taskmetrics
+
+    statuses = procs.run_statuses(run_dir)
+    for status in statuses:
+        try:
+            task_dir = run_dir / "tasks" / params.task_dirname(str(status.get("name")))
+            status["metrics_bytes"] = taskmetrics.metrics_path(task_dir).stat().st_size
+        except (OSError, params.AgentError):
+            status["metrics_bytes"] = 0
+    return statuses

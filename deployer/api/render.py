@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -221,7 +222,12 @@ def status_table(
     parts: list[RenderableType] = []
     for run_id, host_runs in by_run.items():
         if run_id not in ended:
-            parts += [_run_heading(run_id, host_runs), *_run_tasks(host_runs, at_most), Text("")]
+            parts += [
+                _run_heading(run_id, host_runs),
+                *_recovery_lines(host_runs),
+                *_run_tasks(host_runs, at_most),
+                Text(""),
+            ]
     parts += [_ended_line(run_id, by_run[run_id]) for run_id in listed]
     if len(listed) < len(ended):
         parts.append(Text(f"… {plural(len(ended) - len(listed), 'older ended run')}"))
@@ -232,12 +238,29 @@ def status_table(
     return Group(*parts)
 
 
+SHOWN_RECOVERIES = 3  # a run's newest restarts under its heading (`status --json` has them all)
+
+
+def _recovery_lines(host_runs: list[HostRun]) -> list[Text]:
+    """The keeper's restarts, newest last: why each began, and when the run ran and trained
+    again after the failure was seen."""
+    found = [x for r in host_runs for x in r.recoveries]
+    lines = [Text(f"  {x.line()}", "yellow") for x in found[-SHOWN_RECOVERIES:]]
+    if len(found) > SHOWN_RECOVERIES:
+        earlier = plural(len(found) - SHOWN_RECOVERIES, "earlier restart")
+        lines.insert(0, Text(f"  … {earlier} (status --json has them)", "dim"))
+    return lines
+
+
 def _ended_line(run_id: str, host_runs: list[HostRun]) -> Text:
     """`run ID: ended, counts`, one line at 80 columns: the id already says job and date."""
     line = Text()
     line.append(f"run {run_id}", style="bold")
     counts = Counter(_kind(t) for r in host_runs for t in r.tasks)
     line.append(f": ended, {counts_text(counts)}")
+    restarts = sum(len(r.recoveries) for r in host_runs)
+    if restarts:
+        line.append(f", {plural(restarts, 'restart')} by its keeper")
     _note_failed_evaluators(line, host_runs)
     return line
 
@@ -429,6 +452,13 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
                     "detached": r.detached,
                     # no task yet on this host: its `up` is preparing it (push, setup, start)
                     "starting": r.starting,
+                    # its keeper lives on this host / an `up` holds its lease there
+                    "kept": r.kept,
+                    "leased": r.leased,
+                    # the keeper's restarts, on its host: attempt, cause, task (restarted
+                    # alone), backoff, started_after_s and stepping_after_s (failure seen ->
+                    # running again / first new step record)
+                    "recoveries": [dataclasses.asdict(x) for x in r.recoveries],
                     # evaluators of this host that ended by themselves without success
                     "failed_evaluators": [t.name for t in _failed_evaluators(r)],
                     # a running task's GPU use: {gpus, memory_mib, utilization}, else null

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from deployer.core.lines import clean
 from deployer.core.statedir import state_dir
-from deployer.core.text import duration
+from deployer.core.text import duration, plural
 from deployer.results import metricstore
 from deployer.results.archive import run_dir
 from deployer.results.state import RUN_ID
@@ -39,6 +39,7 @@ class RunSummary:
     last_step: int | None = None
     final: dict[str, float] = field(default_factory=dict)  # the last record's numbers
     metrics_dropped: int = 0  # lines the tasks wrote that were no record (docs/metrics.md)
+    restarts: int = 0  # how often its keeper restarted it (the job, or a task alone)
     damage: tuple[str, ...] = ()  # the run's local records that could not be read, named
 
     def to_json(self) -> dict[str, Any]:
@@ -93,6 +94,7 @@ def summary(run_id: str) -> RunSummary:
         last_step=step,
         final=final,
         metrics_dropped=metricstore.dropped(directory, "metrics"),
+        restarts=_count(ended.get("restarts")),
         damage=(*_damaged_documents(run_id), *damage),
     )
 
@@ -161,6 +163,8 @@ def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
         outcome = f"{r.outcome}: {r.detail}" if r.detail and r.outcome != "succeeded" else r.outcome
+        if r.restarts:
+            outcome += f" ({plural(r.restarts, 'restart')})"
         final = ", ".join(f"{k} {v:.4g}" for k, v in list(r.final.items())[:3])
         table.add_row(
             r.run_id,
@@ -174,6 +178,13 @@ def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
         )
     notes = [_damage_note(r) for r in runs if r.damage]
     return Group(table, *notes) if notes else table
+
+
+def _count(value: object) -> int:
+    """A count from a local record (untrusted: a hand-edited or damaged file), else 0."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**6:
+        return value
+    return 0
 
 
 def _damage_note(run: RunSummary) -> Text:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from deployer.config.roles import ROLES
 from deployer.core.errors import HostError, TfdeployError
 from deployer.core.statedir import state_dir
 from deployer.hosts.fleet import Fleet, Member
@@ -51,8 +52,9 @@ def keep_runs(fleet: Fleet, runs: Sequence[HostRun]) -> None:
         tasks = _keep_run(fleet, run_id, of_run)
         if tasks is None or recorded_end(run_id) is not None:
             continue
+        restarts = sum(len(r.recoveries) for r in of_run)  # the keeper's, on its host
         with contextlib.suppress(OSError):  # a full disk: the history is a convenience
-            metricstore.write_json(run_dir(run_id), OUTCOME, outcome(tasks))
+            metricstore.write_json(run_dir(run_id), OUTCOME, outcome(tasks, restarts))
 
 
 def _keep_run(fleet: Fleet, run_id: str, shares: Sequence[HostRun]) -> list[TaskStatus] | None:
@@ -127,6 +129,12 @@ def recorded_end(run_id: str) -> str | None:
     return said if isinstance(said, str) and said in ENDED else None
 
 
+def _awaited_role(task: str) -> bool:
+    """Whether the job waits for a task of this role (chief, worker), by its name."""
+    found = ROLES.get(task.split(":", 1)[0])
+    return found is not None and found.awaited
+
+
 def _hosts_of(shares: Sequence[HostRun]) -> set[str]:
     """Every host a run has: the hosts that reported a share, and the run's own newest list
     (each share carries that list: read once, not once per share, at 128 hosts)."""
@@ -179,11 +187,13 @@ def _fetch(
     return tasks, asked
 
 
-def outcome(tasks: Sequence[TaskStatus]) -> dict[str, object]:
-    """succeeded (every task exited 0 by itself), failed (the first task that did not, named),
-    or stopped (by tfdeploy, `down`)."""
+def outcome(tasks: Sequence[TaskStatus], restarts: int = 0) -> dict[str, object]:
+    """succeeded (every task exited 0 by itself, or every awaited one did and tfdeploy
+    stopped the rest: ps servers, a kept run's evaluators), failed (the first task that did
+    not, named), or stopped (by tfdeploy, `down`); `restarts`: the keeper's, when any."""
     exits = {t.name: t.outcome() for t in tasks if t.finished}
-    return {**_verdict(tasks), "exits": exits}
+    kept = {"restarts": restarts} if restarts else {}
+    return {**_verdict(tasks), "exits": exits, **kept}
 
 
 def _verdict(tasks: Sequence[TaskStatus]) -> dict[str, object]:
@@ -196,6 +206,8 @@ def _verdict(tasks: Sequence[TaskStatus]) -> dict[str, object]:
             "why": f"{failed[0].name} {failed[0].outcome()}",
             "ended": ended,
         }
-    if own and len(own) == len(tasks) and all(t.succeeded for t in tasks):
+    awaited = [t for t in tasks if _awaited_role(t.name)]
+    stopped_rest = all(t in own or not _awaited_role(t.name) for t in tasks)
+    if own and awaited and stopped_rest and all(t.succeeded for t in awaited):
         return {"outcome": "succeeded", "ended": ended}
     return {"outcome": "stopped", "why": "by tfdeploy down", "ended": ended}

@@ -33,6 +33,42 @@ from remote import protocol
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """One restart by the run's keeper, as its host recorded it (remote/keeper.py)."""
+
+    attempt: int
+    cause: str  # "worker:1 was killed by signal 9"
+    task: str | None = None  # a task restarted alone; None: the whole job
+    backoff: float | None = None
+    started_after_s: float | None = None  # failure seen -> every restarted task running
+    stepping_after_s: float | None = None  # failure seen -> the first new step record
+
+    @classmethod
+    def from_json(cls, raw: object, edge: Edge) -> Recovery:
+        r = edge.obj(raw, "a recovery")
+        task = r.get("task")
+        return cls(
+            attempt=edge.count(r.get("attempt", 0), "a recovery's attempt"),
+            cause=text(r.get("cause") or ""),
+            task=edge.task(task, "a recovery's task") if task is not None else None,
+            backoff=edge.number(r.get("backoff"), "a recovery's backoff"),
+            started_after_s=edge.number(r.get("started_after_s"), "started_after_s"),
+            stepping_after_s=edge.number(r.get("stepping_after_s"), "stepping_after_s"),
+        )
+
+    def line(self) -> str:
+        """`restart 1 (worker:1 was killed by signal 9): running again 3.1 s later, training
+        again 5.2 s later`, as `status` shows it."""
+        what = f"{self.task} restarted" if self.task else f"restart {self.attempt}"
+        said = [f"{what} ({self.cause})"]
+        if self.started_after_s is not None:
+            said.append(f"running again {self.started_after_s:.1f} s later")
+        if self.stepping_after_s is not None:
+            said.append(f"training again {self.stepping_after_s:.1f} s later")
+        return said[0] + (": " + ", ".join(said[1:]) if len(said) > 1 else "")
+
+
+@dataclass(frozen=True)
 class HostRun:
     """One run as one host reports it."""
 
@@ -54,6 +90,7 @@ class HostRun:
     # Not detached and its `up`'s lease is live there: an `up` holds the run (`attach` waits for
     # that `up`'s restarts while it does).
     leased: bool = False
+    recoveries: tuple[Recovery, ...] = ()  # its keeper's restarts, on the keeper's host
 
     @property
     def active(self) -> bool:
@@ -238,6 +275,9 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         starting=r.get("starting") is True and not tasks,
         kept=r.get("kept") is True,
         leased=r.get("leased") is True,
+        recoveries=tuple(
+            Recovery.from_json(x, edge) for x in edge.items(r.get("recoveries") or [], "recoveries")
+        ),
     )
 
 

@@ -71,6 +71,7 @@ class Watch(OnRun):
         self.holder = "its keeper"  # who restarts once keeper_alive is set (attach: "its `up`")
         self.beats = True  # polls renew the run's lease (attach's never do: it owns nothing)
         self._out_of_touch: set[str] = set()  # kept: hosts lost to this controller, said once
+        self._failure_seen = 0.0  # kept: when this watch saw the failure being restarted
 
     @property
     def gpu_monitor(self) -> GpuMonitor | None:
@@ -159,6 +160,7 @@ class Watch(OnRun):
         watch = self.board[name]
         outcome = watch.status.outcome() if watch.status else "failed"
         before = self._started([name])
+        self._failure_seen = self.clock()
         watch.restarts += 1
         self.view.step(
             f"restarting {watch.label} ({outcome}): restart {watch.restarts} of "
@@ -170,6 +172,7 @@ class Watch(OnRun):
         """Policy "restart-job" of a kept run: the keeper stops every task, waits its backoff
         and starts them all again; this `up` says so and watches every task start anew."""
         before = self._started([t.name for t in self.plan.tasks])
+        self._failure_seen = self.clock()
         attempt = self.board.next_attempt()
         self.view.step(
             f"{decision.cause}: restarting the whole job (restart {attempt} of "
@@ -196,7 +199,11 @@ class Watch(OnRun):
                 return
             now_started = self._started(list(before))
             if all(now_started[n] not in (None, before[n]) for n in before):
-                self.view.step(f"running again: {self.holder} restarted it")
+                after = self.clock() - self._failure_seen
+                self.view.step(
+                    f"running again {after:.1f} s after the failure was seen: {self.holder} "
+                    "restarted it"
+                )
                 return
             alive = self.keeper_alive()
             now = self.clock()

@@ -24,9 +24,11 @@ from tests.support.faults import Up, pids_of, tfdeploy
 pytestmark = pytest.mark.lab
 
 STEPS = 40
+RUNNING_AGAIN = r"running again [0-9.]+ s after the failure was seen: its keeper restarted it"
 
 # One step every 0.25 s, the counter saved after each (in the host's private /tmp, where the
-# test reads it): attempt 0 is killed half-way, and the next attempt resumes from it.
+# test reads it) and a metrics record written: attempt 0 is killed half-way, and the next
+# attempt resumes from it.
 TASK = r"""
 import json, os, socket, sys, time
 cfg = json.loads(os.environ["TF_CONFIG"])
@@ -47,6 +49,8 @@ while step < int(sys.argv[1]):
         f.write(str(step))
     os.replace(ckpt + ".part", ckpt)
     print("step", step, flush=True)
+    with open(os.environ["TFDEPLOY_METRICS"], "a") as metrics:  # one record a step, as TF's
+        metrics.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\n")
 print(kind, index, "done at step", step, flush=True)
 """
 
@@ -83,6 +87,14 @@ def _status(inventory: Path, run_id: str, tmp_path: Path) -> list[dict[str, Any]
         "status", run_id, "-i", str(inventory), "--json", state=tmp_path / "look", check_rc=0
     )
     return [dict(t, host=r["host"]) for r in json.loads(out.stdout)["runs"] for t in r["tasks"]]
+
+
+def _recoveries(inventory: Path, run_id: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """The keeper's restarts as `status RUN --json` reports them (from the keeper's host)."""
+    out = tfdeploy(
+        "status", run_id, "-i", str(inventory), "--json", state=tmp_path / "look", check_rc=0
+    )
+    return [x for r in json.loads(out.stdout)["runs"] for x in r["recoveries"]]
 
 
 def _keeper_events(lab: Lab, host: Any, run_id: str) -> list[dict[str, Any]]:
@@ -136,6 +148,23 @@ def test_a_detached_run_restarts_by_itself_after_a_killed_worker_and_ends_succee
     assert re.search(r"worker 1 attempt 1 resumed from step (\d+)", logs.stdout), logs.stdout
     assert f"worker 0 done at step {STEPS}" in logs.stdout
     assert f"worker 1 done at step {STEPS}" in logs.stdout
+    # The recovery, as `status` says it: its cause, and when the tasks ran and trained again.
+    [recovery] = _recoveries(inventory, run_id, tmp_path)
+    assert recovery["attempt"] == 1 and recovery["task"] is None, recovery
+    assert recovery["cause"] == "worker:1 was killed by signal 9", recovery
+    started, stepping = recovery["started_after_s"], recovery["stepping_after_s"]
+    assert started >= recovery["backoff"] and stepping >= started, recovery
+    shown = tfdeploy("status", run_id, "-i", str(inventory), state=tmp_path / "look", check_rc=0)
+    assert re.search(
+        r"restart 1 \(worker:1 was killed by signal 9\): running again [0-9.]+ s later, "
+        r"training again [0-9.]+ s later",
+        shown.stdout,
+    ), shown.stdout
+    # The history of the machine that started it: the first look records its end.
+    tfdeploy("status", run_id, state=tmp_path / "state", check_rc=0)
+    history = tfdeploy("runs", "--json", state=tmp_path / "state", check_rc=0)
+    [mine] = [r for r in json.loads(history.stdout)["runs"] if r["run_id"] == run_id]
+    assert (mine["outcome"], mine["restarts"]) == ("succeeded", 1), mine
     events = _keeper_events(lab, h1, run_id)
     restarts = [e for e in events if "restart_job" in e]
     assert [e["cause"] for e in restarts] == ["worker:1 was killed by signal 9"], events
@@ -332,7 +361,7 @@ def test_an_attached_up_shows_its_keepers_restart_and_fails_when_none_is_left(
         [victim] = pids_of(lab, h2, "keeptask.py")
         lab.run(h2, ["kill", "-KILL", str(victim)])
         if attempt == 0:
-            up.wait_for(r"running again: its keeper restarted it")
+            up.wait_for(RUNNING_AGAIN)
     assert up.finish(timeout=120) == 1, up.report()
     said = up.stdout + " ".join(up.stderr.split())
     assert (
@@ -373,8 +402,8 @@ def test_attach_shows_a_detached_runs_restart_by_its_keeper_and_exits_with_its_o
     watcher.wait_for(
         r"restarting the whole job \(restart 1 of 2, TFDEPLOY_ATTEMPT=1\), by its keeper", 30
     )
-    watcher.wait_for(r"running again: its keeper restarted it", 60)
-    watcher.wait_for(r"worker:1@\S+ \[attempt 1\] \| worker 1 attempt 1 resumed from step \d+", 30)
+    watcher.wait_for(RUNNING_AGAIN, 60)
+    watcher.wait_for(r"worker:1@\S+ \[attempt 1\] \| worker 1 attempt 1 resumed from step", 30)
     assert watcher.finish(timeout=120) == 0, watcher.report()
     assert re.search(r"job succeeded: worker:0 and worker:1 exited 0", watcher.stdout), (
         watcher.report()

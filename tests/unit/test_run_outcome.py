@@ -1,0 +1,90 @@
+"""A run's end as the history records it, and the keeper's restarts as `status` reads them:
+the verdict over the tasks' exits, and each recovery checked at the edge (untrusted: a host's
+reply)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from deployer.api import render, runlist
+from deployer.core.errors import HostError
+from deployer.hosts.replies import Edge
+from deployer.hosts.reply_types import TaskStatus
+from deployer.results import metricstore
+from deployer.results.archive import run_dir
+from deployer.results.metricsync import outcome
+from deployer.results.runs import HostRun, Recovery
+from remote import protocol
+
+RUN = "job-20261202T000000Z-abcd"
+
+
+def _task(name: str, code: int | None = 0, reason: str = protocol.REASON_EXITED) -> TaskStatus:
+    return TaskStatus(
+        name=name, state=protocol.STATE_EXITED, exit_code=code, reason=reason, ended=1.8e9
+    )
+
+
+def test_workers_that_succeeded_with_their_ps_stopped_by_tfdeploy_are_a_success() -> None:
+    """A kept PSS run ends with the keeper stopping the ps server after the workers and the
+    chief exited 0: that is the job's success, not "stopped" (as `down` of a running job is)."""
+    stopped_ps = _task("ps:0", None, protocol.REASON_STOPPED)
+    done = outcome([_task("chief:0"), _task("worker:0"), stopped_ps], restarts=1)
+    assert (done["outcome"], done["restarts"]) == ("succeeded", 1)
+    stopped_worker = _task("worker:1", None, protocol.REASON_STOPPED)
+    assert outcome([_task("worker:0"), stopped_worker])["outcome"] == "stopped"
+    assert outcome([_task("worker:0"), _task("worker:1", 1)])["outcome"] == "failed"
+    assert "restarts" not in outcome([_task("worker:0")])
+
+
+def test_runs_says_how_often_the_keeper_restarted_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    directory = run_dir(RUN)
+    directory.mkdir(parents=True)
+    record = {"outcome": "succeeded", "ended": 1.8e9, "restarts": 2}
+    metricstore.write_json(directory, "outcome.json", record)
+    [found] = runlist.local_runs()
+    assert (found.outcome, found.restarts) == ("succeeded", 2)
+    out = io.StringIO()
+    Console(file=out, width=200).print(runlist.runs_table([found]))
+    assert "succeeded (2 restarts)" in out.getvalue()
+    for hostile in (True, -1, 10**9, "2", 2.5):  # a hand-edited record: no count, no crash
+        metricstore.write_json(directory, "outcome.json", record | {"restarts": hostile})
+        assert runlist.local_runs()[0].restarts == 0
+
+
+def test_a_recovery_from_a_host_is_checked_and_shown_clean() -> None:
+    edge = Edge("h1", "runs")
+    raw = {
+        "attempt": 1,
+        "task": None,
+        "cause": "worker:1 was killed\x1b]52;c;aGk=\x07 by signal 9",
+        "backoff": 1.0,
+        "started_after_s": 3.25,
+        "stepping_after_s": 5.5,
+    }
+    recovery = Recovery.from_json(raw, edge)
+    assert "\x1b" not in recovery.cause and "\x07" not in recovery.cause
+    assert recovery.line().startswith("restart 1 (worker:1 was killed")
+    assert recovery.line().endswith(": running again 3.2 s later, training again 5.5 s later")
+    for bad in (
+        {"task": "../../x"},
+        {"attempt": -1},
+        {"backoff": "soon"},
+        {"stepping_after_s": 1e300},
+    ):
+        with pytest.raises(HostError):
+            Recovery.from_json(raw | bad, edge)
+    run = HostRun("h1", RUN, "job", 1.8e9, True, (), recoveries=(recovery,))
+    out = io.StringIO()
+    Console(file=out, width=120).print(render.status_table([run]))
+    assert "restart 1 (worker:1 was killed" in out.getvalue()
+    [shown] = json.loads(render.status_json([run]))["runs"]
+    assert shown["recoveries"][0]["stepping_after_s"] == 5.5
