@@ -240,6 +240,8 @@ class PruneReply(TypedDict):
     running: list[str]  # runs the rules chose, kept because they may still run
     contents: int  # store contents removed
     environments: list[str]  # environment hashes removed
+    # jobs whose own checkpoint folder ([job] checkpoint_dir, relative) went with their last run
+    checkpoints: list[str]
     bytes: int  # freed, each inode counted once
     dry_run: bool
 

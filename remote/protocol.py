@@ -153,7 +153,17 @@ HOST_ID_ENV: Final = "TFDEPLOY_HOST_ID"
 # The path of the task's metrics file (JSON lines: step, total_steps, loss, ...), set by the
 # supervisor; remote/tfdeploy_metrics.py writes it, the poll and runs ops read it.
 METRICS_ENV: Final = "TFDEPLOY_METRICS"
-TASK_ENV_NAMES: Final = (RUN_ID_ENV, TASK_ENV, ATTEMPT_ENV, HOST_ID_ENV, METRICS_ENV)
+# The job's checkpoint folder on this host ([job] checkpoint_dir), set by the agent at the start:
+# the same for every attempt and every later run of the job (taskops.checkpoint_path).
+CHECKPOINT_ENV: Final = "TFDEPLOY_CHECKPOINT_DIR"
+TASK_ENV_NAMES: Final = (
+    RUN_ID_ENV,
+    TASK_ENV,
+    ATTEMPT_ENV,
+    HOST_ID_ENV,
+    METRICS_ENV,
+    CHECKPOINT_ENV,
+)
 
 # An op's result may carry, under this key, a function that writes raw bytes to the agent's
 # stdout after the reply line; the reply's "raw" field says how many (never sent as JSON).

@@ -56,6 +56,7 @@ class _Tally:
         self.running: list[str] = []
         self.contents = 0
         self.environments: list[str] = []
+        self.checkpoints: list[str] = []  # jobs whose own checkpoint folder went with their runs
         self.bytes = 0
 
 
@@ -75,6 +76,7 @@ def op_prune(req: dict[str, Any]) -> protocol.PruneReply:
         "running": tally.running,
         "contents": tally.contents,
         "environments": tally.environments,
+        "checkpoints": tally.checkpoints,
         "bytes": tally.bytes,
         "dry_run": dry,
     }
@@ -99,6 +101,7 @@ def _prune(
             gone.add(run_dir)
     tally.running += sorted(reservations.claims(workdir))  # pushing: no folder to judge yet
     users = _run_ids(workdir, gone)
+    _prune_checkpoints(layout.host_dir(workdir), gone, dry, tally)
     _prune_envs(workdir, users, now, grace, dry, tally)
     if tally.environments:
         _prune_host_wheels(workdir, dry, tally, unlinked)
@@ -189,6 +192,30 @@ def _walk(root: Path) -> tuple[int, Counter[Inode]]:
     freed = sum(size for key, (size, nlink) in sizes.items() if seen[key] >= nlink)
     shared = collections.Counter({k: n for k, n in seen.items() if n < sizes[k][1]})
     return freed, shared
+
+
+def _prune_checkpoints(host_dir: Path, gone: set[Path], dry: bool, tally: _Tally) -> None:
+    """A job's own checkpoint folder on this host ([job] checkpoint_dir, relative: jobs/<job>/)
+    lives as long as a run of the job is left here, which every later run resumes from; with
+    the job's last run it goes. A folder named by an absolute path is the user's: never here."""
+    left = set()
+    for run_dir in _dirs(host_dir / "runs"):
+        if run_dir in gone:
+            continue
+        meta = layout.read_json(run_dir / "run.json")
+        if not isinstance(meta, dict):
+            return  # a run half-written (or unreadable): its job is not known, keep them all
+        left.add(meta.get("job"))
+    for folder in _dirs(host_dir / "jobs"):
+        if folder.name in left or folder.name.startswith(GRAVE):
+            continue
+        freed, _ = _walk(folder)
+        if not dry:
+            grave = folder.parent / f"{GRAVE}{folder.name}-{os.urandom(4).hex()}"
+            os.rename(str(folder), str(grave))
+            shutil.rmtree(str(grave), ignore_errors=True)
+        tally.checkpoints.append(folder.name)
+        tally.bytes += freed
 
 
 def _run_ids(workdir: Path, gone: set[Path]) -> set[str]:

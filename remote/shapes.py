@@ -252,6 +252,9 @@ class StartTask(StartTaskBase, total=False):
 
     cwd: str
     cpus: str  # a CPU list ("0-3,8"): the supervisor pins the task before exec
+    # [job] checkpoint_dir: relative, the job's own folder on this host; absolute or ~ as is.
+    # The agent makes it (0700) and names it in TFDEPLOY_CHECKPOINT_DIR.
+    checkpoint_dir: str
     spot: SpotShape
     venv: str
     python: str

@@ -37,6 +37,8 @@ def op_start(req: dict[str, Any]) -> protocol.TasksReply:
     run_dir = layout.run_path(req)
     grace = grace_param(req)
     specs = [_task_spec(item, run_dir) for item in params.param(req, "tasks", list)]
+    for spec in specs:
+        _give_checkpoint_dir(spec, layout.workdir_path(req), run_dir)
     dirnames = [params.task_dirname(s["name"]) for s in specs]
     if len(set(dirnames)) != len(dirnames):
         raise params.AgentError(
@@ -122,7 +124,42 @@ def _task_spec(item: Any, run_dir: Path) -> dict[str, Any]:
     container = params.param(item, "container", dict, None)
     if container is not None:
         spec["container"] = container_spec(container, name)
+    checkpoint = params.param(item, "checkpoint_dir", str, None)
+    if checkpoint is not None:
+        spec["checkpoint_dir"] = checkpoint
     return spec
+
+
+def checkpoint_path(workdir: Path, job: str, value: str) -> Path:
+    """[job] checkpoint_dir on this host: absolute or ~ as written (the user's folder, shared
+    storage), else the job's own folder under the workdir, which every run of the job finds
+    (WORKDIR/hosts/<identity>/jobs/<job>/<value>: each host its own, on a shared home too)."""
+    if value.startswith(("/", "~")):
+        return Path(os.path.expanduser(value))
+    params.check_name(job, "job name")
+    return layout.host_dir(workdir) / "jobs" / job / params.check_relpath(value)
+
+
+def _give_checkpoint_dir(spec: dict[str, Any], workdir: Path, run_dir: Path) -> None:
+    """The task's TFDEPLOY_CHECKPOINT_DIR, made here (0700) before it starts; it rides in the
+    task's recorded env, so a keeper's restart finds the same folder."""
+    value = spec.pop("checkpoint_dir", None)
+    if value is None:
+        return
+    meta = layout.read_json(run_dir / "run.json")
+    job = meta.get("job") if isinstance(meta, dict) else None
+    if not isinstance(job, str):
+        raise params.AgentError(f"run {run_dir.name} has no job name for its checkpoint_dir")
+    path = checkpoint_path(workdir, job, value)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise params.AgentError(
+            f"task {spec['name']}: checkpoint_dir {str(path)!r} cannot be made: {exc}"
+        ) from None
+    if not path.is_dir():
+        raise params.AgentError(f"task {spec['name']}: checkpoint_dir {str(path)!r} is no folder")
+    spec["env"] = {**spec["env"], protocol.CHECKPOINT_ENV: str(path)}
 
 
 def container_spec(item: dict[str, Any], name: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ class HostPruned:
     contents: int = 0
     environments: tuple[str, ...] = ()
     bytes: int = 0
+    checkpoints: tuple[str, ...] = ()  # jobs whose own checkpoint folder went (no run left)
 
     def line(self, dry_run: bool) -> str:
         verb = "would free" if dry_run else "freed"
@@ -45,6 +46,8 @@ class HostPruned:
             plural(self.contents, "content"),
             plural(len(self.environments), "environment"),
         ]
+        if self.checkpoints:
+            what.append(f"the checkpoints of job {join_names(list(self.checkpoints))}")
         said = f"{self.host}: {verb} {join_names(what)}, {size(self.bytes)}"
         if self.running:
             said += f"; kept {plural(len(self.running), 'run')} that may still run"
@@ -126,6 +129,7 @@ def _one(member: Member, rules: _Rules) -> HostPruned:
         reply["contents"],
         tuple(reply["environments"]),
         reply["bytes"],
+        tuple(reply["checkpoints"]),
     )
 
 
@@ -142,7 +146,7 @@ def _ago(age: datetime.timedelta) -> float:
 
 
 def _outcome(result: PruneResult) -> str:
-    done = [h.host for h in result.hosts if h.runs or h.contents or h.environments]
+    done = [h.host for h in result.hosts if h.runs or h.contents or h.environments or h.checkpoints]
     return f"pruned on {join_names(done)}" if done else "nothing was removed"
 
 

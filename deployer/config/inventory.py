@@ -16,7 +16,7 @@ import re
 import stat
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from deployer.config import jobtables, sshconfig
@@ -197,6 +197,23 @@ def _name(table: Table, key: str, value: str) -> str:
     return value
 
 
+def _checkpoint_dir(t: Table) -> str | None:
+    """A folder on every host: relative (the job's own, under the workdir) never climbs out."""
+    value = t.string("checkpoint_dir")
+    if value is None:
+        return None
+    if not value.strip() or not value.isprintable():
+        t.fail("checkpoint_dir", f"expected a folder's path, got {value!r}")
+    if not value.startswith(("/", "~")) and ".." in PurePosixPath(value).parts:
+        t.fail(
+            "checkpoint_dir",
+            f"a relative checkpoint_dir is the job's own folder on each host, so {value!r} may "
+            "not climb out of it with ..",
+            hint='write an absolute path (e.g. "/mnt/efs/ckpt") for a folder of your own',
+        )
+    return value
+
+
 def _parse_job(t: Table, directory: Path) -> Job:
     name = t.required_string("name")
     if not _JOB_NAME.match(name) or ".." in name:
@@ -253,6 +270,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         stall_timeout=t.number("stall_timeout", _JOB.stall_timeout, minimum=1),
         lease_seconds=t.number("lease_seconds", _JOB.lease_seconds, minimum=5),
         keeper=t.boolean("keeper", _JOB.keeper),
+        checkpoint_dir=_checkpoint_dir(t),
         firewall=t.boolean("firewall", _JOB.firewall),
         netcheck=_netcheck(t),
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),

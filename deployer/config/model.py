@@ -214,6 +214,11 @@ class Job:
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     keeper: bool = True  # a restarting policy's run is handed to a keeper (deployer/up/handover.py)
+    # The job's checkpoint folder on each host, TFDEPLOY_CHECKPOINT_DIR to every task: every
+    # attempt and every later run of the job sees it. Relative: the job's own folder under the
+    # workdir (jobs/<name>/, removed by `prune` once no run of the job is left); absolute or ~:
+    # the user's (shared storage), never removed.
+    checkpoint_dir: str | None = None
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
     strategy: Strategy = Strategy.AUTO  # the tf.distribute strategy, for plan's rules (tfrules.py)
     # The cluster convention the tasks read (config/frameworks.py): TF_CONFIG, or the variables

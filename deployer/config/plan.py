@@ -47,6 +47,8 @@ RESERVED_ENV = {
     protocol.HOST_ID_ENV: "remove it: it names the host a task runs on, so that a stop never "
     "takes another host's processes",
     protocol.METRICS_ENV: "remove it: it names the task's metrics file (docs/metrics.md)",
+    protocol.CHECKPOINT_ENV: "remove it; use checkpoint_dir = ... in [job]: every host makes "
+    "the folder and names it there",
 }
 
 
@@ -74,6 +76,8 @@ class Task:
     cluster_json: str = field(default="{}", repr=False)
     framework: Framework = Framework.TENSORFLOW  # the cluster convention it reads
     rank: Rank | None = field(default=None, repr=False)  # outside TensorFlow: its rank
+    # [job] checkpoint_dir: its host resolves it, makes it and sets TFDEPLOY_CHECKPOINT_DIR.
+    checkpoint_dir: str | None = None
 
     @property
     def name(self) -> str:
@@ -398,6 +402,7 @@ def _finish_task(
         cpus=s.spec.cpus,
         cluster_json=cluster_json,
         framework=framework,
+        checkpoint_dir=inventory.job.checkpoint_dir,
         rank=rank,
     )
 

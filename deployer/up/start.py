@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+from deployer.config.model import Job
 from deployer.config.plan import Plan, Task
 from deployer.config.roles import role
 from deployer.core.errors import JobFailed
@@ -48,6 +49,20 @@ SPOT_POLL_S = 5.0  # how often a spot host's supervisors ask for a notice (AWS a
 SPOT_MARGIN_S = 15.0  # SIGKILL this long before the announced interruption time
 
 
+def checkpoint_note(job: Job) -> str:
+    """Where the tasks' TFDEPLOY_CHECKPOINT_DIR is, in words: its rule, said once a run."""
+    value = job.checkpoint_dir
+    where = (
+        f"{value} on each host"
+        if value is not None and value.startswith(("/", "~"))
+        else f"job {job.name!r}'s own folder {value!r} on each host (under {job.workdir}/hosts/)"
+    )
+    return (
+        f"checkpoints: TFDEPLOY_CHECKPOINT_DIR is {where}; every attempt and every later run "
+        "of the job resumes from it"
+    )
+
+
 def start_request(
     task: Task,
     agent: Agent,
@@ -75,6 +90,8 @@ def start_request(
         },
     }
     runtime.apply(request)
+    if task.checkpoint_dir is not None:
+        request["checkpoint_dir"] = task.checkpoint_dir  # the host resolves and makes it
     if task.cpus is not None:
         request["cpus"] = task.cpus  # the supervisor pins the task before exec
     if interruption_url is not None:
@@ -176,6 +193,8 @@ class StartPhase:
         self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), rest)
         count = len(plan.tasks)
         self.view.step("the task started" if count == 1 else f"all {count} tasks started")
+        if plan.job.checkpoint_dir is not None:
+            self.view.step(checkpoint_note(plan.job))
 
     def _start_group(self, tasks: list[Task], released: Collection[str]) -> None:
         self.on_start()

@@ -25,7 +25,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     under_tfdeploy = "TFDEPLOY_RUN_ID" in os.environ
     parser.add_argument(
         "--checkpoint-dir",
-        default=os.environ.get("CHECKPOINT_DIR") or ("ckpt" if under_tfdeploy else ""),
+        default=os.environ.get("CHECKPOINT_DIR")
+        or os.environ.get("TFDEPLOY_CHECKPOINT_DIR")  # [job] checkpoint_dir: the job's own
+        or ("ckpt" if under_tfdeploy else ""),
         help="where each epoch is checkpointed and training resumes from; default: ckpt/ in the "
         "task's directory under tfdeploy (a restart-job attempt shares it with the one before), "
         "none otherwise",

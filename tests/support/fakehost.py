@@ -339,6 +339,7 @@ class FakeHost:
             "running": [],
             "contents": 0,
             "environments": [],
+            "checkpoints": [],
             "bytes": 0,
             "dry_run": bool(req.get("dry_run", False)),
         }

@@ -169,7 +169,7 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
         pytest.param(
             ONE_HOST.replace('command = "python3 train.py"', 'comand = "x"'),
             "job.comand: unknown key (known keys here: allow_mixed_tensorflow, artifacts, "
-            "artifacts_to, code, command, "
+            "artifacts_to, checkpoint_dir, code, command, "
             "container_mounts, container_runtime, "
             "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, framework, "
             "image, image_from, installer, keeper, lease_seconds, max_restarts, "
