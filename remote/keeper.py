@@ -31,6 +31,7 @@ from typing import Any
 import daemon
 import keepwire
 import layout
+import notify
 import params
 import protocol
 import warden
@@ -63,6 +64,8 @@ class Keeper:
         # The last restart's recovery being timed: when its failure was seen, and the metrics
         # size of each restarted task before it started again (its first new record ends it).
         self.recovering: tuple[float, dict[str, int]] | None = None
+        self.job = str(plan.get("job") or "")
+        self.notifier = notify.Notifier(plan.get("notify"), lambda s: self.note({"notify": s}))
 
     # ---- talking to the wardens ----------------------------------------------------------
 
@@ -197,6 +200,7 @@ class Keeper:
             self.forget_attempt()  # a poll asked before the restart still sees it failed
             self.note({"started": self.attempt, "task": name, "after_s": _since(seen)})
             self.recovering = (seen, {name: before.get(name, 0)})
+            self.tell("recovered", outcome="running", why=cause)
         else:
             self.stop_all(tolerant=True)
             raise Ended("failed", cause)
@@ -236,6 +240,12 @@ class Keeper:
             self.heard = {h: time.monotonic() for h in self.hosts}
         self.note({"started": self.attempt, "after_s": _since(seen)})
         self.recovering = (seen, before)
+        self.tell("recovered", outcome="running", why=cause)
+
+    def tell(self, event: str, **fields: Any) -> None:
+        """[job.notify] hears of it (notify.py): the keeper holds the run, so it tells."""
+        doc = notify.document(event, self.run_id, self.job, "keeper", attempt=self.attempt)
+        self.notifier.fire({**doc, **fields})
 
     def time_recovery(self, statuses: dict[str, dict[str, Any]]) -> None:
         """The restarted attempt trains again once a task writes a step record it had not
@@ -284,11 +294,13 @@ class Keeper:
         except Ended as end:
             outcome = {"outcome": end.outcome, "why": end.why, "attempt": self.attempt}
             self.note({"ended": outcome})
+            self.tell("failed" if end.outcome == "failed" else "finished", **outcome)
             self.done.set()
             heart.join(timeout=ASK_TIMEOUT_S)
             for host in self.hosts:
                 with contextlib.suppress(OSError, keepwire.WireError):
                     self.ask(host, {"ask": warden.END}, timeout=5.0)
+            self.notifier.wait()  # the last word is sent before the keeper leaves
             return outcome
 
     def wait(self, seconds: float) -> None:
@@ -462,4 +474,9 @@ def check_plan(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
             raise params.AgentError("each of the keeper's tasks needs one of its hosts")
         params.task_dirname(params.param(task, "name", str))
     params.param(policy, "on_failure", str)
+    told = params.param(plan, "notify", dict, None)
+    if told is not None:
+        for key in ("webhook", "command"):
+            params.param(told, key, str, None)
+        params.param(told, "events", list, [])
     return {**plan, "run_id": run_id}

@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import tomllib
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -23,6 +24,7 @@ from deployer.config import jobtables, sshconfig
 from deployer.config.frameworks import Framework
 from deployer.config.model import (
     GPU_HEALTH_MODES,
+    NOTIFY_EVENTS,
     EvaluatorFailure,
     FailurePolicy,
     GpuPolicy,
@@ -32,6 +34,7 @@ from deployer.config.model import (
     Installer,
     Job,
     NetcheckMode,
+    Notify,
     SSHSettings,
     Strategy,
     TaskSpec,
@@ -283,6 +286,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         # `~` as a shell would have it (this machine's home); relative: the working directory
         artifacts_to=os.path.expanduser(t.string("artifacts_to", _JOB.artifacts_to)),
         tensorboard=_tensorboard(t),
+        notify=_notify(t),
         forward_env=t.env_names("forward_env"),
         requirements=jobtables.requirements(t, "requirements", code),
         role_requirements=jobtables.role_requirements(t, code),
@@ -315,6 +319,26 @@ def _tensorboard(job: Table) -> TensorBoard | None:
     )
     t.finish()
     return board
+
+
+def _notify(job: Table) -> Notify | None:
+    t = job.sub_table("notify")  # read even when absent: a typo gets its "did you mean"
+    if not job.has("notify"):
+        return None
+    webhook = t.string("webhook")
+    if webhook is not None:
+        parts = urllib.parse.urlsplit(webhook)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            t.fail("webhook", "expected an http:// or https:// URL with a host")
+    command = t.string("command")
+    events = t.string_list("events") if t.has("events") else NOTIFY_EVENTS
+    for event in events:
+        if event not in NOTIFY_EVENTS:
+            t.fail("events", f"expected some of {', '.join(NOTIFY_EVENTS)}, got {event!r}")
+    t.finish()  # a misspelt key first: its "did you mean" says more than what is missing
+    if webhook is None and command is None:
+        t.fail("webhook", "expected webhook = URL, command = ..., or both")
+    return Notify(webhook=webhook, command=command, events=tuple(events))
 
 
 def _retry_exit_codes(t: Table) -> tuple[int, ...] | None:

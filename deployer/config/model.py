@@ -188,6 +188,19 @@ class TensorBoard:
     task: str | None = None  # whose host runs it; default chief:0, else worker:0
 
 
+NOTIFY_EVENTS = ("started", "recovered", "failed", "finished")
+
+
+@dataclass(frozen=True)
+class Notify:
+    """[job.notify]: who hears of the run's turns (docs/up.md, "Notifications"). Fired by
+    whoever holds the run: its keeper (on the keeper's host) or `up` (on this machine)."""
+
+    webhook: str | None = None  # POSTed a JSON document per event; may hold a token: never shown
+    command: str | None = None  # run by `sh -c` with TFDEPLOY_EVENT, _RUN_ID, _OUTCOME, ...
+    events: tuple[str, ...] = NOTIFY_EVENTS
+
+
 @dataclass(frozen=True, kw_only=True)
 class Job:
     """[job]. Every default here is the inventory's: the parser reads them from this class
@@ -233,6 +246,7 @@ class Job:
     artifacts: tuple[str, ...] = ()  # pulled home when `up` ends, however it ends (results/pull/)
     artifacts_to: str = "tfdeploy-runs"  # into DIR/<run-id>/<role>-<index>/ (relative: the cwd)
     tensorboard: TensorBoard | None = None
+    notify: Notify | None = None
     forward_env: tuple[str, ...] = ()  # names copied from the controller's environment
     # The job's Python environment (deployer/envs, docs/environments.md): a venv per host built
     # on `python` from these requirements; per host (`[[hosts]] requirements`) and per role.

@@ -30,6 +30,7 @@ from deployer.results.tunnel import Tunnel, forward_sidecar
 from deployer.up import firewall
 from deployer.up.artifacts import ArtifactsPull
 from deployer.up.handover import hand_over, keeper_alive, kept, kept_attached
+from deployer.up.notifying import RunNotifier
 from deployer.up.prepare import Preparation
 from deployer.up.records import Journal, archive_warning, run_facts
 from deployer.up.recovery import Recovery
@@ -108,10 +109,11 @@ class Deployment:
             archive=self.archive,
         )
         self.recovery: Recovery
+        self.notifier = RunNotifier(plan.job.notify, self.run_id, plan.job.name, view.step)
         self.watching = Watch(
             self.poller,
             view,
-            restart=lambda name: self.recovery.restart_task(name),
+            restart=self._restart_task,
             sleep=sleep,
             interval=options.poll_interval,
             lease=self._lease(),
@@ -181,12 +183,15 @@ class Deployment:
         try:
             code = self._phases()
             self.outcome = {"outcome": "running" if self.options.detach else "succeeded"}
+            self._tell_end("finished", "succeeded")
             return code
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             self.outcome = {"outcome": "stopped", "why": "interrupted"}
+            self._tell_end("finished", "stopped", "interrupted", even_kept=True)
             raise self._interrupted(int(getattr(exc, "signum", signal.SIGINT))) from None
         except BaseException as exc:
             self.outcome = {"outcome": "failed", "why": self.hide(str(exc)).partition("\n")[0]}
+            self._tell_end("failed", "failed", str(self.outcome["why"]))
             self._view.steady = True
             self.teardown()
             self.recovery.arm_idle_stop_anyway()
@@ -194,7 +199,17 @@ class Deployment:
             raise
         finally:
             self._view.steady = True
+            self.notifier.close()
             self._close()
+
+    def _tell_end(
+        self, event: str, outcome: str, why: str = "", *, even_kept: bool = False
+    ) -> None:
+        """[job.notify] of the run's end, when this `up` holds it: a detached run goes on, and
+        a kept one's keeper tells its own end (a stop from here ends the keeper first)."""
+        held = self.watching.keeper_alive is None or even_kept
+        if "started" in self.notifier.sent and held and not self.options.detach:
+            self.notifier.tell(event, outcome=outcome, why=why, attempt=self.board.attempt)
 
     def _phases(self) -> int:
         # The push's first request stops the network check's stand-ins on each host (and a
@@ -320,9 +335,12 @@ class Deployment:
     def start_and_watch(self) -> None:
         """Starts the job and streams logs until every awaited task has exited (detached: only
         starts). Under on_failure = "restart-job" a failure worth it starts it all again."""
+        cause = ""
         while True:
             try:
                 self.start(self.members)
+                event = "recovered" if "started" in self.notifier.sent else "started"
+                self.notifier.tell(event, outcome="running", why=cause, attempt=self.board.attempt)
                 self._forward_tensorboard()
                 if not self.options.detach:
                     self._keep_attached()
@@ -330,6 +348,13 @@ class Deployment:
                 return
             except RestartJob as decision:
                 self.recovery.restart_job(decision)
+                cause = decision.cause
+
+    def _restart_task(self, name: str) -> None:
+        """Policy "restart", held by this `up`: the task started again, and told."""
+        self.recovery.restart_task(name)
+        label = self.board[name].label
+        self.notifier.tell("recovered", outcome="running", why=f"{label} restarted")
 
     def _keep_attached(self) -> None:
         """An attached run whose policy restarts, on the inventory's own hosts, is handed to a

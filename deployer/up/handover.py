@@ -22,6 +22,7 @@ from deployer.config.roles import role
 from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
+from deployer.up.notifying import notify_config
 from deployer.up.start import start_groups
 
 KEEP_INTERVAL_S = 1.0  # how often the keeper polls every warden (and renews the lease)
@@ -112,6 +113,8 @@ def keeper_plan(plan: Plan, members: Sequence[Member], ports: Mapping[str, int])
             "evaluator_grace": job.evaluator_grace,
         },
         "attempt": 0,
+        "job": job.name,
+        "notify": notify_config(job.notify),
         "interval": KEEP_INTERVAL_S,
         "loss_after": job.lease_seconds,
     }

@@ -8,15 +8,18 @@ its last step, as examples/digits does with a real checkpoint.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fakes.webhook import Receiver
 from tests.lab import Lab
 from tests.lab.base import wait_until
 from tests.support.faults import Up, pids_of, tfdeploy
@@ -463,3 +466,82 @@ def test_attach_to_a_detached_run_without_a_keeper_fails_with_its_first_failure(
     assert watcher.finish() == 1, watcher.report()
     assert re.search(r"worker:1@\S+ .*killed by signal 9", watcher.stderr), watcher.report()
     tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "other", check_rc=0)
+
+
+@pytest.fixture
+def hook(lab: Lab) -> Iterator[Receiver]:
+    """A webhook receiver on this machine's address on the lab's bridge (the hosts reach it)."""
+    network = ipaddress.ip_network(f"{lab.hosts[0].address}/24", strict=False)
+    with Receiver(str(network.network_address + 1)) as receiver:
+        yield receiver
+
+
+@pytest.mark.isolated
+def test_a_kept_runs_keeper_tells_its_recovery_and_end_to_the_webhook_and_the_command(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, hook: Receiver
+) -> None:
+    """[job.notify]: `up --detach` tells `started`; the keeper, with no tfdeploy command
+    running, tells `recovered` after it restarted the job and `finished` at its end, to the
+    webhook and through the command on its host, with the run id, the cause and the outcome."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    told = "/tmp/told-" + tmp_path.name
+    command = f'echo "$TFDEPLOY_EVENT $TFDEPLOY_RUN_ID $TFDEPLOY_OUTCOME" >> {told}'
+    notify = {"webhook": hook.url, "command": command}
+    inventory = _inventory(lab, lab_inventory, tmp_path, notify=notify)
+    run_id = _up_kept(inventory, tmp_path / "state")
+    started = hook.wait_for("started")
+    assert (started["run_id"], started["by"].startswith("up on "), started["job"]) == (
+        run_id,
+        True,
+        "kept",
+    )
+    wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+    recovered = hook.wait_for("recovered")
+    assert (recovered["by"], recovered["why"], recovered["attempt"]) == (
+        "keeper",
+        "worker:1 was killed by signal 9",
+        1,
+    )
+    finished = hook.wait_for("finished", timeout=120)
+    assert (finished["by"], finished["outcome"], finished["run_id"]) == (
+        "keeper",
+        "succeeded",
+        run_id,
+    )
+    lines = lab.run(h1, ["cat", told]).stdout.splitlines()
+    assert lines == [f"recovered {run_id} running", f"finished {run_id} succeeded"], lines
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+
+
+@pytest.mark.isolated
+def test_an_up_that_holds_its_run_tells_its_failure_and_a_failing_webhook_is_said_unnamed(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, hook: Receiver
+) -> None:
+    """A run `up` holds (no keeper): `up` tells `started` and `failed` itself; a webhook that
+    answers 500 is said (its host only: the URL's token is never printed) and fails nothing."""
+    lab = clean_lab
+    hook.status = 500
+    inventory = _inventory(
+        lab,
+        lab_inventory,
+        tmp_path,
+        on_failure="teardown",
+        keeper=False,
+        steps=400,
+        notify={"webhook": hook.url, "events": ["started", "failed"]},
+    )
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"worker:1@\S+ \| step 2$")
+    [victim] = pids_of(lab, lab.hosts[1], "keeptask.py")
+    lab.run(lab.hosts[1], ["kill", "-KILL", str(victim)])
+    assert up.finish() == 1, up.report()
+    failed = hook.wait_for("failed")
+    assert failed["outcome"] == "failed" and "worker:1" in failed["why"], failed
+    assert [d["event"] for d in hook.received] == ["started", "failed"]
+    said = up.stdout + up.stderr
+    host = hook.url.split("/")[2].split(":")[0]
+    assert f"notification started: the webhook at {host} answered HTTP 500" in said, said
+    assert "SECRET-TOKEN" not in said

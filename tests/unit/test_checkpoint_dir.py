@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.agent import call, ok, wait_for
-from tests.unit.test_prune import A, make_run, prune
+from tests.support.agent_runs import A, make_run, prune
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,25 +12,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.agent import AGENT, call, ok, put_in_store
+from tests.support.agent_runs import A, make_run, prune
 
 pytestmark = pytest.mark.timeout(60)
 
-A, B = "host-a", "host-b"
+B = "host-b"
 REMOTE = AGENT.parent
-
-
-def make_run(
-    workdir: Path, run: str, job: str, contents: list[str], host: str = A, **fields: Any
-) -> Path:
-    files = [[f"f{i}.txt", digest, 0o600] for i, digest in enumerate(contents)]
-    fields = {"detached": True, "lease_seconds": None, **fields}
-    ok(call(workdir, "materialize", host=host, run_id=run, job=job, files=files, **fields))
-    return workdir / "hosts" / host / "runs" / run
 
 
 def make_env(workdir: Path, env_hash: str, *runs: str) -> Path:
@@ -45,10 +36,6 @@ def make_env(workdir: Path, env_hash: str, *runs: str) -> Path:
     )
     subprocess.run([sys.executable, "-I", "-c", script], check=True)
     return venv
-
-
-def prune(workdir: Path, keep: int, host: str = A, **fields: Any) -> dict[str, Any]:
-    return ok(call(workdir, "prune", host=host, keep=keep, **{"grace": 0, **fields}))
 
 
 def runs_of(workdir: Path, host: str = A) -> list[str]:
