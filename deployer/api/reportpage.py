@@ -100,6 +100,7 @@ def sane_outcome(raw: dict[str, Any]) -> dict[str, Any]:
         "why": _str(raw.get("why")),
         "ended": metricstore.time_value(raw.get("ended")),
         "exits": {str(k): _str(v) for k, v in _obj(raw.get("exits")).items()},
+        "recoveries": [_str(x) for x in _list(raw.get("recoveries")) if isinstance(x, str)][:20],
     }
 
 
@@ -204,6 +205,7 @@ def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
         ("started", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(began)) if began else "-"),
         ("duration", duration(ended - began) if began and ended else "-"),
         ("outcome", f"{outcome['outcome']} {outcome['why']}".strip()),
+        *(("recovery", line) for line in outcome["recoveries"]),  # each of the keeper's restarts
     ]
     table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     exits = {**facts["exits"], **outcome["exits"]}

@@ -52,9 +52,9 @@ def keep_runs(fleet: Fleet, runs: Sequence[HostRun]) -> None:
         tasks = _keep_run(fleet, run_id, of_run)
         if tasks is None or recorded_end(run_id) is not None:
             continue
-        restarts = sum(len(r.recoveries) for r in of_run)  # the keeper's, on its host
+        recoveries = [x.line() for r in of_run for x in r.recoveries]  # the keeper's host's
         with contextlib.suppress(OSError):  # a full disk: the history is a convenience
-            metricstore.write_json(run_dir(run_id), OUTCOME, outcome(tasks, restarts))
+            metricstore.write_json(run_dir(run_id), OUTCOME, outcome(tasks, recoveries))
 
 
 def _keep_run(fleet: Fleet, run_id: str, shares: Sequence[HostRun]) -> list[TaskStatus] | None:
@@ -187,12 +187,13 @@ def _fetch(
     return tasks, asked
 
 
-def outcome(tasks: Sequence[TaskStatus], restarts: int = 0) -> dict[str, object]:
+def outcome(tasks: Sequence[TaskStatus], recoveries: Sequence[str] = ()) -> dict[str, object]:
     """succeeded (every task exited 0 by itself, or every awaited one did and tfdeploy
     stopped the rest: ps servers, a kept run's evaluators), failed (the first task that did
-    not, named), or stopped (by tfdeploy, `down`); `restarts`: the keeper's, when any."""
+    not, named), or stopped (by tfdeploy, `down`); `recoveries`: the keeper's restarts, each
+    in words (results/runs.py Recovery.line), when any."""
     exits = {t.name: t.outcome() for t in tasks if t.finished}
-    kept = {"restarts": restarts} if restarts else {}
+    kept = {"restarts": len(recoveries), "recoveries": list(recoveries)} if recoveries else {}
     return {**_verdict(tasks), "exits": exits, **kept}
 
 

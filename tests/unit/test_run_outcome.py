@@ -34,7 +34,7 @@ def test_workers_that_succeeded_with_their_ps_stopped_by_tfdeploy_are_a_success(
     """A kept PSS run ends with the keeper stopping the ps server after the workers and the
     chief exited 0: that is the job's success, not "stopped" (as `down` of a running job is)."""
     stopped_ps = _task("ps:0", None, protocol.REASON_STOPPED)
-    done = outcome([_task("chief:0"), _task("worker:0"), stopped_ps], restarts=1)
+    done = outcome([_task("chief:0"), _task("worker:0"), stopped_ps], ["restart 1 (...)"])
     assert (done["outcome"], done["restarts"]) == ("succeeded", 1)
     stopped_worker = _task("worker:1", None, protocol.REASON_STOPPED)
     assert outcome([_task("worker:0"), stopped_worker])["outcome"] == "stopped"
@@ -88,3 +88,23 @@ def test_a_recovery_from_a_host_is_checked_and_shown_clean() -> None:
     assert "restart 1 (worker:1 was killed" in out.getvalue()
     [shown] = json.loads(render.status_json([run]))["runs"]
     assert shown["recoveries"][0]["stepping_after_s"] == 5.5
+
+
+def test_the_report_page_lists_each_recovery_escaped_and_bounded() -> None:
+    from deployer.api import reportpage
+
+    hostile = "restart 1 (worker:1 <script>alert(1)</script>): running again 3.1 s later"
+    raw = {"outcome": "succeeded", "recoveries": [hostile, 7, *["x"] * 40]}
+    sane = reportpage.sane_outcome(raw)
+    assert len(sane["recoveries"]) == 20 and 7 not in sane["recoveries"]
+    assert reportpage.sane_outcome({"recoveries": "not a list"})["recoveries"] == []
+    page = reportpage.render_page(
+        RUN,
+        reportpage.sane_facts({}),
+        sane,
+        {},
+        {},
+        metricstore.Series(),
+    )
+    assert "<th>recovery</th><td>restart 1 (worker:1 &lt;script&gt;" in page
+    assert "<script>alert" not in page
