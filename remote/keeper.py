@@ -44,7 +44,9 @@ STATE_FILE = "keeper.json"
 class Keeper:
     """One run's policy loop: a heartbeat thread polls every warden, the main thread judges."""
 
-    def __init__(self, plan: dict[str, Any], secret: bytes, run_dir: Path) -> None:
+    def __init__(
+        self, plan: dict[str, Any], secret: bytes, run_dir: Path, record: Path | None = None
+    ) -> None:
         self.run_id: str = plan["run_id"]
         self.hosts: dict[str, dict[str, Any]] = {h["name"]: h for h in plan["hosts"]}
         self.tasks: list[dict[str, Any]] = plan["tasks"]
@@ -65,6 +67,8 @@ class Keeper:
         # size of each restarted task before it started again (its first new record ends it).
         self.recovering: tuple[float, dict[str, int]] | None = None
         self.job = str(plan.get("job") or "")
+        self.noting = threading.Lock()  # keeper.json's writers: this loop and the notifier
+        self.record = record  # this keeper's daemon record (`alive`, a whole-run stop read it)
         self.notifier = notify.Notifier(plan.get("notify"), lambda s: self.note({"notify": s}))
 
     # ---- talking to the wardens ----------------------------------------------------------
@@ -300,7 +304,12 @@ class Keeper:
             for host in self.hosts:
                 with contextlib.suppress(OSError, keepwire.WireError):
                     self.ask(host, {"ask": warden.END}, timeout=5.0)
-            self.notifier.wait()  # the last word is sent before the keeper leaves
+            # The run is over for everyone now: no longer its keeper (`runs` says it ended,
+            # `down` has nothing to stop), only the sender of its last word, bounded.
+            if self.record is not None:
+                with contextlib.suppress(OSError):
+                    self.record.unlink()
+            self.notifier.wait()
             return outcome
 
     def wait(self, seconds: float) -> None:
@@ -308,10 +317,13 @@ class Keeper:
         self.done.wait(seconds)
 
     def note(self, event: dict[str, Any]) -> None:
-        self.history.append({"t": round(time.time(), 3), **event})
-        state = {"run_id": self.run_id, "attempt": self.attempt, "events": self.history[-200:]}
-        with contextlib.suppress(OSError):  # a full disk loses the record, never the run
-            layout.write_json(self.run_dir / STATE_FILE, state)
+        """One event into keeper.json; the notifier's thread notes too, hence the lock (the
+        record's temporary file is named by pid, not by thread)."""
+        with self.noting:
+            self.history.append({"t": round(time.time(), 3), **event})
+            state = {"run_id": self.run_id, "attempt": self.attempt, "events": self.history[-200:]}
+            with contextlib.suppress(OSError):  # a full disk loses the record, never the run
+                layout.write_json(self.run_dir / STATE_FILE, state)
 
 
 class Ended(Exception):
@@ -453,7 +465,7 @@ def start(req: dict[str, Any]) -> dict[str, Any]:
     plan = check_plan(params.param(req, "plan", dict), run_dir.name)
     record = warden.record_path(workdir, run_dir.name, "keeper")
     daemon.stop(record)
-    pid = daemon.spawn(record, lambda: Keeper(plan, secret, run_dir).run() and None)
+    pid = daemon.spawn(record, lambda: Keeper(plan, secret, run_dir, record).run() and None)
     return {"pid": pid}
 
 

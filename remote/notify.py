@@ -3,16 +3,19 @@ JSON document POSTed to the job's webhook and one run of its command, by whoever
 its keeper (keeper.py, on the keeper's host) or `up` (deployer/up/notifying.py, on the user's
 machine). One module for both, so both send the same document.
 
-A notification never changes the run: each is sent on a thread of its own with a timeout, and
-a failure is handed to `said` (the keeper's record, `up`'s view), never raised. The webhook's
+A notification never changes the run: they are sent in order by one thread of their own, each
+with a timeout, and a failure is handed to `said` (the keeper's record, `up`'s view), never
+raised. The webhook's
 URL may carry a token (Slack's and most others' do): no message names more than its host.
 Stdlib only, like every module of remote/.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import queue
 import subprocess
 import threading
 import time
@@ -38,23 +41,34 @@ class Notifier:
     def __init__(self, config: dict[str, Any] | None, said: Callable[[str], None]) -> None:
         self.config = config or {}
         self.said = said
-        self.threads: list[threading.Thread] = []
+        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.thread: threading.Thread | None = None
 
     def wanted(self, event: str) -> bool:
         return bool(self.config) and event in self.config.get("events", EVENTS)
 
     def fire(self, doc: dict[str, Any]) -> None:
+        """Queued for the sender: a receiver hears the events in the order they happened."""
         if not self.wanted(str(doc.get("event"))):
             return
-        thread = threading.Thread(target=self._send, args=(doc,), daemon=True)
-        thread.start()
-        self.threads.append(thread)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._sender, daemon=True)
+            self.thread.start()
+        self.queue.put(doc)
 
     def wait(self, timeout: float = WEBHOOK_TIMEOUT_S + COMMAND_TIMEOUT_S) -> None:
         """Until what was fired is sent (a process about to end), at most `timeout`."""
-        deadline = time.monotonic() + timeout
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        if self.thread is None:
+            return
+        self.queue.put(None)
+        self.thread.join(timeout)
+
+    def _sender(self) -> None:
+        while True:
+            doc = self.queue.get()
+            if doc is None:
+                return
+            self._send(doc)
 
     def _send(self, doc: dict[str, Any]) -> None:
         webhook, command = self.config.get("webhook"), self.config.get("command")
@@ -82,7 +96,7 @@ def post(url: str, doc: dict[str, Any]) -> str | None:
             status = reply.status
     except urllib.error.HTTPError as exc:
         status = exc.code
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # garbage for an answer too
         return f"the webhook at {host} could not be reached ({type(exc).__name__})"
     if not 200 <= status < 300:
         return f"the webhook at {host} answered HTTP {status}"

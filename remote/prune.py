@@ -101,7 +101,7 @@ def _prune(
             gone.add(run_dir)
     tally.running += sorted(reservations.claims(workdir))  # pushing: no folder to judge yet
     users = _run_ids(workdir, gone)
-    _prune_checkpoints(layout.host_dir(workdir), gone, dry, tally)
+    _prune_checkpoints(workdir, gone, dry, tally)
     _prune_envs(workdir, users, now, grace, dry, tally)
     if tally.environments:
         _prune_host_wheels(workdir, dry, tally, unlinked)
@@ -194,11 +194,12 @@ def _walk(root: Path) -> tuple[int, Counter[Inode]]:
     return freed, shared
 
 
-def _prune_checkpoints(host_dir: Path, gone: set[Path], dry: bool, tally: _Tally) -> None:
+def _prune_checkpoints(workdir: Path, gone: set[Path], dry: bool, tally: _Tally) -> None:
     """A job's own checkpoint folder on this host ([job] checkpoint_dir, relative: jobs/<job>/)
     lives as long as a run of the job is left here, which every later run resumes from; with
     the job's last run it goes. A folder named by an absolute path is the user's: never here."""
-    left = set()
+    host_dir = layout.host_dir(workdir)
+    left = {c.get("job") for c in reservations.claims(workdir).values()}  # runs being pushed
     for run_dir in _dirs(host_dir / "runs"):
         if run_dir in gone:
             continue
@@ -210,8 +211,8 @@ def _prune_checkpoints(host_dir: Path, gone: set[Path], dry: bool, tally: _Tally
         if folder.name in left or folder.name.startswith(GRAVE):
             continue
         freed, _ = _walk(folder)
-        if not dry:
-            grave = folder.parent / f"{GRAVE}{folder.name}-{os.urandom(4).hex()}"
+        if not dry:  # aside where a killed prune's next run sweeps it (_sweep_graves)
+            grave = host_dir / f"{GRAVE}job-{folder.name}-{os.urandom(4).hex()}"
             os.rename(str(folder), str(grave))
             shutil.rmtree(str(grave), ignore_errors=True)
         tally.checkpoints.append(folder.name)

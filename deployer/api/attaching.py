@@ -22,7 +22,7 @@ from deployer.core.text import join_names
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet, Member
 from deployer.results.metricsync import keep_ended
 from deployer.results.runs import HostRun, Target, resolve, survey_runs
-from deployer.watch.loop import Watch
+from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import Poller
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
@@ -68,7 +68,14 @@ def watch_run(
         _hold(watching, fleet, survey.runs, run_id)
         _catch_up(watching, survey.runs)
         view.step(f"attached to run {run_id}: {_owner(survey.runs)}; Ctrl-C leaves it running")
-        watching.until_done()
+        try:
+            watching.until_done()
+        except RestartJob as decision:  # restart-job with nobody to apply it (keeper = false)
+            raise JobFailed(
+                f"{decision.cause}, and nothing restarts the job: run {run_id} is detached "
+                "without a keeper (keeper = false)",
+                hint=f"tfdeploy logs {run_id} shows why; tfdeploy down {run_id} stops the rest",
+            ) from None
         ended = survey_runs(fleet, found)
         keep_ended(fleet, ended.runs, ended.failures)  # the history learns its end
 

@@ -196,7 +196,8 @@ class Notify:
     """[job.notify]: who hears of the run's turns (docs/up.md, "Notifications"). Fired by
     whoever holds the run: its keeper (on the keeper's host) or `up` (on this machine)."""
 
-    webhook: str | None = None  # POSTed a JSON document per event; may hold a token: never shown
+    # POSTed a JSON document per event; it may hold a token: never shown, nor in a repr
+    webhook: str | None = field(default=None, repr=False)
     command: str | None = None  # run by `sh -c` with TFDEPLOY_EVENT, _RUN_ID, _OUTCOME, ...
     events: tuple[str, ...] = NOTIFY_EVENTS
 

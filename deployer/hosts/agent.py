@@ -428,7 +428,7 @@ class Agent(Channel):
             request["grace"] = grace
         # A prune deletes trees of files (an environment holds tens of thousands): minutes.
         reply = self.ask(protocol.OP_PRUNE, protocol.PruneReply, 1800, **request)
-        for key in ("runs", "running", "environments"):
+        for key in ("runs", "running", "environments", "checkpoints"):
             reply[key] = [text(name) for name in reply[key]]
         return reply
 

@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from deployer.config.roles import ROLES
 from deployer.core.errors import HostError, TfdeployError
 from deployer.core.statedir import state_dir
 from deployer.hosts.fleet import Fleet, Member
@@ -129,10 +128,12 @@ def recorded_end(run_id: str) -> str | None:
     return said if isinstance(said, str) and said in ENDED else None
 
 
-def _awaited_role(task: str) -> bool:
-    """Whether the job waits for a task of this role (chief, worker), by its name."""
-    found = ROLES.get(task.split(":", 1)[0])
-    return found is not None and found.awaited
+def _lead(tasks: Sequence[TaskStatus]) -> list[TaskStatus]:
+    """The tasks whose end is the job's, as TensorFlow has it: the chief where there is one
+    (PSS: its workers may be plain servers that tfdeploy stops once it is done), else the
+    workers (MWMS). What else tfdeploy stopped at the end (ps, evaluators) is no failure."""
+    chief = [t for t in tasks if t.name.split(":", 1)[0] == "chief"]
+    return chief or [t for t in tasks if t.name.split(":", 1)[0] == "worker"]
 
 
 def _hosts_of(shares: Sequence[HostRun]) -> set[str]:
@@ -207,8 +208,8 @@ def _verdict(tasks: Sequence[TaskStatus]) -> dict[str, object]:
             "why": f"{failed[0].name} {failed[0].outcome()}",
             "ended": ended,
         }
-    awaited = [t for t in tasks if _awaited_role(t.name)]
-    stopped_rest = all(t in own or not _awaited_role(t.name) for t in tasks)
+    awaited = _lead(tasks)
+    stopped_rest = all(t in own or t not in awaited for t in tasks)
     if own and awaited and stopped_rest and all(t.succeeded for t in awaited):
         return {"outcome": "succeeded", "ended": ended}
     return {"outcome": "stopped", "why": "by tfdeploy down", "ended": ended}

@@ -110,6 +110,7 @@ class Deployment:
         )
         self.recovery: Recovery
         self.notifier = RunNotifier(plan.job.notify, self.run_id, plan.job.name, view.step)
+        self.let_go = False  # detached (or handed to a keeper) and returned: the run goes on
         self.watching = Watch(
             self.poller,
             view,
@@ -187,7 +188,7 @@ class Deployment:
             return code
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             self.outcome = {"outcome": "stopped", "why": "interrupted"}
-            self._tell_end("finished", "stopped", "interrupted", even_kept=True)
+            self._tell_end("finished", "stopped", "interrupted")
             raise self._interrupted(int(getattr(exc, "signum", signal.SIGINT))) from None
         except BaseException as exc:
             self.outcome = {"outcome": "failed", "why": self.hide(str(exc)).partition("\n")[0]}
@@ -199,17 +200,24 @@ class Deployment:
             raise
         finally:
             self._view.steady = True
-            self.notifier.close()
             self._close()
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C again: leave at once
+                self.notifier.close()
 
-    def _tell_end(
-        self, event: str, outcome: str, why: str = "", *, even_kept: bool = False
-    ) -> None:
-        """[job.notify] of the run's end, when this `up` holds it: a detached run goes on, and
-        a kept one's keeper tells its own end (a stop from here ends the keeper first)."""
-        held = self.watching.keeper_alive is None or even_kept
-        if "started" in self.notifier.sent and held and not self.options.detach:
-            self.notifier.tell(event, outcome=outcome, why=why, attempt=self.board.attempt)
+    def _tell_end(self, event: str, outcome: str, why: str = "") -> None:
+        """[job.notify] of the run's end, when this `up` ends it: not a run it let go
+        (detached, or handed to its keeper, which then tells its own end), but a run this
+        `up` stops (Ctrl-C, a failure it judged, a kept run's keeper ended by its teardown)."""
+        if self.let_go or self.watching.holder_ended_run or "started" not in self.notifier.sent:
+            return
+        self.notifier.tell(event, outcome=outcome, why=why, attempt=self.board.attempt)
+
+    def _await_keeper(self) -> None:
+        """A kept run whose awaited tasks succeeded is ended by its keeper (the evaluators'
+        grace, the servers' stop, its end told) before this `up` tears down what is left."""
+        if self.watching.keeper_alive is not None:
+            job = self.plan.job
+            self.watching.await_holder_end(job.evaluator_grace + 2 * job.stop_grace + 10)
 
     def _phases(self) -> int:
         # The push's first request stops the network check's stand-ins on each host (and a
@@ -233,9 +241,11 @@ class Deployment:
             self.detach()
             self.view.step(f"run {self.run_id} is running detached")
         if self.options.detach:
+            self.let_go = True
             for line in next_steps(self.run_id, self.plan.job.artifacts, detached=True):
                 self.view.step(line)
             return 0
+        self._await_keeper()
         self.teardown()
         self.pull_artifacts()
         note = self.watching.evaluator_note()

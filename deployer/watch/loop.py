@@ -72,6 +72,7 @@ class Watch(OnRun):
         self.beats = True  # polls renew the run's lease (attach's never do: it owns nothing)
         self._out_of_touch: set[str] = set()  # kept: hosts lost to this controller, said once
         self._failure_seen = 0.0  # kept: when this watch saw the failure being restarted
+        self.holder_ended_run = False  # kept: the keeper ended the run itself (it told its end)
 
     @property
     def gpu_monitor(self) -> GpuMonitor | None:
@@ -148,7 +149,9 @@ class Watch(OnRun):
         self.drain()
         self._judge_evaluators()
         self._grace_for_evaluators()
-        rest = "; stopping the rest" if len(self.plan.tasks) > len(awaited) else ""
+        rest = ""
+        if len(self.plan.tasks) > len(awaited):
+            rest = "; stopping the rest" if self.beats else f"; {self.holder} stops the rest"
         note = self.evaluator_note()
         self.view.step(f"job succeeded: {fold_names(awaited)} exited 0{note}{rest}")
 
@@ -212,10 +215,24 @@ class Watch(OnRun):
                 unknown_since is not None and now - unknown_since > self.poller.contact.loss_after
             )
             if alive is False or lost:
+                self.holder_ended_run = alive is False  # and said so ([job.notify])
                 self.tick(heartbeat=True, tolerate=True)
                 who = self.holder
                 why = f"{who}'s host cannot be asked" if lost else f"{who} ended the run"
                 raise self.failure(failed, f"failed; {why} without restarting it")
+
+    def await_holder_end(self, within: float) -> bool:
+        """A kept run whose awaited tasks succeeded: until its keeper ended it (evaluators'
+        grace, the servers stopped, its end told), at most `within` s; whether it did."""
+        assert self.keeper_alive is not None
+        deadline = self.clock() + within
+        while self.clock() < deadline:
+            if self.keeper_alive() is False:
+                self.holder_ended_run = True
+                return True
+            self.sleep(self.interval)
+            self.tick(tolerate=True)
+        return False
 
     def _all_succeeded(self, awaited: list[str]) -> bool:
         return all((s := self.board[n].status) is not None and s.succeeded for n in awaited)
@@ -330,8 +347,8 @@ class Watch(OnRun):
             if loss.host not in self._out_of_touch:
                 self._out_of_touch.add(loss.host)
                 self.view.step(
-                    f"no contact with {loss.host} for {loss.since:.1f} s; the run's keeper "
-                    "holds its policy and lease: this controller keeps trying"
+                    f"no contact with {loss.host} for {loss.since:.1f} s; {self.holder} "
+                    "holds the run's policy: this controller keeps trying"
                 )
             self.poller.rewatch(loss.host)
             return

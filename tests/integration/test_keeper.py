@@ -545,3 +545,41 @@ def test_an_up_that_holds_its_run_tells_its_failure_and_a_failing_webhook_is_sai
     host = hook.url.split("/")[2].split(":")[0]
     assert f"notification started: the webhook at {host} answered HTTP 500" in said, said
     assert "SECRET-TOKEN" not in said
+
+
+@pytest.mark.isolated
+def test_an_attached_kept_run_is_ended_by_its_keeper_who_tells_finished_once(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, hook: Receiver
+) -> None:
+    """An attached `up` of a kept run lets its keeper end the run (the servers' stop, its end
+    told) before its own teardown, which would cut the keeper short: `finished` comes once,
+    from the keeper, and `up` exits 0."""
+    lab = clean_lab
+    inventory = _inventory(lab, lab_inventory, tmp_path, steps=8, notify={"webhook": hook.url})
+    up = Up(inventory, state=tmp_path / "state")
+    assert up.finish(timeout=120) == 0, up.report()
+    finished = hook.wait_for("finished")
+    assert (finished["by"], finished["outcome"]) == ("keeper", "succeeded"), finished
+    assert [d["event"] for d in hook.received] == ["started", "finished"], hook.received
+
+
+@pytest.mark.isolated
+def test_attach_to_a_restart_job_run_nobody_keeps_fails_saying_so(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """keeper = false, detached, restart-job: nobody applies the policy; attach says so and
+    exits 1 at the first failure (it used to end with an internal error)."""
+    lab = clean_lab
+    inventory = _inventory(lab, lab_inventory, tmp_path, steps=400, keeper=False)
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
+    found = re.search(r"\(run (\S+)\)$", up.stdout, re.MULTILINE)
+    assert found, up.stdout
+    run_id = found.group(1)
+    watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
+    watcher.wait_for(r"worker:1@\S+ \| step 2$")
+    [victim] = pids_of(lab, lab.hosts[1], "keeptask.py")
+    lab.run(lab.hosts[1], ["kill", "-KILL", str(victim)])
+    assert watcher.finish() == 1, watcher.report()
+    assert "nothing restarts the job" in watcher.stderr, watcher.report()
+    assert "internal error" not in watcher.stderr
+    tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "other", check_rc=0)

@@ -68,3 +68,39 @@ def test_a_notifier_sends_only_the_events_asked_and_reports_through_said() -> No
         sender.wait()
         assert [d["event"] for d in hook.received] == ["failed"]
     assert heard == ["notification failed: the webhook at 127.0.0.1 answered HTTP 503"]
+
+
+def test_a_receiver_that_answers_garbage_is_said_not_raised() -> None:
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b"not http at all\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook/SECRET"
+    said = notify.post(url, DOC)
+    server.close()
+    assert said is not None and said.startswith("the webhook at 127.0.0.1 could not be reached")
+    assert "SECRET" not in said
+
+
+def test_events_reach_the_receiver_in_the_order_they_happened() -> None:
+    with Receiver() as hook:
+        sender = notify.Notifier({"webhook": hook.url}, lambda _: None)
+        for event in ("started", "recovered", "recovered", "finished"):
+            sender.fire({**DOC, "event": event})
+        sender.wait()
+        assert [d["event"] for d in hook.received] == [
+            "started",
+            "recovered",
+            "recovered",
+            "finished",
+        ]

@@ -39,6 +39,11 @@ def test_workers_that_succeeded_with_their_ps_stopped_by_tfdeploy_are_a_success(
     stopped_worker = _task("worker:1", None, protocol.REASON_STOPPED)
     assert outcome([_task("worker:0"), stopped_worker])["outcome"] == "stopped"
     assert outcome([_task("worker:0"), _task("worker:1", 1)])["outcome"] == "failed"
+    # PSS whose workers run the built-in server: stopped once the chief was done.
+    servers = [_task(f"worker:{i}", None, protocol.REASON_STOPPED) for i in range(2)]
+    assert outcome([_task("chief:0"), *servers, stopped_ps])["outcome"] == "succeeded"
+    chief_stopped = _task("chief:0", None, protocol.REASON_STOPPED)
+    assert outcome([chief_stopped, _task("worker:0")])["outcome"] == "stopped"
     assert "restarts" not in outcome([_task("worker:0")])
 
 
