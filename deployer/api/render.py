@@ -313,6 +313,12 @@ def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
         facts.append("created " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)))
     if any(r.detached for r in host_runs):
         facts.append("detached")
+    if any(r.kept for r in host_runs):  # who holds its policy now (docs/up.md, "A kept run")
+        facts.append("kept by its keeper")
+    elif any(r.leased for r in host_runs) and any(
+        not t.finished for r in host_runs for t in r.tasks
+    ):
+        facts.append("watched by its `up`")
     starting = sorted(r.host for r in host_runs if r.starting)
     if starting:  # no task yet: its `up` is pushing, installing or setting it up there
         facts.append(f"starting on {', '.join(starting)}: its `up` is preparing it")

@@ -87,10 +87,12 @@ def test_a_recovery_from_a_host_is_checked_and_shown_clean() -> None:
     ):
         with pytest.raises(HostError):
             Recovery.from_json(raw | bad, edge)
-    run = HostRun("h1", RUN, "job", 1.8e9, True, (), recoveries=(recovery,))
+    running = TaskStatus(name="worker:0", state=protocol.STATE_RUNNING)
+    run = HostRun("h1", RUN, "job", 1.8e9, True, (running,), kept=True, recoveries=(recovery,))
     out = io.StringIO()
     Console(file=out, width=120).print(render.status_table([run]))
     assert "restart 1 (worker:1 was killed" in out.getvalue()
+    assert "detached, kept by its keeper)" in out.getvalue()
     [shown] = json.loads(render.status_json([run]))["runs"]
     assert shown["recoveries"][0]["stepping_after_s"] == 5.5
 
