@@ -240,7 +240,9 @@ class Run:
     def wait(self, *, timeout: float | None = None, interval: float = 2.0) -> Result:
         """Blocks until every awaited task (chief, workers; not a worker running the built-in
         server) has ended; returns the Result when they all succeeded. A ps server or an
-        evaluator may still run then: `down()` stops it.
+        evaluator may still run then: `down()` stops it. A kept run is waited for until its
+        keeper is done with it: through its restarts' backoffs (every task exited, the next
+        attempt to come) and its end (the evaluators' grace, the servers' stop).
 
         Raises JobFailed when an awaited task failed, or `timeout` seconds passed (the run goes
         on); HostsFailed when hosts could not be asked for UNREACHABLE_S in a row."""
@@ -263,7 +265,9 @@ class Run:
                     if not survey.runs:
                         raise unknown_run(self._target, survey)
                     states = _states(survey.runs, self._awaited_tasks(target))
-                    if all(t.finished for t in states if t.awaited):
+                    # A kept run in its keeper's backoff has every task exited and goes on.
+                    kept = any(r.kept for r in survey.runs)
+                    if not kept and all(t.finished for t in states if t.awaited):
                         keep_ended(fleet, survey.runs, survey.failures)
                         return self._result(states)
                 if deadline is not None and now >= deadline:

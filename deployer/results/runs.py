@@ -393,7 +393,7 @@ def follow_logs(
         active = False
         last: list[TaskStatus] = []
         for member in fleet.members:
-            statuses = _statuses(member, run_id)
+            statuses, kept = _statuses(member, run_id)
             wanted = [s for s in statuses or [] if task is None or s.name == task]
             last += wanted
             for s in wanted:
@@ -406,7 +406,9 @@ def follow_logs(
                 if lines:
                     emit(label, lines)
             seen = seen or bool(wanted)
-            active = active or any(not s.finished for s in wanted)
+            # A kept run between two attempts has every task exited, and goes on (its keeper's
+            # backoff): followed until its keeper is done with it too.
+            active = active or kept or any(not s.finished for s in wanted)
         first = False
         if not follow or not active:
             if final is not None:
@@ -440,7 +442,7 @@ def sync_archive(fleet: Fleet, run_id: str, archive: LogArchive) -> bool:
     False when no host knows the run."""
     seen = False
     for member in fleet.members:
-        for status in _statuses(member, run_id) or []:
+        for status in _statuses(member, run_id)[0] or []:
             seen = True
             if archive.damage(status.name):
                 archive.reset(status.name)
@@ -480,14 +482,17 @@ def archived_runs(
             yield label, list(kept)
 
 
-def _statuses(member: Member, run_id: str) -> list[TaskStatus] | None:
+def _statuses(member: Member, run_id: str) -> tuple[list[TaskStatus] | None, bool]:
+    """The run's tasks on the host (None: it has no such run), and whether its keeper or
+    warden lives there."""
     _ensure_agent(member)
     edge = Edge(member.name, "runs")
     for raw in member.agent.runs():
         r = edge.obj(raw, "a run")
         if _run_id(edge, r) == run_id:
-            return [TaskStatus.from_json(t, edge) for t in edge.items(r.get("tasks", []), "tasks")]
-    return None
+            tasks = [TaskStatus.from_json(t, edge) for t in edge.items(r.get("tasks", []), "tasks")]
+            return tasks, r.get("kept") is True
+    return None, False
 
 
 def _run_id(edge: Edge, r: dict[str, object]) -> str:

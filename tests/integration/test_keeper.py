@@ -583,3 +583,47 @@ def test_attach_to_a_restart_job_run_nobody_keeps_fails_saying_so(
     assert "nothing restarts the job" in watcher.stderr, watcher.report()
     assert "internal error" not in watcher.stderr
     tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "other", check_rc=0)
+
+
+@pytest.mark.isolated
+def test_logs_follow_of_a_kept_run_goes_on_through_its_keepers_backoff(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """In a restart's backoff every task of a kept run has exited: `logs -f` used to end there
+    ("run R ended: ... killed by signal 9") while the keeper was about to start the next
+    attempt. It follows until the keeper is done with the run."""
+    lab = clean_lab
+    h2 = lab.hosts[1]
+    inventory = _inventory(lab, lab_inventory, tmp_path, restart_backoff=4)
+    run_id = _up_kept(inventory, tmp_path / "state")
+    follower = Up(run_id, "-i", str(inventory), "-f", state=tmp_path / "other", verb="logs")
+    follower.wait_for(r"worker:1@\S+ \| step 4$")
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+    assert follower.finish(timeout=120) == 0, follower.report()
+    said = follower.stdout
+    assert re.search(r"worker 1 attempt 1 resumed from step \d+", said), follower.report()
+    assert f"worker 1 done at step {STEPS}" in said, follower.report()
+
+
+@pytest.mark.isolated
+def test_run_wait_of_a_kept_run_waits_through_its_keepers_backoff(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Run.wait()` (a pipeline's next step) used to return in the keeper's backoff, with the
+    killed worker's failure, while the keeper restarted the job: it waits for the run's end."""
+    from deployer import api
+
+    lab = clean_lab
+    h2 = lab.hosts[1]
+    inventory = _inventory(lab, lab_inventory, tmp_path, restart_backoff=4)
+    run_id = _up_kept(inventory, tmp_path / "state")
+    wait_until("worker:1 to pass step 4", lambda: _step(lab, h2, run_id, "worker:1") >= 4, 60)
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+    monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "other"))
+    result = api.attach(run_id, inventory=str(inventory)).wait(timeout=120, interval=0.5)
+    assert {(t.task, t.outcome, t.succeeded) for t in result.tasks} == {
+        ("worker:0", "exit code 0", True),
+        ("worker:1", "exit code 0", True),
+    }, result.tasks
