@@ -24,6 +24,7 @@ from deployer.up.preflight import Findings
 from deployer.up.restarts import StopFailed, backoff_s, restart_task, stop_attempt
 from deployer.watch.deadlines import DeadlineNotes
 from deployer.watch.loop import RestartJob, Watch
+from deployer.watch.poller import POLL_TIMEOUT_S
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
 
@@ -109,7 +110,11 @@ class Recovery:
         run, job, contact = self.run, self.run.plan.job, self.watching.poller.contact
         planned = {h.name for h in run.plan.hosts}
         absent = sorted(h for h in contact.lost if h in planned)
+        beat = run.clock()
         while True:
+            if run.clock() - beat >= job.lease_seconds / 3:
+                self.renew_lease(planned - set(absent))
+                beat = run.clock()
             absent = [h for h in absent if h not in self.back(absent)]
             if run.clock() >= deadline and absent:
                 if run.board.attempt >= job.max_restarts:
@@ -125,6 +130,17 @@ class Recovery:
             if run.clock() >= deadline:
                 return
             self.sleep(min(max(self.interval, LOST_RETRY_S), max(0.0, deadline - run.clock())))
+
+    def renew_lease(self, hosts: set[str]) -> None:
+        """A backoff longer than the lease must not let the run's lease lapse on its hosts:
+        this `up` still holds the run (`runs` says `leased`, attach waits for the restart, and
+        a prune elsewhere leaves the run's folder alone). A heartbeat alone, nothing read."""
+        run_id = self.run.run_id
+
+        def heartbeat(member: Member) -> object:
+            return member.agent.poll(run_id, {}, heartbeat=True, timeout=POLL_TIMEOUT_S)
+
+        self.fleet.each_settled(heartbeat, [self.fleet.member(h) for h in sorted(hosts)])
 
     def back(self, absent: Sequence[str]) -> set[str]:
         """The lost hosts that answer now: each one's tasks of the run (what the lease left of

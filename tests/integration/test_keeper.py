@@ -627,3 +627,26 @@ def test_run_wait_of_a_kept_run_waits_through_its_keepers_backoff(
         ("worker:0", "exit code 0", True),
         ("worker:1", "exit code 0", True),
     }, result.tasks
+
+
+@pytest.mark.isolated
+def test_attach_waits_out_an_ups_restart_backoff_longer_than_the_lease(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """A run its `up` holds (keeper = false): a restart's backoff longer than the lease used
+    to let the lease lapse on the hosts, so attach said the `up` had ended the run. The `up`
+    renews the lease through the backoff; attach watches the restart and exits 0 with it."""
+    lab = clean_lab
+    h2 = lab.hosts[1]
+    job = {"keeper": False, "restart_backoff": 12, "lease_seconds": 5}
+    inventory = _inventory(lab, lab_inventory, tmp_path, **job)
+    up = Up(inventory, state=tmp_path / "state")
+    run_id = up.run_id()
+    up.wait_for(r"worker:1@\S+ \| step 2$")
+    watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
+    watcher.wait_for(r"attached to run \S+: the `up` that started it holds its failure policy")
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+    watcher.wait_for(r"running again [0-9.]+ s after the failure was seen: its `up` restarted", 60)
+    assert watcher.finish(timeout=120) == 0, watcher.report()
+    assert up.finish(timeout=120) == 0, up.report()
