@@ -66,6 +66,7 @@ def watch_run(
         )
         watching.beats = False
         _hold(watching, fleet, survey.runs, run_id)
+        _carry_counts(watching, survey.runs)
         _catch_up(watching, survey.runs)
         view.step(f"attached to run {run_id}: {_owner(survey.runs)}; Ctrl-C leaves it running")
         try:
@@ -127,6 +128,17 @@ def _asks(member: Member, run_id: str, field: str) -> Callable[[], bool | None]:
         return any(r["run_id"] == run_id and r.get(field) for r in runs)
 
     return alive
+
+
+def _carry_counts(watching: Watch, runs: list[HostRun]) -> None:
+    """The run's restarts so far, as its hosts and its keeper recorded them: the attempt (the
+    keeper's newest whole-job restart) and each task's restarts, so what attach says of the
+    next one ("restart 2 of 3", `[attempt 2]`) is the run's count, not one from zero."""
+    attempt = max((x.attempt for r in runs for x in r.recoveries), default=0)
+    for status in (t for r in runs for t in r.tasks):
+        if status.name in watching.board.watches:
+            task = watching.board[status.name]
+            task.attempt, task.restarts = attempt, status.restarts
 
 
 def _catch_up(watching: Watch, runs: list[HostRun]) -> None:

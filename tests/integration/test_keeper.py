@@ -650,3 +650,31 @@ def test_attach_waits_out_an_ups_restart_backoff_longer_than_the_lease(
     watcher.wait_for(r"running again [0-9.]+ s after the failure was seen: its `up` restarted", 60)
     assert watcher.finish(timeout=120) == 0, watcher.report()
     assert up.finish(timeout=120) == 0, up.report()
+
+
+@pytest.mark.isolated
+def test_attach_after_a_restart_counts_the_runs_restarts(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """attach to a run its keeper restarted once already: its lines are `[attempt 1]`'s and the
+    next restart is `restart 2 of 2`, the run's count, not one from zero."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab, lab_inventory, tmp_path, steps=80)
+    run_id = _up_kept(inventory, tmp_path / "state")
+    wait_until("worker:1 to pass step 4", lambda: _step(lab, h2, run_id, "worker:1") >= 4, 60)
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+
+    def restarted() -> bool:
+        return any("started" in e for e in _keeper_events(lab, h1, run_id))
+
+    wait_until("the keeper's restart", restarted, 60, interval=0.5)
+    watcher = _attach(run_id, inventory, tmp_path)
+    watcher.wait_for(r"worker:1@\S+ \[attempt 1\] \| step \d+$", 60)
+    [victim] = pids_of(lab, h2, "keeptask.py")
+    lab.run(h2, ["kill", "-KILL", str(victim)])
+    watcher.wait_for(
+        r"restarting the whole job \(restart 2 of 2, TFDEPLOY_ATTEMPT=2\), by its keeper", 30
+    )
+    assert watcher.finish(timeout=180) == 0, watcher.report()
