@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 import common
 
@@ -48,6 +49,32 @@ def own_checkpoint_dir(base: str, me: str) -> str:
     """
     chief = me == "chief:0" or (me == "worker:0" and "chief" not in common.tf_config()["cluster"])
     return base if chief else os.path.join(base, "workers", me.replace(":", "-"))
+
+
+def common_epoch(strategy: Any, manager: Any, epochs: int) -> int:
+    """The newest epoch every worker holds a checkpoint of (0: none, start afresh).
+
+    Each worker restores its own copy, and a whole-job restart can stop one worker before it
+    saved the epoch its peers saved: restoring each one's latest would leave the ranks an epoch
+    apart, disagreeing on the steps left (a hang or a crash at the next collective). So the
+    workers count, in one collective sum, which epochs each holds, and all take the newest one
+    that every replica holds."""
+    import tensorflow as tf
+
+    if manager is None:  # no worker checkpoints (the same arguments everywhere)
+        return 0
+    held = [0.0] * (epochs + 1)
+    held[0] = 1.0
+    for path in manager.checkpoints:
+        number = int(path.rsplit("-", 1)[1])
+        if 0 < number <= epochs:
+            held[number] = 1.0
+    local = tf.constant(held, dtype=tf.float32)
+    counts = strategy.reduce(
+        tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(local)), axis=None
+    )
+    everyone = strategy.num_replicas_in_sync
+    return max(e for e, n in enumerate(counts.numpy().tolist()) if round(n) == everyone)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     manager = None
     if args.checkpoint_dir:
         directory = own_checkpoint_dir(args.checkpoint_dir, me)
-        manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
-    if manager is not None and manager.latest_checkpoint:
+        # Three kept: a worker stopped before it saved the epoch its peers saved is one behind.
+        manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3)
+    resume = common_epoch(strategy, manager, args.epochs)
+    if manager is not None and resume:
+        path = os.path.join(manager.directory, f"ckpt-{resume}")
         with strategy.scope():  # Keras builds optimizer slots lazily: build them to restore them
             optimizer.build(model.trainable_variables)
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        checkpoint.restore(path).assert_existing_objects_matched()
         common.log(
-            f"{me}: resumed from {manager.latest_checkpoint} after epoch {int(epoch_done)} "
+            f"{me}: resumed from {path} after epoch {int(epoch_done)} "
             f"(step {int(step)}), attempt {os.environ.get('TFDEPLOY_ATTEMPT', '0')}"
         )
 

@@ -1,5 +1,6 @@
 """on_failure = "restart-job" with real TensorFlow on the lab: a 3-worker MWMS job loses a
-worker to SIGKILL mid-training, is restarted as a whole, resumes from its checkpoint and ends 0.
+worker to SIGKILL mid-training, is restarted as a whole by the run's keeper (the attached `up`
+is its client), every worker resumes from the newest epoch all of them saved, and it ends 0.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 STEPS_PER_EPOCH = 22  # 1,437 training digits in global batches of 64
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="examples/digits/mwms.py race, open: a worker stopped before it saved the epoch its "
-    "peers saved resumes one epoch behind them (each worker restores its own checkpoint), and the "
-    "ranks then disagree on the number of steps left",
-)
 def test_a_killed_mwms_worker_restarts_the_job_from_its_checkpoint(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
@@ -58,6 +53,7 @@ def test_a_killed_mwms_worker_restarts_the_job_from_its_checkpoint(
             up.finish(timeout=60)
 
     out = up.stdout
+    assert f"is kept by its keeper on {h1.name}" in out  # the keeper restarted it, not this up
     assert f"worker:1@{h2.name} killed by signal 9: restarting the whole job (restart 1 of 3" in out
     resumed = re.findall(
         r"\[attempt 1\] \| worker:\d: resumed from \S+ after epoch (\d+) \(step (\d+)\)", out
