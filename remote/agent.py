@@ -328,13 +328,7 @@ def op_detach(req: dict[str, Any]) -> protocol.DetachReply:
     """The run outlives its controller from now on: its lease is dropped. A detached `up`
     holds the lease while it starts the run (SIGKILLed half-way, nothing is left running)
     and sends this as it returns."""
-    run_dir = layout.run_path(req)
-    with layout.run_lock(run_dir):
-        meta = layout.read_json(run_dir / "run.json")
-        if not isinstance(meta, dict):
-            raise params.AgentError("the run's run.json cannot be read")
-        meta.update(detached=True, lease_seconds=None)
-        layout.write_json(run_dir / "run.json", meta)
+    layout.drop_lease(layout.run_path(req))
     return {"detached": True}
 
 

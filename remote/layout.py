@@ -138,6 +138,17 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         yield
 
 
+def drop_lease(run_dir: Path) -> None:
+    """The run outlives whoever renewed its lease: a detached `up` returning, or a keeper that
+    ended the run (its last poll would otherwise keep the run "leased" for lease_seconds)."""
+    with run_lock(run_dir):
+        meta = read_json(run_dir / "run.json")
+        if not isinstance(meta, dict):
+            raise params.AgentError("the run's run.json cannot be read")
+        meta.update(detached=True, lease_seconds=None)
+        write_json(run_dir / "run.json", meta)
+
+
 def run_stopped(run_dir: Path) -> bool:
     """A whole-run stop happened: nothing of this run may start any more."""
     return (run_dir / "stop").exists()

@@ -11,7 +11,7 @@ only about its own run, and only the ops a policy needs:
 - `stop`: named tasks of the run (and what escaped them), as a whole-job restart stops them;
 - `restart`: named tasks started again exactly as the controller's start recorded them, with
   only TFDEPLOY_ATTEMPT changed (taskops.relaunch): no command the controller did not send;
-- `end`: the run is over; the warden leaves.
+- `end`: the run is over; its lease is dropped (no heartbeat comes any more) and the warden leaves.
 
 What a compromised host of the run can make the others do is therefore bounded by the run
 itself: stop its tasks, start them again as they were, and keep its lease alive (or let it
@@ -135,7 +135,8 @@ def _op(request: Any, workdir: Path, run_dir: Path) -> dict[str, Any]:
     if op == POLL:
         layout.touch(run_dir / "lease")  # the keeper's poll is the run's heartbeat
         return {"tasks": _with_metrics_bytes(run_dir), "listening": _listening(request)}
-    if op == END:
+    if op == END:  # the keeper ended the run: no lease is renewed from now on
+        layout.drop_lease(run_dir)
         return {}
     import taskops  # stops and starts pay for their imports
 

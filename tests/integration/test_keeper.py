@@ -176,6 +176,12 @@ def test_a_detached_run_restarts_by_itself_after_a_killed_worker_and_ends_succee
     wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
     wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
     tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "look", check_rc=0)
+    # The keeper's end dropped the lease its polls renewed: nothing "may still run" for prune.
+    pruned = tfdeploy(
+        "prune", str(inventory), "--keep", "0", "--grace", "0", state=tmp_path / "look", check_rc=0
+    )
+    for host in (h1, h2):
+        assert f"{host.name}: freed 1 run," in pruned.stdout, pruned.stdout
 
 
 @pytest.mark.isolated
