@@ -20,16 +20,24 @@ import params
 import procs
 
 
-def spawn(record: Path, serve: Callable[[], None]) -> int:
-    """Runs `serve` in a detached grandchild, records it, returns its pid."""
+def spawn(record: Path, serve: Callable[[], None], name: bytes = b"") -> int:
+    """Runs `serve` in a detached grandchild, records it, returns its pid. `name` is what
+    ps -e and top show for it (its command line stays the agent's)."""
 
     def body() -> None:
         quiet_stdio()
+        if name:
+            with contextlib.suppress(OSError):
+                Path("/proc/self/comm").write_bytes(name)
         serve()
 
     pid = detach(body)
-    layout.make_private_dir(record.parent)
-    layout.write_json(record, {"pid": pid, "ticks": ticks_of(pid)})
+    try:
+        layout.make_private_dir(record.parent)
+        layout.write_json(record, {"pid": pid, "ticks": ticks_of(pid)})
+    except OSError:  # a full disk: unrecorded, no stop could ever find it
+        os.kill(pid, signal.SIGKILL)
+        raise
     return pid
 
 

@@ -465,7 +465,9 @@ def start(req: dict[str, Any]) -> dict[str, Any]:
     plan = check_plan(params.param(req, "plan", dict), run_dir.name)
     record = warden.record_path(workdir, run_dir.name, "keeper")
     daemon.stop(record)
-    pid = daemon.spawn(record, lambda: Keeper(plan, secret, run_dir, record).run() and None)
+    pid = daemon.spawn(
+        record, lambda: Keeper(plan, secret, run_dir, record).run() and None, b"tfd-keeper"
+    )
     return {"pid": pid}
 
 

@@ -17,8 +17,9 @@ Only this host's runs are removed (WORKDIR/hosts/<this host>/runs): whether anot
 still runs only that host can tell (its pids, its clock for the lease), so its runs count as
 users of what they link and name until a prune on that host removes them. A run is never
 removed while it may run: a task starting or running, a setup command alive, or a lease that
-is live (a controller deploying or watching it). Each run is judged and removed under its run
-lock (start and setup take it), each environment under its SharedLock (builders take it).
+is live (a controller or a keeper deploying or watching it, and no whole-run stop since). Each
+run is judged and removed under its run lock (start and setup take it), each environment under
+its SharedLock (builders take it).
 """
 
 from __future__ import annotations
@@ -160,6 +161,8 @@ def _may_run(run_dir: Path, now: float, grace: float) -> bool:
     setup = layout.read_json(run_dir / "setup.json")
     if isinstance(setup, dict) and procs.group_alive(setup.get("pgid"), setup.get("start_ticks")):
         return True
+    if layout.run_stopped(run_dir):  # a whole-run stop: nothing of it may start again
+        return False
     return _lease_live(run_dir, meta, now)
 
 

@@ -63,7 +63,9 @@ def start(req: dict[str, Any]) -> dict[str, Any]:
         sock.close()
         raise params.AgentError(f"cannot listen on {address}: {exc.strerror}") from None
     port = sock.getsockname()[1]
-    pid = daemon.spawn(record, lambda: _serve(sock, workdir, run_dir, secret, idle_s))
+    pid = daemon.spawn(
+        record, lambda: _serve(sock, workdir, run_dir, secret, idle_s), b"tfd-warden"
+    )
     sock.close()
     return {"port": port, "pid": pid}
 

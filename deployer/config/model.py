@@ -227,7 +227,7 @@ class Job:
     retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
-    keeper: bool = True  # a restarting policy's run is handed to a keeper (deployer/up/handover.py)
+    keeper: bool = True  # detached runs (attached restarting ones) go to a keeper (up/handover.py)
     # The job's checkpoint folder on each host, TFDEPLOY_CHECKPOINT_DIR to every task: every
     # attempt and every later run of the job sees it. Relative: the job's own folder under the
     # workdir (jobs/<name>/, removed by `prune` once no run of the job is left); absolute or ~:

@@ -29,10 +29,14 @@ KEEP_INTERVAL_S = 1.0  # how often the keeper polls every warden (and renews the
 
 
 def kept(plan: Plan) -> bool:
-    """Whether a detached run of `plan` is handed to a keeper: its policy restarts (and the
-    job does not say `keeper = false`)."""
-    restarts = plan.job.on_failure in (FailurePolicy.RESTART, FailurePolicy.RESTART_JOB)
-    return restarts and plan.job.keeper
+    """Whether a detached run of `plan` is handed to a keeper: every one is, unless the job
+    says `keeper = false`. A teardown job needs one too: someone must stop its ps servers and
+    evaluators when its workers are done, and every task when one fails."""
+    return plan.job.keeper
+
+
+def restarts(plan: Plan) -> bool:
+    return plan.job.on_failure in (FailurePolicy.RESTART, FailurePolicy.RESTART_JOB)
 
 
 def kept_attached(plan: Plan) -> bool:
@@ -40,7 +44,7 @@ def kept_attached(plan: Plan) -> bool:
     and its hosts are the inventory's own. Where a source can replace a lost host (EC2) or
     regain a requeued allocation (Slurm), the attached `up` keeps the policy itself: only the
     controller can launch or allocate (the keeper cannot yet, docs/up.md)."""
-    return kept(plan) and not plan.inventory.sources
+    return kept(plan) and restarts(plan) and not plan.inventory.sources
 
 
 def keeper_alive(member: Member, run_id: str) -> Callable[[], bool | None]:
@@ -78,7 +82,7 @@ def hand_over(fleet: Fleet, members: Sequence[Member], plan: Plan, run_id: str) 
         raise HostsFailed(
             failures,
             what="handing the run to its keeper failed",
-            outcome=f"{started} (a detached run whose policy restarts needs its keeper)",
+            outcome=f"{started} (a detached run needs its keeper; keeper = false runs without one)",
         )
     return keeper.name
 

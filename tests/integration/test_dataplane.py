@@ -263,7 +263,7 @@ def test_a_pull_from_a_host_whose_key_is_unknown_is_refused(
     assert not home.exists() or not list(home.rglob("*.bin*"))
 
 
-SUPERVISOR_NAME = "tfd-supervisor"  # remote/supervisor.py COMM
+OWN_NAMES = ("tfd-supervisor", "tfd-keeper", "tfd-warden")  # supervisor.py COMM, daemon.spawn
 
 
 def _wait_gone(lab: Lab, host: Any, within: float) -> None:
@@ -277,11 +277,11 @@ def _wait_gone(lab: Lab, host: Any, within: float) -> None:
 
 def _agents(lab: Lab, host: Any) -> list[str]:
     """The host's tfdeploy agents that serve a controller (a pull's sessions), not the run's
-    supervisors (forks of an agent: the same command line, their own name)."""
+    supervisors, keeper and warden (forks of an agent: the same command line, their own name)."""
     return [
         p.cmdline
         for p in lab.processes(host)
-        if ("agent.py" in p.cmdline or "agent.serve" in p.cmdline) and p.comm != SUPERVISOR_NAME
+        if ("agent.py" in p.cmdline or "agent.serve" in p.cmdline) and p.comm not in OWN_NAMES
     ]
 
 

@@ -24,9 +24,15 @@ pytestmark = pytest.mark.lab
 
 WORKDIR = "/root/.tfdeploy"
 
-# Fills the disk it runs on, then exits 0 without a word: the log is on that disk too.
+# Fills the disk it runs on, then exits 0 without a word: the log is on that disk too. It waits
+# for the run's keeper to record itself first: a disk that fills mid-run, not during `up`.
 FILL = """
-import os
+import glob, os, time
+deadline = time.monotonic() + 60
+while not glob.glob("/root/.tfdeploy/hosts/*/runs/%s/keeper.json" % os.environ["TFDEPLOY_RUN_ID"]):
+    if time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
 try:
     with open("fill", "wb", buffering=0) as f:
         while True:

@@ -452,26 +452,65 @@ def test_leaving_attach_leaves_the_run_running(
 
 
 @pytest.mark.isolated
-def test_attach_to_a_detached_run_without_a_keeper_fails_with_its_first_failure(
+def test_a_detached_teardown_run_is_kept_too_and_its_keeper_stops_the_rest_at_a_failure(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
-    """A detached run whose policy tears down has no keeper: attach says so, and a task that
-    fails ends attach with the job's failure (exit 1), naming the task and its cause."""
+    """A detached run whose policy tears down has a keeper too (issue 59: before, nobody
+    applied it, and the other worker ran on alone): a killed worker ends the run, its keeper
+    stops the other, and attach ends with the job's failure (exit 1), naming the task."""
     lab = clean_lab
-    h2 = lab.hosts[1]
+    h1, h2 = lab.hosts[:2]
     inventory = _inventory(lab, lab_inventory, tmp_path, steps=400, on_failure="teardown")
-    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "state", check_rc=0)
-    found = re.search(r"\(run (\S+)\)$", up.stdout, re.MULTILINE)
-    assert found, up.stdout
-    run_id = found.group(1)
+    run_id = _up_kept(inventory, tmp_path / "state")
     watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
-    watcher.wait_for(r"attached to run \S+: detached, with no failure policy")
+    watcher.wait_for(r"attached to run \S+: its keeper holds its failure policy")
     watcher.wait_for(r"worker:1@\S+ \| step 2$")
     [victim] = pids_of(lab, h2, "keeptask.py")
     lab.run(h2, ["kill", "-KILL", str(victim)])
     assert watcher.finish() == 1, watcher.report()
     assert re.search(r"worker:1@\S+ .*killed by signal 9", watcher.stderr), watcher.report()
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+    wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
+    states = {t["name"]: t for t in _status(inventory, run_id, tmp_path)}
+    assert states["worker:0"]["state"] == "exited", states  # not left running to step 400
+    assert states["worker:0"]["reason"] == "stopped", states
+    events = _keeper_events(lab, h1, run_id)
+    ended = events[-1]["ended"]
+    assert (ended["outcome"], ended["why"]) == ("failed", "worker:1 was killed by signal 9"), events
+    assert not [e for e in events if "restart_job" in e or "restart" in e], events
     tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "other", check_rc=0)
+
+
+def test_a_detached_runs_keeper_stops_its_ps_once_the_chief_is_done(
+    clean_lab: Lab, lab_inventory: Any, tmp_path: Path
+) -> None:
+    """A PSS-shaped detached run (teardown): once the chief exits 0, its keeper stops the ps
+    server and ends the run succeeded (issue 59: nobody did, and the ps ran until `down`)."""
+    lab = clean_lab
+    h1, h2 = lab.hosts[:2]
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "keeptask.py").write_text(TASK)
+    table = {
+        "name": "kept",
+        "command": f"{lab.python} keeptask.py 8",
+        "role_commands": {"ps": f"{lab.python} keeptask.py 100000"},  # never ends by itself
+        "stop_grace": 2,
+        "lease_seconds": 6,
+    }
+    inventory = lab_inventory([[{"role": "chief"}], [{"role": "ps"}]], code=code, job=table)
+    run_id = _up_kept(inventory, tmp_path / "state")
+    _wait_for_the_end(lab, h1, run_id, 60)
+    assert _keeper_events(lab, h1, run_id)[-1]["ended"]["outcome"] == "succeeded"
+    states = {t["name"]: t for t in _status(inventory, run_id, tmp_path)}
+    assert (states["chief:0"]["state"], states["chief:0"]["exit_code"]) == ("exited", 0), states
+    assert (states["ps:0"]["state"], states["ps:0"]["reason"]) == ("exited", "stopped"), states
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+    wait_until("h2's ps and warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)
+    tfdeploy("status", run_id, state=tmp_path / "state", check_rc=0)  # the first look records it
+    history = tfdeploy("runs", "--json", state=tmp_path / "state", check_rc=0)
+    [mine] = [r for r in json.loads(history.stdout)["runs"] if r["run_id"] == run_id]
+    assert mine["outcome"] == "succeeded", mine
 
 
 @pytest.fixture
@@ -517,9 +556,10 @@ def test_a_kept_runs_keeper_tells_its_recovery_and_end_to_the_webhook_and_the_co
         "succeeded",
         run_id,
     )
+    # The keeper leaves once its last word is told both ways: the command has run by then.
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
     lines = lab.run(h1, ["cat", told]).stdout.splitlines()
     assert lines == [f"recovered {run_id} running", f"finished {run_id} succeeded"], lines
-    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
 
 
 @pytest.mark.isolated

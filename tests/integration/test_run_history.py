@@ -76,12 +76,14 @@ def _as_up_detached_left_it(state: Path, run_id: str) -> None:
 
 
 def _wait_ended_by_status(state: Path, run_id: str) -> None:
-    """`status RUN` until every task of the run has exited (the event), and nothing else."""
+    """`status RUN` until every task of the run has exited and its keeper has left (the run's
+    end, the event), and nothing else."""
     deadline = time.monotonic() + 60
     while True:
         document = json.loads(tfdeploy("status", run_id, "--json", state=state).stdout)
         tasks = [t for r in document["runs"] for t in r["tasks"]]
-        if len(tasks) == 2 and all(t["state"] == "exited" for t in tasks):
+        kept = any(r["kept"] for r in document["runs"])
+        if len(tasks) == 2 and all(t["state"] == "exited" for t in tasks) and not kept:
             return
         assert time.monotonic() < deadline, document
         time.sleep(0.3)

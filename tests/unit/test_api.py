@@ -203,6 +203,7 @@ def test_wait_returns_when_the_awaited_tasks_end_and_down_stops_the_rest(tmp_pat
             {"role": "worker", "command": "sh -c 'sleep 1'"},
             {"role": "evaluator", "command": "sleep 60"},
         ],
+        keeper=False,  # a kept run is waited for to its keeper's end (tests/integration)
     )
     run = api.up(spec, base=tmp_path, detach=True)
     result = run.wait(timeout=60, interval=0.2)
@@ -227,6 +228,7 @@ def test_a_worker_running_the_built_in_server_is_not_awaited(tmp_path: Path) -> 
             {"role": "worker", "command": "tfdeploy:server"},
         ],
         require_tensorflow=True,
+        keeper=False,  # a kept run's keeper stops the server once the chief is done
     )
     run = api.up(spec, base=tmp_path, detach=True)
     again = api.attach(run.id, inventory=spec, base=tmp_path)

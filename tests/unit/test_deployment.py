@@ -467,7 +467,8 @@ def test_a_failed_detach_says_what_was_started_and_stopped(
     tasks had started, and teardown had just stopped them."""
     from deployer.core.errors import HostError
 
-    h = Harness(tmp_path, TWO_WORKERS, monkeypatch)
+    # Dropping the lease is how a run nobody keeps detaches (keeper = false).
+    h = Harness(tmp_path, TWO_WORKERS.replace("[job]\n", "[job]\nkeeper = false\n"), monkeypatch)
     a, b = h.hosts["a"], h.hosts["b"]
 
     def refuse(req: object) -> object:
