@@ -247,7 +247,7 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
         if not isinstance(created, (int, float)):
             created = run_dir.stat().st_mtime  # half-written run: its directory's age will do
         tasks = procs.run_statuses(run_dir)
-        leased = _leased(run_dir, meta, now)
+        leased = layout.lease_held(run_dir, meta, now)  # its up (or keeper) holds it
         ended = (protocol.STATE_EXITED, protocol.STATE_LOST)
         listed = run_dir.name == hosts_of or any(t.get("state") not in ended for t in tasks)
         if listed:  # an active run (or the one asked for): its progress and resources
@@ -299,20 +299,6 @@ def _claimed(run_id: str, claim: dict[str, Any]) -> protocol.RunShape:
         "tasks": [],
         "starting": True,
     }
-
-
-def _leased(run_dir: Path, meta: dict[str, Any], now: float) -> bool:
-    """A run its `up` still holds: not detached, not stopped, and its controller's lease is
-    live (with no task yet: the `up` is preparing it; with tasks: it watches them)."""
-    if layout.run_stopped(run_dir) or meta.get("detached"):
-        return False
-    lease = meta.get("lease_seconds")
-    if not isinstance(lease, (int, float)) or isinstance(lease, bool):
-        lease = protocol.DEFAULT_RESERVATION_S
-    try:
-        return now - (run_dir / "lease").stat().st_mtime <= float(lease)
-    except OSError:
-        return False
 
 
 def op_release(req: dict[str, Any]) -> protocol.ReleaseReply:

@@ -138,6 +138,21 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         yield
 
 
+def lease_held(run_dir: Path, meta: dict[str, Any], now: float) -> bool:
+    """Whether the run's lease is held: not detached, not stopped as a whole, and renewed
+    (by its `up` or its keeper) within lease_seconds; a run that names no lease is judged as a
+    port reservation is (DEFAULT_RESERVATION_S). `runs` reports it, prune spares such a run."""
+    if run_stopped(run_dir) or meta.get("detached"):
+        return False
+    lease = meta.get("lease_seconds")
+    if not isinstance(lease, (int, float)) or isinstance(lease, bool):
+        lease = protocol.DEFAULT_RESERVATION_S
+    try:
+        return now - (run_dir / "lease").stat().st_mtime <= float(lease)
+    except OSError:
+        return False
+
+
 def drop_lease(run_dir: Path) -> None:
     """The run outlives whoever renewed its lease: a detached `up` returning, or a keeper that
     ended the run (its last poll would otherwise keep the run "leased" for lease_seconds)."""

@@ -161,21 +161,7 @@ def _may_run(run_dir: Path, now: float, grace: float) -> bool:
     setup = layout.read_json(run_dir / "setup.json")
     if isinstance(setup, dict) and procs.group_alive(setup.get("pgid"), setup.get("start_ticks")):
         return True
-    if layout.run_stopped(run_dir):  # a whole-run stop: nothing of it may start again
-        return False
-    return _lease_live(run_dir, meta, now)
-
-
-def _lease_live(run_dir: Path, meta: dict[str, Any], now: float) -> bool:
-    """A controller heartbeats the run (deploying or watching it): its lease has not lapsed.
-    A run that names no lease is judged as a port reservation is (DEFAULT_RESERVATION_S)."""
-    if meta.get("detached"):
-        return False
-    lease = meta.get("lease_seconds")
-    if not isinstance(lease, (int, float)) or isinstance(lease, bool):
-        lease = protocol.DEFAULT_RESERVATION_S
-    beat = _mtime(run_dir / "lease")
-    return beat is not None and now - beat <= float(lease)
+    return layout.lease_held(run_dir, meta, now)  # a whole-run stop: nothing of it may start
 
 
 def _walk(root: Path) -> tuple[int, Counter[Inode]]:
