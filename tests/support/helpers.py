@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
 import textwrap
 from io import StringIO
@@ -100,11 +101,26 @@ HOSTILE_STRINGS = [
 ]
 
 
-def free_port() -> int:
-    """A TCP port nothing on 127.0.0.1 holds right now (the kernel's pick)."""
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive TCP ports nothing on this machine holds right now
+    (a job of N tasks on one host takes port, port+1, ...). Drawn below the kernel's ephemeral
+    range, so that an outgoing connection made after the check (the suite's ssh, a TF client)
+    cannot take one of them: the kernel's own pick (bind to 0) comes from that range."""
+    low, high = 20000, 32000
+    for _ in range(200):
+        base = random.randrange(low, high - count)
+        if all(_bindable(port) for port in range(base, base + count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports in {low}-{high}")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("", port))  # the wildcard, as TF's servers bind: it clashes with any address
+        except OSError:
+            return False
+        return True
 
 
 # Two hosts with images by job, host and role (tests of [job] image and its tables).

@@ -20,7 +20,7 @@ def local_job(tmp: Path, command: str, job: str = "", tasks: int = 1) -> Path:
     path = tmp / "inv.toml"
     path.write_text(
         f'[job]\nname = "pulls"\ncode = "code"\ncommand = {json.dumps(command)}\n'
-        f'workdir = "{tmp}/wd"\npython = "{sys.executable}"\nport = {free_port()}\n'
+        f'workdir = "{tmp}/wd"\npython = "{sys.executable}"\nport = {free_port(tasks)}\n'
         f"require_tensorflow = false\nstop_grace = 1\n{job}\n"
         '[[hosts]]\nname = "local"\naddress = "127.0.0.1"\ntransport = "local"\n'
         f'tasks = [{{ role = "worker", count = {tasks} }}]\n'

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,9 @@ from deployer.push.sync import CodeFile, HostRecord, Manifest
 from remote import protocol
 from tests.support.agent import call, ok, status, wait_for
 from tests.support.fakehost import FakeClock, FakeHost
+from tests.support.helpers import free_port
 
 TASK = "worker:0"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _script(run_id: str, port: int) -> list[tuple[str, Any, dict[str, Any]]]:
@@ -176,7 +169,7 @@ def test_the_fake_host_and_a_real_agent_answer_with_the_same_shapes(
     workdir: Path, run_id: str
 ) -> None:
     fake = FakeHost("a", FakeClock())
-    port = _free_port()
+    port = free_port()
     problems: list[str] = []
     for op, shape, fields in _script(run_id, port):
         if op == protocol.OP_POLL:  # both tasks have written their line and ended
@@ -202,7 +195,7 @@ def test_a_failure_is_the_same_code_and_shape_from_the_fake_and_a_real_agent(
     """A start after `down` stopped the run: both sides answer ok:false with the code the
     control side matches (protocol.FAIL_RUN_STOPPED), never only a sentence."""
     fake = FakeHost("a", FakeClock())
-    script = {op: fields for op, _, fields in _script(run_id, _free_port())}
+    script = {op: fields for op, _, fields in _script(run_id, free_port())}
     for op in (protocol.OP_HELLO, protocol.OP_MATERIALIZE):
         ok(call(workdir, op, **script[op]))
         _fake_call(fake, op, script[op])
