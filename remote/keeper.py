@@ -355,6 +355,8 @@ def first_failure(
 def retryable(status: dict[str, Any], policy: dict[str, Any]) -> bool:
     """As the controller's rule (deployer/watch/board.py retryable): a signal, a preemption,
     a lost task, an exit code of 128+ or one of retry_exit_codes."""
+    if _time_limited(status):
+        return False  # its allocation is ending: a restart inside it would be cut again
     if status.get("state") == protocol.STATE_LOST or status.get("signal") is not None:
         return True
     if status.get("reason") == protocol.REASON_PREEMPTED:
@@ -392,7 +394,14 @@ def _succeeded(status: dict[str, Any] | None) -> bool:
     )
 
 
+def _time_limited(status: dict[str, Any]) -> bool:
+    notice = status.get("notice")
+    return isinstance(notice, dict) and notice.get("action") == protocol.NOTICE_TIME_LIMIT
+
+
 def _outcome(status: dict[str, Any]) -> str:
+    if _time_limited(status):
+        return "ended at its allocation's time-limit warning (not restarted)"
     if status.get("signal") is not None:
         return f"was killed by signal {status['signal']}"
     if status.get("state") == protocol.STATE_LOST:

@@ -164,6 +164,9 @@ def drop_lease(run_dir: Path) -> None:
         write_json(run_dir / "run.json", meta)
 
 
+WARNED = "warned"  # a task dir's marker: a scheduler's warning was passed to its group (relay.py)
+
+
 def run_stopped(run_dir: Path) -> bool:
     """A whole-run stop happened: nothing of this run may start any more."""
     return (run_dir / "stop").exists()

@@ -108,7 +108,12 @@ REASON_EXITED: Final = "exited"  # by itself: "code" set
 REASON_SIGNAL: Final = "signal"  # killed by "signal", not by tfdeploy
 REASON_STOPPED: Final = "stopped"  # a stop op, or SIGTERM to its supervisor
 REASON_LEASE_EXPIRED: Final = "lease expired"  # no heartbeat from the controller in time
-REASON_PREEMPTED: Final = "preempted"  # a spot interruption notice
+# Its machine or allocation is being taken away, and it was told: a spot interruption notice
+# (the supervisor's SIGTERM), or a scheduler's warning (Slurm's time limit, passed on by
+# relay.py). Exiting 0 after one is no success: the work was cut short.
+REASON_PREEMPTED: Final = "preempted"
+# A notice's "action" when a scheduler warned (the spot ones are IMDS's: terminate, stop, ...).
+NOTICE_TIME_LIMIT: Final = "time-limit"
 EXIT_REASONS: Final = (
     REASON_EXITED,
     REASON_SIGNAL,

@@ -6,8 +6,11 @@ shell then runs this on every node as a step: `agent.py signal-tasks WORKDIR SIG
 
 What it signals is exactly what the runs recorded: each running task's process group, checked
 by its leader's start ticks (procs.signal_group), in this workdir, and only tasks started inside
-allocation JOB_ID (in_allocation). Another job of the same user on a shared node, or a process
-that merely carries a supervisor's name, is never touched.
+allocation JOB_ID (in_allocation). Each warned task's folder gets a `warned` marker first: its
+supervisor records the end as `preempted` with a time-limit notice, so that a task that saves
+its checkpoint and exits 0 is not taken for one that finished its work. Another job of the
+same user on a shared node, or a process that merely carries a supervisor's name, is never
+touched.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +42,12 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"signal-tasks: {name!r} is not a signal name\n")
         return 2
     for run_dir, task_dir, pids in running_tasks(Path(workdir).expanduser()):
-        if in_allocation(pids, job_id) and procs.signal_group(
-            pids.get("pgid"), pids.get("start_ticks"), sig
-        ):
+        if not in_allocation(pids, job_id):
+            continue
+        if sig:  # before the signal: the task may save and exit at once
+            warned = {"signal": signal.Signals(sig).name, "job": job_id, "at": time.time()}
+            layout.write_json(task_dir / layout.WARNED, warned)
+        if procs.signal_group(pids.get("pgid"), pids.get("start_ticks"), sig):
             said = signal.Signals(sig).name if sig else "running"
             print(f"{run_dir.name} {task_dir.name}: {said}")
     return 0

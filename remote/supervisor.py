@@ -54,7 +54,7 @@ class _Supervisor:
         self.pgid = 0
         self.ticks: int | None = None
         self.watcher: spot.Watch | None = None
-        self.notice: spot.Notice | None = None
+        self.notice: dict[str, str] | None = None  # exit.json's "notice": action, time
         self.container: dict[str, Any] | None = spec.get("container")
         self.fill: _Fill | None = None if self.container else _Fill.of(spec, task_dir)
 
@@ -73,18 +73,20 @@ class _Supervisor:
             self.watcher.stop()
         if self.reason is None and (self.terminated or (self.task_dir / "stop").exists()):
             self.reason = protocol.REASON_STOPPED
+        self._read_warning()
         self._reap_stragglers()
         record = procs.exit_record(returncode, self.reason, ended)
         if self.reason == protocol.REASON_LEASE_EXPIRED:  # no controller will send a whole-run stop
             record["escaped"] = self._stop_strays()
             self._remove_run_containers()
         if self.notice is not None:
-            record["notice"] = {"action": self.notice.action, "time": self.notice.time}
+            record["notice"] = self.notice
         exits.write(self.task_dir, record)
         self._remove_container()
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
         exits.reserve(self.task_dir)  # while the disk has room: the task may fill it
+        (self.task_dir / layout.WARNED).unlink(missing_ok=True)  # an earlier attempt's warning
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         log_fd = os.open(self.task_dir / "output.log", flags, 0o600)
         # The host identity lets a whole-run stop tell this host's strays from another host's
@@ -218,7 +220,7 @@ class _Supervisor:
     def _preempt(self, notice: spot.Notice) -> None:
         """SIGTERM at once, so the task can checkpoint; SIGKILL `margin` seconds before the
         instance goes, so the exit is recorded (and the log flushed) while it still exists."""
-        self.notice = notice
+        self.notice = {"action": notice.action, "time": notice.time}
         margin = float((self.spec.get("spot") or {}).get("margin") or 0.0)
         grace = max(0.0, notice.at - margin - time.time())
         self._say(
@@ -226,6 +228,19 @@ class _Supervisor:
             f"SIGTERM now, SIGKILL in {grace:.0f} s"
         )
         self._begin_stop(protocol.REASON_PREEMPTED, grace)
+
+    def _read_warning(self) -> None:
+        """A scheduler's warning passed to the task (relay.py's `warned` marker) makes its end
+        `preempted`, whatever its exit code: the allocation is ending, not the work done. A
+        stop of tfdeploy's or a spot notice already under way keeps its own reason."""
+        warned = layout.read_json(self.task_dir / layout.WARNED)
+        if not isinstance(warned, dict) or self.notice is not None:
+            return
+        self.notice = {"action": protocol.NOTICE_TIME_LIMIT, "time": _utc(warned.get("at"))}
+        if self.reason is None:
+            self.reason = protocol.REASON_PREEMPTED
+            said = str(warned.get("signal"))[:16]
+            self._say(f"tfdeploy: ended after the scheduler's warning ({said}): the time limit")
 
     def _say(self, line: str) -> None:
         """One line in the task's own log, where the user reads what happened to it."""
@@ -480,3 +495,10 @@ def _supervise(run_dir: Path, task_dir: Path) -> int:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     sup.run()
     return 0
+
+
+def _utc(at: object) -> str:
+    """A Unix time as IMDS writes its notice times (2026-12-02T19:30:00Z); "" when not one."""
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        return ""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))

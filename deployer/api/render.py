@@ -432,6 +432,8 @@ def _ended_text(task: TaskStatus) -> str:
         return "lost (supervisor gone)"
     if task.reason == protocol.REASON_STOPPED:
         return "stopped by tfdeploy"
+    if task.time_limited:
+        return "preempted (its allocation's time limit)"
     if task.preempted:
         return "preempted (spot interruption)"
     if task.reason == protocol.REASON_LEASE_EXPIRED:

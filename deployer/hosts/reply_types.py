@@ -52,6 +52,7 @@ class TaskStatus:
     restarts: int = 0  # how often the task was started again after it ended
     frozen: bool = False  # running, but stopped by a signal (SIGSTOP): it will never progress
     disk_full: str | None = None  # the host's file system that was full when it ended
+    notice: str | None = None  # what it was told before it ended: a spot action, "time-limit"
     usage: Usage | None = None  # running tasks, in poll and runs replies
     last: tuple[dict[str, float], ...] = ()  # runs replies: its newest metrics records
 
@@ -61,7 +62,8 @@ class TaskStatus:
         file names here and its texts are printed. `known`: the task names the run asked for."""
         d = edge.obj(raw, "a task")
         name = edge.task(edge.get(d, "name", "a task's name"), "a task's name", known)
-        reason, disk_full = d.get("reason"), d.get("disk_full")
+        reason, disk_full, notice = d.get("reason"), d.get("disk_full"), d.get("notice")
+        action = edge.obj(notice, f"{name}'s notice").get("action") if notice else None
         return cls(
             name=name,
             state=edge.choice(
@@ -80,6 +82,7 @@ class TaskStatus:
             frozen=bool(d.get("frozen")),
             # printed by status, both views of `up` and the final error: cleaned like any text
             disk_full=text(disk_full) if isinstance(disk_full, str) else None,
+            notice=text(action)[:40] if isinstance(action, str) else None,  # printed
             usage=Usage.from_json(d.get("usage"), edge, name),
             last=tuple(
                 r for r in map(metric_record, edge.items(d.get("last") or [], "last")[:16]) if r
@@ -98,8 +101,15 @@ class TaskStatus:
 
     @property
     def preempted(self) -> bool:
-        """Stopped because its machine is being taken away (a spot interruption notice)."""
+        """Stopped because its machine is being taken away (a spot interruption notice), or
+        ended after its allocation's time-limit warning (Slurm's signal, passed on)."""
         return self.reason == protocol.REASON_PREEMPTED
+
+    @property
+    def time_limited(self) -> bool:
+        """Ended after the scheduler's time-limit warning: its allocation is ending, so no
+        restart inside it can help; the next run resumes from the checkpoint it saved."""
+        return self.preempted and self.notice == protocol.NOTICE_TIME_LIMIT
 
     def outcome(self) -> str:
         """'exit 1', 'signal 9', 'lost': how a finished task ended, for reports; and that the
@@ -111,6 +121,8 @@ class TaskStatus:
     def _ended(self) -> str:
         if self.state == protocol.STATE_LOST:
             return "lost (its supervisor vanished: host crash or kill -9)"
+        if self.time_limited:
+            return "ended at its allocation's time-limit warning (Slurm's signal)"
         if self.reason == protocol.REASON_PREEMPTED:
             return "preempted: its spot instance got an interruption notice"
         if self.reason == protocol.REASON_STOPPED:

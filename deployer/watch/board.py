@@ -311,6 +311,8 @@ def retryable(status: TaskStatus | None, job: Job) -> bool:
     """
     if status is None or status.state == protocol.STATE_LOST:
         return True
+    if status.time_limited:
+        return False  # its allocation is ending: a restart inside it would be cut again
     if status.preempted or status.signal is not None:
         return True
     code = status.exit_code

@@ -132,6 +132,8 @@ class Watch(OnRun):
                 restarts = self.board[failed].restarts
                 after = f" after {plural(restarts, 'restart')}" if restarts else ""
                 status = self.board[failed].status
+                if status and status.time_limited:
+                    raise self.failure(failed, self._time_limit_end())
                 what = "was preempted" if status and status.preempted else f"failed{after}"
                 raise self.failure(failed, what)
             self._judge_evaluators()
@@ -274,6 +276,8 @@ class Watch(OnRun):
         """Raises RestartJob when the first failure is worth it and attempts remain."""
         job, watch = self.plan.job, self.board[failed]
         outcome = watch.status.outcome() if watch.status else "lost"
+        if watch.status is not None and watch.status.time_limited:
+            raise self.failure(failed, self._time_limit_end())
         if not retryable(watch.status, job):
             codes = (
                 f"signals, exit codes 128+ and retry_exit_codes = {list(job.retry_exit_codes)} "
@@ -287,6 +291,16 @@ class Watch(OnRun):
             raise self.failure(failed, left)
         gone = watch.status is None or watch.status.preempted
         raise RestartJob(f"{watch.label} {outcome}", watch.task.host, gone=gone)
+
+    def _time_limit_end(self) -> str:
+        """A task ended at its allocation's time-limit warning: the run ends (a restart inside
+        an ending allocation would be cut again); what the next run resumes from."""
+        where = (
+            "`tfdeploy up` again resumes from the checkpoint in TFDEPLOY_CHECKPOINT_DIR"
+            if self.plan.job.checkpoint_dir is not None
+            else "set [job] checkpoint_dir so that the next `tfdeploy up` resumes from it"
+        )
+        return f"ended at its allocation's time-limit warning, not restarted; {where}"
 
     def drain(self) -> None:
         """Reads what finished tasks wrote after the last poll: every line is shown, even a

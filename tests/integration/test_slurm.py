@@ -213,9 +213,16 @@ def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
     slurm.heal()
 
 
-# A task that saves its checkpoint on the time limit's warning signal, and ends.
-ON_WARNING = """import signal, sys, time
+# A task that saves its checkpoint on the time limit's warning signal and exits 0, as a task
+# whose handler ends it does; the next run's tasks resume from it.
+ON_WARNING = """import os, signal, sys, time
+path = os.path.join(os.environ["TFDEPLOY_CHECKPOINT_DIR"], os.environ["TFDEPLOY_TASK"])
+if os.path.exists(path):
+    print("resumed at step " + open(path).read(), flush=True)
+    sys.exit(0)
 def save(*_):
+    with open(path, "w") as f:
+        f.write("7")
     print("checkpoint saved on SIGUSR1", flush=True)
     sys.exit(0)
 signal.signal(signal.SIGUSR1, save)
@@ -224,17 +231,25 @@ time.sleep(600)
 """
 
 
-def test_the_time_limits_warning_signal_reaches_every_task_and_nothing_else(
+def test_the_time_limits_warning_reaches_every_task_and_the_next_run_resumes(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
     """`signal = "USR1@60"`: Slurm signals the allocation's body (`scancel --batch` sends what
     `--signal=B:USR1@60` sends at the time), which passes SIGUSR1 to the run's recorded task
     process groups on every node through the agents (remote/relay.py). A process of the same
-    user on a node that only looks like a supervisor is not signalled."""
+    user on a node that only looks like a supervisor is not signalled. The tasks save and exit
+    0, which is no success: the run ends at the warning, unrestarted under restart-job (the
+    allocation is ending), and the next `up` resumes from the checkpoint they saved."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "warned.py").write_text(ON_WARNING)
-    inventory = slurm_inventory(code=code, command="python3 warned.py", signal="USR1@60")
+    checkpoints = slurm.dir / f"ckpt-{tmp_path.name}"  # the nodes' shared storage, as NFS
+    inventory = slurm_inventory(
+        code=code,
+        command="python3 warned.py",
+        signal="USR1@60",
+        job={"checkpoint_dir": str(checkpoints), "on_failure": "restart-job"},
+    )
     up = Up(inventory, state=tmp_path / "state")
     up.wait_for(r"worker:0@h2 \| training", timeout=300)
     up.wait_for(r"worker:1@h3 \| training", timeout=60)
@@ -253,14 +268,21 @@ def test_the_time_limits_warning_signal_reaches_every_task_and_nothing_else(
     try:
         (job_id,) = _ours(slurm)
         slurm.check(f"scancel --batch --signal=USR1 {job_id}")
-        assert up.finish(timeout=120) == 0, up.report()
+        assert up.finish(timeout=120) == 1, up.report()
         assert up.stdout.count("checkpoint saved on SIGUSR1") == 2, up.report()
+        assert "ended at its allocation's time-limit warning, not restarted" in up.stderr
+        assert "tfdeploy up` again resumes from the checkpoint" in up.stderr, up.report()
+        assert "restarting" not in up.stdout.lower(), up.report()
         assert "released allocation" in up.stdout, up.report()
         assert not hit.exists(), "a process named like a supervisor was signalled"
     finally:
         slurm.lab.run(slurm.nodes[0], "pkill -f '[b]ystander/' || true")
         bystander.kill()
         bystander.wait()
+    assert _wait_gone(slurm, 30)
+    again = Up(inventory, state=tmp_path / "state")
+    assert again.finish(timeout=300) == 0, again.report()
+    assert again.stdout.count("resumed at step 7") == 2, again.report()
     assert _wait_gone(slurm, 30)
     _settled(slurm)
 
