@@ -276,9 +276,9 @@ class Watch(OnRun):
         """Raises RestartJob when the first failure is worth it and attempts remain."""
         job, watch = self.plan.job, self.board[failed]
         outcome = watch.status.outcome() if watch.status else "lost"
-        if watch.status is not None and watch.status.time_limited:
-            raise self.failure(failed, self._time_limit_end())
         if not retryable(watch.status, job):
+            if watch.status is not None and watch.status.time_limited:
+                raise self.failure(failed, self._time_limit_end())
             codes = (
                 f"signals, exit codes 128+ and retry_exit_codes = {list(job.retry_exit_codes)} "
                 "are retried"
