@@ -265,19 +265,21 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
                 "starting": not tasks and leased,
                 "kept": _kept(workdir, run_dir.name),
                 "leased": leased,
-                "recoveries": _recoveries(run_dir),
+                **_recoveries(run_dir),
             }
         )
     return {"runs": sorted(found, key=lambda r: r["created"], reverse=True)}
 
 
-def _recoveries(run_dir: Path) -> list[protocol.RecoveryShape]:
-    """The keeper's restarts of the run, where it kept its record (this host ran it)."""
+def _recoveries(run_dir: Path) -> protocol.RecoveredShape:
+    """The keeper's restarts of the run, where it kept its record (this host ran it): their
+    count, and the newest of them."""
     if not (run_dir / "keeper.json").is_file():
-        return []
+        return {"restarts": 0, "recoveries": []}
     import keeper
 
-    return keeper.recoveries(run_dir)
+    count, newest = keeper.recoveries(run_dir)
+    return {"restarts": count, "recoveries": newest}
 
 
 def _kept(workdir: Path, run_id: str) -> bool:

@@ -414,11 +414,13 @@ def _outcome(status: dict[str, Any]) -> str:
 MAX_RECOVERIES = 20  # the newest ones a runs reply carries (a run restarted 1,000 times)
 
 
-def recoveries(run_dir: Path) -> list[protocol.RecoveryShape]:
-    """The keeper's restarts of the run, from its record, newest last: each one's attempt, the
-    failure that caused it (and the task, for a task restart), its backoff, and how long after
-    the failure was seen the tasks ran again (`started_after_s`) and trained again
-    (`stepping_after_s`: a new step record). [] where this host kept no record."""
+def recoveries(run_dir: Path) -> tuple[int, list[protocol.RecoveryShape]]:
+    """The keeper's restarts of the run, from its record: how many in all, and the newest
+    MAX_RECOVERIES of them, newest last: each one's attempt, the failure that caused it (and
+    the task, for a task restart), its backoff, and how long after the failure was seen the
+    tasks ran again (`started_after_s`) and trained again (`stepping_after_s`: a new step
+    record). (0, []) where this host kept no record. The count is apart from the list, so a
+    run restarted 1,000 times says 1,000 with a bounded reply."""
     state = layout.read_json(run_dir / STATE_FILE)
     events = state.get("events") if isinstance(state, dict) else None
     found: list[protocol.RecoveryShape] = []
@@ -431,7 +433,7 @@ def recoveries(run_dir: Path) -> list[protocol.RecoveryShape]:
             found[-1]["started_after_s"] = _seconds(event.get("after_s"))
         elif found and "stepping" in event:
             found[-1]["stepping_after_s"] = _seconds(event.get("after_s"))
-    return found[-MAX_RECOVERIES:]
+    return len(found), found[-MAX_RECOVERIES:]
 
 
 def _recovery(event: dict[str, Any]) -> protocol.RecoveryShape:

@@ -132,7 +132,16 @@ class RunShape(RunBase, total=False):
     # Not detached, not stopped, and its `up`'s lease is live here: an `up` holds the run (and
     # its policy, unless it is kept); `attach` tells a restart under way from a run left alone.
     leased: bool
-    # The keeper's restarts of the run, newest last (at most 20), on the keeper's host.
+    # The keeper's restarts of the run, on the keeper's host: how many in all, and the newest
+    # of them, newest last (at most 20).
+    restarts: int
+    recoveries: list[RecoveryShape]
+
+
+class RecoveredShape(TypedDict):
+    """A run's keeper's restarts as a runs reply carries them (remote/agent.py)."""
+
+    restarts: int
     recoveries: list[RecoveryShape]
 
 

@@ -246,8 +246,9 @@ def _recovery_lines(host_runs: list[HostRun]) -> list[Text]:
     again after the failure was seen."""
     found = [x for r in host_runs for x in r.recoveries]
     lines = [Text(f"  {x.line()}", "yellow") for x in found[-SHOWN_RECOVERIES:]]
-    if len(found) > SHOWN_RECOVERIES:
-        earlier = plural(len(found) - SHOWN_RECOVERIES, "earlier restart")
+    restarts = max(sum(r.restarts for r in host_runs), len(found))
+    if restarts > SHOWN_RECOVERIES:
+        earlier = plural(restarts - SHOWN_RECOVERIES, "earlier restart")
         lines.insert(0, Text(f"  … {earlier} (status --json has them)", "dim"))
     return lines
 
@@ -258,7 +259,7 @@ def _ended_line(run_id: str, host_runs: list[HostRun]) -> Text:
     line.append(f"run {run_id}", style="bold")
     counts = Counter(_kind(t) for r in host_runs for t in r.tasks)
     line.append(f": ended, {counts_text(counts)}")
-    restarts = sum(len(r.recoveries) for r in host_runs)
+    restarts = sum(r.restarts for r in host_runs)
     if restarts:
         line.append(f", {plural(restarts, 'restart')} by its keeper")
     _note_failed_evaluators(line, host_runs)
@@ -463,9 +464,11 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
                     # its keeper lives on this host / an `up` holds its lease there
                     "kept": r.kept,
                     "leased": r.leased,
-                    # the keeper's restarts, on its host: attempt, cause, task (restarted
-                    # alone), backoff, started_after_s and stepping_after_s (failure seen ->
-                    # running again / first new step record)
+                    # the keeper's restarts, on its host: how many in all, and the newest 20
+                    # of them: attempt, cause, task (restarted alone), backoff,
+                    # started_after_s and stepping_after_s (failure seen -> running again /
+                    # first new step record)
+                    "restarts": r.restarts,
                     "recoveries": [dataclasses.asdict(x) for x in r.recoveries],
                     # evaluators of this host that ended by themselves without success
                     "failed_evaluators": [t.name for t in _failed_evaluators(r)],

@@ -101,6 +101,7 @@ def sane_outcome(raw: dict[str, Any]) -> dict[str, Any]:
         "ended": metricstore.time_value(raw.get("ended")),
         "exits": {str(k): _str(v) for k, v in _obj(raw.get("exits")).items()},
         "recoveries": [_str(x) for x in _list(raw.get("recoveries")) if isinstance(x, str)][:20],
+        "restarts": metricstore.count_value(raw.get("restarts")),
     }
 
 
@@ -205,7 +206,7 @@ def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
         ("started", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(began)) if began else "-"),
         ("duration", duration(ended - began) if began and ended else "-"),
         ("outcome", f"{outcome['outcome']} {outcome['why']}".strip()),
-        *(("recovery", line) for line in outcome["recoveries"]),  # each of the keeper's restarts
+        *_restart_rows(outcome),
     ]
     table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     exits = {**facts["exits"], **outcome["exits"]}
@@ -220,6 +221,16 @@ def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
         "<tr><th>task</th><th>host</th><th>exit</th><th>TF_CONFIG</th><th>env</th></tr>"
         f"{tasks}</table>"
     )
+
+
+def _restart_rows(outcome: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each of the keeper's newest restarts in words, after their count when it made more
+    than the history lists (the newest 20)."""
+    listed = outcome["recoveries"]
+    rows = [("recovery", line) for line in listed]
+    if outcome["restarts"] > len(listed):
+        rows.insert(0, ("restarts", f"{outcome['restarts']} (the newest {len(listed)} below)"))
+    return rows
 
 
 def _xy(records: Sequence[dict[str, Any]], x: str, y: str) -> list[tuple[float, float]]:

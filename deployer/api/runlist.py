@@ -94,7 +94,7 @@ def summary(run_id: str) -> RunSummary:
         last_step=step,
         final=final,
         metrics_dropped=metricstore.dropped(directory, "metrics"),
-        restarts=_count(ended.get("restarts")),
+        restarts=metricstore.count_value(ended.get("restarts")),
         damage=(*_damaged_documents(run_id), *damage),
     )
 
@@ -178,13 +178,6 @@ def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
         )
     notes = [_damage_note(r) for r in runs if r.damage]
     return Group(table, *notes) if notes else table
-
-
-def _count(value: object) -> int:
-    """A count from a local record (untrusted: a hand-edited or damaged file), else 0."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**6:
-        return value
-    return 0
 
 
 def _damage_note(run: RunSummary) -> Text:

@@ -436,6 +436,14 @@ def time_value(value: object) -> float | None:
     return number if number is not None and TIMES[0] <= number <= TIMES[1] else None
 
 
+def count_value(value: object) -> int:
+    """A count of a local record (untrusted: a hand-edited or damaged file), else 0: the one
+    rule for every reader of these records (runs, report)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**6:
+        return value
+    return 0
+
+
 # The run's documents.
 
 

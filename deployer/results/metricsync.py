@@ -52,8 +52,10 @@ def keep_runs(fleet: Fleet, runs: Sequence[HostRun]) -> None:
         if tasks is None or recorded_end(run_id) is not None:
             continue
         recoveries = [x.line() for r in of_run for x in r.recoveries]  # the keeper's host's
+        restarts = sum(r.restarts for r in of_run)
+        ended = outcome(tasks, recoveries, restarts)
         with contextlib.suppress(OSError):  # a full disk: the history is a convenience
-            metricstore.write_json(run_dir(run_id), OUTCOME, outcome(tasks, recoveries))
+            metricstore.write_json(run_dir(run_id), OUTCOME, ended)
 
 
 def _keep_run(fleet: Fleet, run_id: str, shares: Sequence[HostRun]) -> list[TaskStatus] | None:
@@ -188,13 +190,16 @@ def _fetch(
     return tasks, asked
 
 
-def outcome(tasks: Sequence[TaskStatus], recoveries: Sequence[str] = ()) -> dict[str, object]:
+def outcome(
+    tasks: Sequence[TaskStatus], recoveries: Sequence[str] = (), restarts: int = 0
+) -> dict[str, object]:
     """succeeded (every task exited 0 by itself, or every awaited one did and tfdeploy
     stopped the rest: ps servers, a kept run's evaluators), failed (the first task that did
-    not, named), or stopped (by tfdeploy, `down`); `recoveries`: the keeper's restarts, each
-    in words (results/runs.py Recovery.line), when any."""
+    not, named), or stopped (by tfdeploy, `down`); `recoveries`: the keeper's newest restarts,
+    each in words (results/runs.py Recovery.line), and `restarts` how many it made in all."""
     exits = {t.name: t.outcome() for t in tasks if t.finished}
-    kept = {"restarts": len(recoveries), "recoveries": list(recoveries)} if recoveries else {}
+    count = max(restarts, len(recoveries))
+    kept = {"restarts": count, "recoveries": list(recoveries)} if count else {}
     return {**_verdict(tasks), "exits": exits, **kept}
 
 

@@ -90,7 +90,8 @@ class HostRun:
     # Not detached and its `up`'s lease is live there: an `up` holds the run (`attach` waits for
     # that `up`'s restarts while it does).
     leased: bool = False
-    recoveries: tuple[Recovery, ...] = ()  # its keeper's restarts, on the keeper's host
+    recoveries: tuple[Recovery, ...] = ()  # its keeper's newest restarts, on the keeper's host
+    restarts: int = 0  # how many restarts its keeper made in all (recoveries: the newest 20)
 
     @property
     def active(self) -> bool:
@@ -263,6 +264,10 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
     pairs = lists.pairs(run_id, r.get("hosts"))
     tasks = r.get("tasks")
     created, hosts_at = r.get("created"), r.get("hosts_at")
+    recoveries = tuple(
+        Recovery.from_json(x, edge) for x in edge.items(r.get("recoveries") or [], "recoveries")
+    )
+    restarts = edge.integer(r.get("restarts"), "a run's restarts", optional=True, name="restarts")
     return HostRun(
         host=host,
         run_id=run_id,
@@ -275,9 +280,8 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         starting=r.get("starting") is True and not tasks,
         kept=r.get("kept") is True,
         leased=r.get("leased") is True,
-        recoveries=tuple(
-            Recovery.from_json(x, edge) for x in edge.items(r.get("recoveries") or [], "recoveries")
-        ),
+        recoveries=recoveries,
+        restarts=max(restarts or 0, len(recoveries)),
     )
 
 

@@ -4,6 +4,7 @@ reply)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -115,3 +116,37 @@ def test_the_report_page_lists_each_recovery_escaped_and_bounded() -> None:
     )
     assert "<th>recovery</th><td>restart 1 (worker:1 &lt;script&gt;" in page
     assert "<script>alert" not in page
+
+
+def test_a_run_restarted_more_often_than_a_reply_lists_says_how_often_everywhere(
+    workdir: Path,
+) -> None:
+    """A runs reply lists the keeper's newest 20 restarts (bounded), and says how many there
+    were apart from that list: the history, `status` and the report count all 25, not 20."""
+    from deployer.api import reportpage
+    from deployer.results.runs import _host_run, _HostLists
+    from tests.support.agent import call, new_run, ok
+
+    run_dir = new_run(workdir, RUN)
+    events = [
+        {"restart_job": i, "cause": f"worker:1 exited {i}", "backoff": 1.0} for i in range(25)
+    ]
+    (run_dir / "keeper.json").write_text(json.dumps({"events": events}))
+    [raw] = ok(call(workdir, "runs"))["runs"]
+    assert (raw["restarts"], len(raw["recoveries"])) == (25, 20)
+    assert raw["recoveries"][-1]["cause"] == "worker:1 exited 24"  # the newest, last
+    run = _host_run("h1", raw, _HostLists())
+    assert (run.restarts, len(run.recoveries)) == (25, 20)
+    running = TaskStatus(name="worker:0", state=protocol.STATE_RUNNING)
+    run = dataclasses.replace(run, tasks=(running,), kept=True)
+    assert json.loads(render.status_json([run]))["runs"][0]["restarts"] == 25
+    out = io.StringIO()
+    Console(file=out, width=120).print(render.status_table([run]))
+    assert "… 22 earlier restarts" in out.getvalue()
+    done = outcome([_task("worker:0")], [x.line() for x in run.recoveries], run.restarts)
+    assert (done["restarts"], len(done["recoveries"])) == (25, 20)
+    for bad in (-1, "25", True, 2.5):  # a host's count is checked at the edge
+        with pytest.raises(HostError):
+            _host_run("h1", raw | {"restarts": bad}, _HostLists())
+    rows = reportpage._restart_rows(reportpage.sane_outcome(done))
+    assert rows[0] == ("restarts", "25 (the newest 20 below)") and len(rows) == 21
