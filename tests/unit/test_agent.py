@@ -181,7 +181,8 @@ def test_start_of_several_tasks_is_quick(workdir: Path) -> None:
 
 def test_stop_escalates_to_sigkill_of_the_whole_group(workdir: Path) -> None:
     run_dir = new_run(workdir)
-    stubborn = 'trap "" TERM; sleep 100 & echo $! > child.pid; sleep 100'
+    lingers = 100  # seconds the stubborn group would live on by itself
+    stubborn = f'trap "" TERM; sleep {lingers} & echo $! > child.pid; sleep {lingers}'
     [task] = start(workdir, {"name": "worker:0", "command": stubborn})
     child_file = run_dir / "code/child.pid"
     child = int(wait_for(lambda: child_file.exists() and child_file.read_text().strip()))
@@ -191,7 +192,7 @@ def test_stop_escalates_to_sigkill_of_the_whole_group(workdir: Path) -> None:
     elapsed = time.monotonic() - began
     # After the 1 s grace, and long before the stubborn `sleep 100`s would end by themselves (a
     # bound a loaded machine cannot break; how quick it is belongs in bench/).
-    assert 1.0 <= elapsed < 30, f"stop took {elapsed:.2f}s"
+    assert 1.0 <= elapsed < lingers, f"stop took {elapsed:.2f}s"
     assert (done["state"], done["signal"], done["reason"]) == ("exited", 9, "stopped")
     assert not alive(task["pid"]) and not alive(child)
 
