@@ -130,6 +130,8 @@ def differences(real: object, fake: object, where: str = "") -> list[str]:
     stands for any type: a task's pid is null on one side and a number on the other)."""
     if real is None or fake is None:
         return []
+    if isinstance(real, dict) and isinstance(fake, dict) and where.endswith(KEYED_BY_DATA):
+        return differences(next(iter(real.values()), None), next(iter(fake.values()), None), where)
     if isinstance(real, dict) and isinstance(fake, dict):
         found = [f"{where}{k}: only the agent's" for k in real.keys() - fake.keys()]
         found += [f"{where}{k}: only the fake's" for k in fake.keys() - real.keys()]
@@ -141,6 +143,12 @@ def differences(real: object, fake: object, where: str = "") -> list[str]:
     if _kind(real) != _kind(fake):
         return [f"{where}: the agent's is {_kind(real)}, the fake's {_kind(fake)}"]
     return []
+
+
+# Fields that map names the host found to their values (HelloFacts.frameworks: what its Python
+# has installed), not shapes: only their values' kinds are compared. A venv without Keras (the
+# unit tier's `pip install -e '.[dev]'`) says {} where the fake says {"keras": "3.15.1"}.
+KEYED_BY_DATA = ("frameworks.",)
 
 
 def beyond(value: object, shape: Any, where: str = "") -> list[str]:
