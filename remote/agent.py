@@ -37,18 +37,41 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
     layout.make_private_dir(layout.host_dir(workdir))
     others = hostid.announce(workdir / "hosts", hostid.identity())
     with_runs = params.param(req, "runs", bool, False)
+    resuming = params.param(req, "resume", bool, False)
+    attempt = _resumable(workdir, run_id, job, ports) if run_id and resuming else None
     if run_id is None:
         busy, held = [p for p in ports if not _bindable(p)], {}
     else:
-        busy, held = reservations.reserve(workdir, run_id, ports, lease, _bindable, job)
+        busy, held = reservations.reserve(
+            workdir, run_id, ports, lease, _bindable, job, resuming=resuming
+        )
     try:
-        return _hello_reply(req, workdir, run_id, busy, held, others, with_runs)
+        reply = _hello_reply(req, workdir, run_id, busy, held, others, with_runs)
+        if run_id is not None and attempt is not None:  # `up --resume`: the run is its again
+            _reopen(workdir, run_id, busy)
+            reply["attempt"] = attempt
+        return reply
     except BaseException:
         # A hello that fails after reserving answers ok:false, and its `up` then releases
         # nothing here (it holds no reply): what it reserved goes with it.
         if run_id is not None and not busy:
             reservations.release(workdir, run_id)
         raise
+
+
+def _resumable(workdir: Path, run_id: str, job: str | None, ports: list[int]) -> int:
+    """`up --resume`: the run's last attempt here, or why it cannot be resumed (resume.py)."""
+    import resume
+
+    return resume.check(workdir, run_id, job, ports, _bindable)
+
+
+def _reopen(workdir: Path, run_id: str, busy: list[int]) -> None:
+    """A resuming hello whose ports were reserved lifts the run's stop (resume.py)."""
+    if not busy:
+        import resume
+
+        resume.reopen(workdir, run_id)
 
 
 def _hello_reply(

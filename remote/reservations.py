@@ -42,10 +42,13 @@ def reserve(
     lease_seconds: float | None,
     bindable: Callable[[int], bool],
     job: str | None = None,
+    *,
+    resuming: bool = False,
 ) -> tuple[list[int], dict[int, str]]:
     """(busy ports, {port: run id holding it}); reserves all of `ports` only when none is busy.
-    A run stopped here (`down` while its `up` pushed) is refused: nothing of it starts."""
-    if layout.run_stopped(layout.runs_dir(workdir) / run_id):
+    A run stopped here (`down` while its `up` pushed) is refused: nothing of it starts; unless
+    `resuming` (`up --resume`, resume.py), whose hello lifts the stop once this reserved."""
+    if not resuming and layout.run_stopped(layout.runs_dir(workdir) / run_id):
         raise layout.StoppedRun(run_id)
     directory = layout.make_private_dir(_ports_dir(workdir))
     lease = protocol.DEFAULT_RESERVATION_S if lease_seconds is None else float(lease_seconds)
@@ -87,6 +90,16 @@ def _holder(
     with contextlib.suppress(OSError):
         beat = max(beat, (run_dir / "lease").stat().st_mtime)
     return record["run_id"] if now - beat <= float(record.get("lease_seconds") or 0) else None
+
+
+def held_by(workdir: Path, run_id: str, ports: list[int], bindable: Callable[[int], bool]) -> bool:
+    """Whether a live reservation of `run_id` holds one of `ports` here: another `up` of that
+    run passed its hello (two `up --resume` of one run at once)."""
+    directory, now = _ports_dir(workdir), time.time()
+    return any(
+        _holder(workdir, directory / f"{port}.json", now, port, bindable) == run_id
+        for port in ports
+    )
 
 
 def claims(workdir: Path) -> dict[str, dict[str, Any]]:

@@ -65,6 +65,7 @@ class HelloRequest(TypedDict, total=False):
     runs: bool
     hosts_of: str
     listen: Listen
+    resume: bool  # `up --resume`: the run's folder is there, ended; its stop is lifted
 
 
 class UsageShape(TypedDict):
@@ -172,6 +173,7 @@ class HelloReply(HelloFacts, total=False):
     nvidia_smi: bool  # asked with `runs`: the host has nvidia-smi (GPU use can be read)
     listening: int  # the stand-ins' pid, when `listen` was asked and no port was busy
     interpreters: InterpretersShape  # asked with `interpreters`
+    attempt: int  # asked with `resume`: the run's last TFDEPLOY_ATTEMPT here
 
 
 class AbsentReply(TypedDict):
@@ -278,6 +280,7 @@ class StartBase(TypedDict):
 
 class StartRequest(StartBase, total=False):
     release: bool
+    resumed: bool  # `up --resume`: each task's log says where the resumed attempt begins
 
 
 class TasksReply(TypedDict):

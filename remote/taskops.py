@@ -56,8 +56,9 @@ def op_start(req: dict[str, Any]) -> protocol.TasksReply:
         layout.touch(
             run_dir / "lease"
         )  # setup may have outlasted the lease; starting is a heartbeat
+        resumed = params.param(req, "resumed", bool, False)
         launched = [
-            (task_dir, _launch(run_dir, task_dir, spec, grace))
+            (task_dir, _launch(run_dir, task_dir, spec, grace, resumed=resumed))
             for spec, dirname in zip(specs, dirnames)
             for task_dir in [layout.make_private_dir(run_dir / "tasks" / dirname)]
         ]
@@ -255,10 +256,14 @@ def cpu_list(text: str, name: str) -> set[int]:
     return cpus
 
 
-def _launch(run_dir: Path, task_dir: Path, spec: dict[str, Any], grace: float) -> int:
+def _launch(
+    run_dir: Path, task_dir: Path, spec: dict[str, Any], grace: float, *, resumed: bool = False
+) -> int:
     # Starting a task that already ran is a restart (failure policy "restart"): count it, so
     # `status` shows it long after the controller that decided it is gone.
     old = layout.read_json(task_dir / "spec.json")
+    if resumed:  # `up --resume`: its log goes on, and says where the new attempt begins
+        _say_resumed(task_dir, run_dir.name, spec["env"].get(protocol.ATTEMPT_ENV, "?"))
     restarts = int(old.get("restarts") or 0) if isinstance(old, dict) else 0
     if (task_dir / "exit.json").exists():
         restarts += 1
@@ -274,6 +279,18 @@ def _launch(run_dir: Path, task_dir: Path, spec: dict[str, Any], grace: float) -
         return supervisor.fork(run_dir, task_dir, log_fd)
     finally:
         os.close(log_fd)
+
+
+def _say_resumed(task_dir: Path, run_id: str, attempt: str) -> None:
+    """One line in the task's output.log before its resumed attempt's first (a full disk
+    skips it: the start must not fail for a line)."""
+    line = f"tfdeploy: run {run_id} resumed by `tfdeploy up --resume` (attempt {attempt})\n"
+    with contextlib.suppress(OSError):
+        fd = os.open(task_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def _wait_started(launched: list[tuple[Path, int]]) -> None:

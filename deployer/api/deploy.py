@@ -21,6 +21,7 @@ from deployer.config.sources import AT_DETACH, AT_JOB_END
 from deployer.core.errors import TfdeployError, UsageError
 from deployer.core.text import plural
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
+from deployer.results.state import RUN_ID
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.up.environment import PlannedEnv, planned_environments
 
@@ -116,6 +117,7 @@ def up(
     view: View | None = None,
     say: Say | None = None,
     warn: Say | None = None,
+    resume: str | None = None,
 ) -> Result: ...
 
 
@@ -131,6 +133,7 @@ def up(
     view: View | None = None,
     say: Say | None = None,
     warn: Say | None = None,
+    resume: str | None = None,
 ) -> Run: ...
 
 
@@ -146,6 +149,7 @@ def up(
     view: View | None = None,
     say: Say | None = None,
     warn: Say | None = None,
+    resume: str | None = None,
 ) -> Result | Run: ...
 
 
@@ -160,6 +164,7 @@ def up(
     view: View | None = None,
     say: Say | None = None,
     warn: Say | None = None,
+    resume: str | None = None,
 ) -> Result | Run:
     """Deploys the job: preflight, push, setup, start, and (attached) watch until the awaited
     tasks end, then tear down on every host, whatever happened, and pull job.artifacts.
@@ -172,6 +177,11 @@ def up(
     `warn`: a failure after the job that does not change its outcome (a terminate at job end
     that failed); default: `say`. The view is closed when `up` returns.
 
+    `resume`: a run id of the job that ended early (stopped by `down`, failed, its hosts' lease
+    lapsed): that run goes on under its own id instead of a new one, every task started again
+    in its folder of the run with the next TFDEPLOY_ATTEMPT (docs/up.md, "Resuming a run").
+    A run that cannot be resumed raises ResumeRefused (a UsageError) and starts nothing.
+
     Raises InventoryError (wrong inventory), HostsFailed or HostError (hosts unreachable or
     failing preflight), NetworkBlocked, JobFailed (a task failed, a deadline passed),
     Interrupted (Ctrl-C, SIGTERM, SIGHUP: every started task was stopped), LocalError. Once a
@@ -183,12 +193,17 @@ def up(
     deployment: Deployment | None = None
     running = False  # Deployment.run closes the view from here on
     try:
+        if resume is not None and not RUN_ID.match(resume):
+            raise UsageError(f"{resume!r} is not a run id to resume (JOB-YYYYMMDDTHHMMSSZ-XXXX)")
         loaded = load(inventory, base=base)
         the_plan = make_plan(discover_hosts(loaded, provision=say))
         try:
             with Fleet(the_plan.hosts, concurrency=concurrency) as fleet:
                 options = UpOptions(
-                    detach=detach, netcheck=netcheck_mode(netcheck), refresh_env=refresh_env
+                    detach=detach,
+                    netcheck=netcheck_mode(netcheck),
+                    refresh_env=refresh_env,
+                    resume=resume,
                 )
                 deployment = Deployment(the_plan, fleet, shown, options)
                 running = True

@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("inventory", help="inventory TOML file")
     up.add_argument("--detach", action="store_true", help="return once every task runs")
+    up.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue that run, which ended early, under its own id: every task starts again "
+        "in its folder of the run with the next TFDEPLOY_ATTEMPT",
+    )
     _netcheck_arg(up)
     _refresh_env_arg(up)
     _concurrency_arg(up)

@@ -55,6 +55,7 @@ def up_verb(args: argparse.Namespace, env: Env) -> int:
         concurrency=args.concurrency,
         view=api.terminal_view(env.out, env.raw_out),
         say=functools.partial(_say, env),
+        resume=args.resume,
         warn=lambda line: env.err.print(Text(f"tfdeploy: {clean_text(line)}")),
     )
     return ExitStatus.OK

@@ -32,12 +32,21 @@ class Agent(Channel):
         return self.ask(protocol.OP_HAVE, protocol.HaveReply, **request)["missing"]
 
     def start(
-        self, run_id: str, tasks: list[protocol.StartTask], grace: float, *, release: bool = False
+        self,
+        run_id: str,
+        tasks: list[protocol.StartTask],
+        grace: float,
+        *,
+        release: bool = False,
+        resumed: bool = False,
     ) -> list[TaskStatus]:
-        """`release`: then drop the run's port reservations here (as `release` would)."""
+        """`release`: then drop the run's port reservations here (as `release` would).
+        `resumed` (`up --resume`): each task's log says where its new attempt begins."""
         request: protocol.StartRequest = {"run_id": run_id, "tasks": tasks, "grace": grace}
         if release:
             request["release"] = True
+        if resumed:
+            request["resumed"] = True
         reply = self.ask(protocol.OP_START, protocol.TasksReply, **request)
         edge = Edge(self.host, protocol.OP_START)
         named = {t["name"] for t in tasks}

@@ -93,6 +93,7 @@ class Channel:
         listen: tuple[Sequence[int], float] | None = None,
         interpreters: protocol.InterpretersQuery | None = None,
         job: str | None = None,
+        resume: bool = False,
     ) -> dict[str, Any]:
         """Installs this agent version if the host lacks it and returns the `hello` facts.
 
@@ -104,12 +105,16 @@ class Channel:
         at once cannot both pass preflight. Ports reserved by another run come back busy.
         `job` is kept with the reservation: until its code arrives, the run is that record
         (`down INVENTORY` finds and stops it, and the host then refuses the rest of it).
+        `resume` (`up --resume`): the run is there and has ended; the host checks it can be
+        resumed, lifts its stop and answers its last `attempt`.
         """
         hello: protocol.HelloRequest = {"ports": list(ports)}
         if run_id is not None:
             hello["run_id"], hello["lease_seconds"] = run_id, lease_seconds
             if job is not None:
                 hello["job"] = job
+            if resume:
+                hello["resume"] = True
             if listen is not None:  # the network check's stand-ins, when no port is busy
                 hello["listen"] = {"ports": list(listen[0]), "seconds": listen[1]}
         if interpreters is not None:

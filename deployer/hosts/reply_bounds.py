@@ -97,6 +97,7 @@ NUMBERS: dict[str, Range] = {
     "disk_free": COUNT,
     "log_bytes": COUNT,
     "restarts": COUNT,
+    "attempt": COUNT,
     "released": COUNT,
     "removed": COUNT,
     "contents": COUNT,

@@ -219,6 +219,17 @@ class LogArchive:
             self.seal(name)
         self._save()
 
+    def reopen(self) -> None:
+        """The run goes on (`up --resume`): the archive no longer holds all there is, so `logs`
+        asks the hosts again until this `up` ends it; each task's file goes on by offset."""
+        if self.failure is None and (
+            self.ended or any(f.end is not None for f in self.files.values())
+        ):
+            self.ended = False
+            for entry in self.files.values():
+                entry.end = None
+            self._guard(self._save)
+
     def seal(self, task: str) -> None:
         """The task has ended and this archive holds all of its log: remember how much."""
         entry = self.files.get(task)

@@ -27,7 +27,7 @@ from deployer.results.archive import LogArchive
 from deployer.results.metricsync import OFFSETS
 from deployer.results.state import new_run_id
 from deployer.results.tunnel import Tunnel, forward_sidecar
-from deployer.up import firewall
+from deployer.up import firewall, resume
 from deployer.up.artifacts import ArtifactsPull
 from deployer.up.handover import hand_over, keeper_alive, kept, kept_attached
 from deployer.up.notifying import RunNotifier
@@ -68,6 +68,7 @@ class UpOptions:
     # Which TF connections preflight tries (--netcheck, --no-netcheck); None: job.netcheck.
     netcheck: NetcheckMode | None = None
     refresh_env: bool = False  # resolve the job's environment afresh (--refresh-env)
+    resume: str | None = None  # `up --resume RUN`: that run goes on instead of a new one
 
 
 class Deployment:
@@ -86,7 +87,7 @@ class Deployment:
     ) -> None:
         self.fleet = fleet
         self.options = options
-        self.run_state = RunState(new_run_id(plan.job.name), plan, clock)
+        self.run_state = RunState(options.resume or new_run_id(plan.job.name), plan, clock)
         self.run_id = self.run_state.run_id
         self.contacted_hosts: set[str] = set()  # hosts that may hold the run: teardown's list
         environ = os.environ if environ is None else environ
@@ -220,9 +221,12 @@ class Deployment:
             self.watching.await_holder_end(job.evaluator_grace + 2 * job.stop_grace + 10)
 
     def _phases(self) -> int:
+        found = self._resumable()
         # The push's first request stops the network check's stand-ins on each host (and a
         # stop of the run does, should it fail before): one round trip less.
-        findings = self.prepare.preflight(keep_stand_ins=True)
+        findings = self.prepare.preflight(keep_stand_ins=True, resume=found is not None)
+        if found is not None:
+            self._resume(found, findings.facts)
         self.contacted_hosts.update(m.name for m in self.members)  # teardown reaches them
         self.prepare.push(findings.manifest, findings.workdir_groups, findings.empty_stores)
         self.prepare.install_environment()
@@ -231,7 +235,7 @@ class Deployment:
         self.firewall_up()
         self.start_and_watch()
         if self.options.detach and kept(self.plan):
-            where = hand_over(self.fleet, self.members, self.plan, self.run_id)
+            where = hand_over(self.fleet, self.members, self.plan, self.run_id, self.board.attempt)
             self.view.step(
                 f"run {self.run_id} is running detached, kept by its keeper on {where}: its "
                 f'failure policy (on_failure = "{self.plan.job.on_failure}") goes on without '
@@ -254,6 +258,27 @@ class Deployment:
         for line in next_steps(self.run_id, self.plan.job.artifacts, detached=False):
             self.view.step(line)
         return 0
+
+    def _resumable(self) -> resume.Resumable | None:
+        """`up --resume RUN`: the run found on the hosts and checked before any preflight (a
+        refusal starts nothing, changes nothing); None for a new run."""
+        if self.options.resume is None:
+            return None
+        self.view.step(f"looking for run {self.run_id} on the hosts, to resume it")
+        return resume.find(self.fleet, self.plan, self.run_id)
+
+    def _resume(self, found: resume.Resumable, facts: Mapping[str, Mapping[str, object]]) -> None:
+        """The hosts reopened the run: its tasks start again in their folders with the next
+        attempt, its log and local history go on (one run, first begun when it was)."""
+        attempt = resume.next_attempt(facts)
+        resume.carry_on(self.board, found, attempt)
+        self.began = found.began
+        self.archive.reopen()
+        self.start.resuming = True
+        self.view.step(
+            f"resuming run {self.run_id} at attempt {attempt} (TFDEPLOY_ATTEMPT={attempt}): "
+            "every task starts again in its own folder of the run"
+        )
 
     def _interrupted(self, signum: int) -> Interrupted:
         """Teardown after Ctrl-C or a signal; the error to raise, naming the signal."""
@@ -281,7 +306,7 @@ class Deployment:
             try:
                 if self.contacted_hosts:  # the run reached its hosts: `runs` lists it
                     self._keep_facts()
-                if self.archive.files and not self.options.detach:
+                if self.archive.files and self.contacted_hosts and not self.options.detach:
                     self.archive.end()  # `logs RUN_ID` reads it from here, hosts or not
             finally:
                 self.view.close()
@@ -374,7 +399,7 @@ class Deployment:
         the keeper first). Until here (preflight, push, start) the lease is `up`'s alone."""
         if not kept_attached(self.plan) or self.watching.keeper_alive is not None:
             return
-        where = hand_over(self.fleet, self.members, self.plan, self.run_id)
+        where = hand_over(self.fleet, self.members, self.plan, self.run_id, self.board.attempt)
         self.watching.keeper_alive = keeper_alive(self.fleet.member(where), self.run_id)
         self.view.step(
             f"run {self.run_id} is kept by its keeper on {where}: its failure policy (on_failure "

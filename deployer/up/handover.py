@@ -61,9 +61,12 @@ def keeper_alive(member: Member, run_id: str) -> Callable[[], bool | None]:
     return alive
 
 
-def hand_over(fleet: Fleet, members: Sequence[Member], plan: Plan, run_id: str) -> str:
+def hand_over(
+    fleet: Fleet, members: Sequence[Member], plan: Plan, run_id: str, attempt: int = 0
+) -> str:
     """Starts the wardens and the keeper; returns the keeper's host. A host that cannot start
-    its warden fails the `up` (its teardown stops the run): half a kept run is no kept run."""
+    its warden fails the `up` (its teardown stops the run): half a kept run is no kept run.
+    `attempt`: the run's attempt now (a resumed run's), which the keeper's restarts follow."""
     secret = secrets.token_hex(32)
     idle = 2 * plan.job.lease_seconds + 60
 
@@ -74,7 +77,7 @@ def hand_over(fleet: Fleet, members: Sequence[Member], plan: Plan, run_id: str) 
     keeper = members[0]
     if not failures:
         try:
-            keeper.agent.keep(run_id, secret, keeper_plan(plan, members, ports))
+            keeper.agent.keep(run_id, secret, keeper_plan(plan, members, ports, attempt))
         except HostError as exc:
             failures = [exc]
     if failures:
@@ -87,7 +90,9 @@ def hand_over(fleet: Fleet, members: Sequence[Member], plan: Plan, run_id: str) 
     return keeper.name
 
 
-def keeper_plan(plan: Plan, members: Sequence[Member], ports: Mapping[str, int]) -> dict[str, Any]:
+def keeper_plan(
+    plan: Plan, members: Sequence[Member], ports: Mapping[str, int], attempt: int = 0
+) -> dict[str, Any]:
     """The run as the keeper reads it (docs/PROTOCOL.md, `keep`)."""
     job = plan.job
     waves = {t.name: i for i, group in enumerate(start_groups(plan)) for t in group}
@@ -116,7 +121,7 @@ def keeper_plan(plan: Plan, members: Sequence[Member], ports: Mapping[str, int])
             "stop_grace": job.stop_grace,
             "evaluator_grace": job.evaluator_grace,
         },
-        "attempt": 0,
+        "attempt": attempt,
         "job": job.name,
         "notify": notify_config(job.notify),
         "interval": KEEP_INTERVAL_S,

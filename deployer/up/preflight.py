@@ -136,6 +136,9 @@ class Claim:
 
     run_id: str
     lease_seconds: float
+    # `up --resume`: the run's folder is on every host, ended; each hello checks it can be
+    # resumed, lifts its stop and answers its last `attempt` (remote/resume.py).
+    resume: bool = False
 
 
 def preflight(
@@ -378,6 +381,7 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
             listen=(listen.ports, listen.seconds) if listen is not None else None,
             interpreters=asked,
             job=plan.job.name,
+            resume=claim.resume,
         )
     finally:
         # A host that answered holds the hello's reservation, even when the edge refused

@@ -57,10 +57,11 @@ class Preparation:
         self._facts: Mapping[str, Mapping[str, object]] = {}  # the hellos', for tfrule
         self.images = Images(run.plan)  # checked after preflight (images.py)
 
-    def preflight(self, *, keep_stand_ins: bool = False) -> Findings:
+    def preflight(self, *, keep_stand_ins: bool = False, resume: bool = False) -> Findings:
+        """`resume` (`up --resume`): the hellos reopen the run's ended folder (preflight.Claim)."""
         names = fold_names([m.name for m in self.members], join=", ".join)
         self.view.step(f"preflight of {plural(len(self.members), 'host')}: {names}")
-        claim = Claim(self.run.run_id, self.lease)
+        claim = Claim(self.run.run_id, self.lease, resume)
         findings = preflight(
             self.run.plan,
             self.fleet,

@@ -116,11 +116,13 @@ def start_group(
     attempt: int = 0,
     release: Collection[str] = (),
     runtimes: Mapping[str, TaskRuntime] | None = None,
+    resumed: bool = False,
 ) -> None:
     """Starts `tasks` on their hosts in parallel, then `on_started(host, statuses)` per host
     that answered (on this thread). Any host failing makes a JobFailed naming each such host;
     what other hosts started is left to the caller's teardown. The hosts in `release` drop
     the run's port reservations in the same request, once their tasks have started.
+    `resumed` (`up --resume`): each task's log says where its resumed attempt begins.
     """
     grouped = by_host(tasks)
 
@@ -132,7 +134,9 @@ def start_group(
             )
             for t in grouped[member.name]
         ]
-        return member.agent.start(run_id, requests, grace, release=member.name in release)
+        return member.agent.start(
+            run_id, requests, grace, release=member.name in release, resumed=resumed
+        )
 
     started, failures = fleet.each_settled(start_on, [fleet.member(h) for h in grouped])
     for host, statuses in started.items():
@@ -169,6 +173,7 @@ class StartPhase:
         self.fleet, self.run, self.poller, self.watching = fleet, run, poller, watching
         self.view, self.forwarded, self.on_start = view, forwarded, on_start
         self.ticker: Ticker | None = None  # the start's progress, while it starts
+        self.resuming = False  # `up --resume`: its first start says so in each task's log
 
     def __call__(self, members: Sequence[Member]) -> None:
         plan = self.run.plan
@@ -185,6 +190,7 @@ class StartPhase:
                     self.watching.wait_listening(servers, deadline)
         finally:
             self.ticker = None
+            self.resuming = False  # a restart after it is no resume
             ticker.close()
         # Started tasks hold their ports now. A reservation left to its lease could outlive
         # the run: a heartbeat stuck in a cut link arrives when the link heals and renews it.
@@ -219,6 +225,7 @@ class StartPhase:
             attempt=board.attempt,
             release=released,
             runtimes=self.run.runtimes,
+            resumed=self.resuming,
         )
 
 

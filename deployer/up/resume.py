@@ -1,0 +1,139 @@
+"""`up --resume RUN`: a run that ended early continued under its own id (issue 59).
+
+Before anything else the inventory's hosts are asked for the run (read-only, as `status` asks
+them), and a run that cannot be resumed is refused with the reason, nothing started anywhere:
+not on these hosts, of another job, still running or kept, succeeded, or of another plan (a
+task added, gone or moved to another host: its TF_CONFIG would not be the run's). Then preflight
+runs as for any `up`, and each host's hello reopens the run's folder (remote/resume.py) and says
+the run's last attempt there. Every task then starts again in its own folder, with the next
+TFDEPLOY_ATTEMPT, so a checkpoint it left inside the run is there to resume from; its log goes
+on where it stopped, and the local history keeps one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from deployer.config.plan import Plan
+from deployer.core.errors import HostsFailed, UsageError
+from deployer.core.text import join_names
+from deployer.hosts.fleet import Fleet
+from deployer.results import metricstore
+from deployer.results.archive import run_dir
+from deployer.results.metricsync import OFFSETS
+from deployer.results.runs import HostRun, Target, survey_runs
+from deployer.watch.board import TaskBoard
+from remote import protocol
+
+
+class ResumeRefused(UsageError):
+    """`up --resume RUN` of a run that cannot be resumed: nothing was started (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """A run found on its hosts, ended early, of this plan: where `up --resume` goes on."""
+
+    run_id: str
+    began: float  # when the run was first created on its hosts: the local history's start
+    log_bytes: Mapping[str, int]  # each task's log size: the view goes on from there
+
+
+def find(fleet: Fleet, plan: Plan, run_id: str) -> Resumable:
+    """The run on the inventory's hosts, checked; raises ResumeRefused saying why not, or
+    HostsFailed when a host cannot be asked (a run half seen is not judged)."""
+    target = Target(plan.inventory, run_id)
+    survey = survey_runs(fleet, target)
+    if survey.failures:
+        raise HostsFailed(
+            survey.failures, what="looking for the run failed", outcome="nothing was started"
+        )
+    runs, again = survey.runs, f"`tfdeploy up {plan.inventory.path}` starts a new run"
+    if not runs:
+        raise ResumeRefused(
+            f"cannot resume: {survey.nothing_found(target)}",
+            hint=f"`tfdeploy runs` lists this machine's runs; {again}",
+        )
+    _refuse_other_job(runs, plan, again)
+    _refuse_active(runs, run_id)
+    _refuse_other_plan(runs, plan, again)
+    _refuse_succeeded(runs, plan, again)
+    return Resumable(
+        run_id,
+        min(r.created for r in runs),
+        {t.name: t.log_bytes for r in runs for t in r.tasks},
+    )
+
+
+def _refuse_other_job(runs: list[HostRun], plan: Plan, again: str) -> None:
+    other = next((r.job for r in runs if r.job != plan.job.name), None)
+    if other is not None:
+        raise ResumeRefused(
+            f"cannot resume run {runs[0].run_id}: it is a run of job {other!r}, and this "
+            f"inventory's job is {plan.job.name!r}",
+            hint=f"resume it with its own inventory; {again}",
+        )
+
+
+def _refuse_active(runs: list[HostRun], run_id: str) -> None:
+    """Still running, kept by its keeper (between two attempts), or held by its `up`."""
+    if any(r.active or r.leased for r in runs):
+        how = "kept by its keeper" if any(r.kept for r in runs) else "running"
+        raise ResumeRefused(
+            f"cannot resume run {run_id}: it is still {how}",
+            hint=f"`tfdeploy down {run_id}` stops it; then `up --resume {run_id}` resumes it",
+        )
+
+
+def _refuse_other_plan(runs: list[HostRun], plan: Plan, again: str) -> None:
+    """Every task of the run where the plan puts it, and no other: a task added, gone or moved
+    would change the cluster the run's tasks (and their checkpoints) were made for."""
+    ran = {t.name: r.host for r in runs for t in r.tasks}
+    planned = {t.name: t.host for t in plan.tasks}
+    differences = [
+        *(f"{n} is not in the run" for n in planned if n not in ran),
+        *(f"{n} of the run is not in the plan" for n in ran if n not in planned),
+        *(
+            f"{n} ran on {ran[n]}, the plan puts it on {h}"
+            for n, h in planned.items()
+            if n in ran and ran[n] != h
+        ),
+    ]
+    if differences:
+        raise ResumeRefused(
+            f"cannot resume run {runs[0].run_id}: the inventory's plan no longer matches its "
+            f"tasks: {join_names(differences[:8])}"
+            + (f" and {len(differences) - 8} more" if len(differences) > 8 else ""),
+            hint=again,
+        )
+
+
+def _refuse_succeeded(runs: list[HostRun], plan: Plan, again: str) -> None:
+    """Every awaited task exited 0 by itself: the job is done, nothing to resume."""
+    statuses = {t.name: t for r in runs for t in r.tasks}
+    awaited = [statuses[t.name] for t in plan.tasks if t.awaited and t.name in statuses]
+    if awaited and all(s.succeeded and s.reason == protocol.REASON_EXITED for s in awaited):
+        raise ResumeRefused(
+            f"cannot resume run {runs[0].run_id}: it succeeded, there is nothing to resume",
+            hint=again,
+        )
+
+
+def next_attempt(facts: Mapping[str, Mapping[str, object]]) -> int:
+    """One more than the run's last attempt on any host (each resuming hello says its own)."""
+    said = [f.get("attempt") for f in facts.values()]
+    return 1 + max((a for a in said if isinstance(a, int)), default=0)
+
+
+def carry_on(board: TaskBoard, found: Resumable, attempt: int) -> None:
+    """The board goes on where the run stopped: each task's next attempt, its log from the
+    size it had (the lines before are the run's, `logs` has them), its metrics from where
+    this machine read them to (its archive's offsets; 0 when it read none)."""
+    read = metricstore.read_object(run_dir(found.run_id), OFFSETS)
+    for name, watch in board.watches.items():
+        watch.attempt = attempt
+        watch.offset = found.log_bytes.get(name, 0)
+        offset = read.get(name)
+        if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+            watch.series.offset = offset

@@ -1,0 +1,62 @@
+"""`up --resume RUN`: a run that ended early opened again on this host, under its own id.
+
+The hello of a resuming `up` checks here that the run can be resumed (its folder is here, of
+the same job, nothing of it runs, no keeper holds it, no other `up` reserved its ports), and
+once its ports are reserved, lifts the whole-run stop marker that `down` or a teardown left:
+from then on the run is its `up`'s again, as any run is from its preflight on, and its tasks
+start again in their own folders (checkpoints, logs) with the next TFDEPLOY_ATTEMPT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import layout
+import params
+import procs
+import protocol
+import reservations
+
+
+def check(
+    workdir: Path, run_id: str, job: str | None, ports: list[int], bindable: Callable[[int], bool]
+) -> int:
+    """Raises AgentError when the run cannot be resumed here; else its last attempt here (the
+    highest TFDEPLOY_ATTEMPT its tasks were started with). Changes nothing."""
+    run_dir = layout.runs_dir(workdir) / run_id
+    meta = layout.read_json(run_dir / "run.json")
+    if not isinstance(meta, dict):
+        raise params.AgentError(
+            f"there is no run {run_id!r} of this host in {workdir} to resume", protocol.FAIL_NO_RUN
+        )
+    if job is not None and meta.get("job") != job:
+        raise params.AgentError(f"run {run_id} is of job {meta.get('job')!r}, not {job!r}")
+    import warden  # only a resume pays for its imports
+
+    if warden.alive(workdir, run_id):
+        raise params.AgentError(f"run {run_id} is kept by its keeper here: it is not over")
+    if reservations.held_by(workdir, run_id, ports, bindable):
+        raise params.AgentError(f"an `up` of run {run_id} is starting here already")
+    attempt = 0
+    for task_dir in layout.task_dirs(run_dir):
+        if procs.task_state(task_dir)[0] in (protocol.STATE_RUNNING, protocol.STATE_STARTING):
+            raise params.AgentError(f"task {task_dir.name} of run {run_id} is still running")
+        attempt = max(attempt, _attempt(task_dir))
+    return attempt
+
+
+def reopen(workdir: Path, run_id: str) -> None:
+    """The run's stop marker lifted (under the run's lock, as stops write it): its code, setup
+    and tasks are accepted again. Its tasks' own records stay until each starts again."""
+    run_dir = layout.runs_dir(workdir) / run_id
+    with layout.run_lock(run_dir):
+        (run_dir / "stop").unlink(missing_ok=True)
+
+
+def _attempt(task_dir: Path) -> int:
+    """The TFDEPLOY_ATTEMPT the task was last started with (its recorded spec), 0 if none."""
+    spec = layout.read_json(task_dir / "spec.json")
+    env = spec.get("env") if isinstance(spec, dict) else None
+    value = env.get(protocol.ATTEMPT_ENV) if isinstance(env, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else 0

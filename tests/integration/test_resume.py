@@ -1,0 +1,169 @@
+"""`tfdeploy up INVENTORY --resume RUN` on the lab (issue 59): a run that ended early goes on
+under its own id, every task started again in its folder of the run with the next
+TFDEPLOY_ATTEMPT, so the checkpoint it left inside the run (no [job] checkpoint_dir) is there
+to resume from; the run's logs and local history stay one run. And the runs it refuses, each
+with its reason, nothing started.
+
+The task is TF-shaped (no TensorFlow): it reads TF_CONFIG, binds its port, saves a step counter
+into ckpt/ in its working directory (the run's code folder, as examples/digits does by
+default) after each step, and resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab import Lab
+from tests.lab.base import wait_until
+from tests.support.faults import tfdeploy
+
+pytestmark = pytest.mark.lab
+
+STEPS = 30
+TASK = r"""
+import json, os, socket, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+kind, index = cfg["task"]["type"], cfg["task"]["index"]
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(cfg["cluster"][kind][index].rsplit(":", 1)[1])))
+server.listen()
+os.makedirs("ckpt", exist_ok=True)
+ckpt = os.path.join("ckpt", kind + "-" + str(index))
+step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+attempt = os.environ["TFDEPLOY_ATTEMPT"]
+print(kind, index, "attempt", attempt, "in", os.getcwd(), flush=True)
+print(kind, index, "resumed from step" if step else "starting at step", step, flush=True)
+while step < int(sys.argv[1]):
+    time.sleep(0.2)
+    step += 1
+    with open(ckpt + ".part", "w") as f:
+        f.write(str(step))
+    os.replace(ckpt + ".part", ckpt)
+print(kind, index, "done at step", step, flush=True)
+"""
+
+
+def _step(lab: Lab, host: Any, run_id: str, task: str) -> int:
+    path = f"~/.tfdeploy/hosts/*/runs/{run_id}/code/ckpt/{task}"
+    said = lab.run(host, ["sh", "-c", f"cat {path} 2>/dev/null || echo 0"]).stdout.split()
+    return int(said[-1]) if said else 0
+
+
+def _runs_on(lab: Lab, host: Any) -> list[str]:
+    said = lab.run(host, ["sh", "-c", "ls ~/.tfdeploy/hosts/*/runs/ 2>/dev/null || true"])
+    return sorted(said.stdout.split())
+
+
+def _run_id(up_stdout: str) -> str:
+    found = re.search(r"\(run (\S+)\)$", up_stdout, re.MULTILINE)
+    assert found, up_stdout
+    return found.group(1)
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "steps.py").write_text(TASK)
+    return code
+
+
+def _inventory(
+    lab_inventory: Any, lab: Lab, code: Path, file: str = "inventory.toml", **job: Any
+) -> str:
+    job = {"name": "resumejob", "command": f"{lab.python} steps.py {STEPS}", **job}
+    tasks = job.pop("tasks", [[{"role": "worker"}]] * 2)
+    return str(lab_inventory(tasks, code=code, job=job, name=file))
+
+
+def test_a_run_stopped_by_down_goes_on_under_its_own_id_from_its_checkpoint(
+    lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab_inventory, lab, code)
+    state = tmp_path / "state"
+    run_id = _run_id(tfdeploy("up", "--detach", inventory, state=state, check_rc=0).stdout)
+    wait_until("worker:1 to pass step 5", lambda: _step(lab, h2, run_id, "worker-1") >= 5, 60)
+    tfdeploy("down", run_id, state=state, check_rc=0)  # the run dies early
+    saved = {h.name: _step(lab, h, run_id, f"worker-{i}") for i, h in enumerate((h1, h2))}
+    before = {h.name: _runs_on(lab, h) for h in (h1, h2)}
+
+    resumed = tfdeploy("up", inventory, "--resume", run_id, state=state, check_rc=0, timeout=180)
+    out = resumed.stdout
+    assert f"resuming run {run_id} at attempt 1 (TFDEPLOY_ATTEMPT=1)" in out, out
+    assert f"next, for run {run_id}:" in out, out
+    for i, host in enumerate((h1, h2)):
+        assert f"worker {i} attempt 1 in " in out and f"/runs/{run_id}/code" in out, out
+        said = rf"worker:{i}@\S+ \[attempt 1\] \| worker {i} resumed from step (\d+)"
+        went_on = re.search(said, out)
+        assert went_on and int(went_on.group(1)) >= saved[host.name] > 0, out
+        assert f"worker {i} done at step {STEPS}" in out
+        assert f"worker {i} starting at step" not in out  # the old attempt's lines not again
+    assert {h.name: _runs_on(lab, h) for h in (h1, h2)} == before  # no new run folder
+
+    logs = tfdeploy("logs", run_id, "--task", "worker:0", state=state, check_rc=0).stdout
+    assert "worker 0 starting at step 0" in logs  # attempt 0, in the same output.log
+    assert f"tfdeploy: run {run_id} resumed by `tfdeploy up --resume` (attempt 1)" in logs
+    assert logs.index("starting at step 0") < logs.index("resumed from step") < logs.index("done")
+    runs = json.loads(tfdeploy("runs", "--json", state=state, check_rc=0).stdout)["runs"]
+    assert [(r["run_id"], r["outcome"]) for r in runs] == [(run_id, "succeeded")], runs
+    status = json.loads(tfdeploy("status", run_id, "--json", state=state, check_rc=0).stdout)
+    tasks = [t for r in status["runs"] for t in r["tasks"]]
+    assert [(t["state"], t["exit_code"]) for t in tasks] == [("exited", 0)] * 2, status
+    assert [t["restarts"] for t in tasks] == [1, 1], status  # the resumed start counts
+    for host in (h1, h2):
+        assert not lab.leftovers(host, 10), lab.leftovers(host)
+
+    # A run that succeeded has nothing left to resume.
+    again = tfdeploy("up", inventory, "--resume", run_id, state=state, check_rc=2)
+    assert f"cannot resume run {run_id}: it succeeded, there is nothing to resume" in again.stderr
+    assert "preflight" not in again.stdout
+
+
+def test_runs_that_cannot_be_resumed_are_refused_with_their_reason_and_nothing_starts(
+    lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    h1, h2 = lab.hosts[:2]
+    inventory = _inventory(lab_inventory, lab, code, command=f"{lab.python} steps.py 100000")
+    state = tmp_path / "state"
+    run_id = _run_id(tfdeploy("up", "--detach", inventory, state=state, check_rc=0).stdout)
+    before = {h.name: _runs_on(lab, h) for h in (h1, h2)}
+
+    running = tfdeploy("up", inventory, "--resume", run_id, state=state, check_rc=2)
+    assert f"cannot resume run {run_id}: it is still kept by its keeper" in running.stderr
+    assert f"tfdeploy down {run_id}" in running.stderr
+    status = json.loads(tfdeploy("status", run_id, "--json", state=state, check_rc=0).stdout)
+    assert {t["state"] for r in status["runs"] for t in r["tasks"]} == {"running"}, status
+    tfdeploy("down", run_id, state=state, check_rc=0)
+
+    other_job = _inventory(lab_inventory, lab, code, "other.toml", name="otherjob")
+    refusals = [running, tfdeploy("up", other_job, "--resume", run_id, state=state, check_rc=2)]
+    assert (
+        f"cannot resume run {run_id}: it is a run of job 'resumejob', and this inventory's job "
+        "is 'otherjob'" in refusals[-1].stderr
+    ), refusals[-1].stderr
+
+    moved = [[{"role": "worker"}], [{"role": "worker"}, {"role": "worker"}]]
+    grown = _inventory(lab_inventory, lab, code, "grown.toml", tasks=moved)
+    refusals.append(tfdeploy("up", grown, "--resume", run_id, state=state, check_rc=2))
+    assert (
+        f"cannot resume run {run_id}: the inventory's plan no longer matches its tasks: "
+        "worker:2 is not in the run" in refusals[-1].stderr
+    ), refusals[-1].stderr
+    assert "starts a new run" in refusals[-1].stderr
+
+    unknown = "resumejob-20200101T000000Z-abcd"
+    refusals.append(tfdeploy("up", inventory, "--resume", unknown, state=state, check_rc=2))
+    assert f"cannot resume: no run {unknown} on" in refusals[-1].stderr, refusals[-1].stderr
+
+    for said in refusals:
+        assert "preflight" not in said.stdout, said.stdout  # refused before any preflight
+    assert {h.name: _runs_on(lab, h) for h in (h1, h2)} == before
+    for host in (h1, h2):
+        assert not lab.leftovers(host, 10), lab.leftovers(host)
