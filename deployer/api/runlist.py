@@ -40,6 +40,7 @@ class RunSummary:
     final: dict[str, float] = field(default_factory=dict)  # the last record's numbers
     metrics_dropped: int = 0  # lines the tasks wrote that were no record (docs/metrics.md)
     restarts: int = 0  # how often its keeper restarted it (the job, or a task alone)
+    resumed: int = 0  # how often `up --resume` continued it (docs/up.md "Resuming a run")
     damage: tuple[str, ...] = ()  # the run's local records that could not be read, named
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +96,7 @@ def summary(run_id: str) -> RunSummary:
         final=final,
         metrics_dropped=metricstore.dropped(directory, "metrics"),
         restarts=metricstore.count_value(ended.get("restarts")),
+        resumed=len(_objects(facts.get("resumed"))),
         damage=(*_damaged_documents(run_id), *damage),
     )
 
@@ -165,6 +167,8 @@ def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
         outcome = f"{r.outcome}: {r.detail}" if r.detail and r.outcome != "succeeded" else r.outcome
         if r.restarts:
             outcome += f" ({plural(r.restarts, 'restart')})"
+        if r.resumed:
+            outcome += " (resumed)" if r.resumed == 1 else f" (resumed {r.resumed} times)"
         final = ", ".join(f"{k} {v:.4g}" for k, v in list(r.final.items())[:3])
         table.add_row(
             r.run_id,

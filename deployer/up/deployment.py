@@ -100,6 +100,7 @@ class Deployment:
         view = self.view = self._view
         self.outcome: dict[str, object] = {"outcome": "unknown"}
         self.began = time.time()
+        self.resumed: list[dict[str, float]] = []  # `up --resume`: the run's resumes, kept
         self.dashboard: Tunnel | None = None  # the local end of [job.tensorboard]
         self.gpu_monitor = GpuMonitor(set(), clock=clock)
         self.poller = Poller(
@@ -273,6 +274,7 @@ class Deployment:
         attempt = resume.next_attempt(facts)
         resume.carry_on(self.board, found, attempt)
         self.began = found.began
+        self.resumed = resume.resumes(self.run_id, attempt)
         self.archive.reopen()
         self.start.resuming = True
         self.view.step(
@@ -315,6 +317,8 @@ class Deployment:
         """The run's facts, journal and outcome beside its archive (results/metricstore.py):
         what `tfdeploy runs` and `tfdeploy report` read once the hosts are gone."""
         facts = run_facts(self.plan, self.run_id, self.began, self.hide)
+        if self.resumed:
+            facts["resumed"] = self.resumed
         facts["exits"] = {
             w.task.name: w.status.outcome() if w.status and w.status.finished else None
             for w in self.board.watches.values()

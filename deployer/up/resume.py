@@ -12,6 +12,7 @@ on where it stopped, and the local history keeps one run.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,12 +50,18 @@ def find(fleet: Fleet, plan: Plan, run_id: str) -> Resumable:
         raise HostsFailed(
             survey.failures, what="looking for the run failed", outcome="nothing was started"
         )
-    runs, again = survey.runs, f"`tfdeploy up {plan.inventory.path}` starts a new run"
-    if not runs:
+    if not survey.runs:
         raise ResumeRefused(
             f"cannot resume: {survey.nothing_found(target)}",
-            hint=f"`tfdeploy runs` lists this machine's runs; {again}",
+            hint=f"`tfdeploy runs` lists this machine's runs; {_again(plan)}",
         )
+    return judge(survey.runs, plan, run_id)
+
+
+def judge(runs: list[HostRun], plan: Plan, run_id: str) -> Resumable:
+    """The run as its hosts reported it (each host's share), judged against the plan: the
+    refusal that applies first (its job, running or kept, its tasks, its success)."""
+    again = _again(plan)
     _refuse_other_job(runs, plan, again)
     _refuse_active(runs, run_id)
     _refuse_other_plan(runs, plan, again)
@@ -64,6 +71,10 @@ def find(fleet: Fleet, plan: Plan, run_id: str) -> Resumable:
         min(r.created for r in runs),
         {t.name: t.log_bytes for r in runs for t in r.tasks},
     )
+
+
+def _again(plan: Plan) -> str:
+    return f"`tfdeploy up {plan.inventory.path}` starts a new run"
 
 
 def _refuse_other_job(runs: list[HostRun], plan: Plan, again: str) -> None:
@@ -124,6 +135,14 @@ def next_attempt(facts: Mapping[str, Mapping[str, object]]) -> int:
     """One more than the run's last attempt on any host (each resuming hello says its own)."""
     said = [f.get("attempt") for f in facts.values()]
     return 1 + max((a for a in said if isinstance(a, int)), default=0)
+
+
+def resumes(run_id: str, attempt: int) -> list[dict[str, float]]:
+    """The run's resumes as its local facts keep them (`runs` says it was resumed): those an
+    earlier `up --resume` recorded here, and this one."""
+    earlier = metricstore.read_object(run_dir(run_id), "facts.json").get("resumed")
+    kept = [r for r in earlier if isinstance(r, dict)] if isinstance(earlier, list) else []
+    return [*kept, {"at": round(time.time(), 3), "attempt": attempt}]
 
 
 def carry_on(board: TaskBoard, found: Resumable, attempt: int) -> None:

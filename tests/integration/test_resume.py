@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,10 @@ step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
 attempt = os.environ["TFDEPLOY_ATTEMPT"]
 print(kind, index, "attempt", attempt, "in", os.getcwd(), flush=True)
 print(kind, index, "resumed from step" if step else "starting at step", step, flush=True)
+fail_at = int(sys.argv[2]) if len(sys.argv) > 2 and attempt == "0" and index == 1 else -1
 while step < int(sys.argv[1]):
+    if step == fail_at:
+        sys.exit(3)
     time.sleep(0.2)
     step += 1
     with open(ckpt + ".part", "w") as f:
@@ -112,7 +116,10 @@ def test_a_run_stopped_by_down_goes_on_under_its_own_id_from_its_checkpoint(
     assert f"tfdeploy: run {run_id} resumed by `tfdeploy up --resume` (attempt 1)" in logs
     assert logs.index("starting at step 0") < logs.index("resumed from step") < logs.index("done")
     runs = json.loads(tfdeploy("runs", "--json", state=state, check_rc=0).stdout)["runs"]
-    assert [(r["run_id"], r["outcome"]) for r in runs] == [(run_id, "succeeded")], runs
+    assert [(r["run_id"], r["outcome"], r["resumed"]) for r in runs] == [
+        (run_id, "succeeded", 1)
+    ], runs
+    assert "succeeded (resumed)" in tfdeploy("runs", state=state, check_rc=0).stdout
     status = json.loads(tfdeploy("status", run_id, "--json", state=state, check_rc=0).stdout)
     tasks = [t for r in status["runs"] for t in r["tasks"]]
     assert [(t["state"], t["exit_code"]) for t in tasks] == [("exited", 0)] * 2, status
@@ -166,4 +173,39 @@ def test_runs_that_cannot_be_resumed_are_refused_with_their_reason_and_nothing_s
         assert "preflight" not in said.stdout, said.stdout  # refused before any preflight
     assert {h.name: _runs_on(lab, h) for h in (h1, h2)} == before
     for host in (h1, h2):
+        assert not lab.leftovers(host, 10), lab.leftovers(host)
+
+
+def _ended(state: Path, run_id: str) -> bool:
+    """Every task of the run exited and no keeper of it is left (the run's end, the event)."""
+    document = json.loads(tfdeploy("status", run_id, "--json", state=state, check_rc=0).stdout)
+    tasks = [t for r in document["runs"] for t in r["tasks"]]
+    kept = any(r["kept"] for r in document["runs"])
+    return len(tasks) == 2 and all(t["state"] == "exited" for t in tasks) and not kept
+
+
+def test_a_detached_run_failed_under_teardown_is_resumed_detached_and_its_keeper_ends_it(
+    lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
+) -> None:
+    """worker:1 fails at step 5 of attempt 0: the keeper stops the run (on_failure teardown).
+    `up --detach --resume` hands the resumed run to a keeper again, and the run ends
+    succeeded by itself, its workers on from their checkpoints."""
+    inventory = _inventory(lab_inventory, lab, code, command=f"{lab.python} steps.py 20 5")
+    state = tmp_path / "state"
+    run_id = _run_id(tfdeploy("up", "--detach", inventory, state=state, check_rc=0).stdout)
+    deadline = time.monotonic() + 60
+    while not _ended(state, run_id):
+        assert time.monotonic() < deadline, "the keeper did not end the failed run"
+        time.sleep(0.3)
+
+    resumed = tfdeploy("up", "--detach", inventory, "--resume", run_id, state=state, check_rc=0)
+    assert f"resuming run {run_id} at attempt 1" in resumed.stdout, resumed.stdout
+    assert f"run {run_id} is running detached, kept by its keeper" in resumed.stdout
+    logs = tfdeploy("logs", run_id, "-f", state=state, check_rc=0, timeout=120).stdout
+    assert logs.splitlines()[-1] == f"tfdeploy: run {run_id} succeeded: 2 exit code 0", logs
+    assert re.search(r"worker 1 resumed from step 5\b", logs), logs
+    assert "worker 1 done at step 20" in logs and "worker 0 done at step 20" in logs
+    runs = json.loads(tfdeploy("runs", "--json", state=state, check_rc=0).stdout)["runs"]
+    assert [(r["run_id"], r["outcome"]) for r in runs] == [(run_id, "succeeded")], runs
+    for host in lab.hosts[:2]:
         assert not lab.leftovers(host, 10), lab.leftovers(host)

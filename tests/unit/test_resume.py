@@ -1,0 +1,146 @@
+"""`up --resume RUN` (issue 59): the controller's judgment of a run its hosts reported
+(deployer/up/resume.py), and the agent's resuming hello and start (remote/resume.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deployer.config.inventory import load_inventory
+from deployer.config.plan import Plan, make_plan
+from deployer.hosts.reply_types import TaskStatus
+from deployer.results.runs import HostRun
+from deployer.up import resume
+from tests.support.agent import call, new_run, ok, runs_dir, start, wait_state
+
+RUN = "j-20261207T150000Z-ab12"
+HOSTS = """
+[[hosts]]
+address = "10.0.0.1"
+tasks = [{ role = "worker" }]
+
+[[hosts]]
+address = "10.0.0.2"
+tasks = [{ role = "worker" }]
+"""
+
+
+def _plan(tmp_path: Path, hosts: str = HOSTS) -> Plan:
+    (tmp_path / "code").mkdir(exist_ok=True)
+    inventory = tmp_path / "inv.toml"
+    inventory.write_text(f'[job]\nname = "j"\ncode = "code"\ncommand = "python3 t.py"\n{hosts}')
+    return make_plan(load_inventory(inventory))
+
+
+def _ended(name: str, code: int | None, reason: str, log_bytes: int = 10) -> TaskStatus:
+    signal = None if code is not None else 15
+    return TaskStatus(
+        name, "exited", exit_code=code, signal=signal, reason=reason, log_bytes=log_bytes
+    )
+
+
+def _runs(*tasks: TaskStatus, job: str = "j", **fields: bool) -> list[HostRun]:
+    hosts = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+    return [
+        HostRun(h, RUN, job, 100.0 + i, True, (t,), **fields)
+        for i, (h, t) in enumerate(zip(hosts, tasks, strict=False))
+    ]
+
+
+STOPPED = (_ended("worker:0", None, "stopped", 7), _ended("worker:1", None, "stopped", 9))
+
+
+def test_a_run_stopped_by_down_is_resumable_from_its_first_start_and_its_logs_ends(
+    tmp_path: Path,
+) -> None:
+    found = resume.judge(_runs(*STOPPED), _plan(tmp_path), RUN)
+    assert (found.began, dict(found.log_bytes)) == (100.0, {"worker:0": 7, "worker:1": 9})
+    # a worker that exited 0 on down's SIGTERM has not succeeded: still resumable
+    by_sigterm = (_ended("worker:0", 0, "stopped"), _ended("worker:1", 0, "stopped"))
+    assert resume.judge(_runs(*by_sigterm), _plan(tmp_path), RUN).run_id == RUN
+
+
+@pytest.mark.parametrize(
+    ("runs", "said"),
+    [
+        (
+            _runs(*STOPPED, job="other"),
+            "it is a run of job 'other', and this inventory's job is 'j'",
+        ),
+        (
+            _runs(STOPPED[0], TaskStatus("worker:1", "running")),
+            "it is still running",
+        ),
+        (_runs(*STOPPED, kept=True), "it is still kept by its keeper"),
+        (_runs(*STOPPED, leased=True), "it is still running"),
+        (
+            _runs(*STOPPED, _ended("worker:2", None, "stopped")),
+            "no longer matches its tasks: worker:2 of the run is not in the plan",
+        ),
+        (_runs(STOPPED[0]), "the inventory's plan no longer matches its tasks: worker:1 is not in"),
+        (
+            _runs(_ended("worker:0", 0, "exited"), _ended("worker:1", 0, "exited")),
+            "it succeeded, there is nothing to resume",
+        ),
+    ],
+)
+def test_a_run_that_cannot_be_resumed_is_refused_with_its_reason(
+    tmp_path: Path, runs: list[HostRun], said: str
+) -> None:
+    with pytest.raises(resume.ResumeRefused) as refused:
+        resume.judge(runs, _plan(tmp_path), RUN)
+    message = refused.value.message
+    assert message.startswith(f"cannot resume run {RUN}: ") and said in message, message
+    assert refused.value.exit_status == 2
+
+
+def test_a_task_on_another_host_than_the_plan_says_is_named(tmp_path: Path) -> None:
+    swapped = [
+        HostRun("10.0.0.2", RUN, "j", 100.0, True, (STOPPED[0],)),
+        HostRun("10.0.0.1", RUN, "j", 100.0, True, (STOPPED[1],)),
+    ]
+    with pytest.raises(resume.ResumeRefused) as refused:
+        resume.judge(swapped, _plan(tmp_path), RUN)
+    assert "worker:0 ran on 10.0.0.2, the plan puts it on 10.0.0.1" in refused.value.message
+    assert "starts a new run" in (refused.value.hint or "")
+
+
+def test_the_next_attempt_follows_the_highest_any_host_said() -> None:
+    assert resume.next_attempt({"h1": {"attempt": 0}, "h2": {"attempt": 2}}) == 3
+    assert resume.next_attempt({"h1": {}}) == 1
+
+
+def _hello(workdir: Path, job: str = "demo", run_id: str = "r1") -> dict[str, object]:
+    return call(workdir, "hello", ports=[], run_id=run_id, job=job, resume=True)
+
+
+def test_a_resuming_hello_lifts_the_stop_and_says_the_last_attempt(workdir: Path) -> None:
+    new_run(workdir)
+    task = {"name": "worker:0", "command": "true", "env": {"TFDEPLOY_ATTEMPT": "2"}}
+    start(workdir, task)
+    wait_state(workdir, "worker:0", "exited")
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
+    refused = call(workdir, "start", run_id="r1", tasks=[task])
+    assert refused["ok"] is False and "was stopped" in refused["error"]
+
+    assert ok(_hello(workdir))["attempt"] == 2
+    assert not (runs_dir(workdir) / "r1" / "stop").exists()
+    again = {**task, "env": {"TFDEPLOY_ATTEMPT": "3"}}
+    ok(call(workdir, "start", run_id="r1", tasks=[again], grace=1, resumed=True))
+    wait_state(workdir, "worker:0", "exited")
+    log = (runs_dir(workdir) / "r1/tasks/worker-0/output.log").read_text()
+    assert "tfdeploy: run r1 resumed by `tfdeploy up --resume` (attempt 3)\n" in log
+
+
+def test_a_resuming_hello_refuses_what_cannot_be_resumed_and_changes_nothing(
+    workdir: Path,
+) -> None:
+    refused = _hello(workdir, run_id="absent")
+    assert refused["ok"] is False and refused["code"] == "no run"
+    new_run(workdir)
+    refused = _hello(workdir, job="other")
+    assert refused["ok"] is False and "run r1 is of job 'demo', not 'other'" in refused["error"]
+    start(workdir, {"name": "worker:0", "command": "sleep 30"})
+    refused = _hello(workdir)
+    assert refused["ok"] is False and "task worker-0 of run r1 is still running" in refused["error"]
