@@ -275,7 +275,9 @@ class Deployment:
         resume.carry_on(self.board, found, attempt)
         self.began = found.began
         self.resumed = resume.resumes(self.run_id, attempt)
-        self.archive.reopen()
+        warning = resume.reopen_archive(self.fleet, found, self.archive)
+        if warning:
+            self.view.step(f"warning: {warning}; `tfdeploy logs {self.run_id}` reads the hosts")
         self.start.resuming = True
         self.view.step(
             f"resuming run {self.run_id} at attempt {attempt} (TFDEPLOY_ATTEMPT={attempt}): "

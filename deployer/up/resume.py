@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deployer.config.plan import Plan
-from deployer.core.errors import HostsFailed, UsageError
+from deployer.core.errors import HostsFailed, TfdeployError, UsageError
 from deployer.core.text import join_names
 from deployer.hosts.fleet import Fleet
 from deployer.results import metricstore
-from deployer.results.archive import run_dir
+from deployer.results.archive import LogArchive, run_dir
 from deployer.results.metricsync import OFFSETS
-from deployer.results.runs import HostRun, Target, survey_runs
+from deployer.results.runs import HostRun, Target, survey_runs, sync_archive
 from deployer.watch.board import TaskBoard
 from remote import protocol
 
@@ -143,6 +143,21 @@ def resumes(run_id: str, attempt: int) -> list[dict[str, float]]:
     earlier = metricstore.read_object(run_dir(run_id), "facts.json").get("resumed")
     kept = [r for r in earlier if isinstance(r, dict)] if isinstance(earlier, list) else []
     return [*kept, {"at": round(time.time(), 3), "attempt": attempt}]
+
+
+def reopen_archive(fleet: Fleet, found: Resumable, archive: LogArchive) -> str | None:
+    """The local archive made whole up to where the run stopped (a detached run's log never
+    came here), so the resumed attempt's bytes follow on, then reopened (`logs` asks the hosts
+    again until this `up` ends it). What could not be copied is a warning: the archive is a
+    convenience, the logs stay on the hosts."""
+    warning = None
+    if any(archive.size(name) < size for name, size in found.log_bytes.items()):
+        try:
+            sync_archive(fleet, found.run_id, archive)
+        except (TfdeployError, OSError) as exc:
+            warning = f"the run's earlier logs did not all come into the local archive ({exc})"
+    archive.reopen()
+    return warning
 
 
 def carry_on(board: TaskBoard, found: Resumable, attempt: int) -> None:

@@ -111,7 +111,9 @@ def test_a_run_stopped_by_down_goes_on_under_its_own_id_from_its_checkpoint(
         assert f"worker {i} starting at step" not in out  # the old attempt's lines not again
     assert {h.name: _runs_on(lab, h) for h in (h1, h2)} == before  # no new run folder
 
-    logs = tfdeploy("logs", run_id, "--task", "worker:0", state=state, check_rc=0).stdout
+    read = tfdeploy("logs", run_id, "--task", "worker:0", state=state, check_rc=0)
+    assert "hosts" not in read.stderr, read.stderr  # the local archive has all of it, whole
+    logs = read.stdout
     assert "worker 0 starting at step 0" in logs  # attempt 0, in the same output.log
     assert f"tfdeploy: run {run_id} resumed by `tfdeploy up --resume` (attempt 1)" in logs
     assert logs.index("starting at step 0") < logs.index("resumed from step") < logs.index("done")
