@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from deployer import api
 from deployer.config.inventory import load_inventory
 from deployer.config.plan import Plan, make_plan
 from deployer.hosts.reply_types import TaskStatus
@@ -144,3 +145,9 @@ def test_a_resuming_hello_refuses_what_cannot_be_resumed_and_changes_nothing(
     start(workdir, {"name": "worker:0", "command": "sleep 30"})
     refused = _hello(workdir)
     assert refused["ok"] is False and "task worker-0 of run r1 is still running" in refused["error"]
+
+
+def test_up_refuses_a_resume_that_names_no_run_id_before_anything(tmp_path: Path) -> None:
+    _plan(tmp_path)
+    with pytest.raises(api.UsageError, match=r"'\.\./r1' is not a run id to resume"):
+        api.up(tmp_path / "inv.toml", resume="../r1")
