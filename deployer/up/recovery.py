@@ -187,8 +187,19 @@ class Recovery:
             self.view.step(line)
         self.watching.tick(tolerate=True)  # the attempt's last words, under its own labels
         self.watching.drain()
-        if decision.gone:
-            self.replace(decision.host)
+        gone = decision.host if decision.gone else self.noticed_host()
+        if gone is not None:
+            self.replace(gone)
+
+    def noticed_host(self) -> str | None:
+        """The host of a task of the attempt its spot notice ended, when the first failure was
+        another task's: TF's PreemptionCheckpointHandler saves on every worker, and a peer that
+        saved with the noticed task and exited (143) may end first. That machine goes anyway."""
+        for watch in self.run.board.watches.values():
+            status = watch.status
+            if status is not None and status.preempted and not status.time_limited:
+                return watch.task.host
+        return None
 
     def replace(self, name: str) -> None:
         """A new machine takes the gone host's place in the host order, so every task keeps

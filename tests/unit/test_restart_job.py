@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from deployer.core.errors import Interrupted, InventoryError, JobFailed
+from deployer.up.recovery import Recovery
+from remote import protocol
 from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import plan
 
@@ -133,6 +135,36 @@ def test_the_first_failure_decides_not_its_consequences(
 
     assert h.run(script) == 0
     assert len(a.ops("start")) == 2
+
+
+def test_the_noticed_host_is_replaced_when_a_peer_that_saved_with_it_ended_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spot notice's checkpoint is saved by every worker (TF's PreemptionCheckpointHandler,
+    examples/digits/mwms.py), and a peer that exits 143 before the noticed task is the first
+    failure; the noticed task's machine is the one going away, so it is the one replaced."""
+    h = Harness(tmp_path, restart_job(), monkeypatch)
+    a, b = h.hosts["a"], h.hosts["b"]
+    replaced: list[str] = []
+    monkeypatch.setattr(Recovery, "replace", lambda self, name: replaced.append(name))
+    done: list[bool] = []
+
+    def script(now: float) -> None:
+        if not done and now >= 1005:
+            done.append(True)
+            a.exit("worker:0", 143)  # saved on its peer's notice, and ended first
+            h.clock.now += 1
+            b.exit("worker:1", 143)
+            b.tasks["worker:1"].reason = protocol.REASON_PREEMPTED
+        elif done and a.tasks["worker:0"].env["TFDEPLOY_ATTEMPT"] == "1":
+            for host, name in ((a, "worker:0"), (b, "worker:1")):
+                if host.tasks[name].state == "running":
+                    host.exit(name)
+
+    assert h.run(script) == 0
+    step = next(s for s in h.view.steps if "restarting the whole job" in s)
+    assert step.startswith("worker:0@a exit code 143"), step
+    assert replaced == ["b"]
 
 
 def test_max_restarts_bounds_the_attempts_and_the_backoff_doubles(
