@@ -4,16 +4,30 @@ runs it.
 The evaluator (optional) builds the same strategy and model, then evaluates each checkpoint the
 chief writes until the last epoch's: give it and the chief one checkpoint directory they both
 see (`--checkpoint-dir` or $CHECKPOINT_DIR on shared storage).
+
+A notice (SIGTERM: a spot interruption, a stop; SIGUSR1: Slurm's `[slurm] signal = "USR1@..."`)
+reaches TensorFlow's `PreemptionCheckpointHandler`: every worker saves a checkpoint at the same
+step, past the last epoch's, and exits 143 (128 + SIGTERM); the next attempt resumes from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+import time
 from typing import Any
 
 import common
+
+# What a worker that saved on a notice exits with: 128 + SIGTERM, as a shell reports a process
+# SIGTERM ended (and TF's own exit code on GCP). Under tfdeploy's on_failure = "restart-job" a
+# code of 128+ is retryable, so a worker that saved because a PEER got the notice (a spot
+# interruption reaches one host) is restarted with the rest; the noticed tasks end `preempted`.
+NOTICE_EXIT = 143
+KEPT = 8  # checkpoints a worker can hold: 3 of epochs and 2 of notices
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,6 +48,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "none otherwise",
     )
     parser.add_argument(
+        "--notice-signals",
+        default="TERM,USR1",
+        help="signals that mean 'this machine is going away': every worker saves a checkpoint "
+        f"at the same step and exits {NOTICE_EXIT} (SIGTERM: a spot notice or a stop; SIGUSR1: "
+        "the example of [slurm] signal); empty: none",
+    )
+    parser.add_argument(
         "--eval-timeout",
         type=float,
         default=120.0,
@@ -51,30 +72,95 @@ def own_checkpoint_dir(base: str, me: str) -> str:
     return base if chief else os.path.join(base, "workers", me.replace(":", "-"))
 
 
-def common_epoch(strategy: Any, manager: Any, epochs: int) -> int:
-    """The newest epoch every worker holds a checkpoint of (0: none, start afresh).
+def checkpoints_by_step(managers: list[tuple[Any, int]]) -> dict[int, str]:
+    """Each checkpoint these managers hold, by the global step it was saved at: `(manager,
+    steps per number)`, the notice ones numbered by step, the epoch ones by epoch. At a step
+    both hold, the first manager's."""
+    held: dict[int, str] = {}
+    for manager, steps in managers:
+        for path in manager.checkpoints:
+            held.setdefault(int(path.rsplit("-", 1)[1]) * steps, path)
+    return held
+
+
+def common_step(strategy: Any, held: dict[int, str]) -> int:
+    """The newest step every worker holds a checkpoint of (0: none, start afresh).
 
     Each worker restores its own copy, and a whole-job restart can stop one worker before it
-    saved the epoch its peers saved: restoring each one's latest would leave the ranks an epoch
+    saved the checkpoint its peers saved: restoring each one's latest would leave the ranks
     apart, disagreeing on the steps left (a hang or a crash at the next collective). So the
-    workers count, in one collective sum, which epochs each holds, and all take the newest one
-    that every replica holds."""
+    workers gather, in one collective, the steps each holds (its newest KEPT; the managers
+    keep fewer), and all take the newest one that every worker holds."""
     import tensorflow as tf
 
-    if manager is None:  # no worker checkpoints (the same arguments everywhere)
-        return 0
-    held = [0.0] * (epochs + 1)
-    held[0] = 1.0
-    for path in manager.checkpoints:
-        number = int(path.rsplit("-", 1)[1])
-        if 0 < number <= epochs:
-            held[number] = 1.0
-    local = tf.constant(held, dtype=tf.float32)
-    counts = strategy.reduce(
-        tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(local)), axis=None
+    newest = sorted(held, reverse=True)[:KEPT]
+    local = tf.constant([newest + [-1] * (KEPT - len(newest))], dtype=tf.int64)
+    rows = strategy.gather(strategy.run(lambda: tf.identity(local)), axis=0).numpy().tolist()
+    everyone = set.intersection(*(set(row) for row in rows)) - {-1}
+    return max(everyone, default=0)
+
+
+def notice_signals(names: str) -> list[signal.Signals]:
+    """`TERM,USR1` as signals; an unknown name is the user's mistake, said at once."""
+    found = []
+    for name in filter(None, (n.strip().upper() for n in names.split(","))):
+        try:
+            found.append(signal.Signals["SIG" + name.removeprefix("SIG")])
+        except KeyError:
+            sys.exit(f"error: --notice-signals: no signal {name!r}")
+    return found
+
+
+def preemption_handler(
+    strategy: Any, me: str, directory: str, save: Any, signals: list[signal.Signals]
+) -> Any:
+    """TensorFlow's PreemptionCheckpointHandler, told of a notice by any of `signals`.
+
+    Left to itself on a machine outside GCP it watches SIGTERM only, restores the newest
+    checkpoint of the manager it is given and exits 42. Here a signal handler of our own notes
+    each notice signal and the handler polls the note (`termination_watcher_fn`, once a second);
+    the worker that got it tells the others through the coordination service, every worker
+    saves (`save_fn`) before the same step and exits NOTICE_EXIT. Its manager holds nothing
+    and never saves, so it restores nothing and counts steps from 0 on every worker: the
+    workers restore the newest checkpoint they all hold themselves (common_step).
+    """
+    import tensorflow as tf
+
+    noticed = threading.Event()
+    got: list[str] = []
+
+    def note(signum: int, frame: object) -> None:  # no print here: it may interrupt one
+        got.append(signal.Signals(signum).name)
+        noticed.set()
+
+    for sig in signals:
+        signal.signal(sig, note)
+
+    told = threading.Event()
+
+    def watcher() -> bool:
+        if noticed.is_set() and not told.is_set():
+            told.set()
+            common.log(f"{me}: {got[0]}: a notice, saving a checkpoint before the next step")
+        return noticed.is_set()
+
+    def leave() -> None:
+        whose = "its" if noticed.is_set() else "a peer's"
+        common.log(f"{me}: saved on {whose} notice, exiting {NOTICE_EXIT}")
+        sys.exit(NOTICE_EXIT)
+
+    # The handler reads its own deprecated step count when it saves: not the user's concern.
+    tf.get_logger().addFilter(lambda record: "total_run_calls" not in record.getMessage())
+
+    config = tf.distribute.experimental.TerminationConfig(
+        termination_watcher_fn=watcher, exit_fn=leave, grace_period=0, save_fn=save
     )
-    everyone = strategy.num_replicas_in_sync
-    return max(e for e, n in enumerate(counts.numpy().tolist()) if round(n) == everyone)
+    nothing = tf.train.CheckpointManager(
+        tf.train.Checkpoint(), os.path.join(directory, "handler"), 1
+    )
+    return tf.distribute.experimental.PreemptionCheckpointHandler(
+        strategy.cluster_resolver, nothing, termination_config=config
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,14 +213,32 @@ def main(argv: list[str] | None = None) -> int:
     epoch_done = tf.Variable(0, dtype=tf.int64)
     step = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_done, step=step)
-    manager = None
+    per_epoch = len(y_train) // args.batch
+    total_steps = per_epoch * args.epochs
+    manager = handler = None
+    held: dict[int, str] = {}
     if args.checkpoint_dir:
         directory = own_checkpoint_dir(args.checkpoint_dir, me)
         # Three kept: a worker stopped before it saved the epoch its peers saved is one behind.
         manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3)
-    resume = common_epoch(strategy, manager, args.epochs)
-    if manager is not None and resume:
-        path = os.path.join(manager.directory, f"ckpt-{resume}")
+        # A notice's checkpoint (mid-epoch), numbered by its step; the evaluator never sees it.
+        noticed = tf.train.CheckpointManager(checkpoint, os.path.join(directory, "notice"), 2)
+        held = checkpoints_by_step([(noticed, 1), (manager, per_epoch)])
+
+        def save_on_notice() -> None:
+            at, done, began = int(step), int(epoch_done), time.monotonic()
+            path = noticed.save(checkpoint_number=at)  # collective: every worker saves
+            took, into = time.monotonic() - began, at - done * per_epoch
+            common.log(
+                f"{me}: saved {path} at step {at}, {into} into epoch {done + 1} in {took:.2f} s"
+            )
+
+        signals = notice_signals(args.notice_signals)
+        if signals:
+            handler = preemption_handler(strategy, me, directory, save_on_notice, signals)
+    resume = common_step(strategy, held) if manager is not None else 0
+    if resume:
+        path = held[resume]
         with strategy.scope():  # Keras builds optimizer slots lazily: build them to restore them
             optimizer.build(model.trainable_variables)
         checkpoint.restore(path).assert_existing_objects_matched()
@@ -152,8 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         def report(step: int, total_steps: int | None = None, **values: float) -> None:
             pass
 
-    per_epoch = len(y_train) // args.batch
-    total_steps = per_epoch * args.epochs
     first_step = True
     for epoch in range(int(epoch_done) + 1, args.epochs + 1):
         if args.fail_at_epoch == epoch and me == args.fail_task:
@@ -161,18 +263,24 @@ def main(argv: list[str] | None = None) -> int:
             # A normal exit blocks ~20 s in MWMS's shutdown barrier waiting for the peers;
             # a failing task should die at once, like a crash.
             os._exit(1)
+        # A notice's checkpoint resumes mid-epoch: the batches trained before it are skipped.
+        skip = int(step) - (epoch - 1) * per_epoch
         total, steps = 0.0, 0
         for x, y in dist_dataset:
-            loss = float(train_step(x, y))
+            if skip > 0:
+                skip -= 1
+                continue
+            # The handler saves (and exits) before a step when any worker got a notice.
+            loss = float(handler.run(train_step, x, y) if handler else train_step(x, y))
+            step.assign_add(1)
             total += loss
             steps += 1
-            report(int(step) + steps, total_steps, loss=loss, epoch=epoch)
+            report(int(step), total_steps, loss=loss, epoch=epoch)
             if first_step:
                 # "Time to first step": when the environment, the cluster and the first
                 # collective all worked (bench.env reads this line).
                 common.log(f"{me}: first step done")
                 first_step = False
-        step.assign_add(steps)
         epoch_done.assign(epoch)
         if manager is not None:
             manager.save(checkpoint_number=epoch)  # collective: every worker saves

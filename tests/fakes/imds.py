@@ -36,6 +36,8 @@ class Imds:
         self.tokens: set[str] = set()
         self.action: dict[str, str] | None = None
         self.only: str | None = None  # the one client address a notice is for (None: all)
+        self.once = False  # the notice is withdrawn once it was served
+        self.served: list[float] = []  # when each notice was served (Unix time)
         self.lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -71,15 +73,21 @@ class Imds:
         self.stop()
 
     def notice(
-        self, action: str = "terminate", seconds_from_now: float = 120, *, only: str | None = None
+        self,
+        action: str = "terminate",
+        seconds_from_now: float = 120,
+        *,
+        only: str | None = None,
+        once: bool = False,
     ) -> float:
         """Switches a notice on, for the client at address `only` if given (each instance has
         its own metadata service: one stand-in serves several lab hosts); returns its time in
-        Unix seconds (whole seconds, as AWS gives)."""
+        Unix seconds (whole seconds, as AWS gives). `once`: withdrawn after it was served once,
+        as for a machine that stays (a later attempt there gets no notice)."""
         at = int(time.time() + seconds_from_now)
         text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
         with self.lock:
-            self.action, self.only = {"action": action, "time": text}, only
+            self.action, self.only, self.once = {"action": action, "time": text}, only, once
         return float(at)
 
     def clear(self) -> None:
@@ -117,7 +125,11 @@ class Imds:
             return 401, b""
         noticed = self.action is not None and self.only in (None, client)
         if path == ACTION_PATH and noticed:
-            return 200, json.dumps(self.action).encode()
+            body = json.dumps(self.action).encode()
+            self.served.append(time.time())
+            if self.once:
+                self.action = None
+            return 200, body
         return 404, b""
 
 
