@@ -60,6 +60,7 @@ class Keeper:
         self.task_restarts: dict[str, int] = {}
         self.heard: dict[str, float] = {h: time.monotonic() for h in self.hosts}
         self.history: list[dict[str, Any]] = []
+        self.restarts = 0  # every restart noted: the record keeps only the newest 200 events
         self.lock = threading.Lock()  # statuses and heard, shared with the heartbeat thread
         self.done = threading.Event()
         self.fresh_after = 0.0  # polls asked before this (the last restart) are not believed
@@ -321,7 +322,14 @@ class Keeper:
         record's temporary file is named by pid, not by thread)."""
         with self.noting:
             self.history.append({"t": round(time.time(), 3), **event})
-            state = {"run_id": self.run_id, "attempt": self.attempt, "events": self.history[-200:]}
+            if "restart" in event or "restart_job" in event:
+                self.restarts += 1
+            state = {
+                "run_id": self.run_id,
+                "attempt": self.attempt,
+                "restarts": self.restarts,
+                "events": self.history[-200:],
+            }
             with contextlib.suppress(OSError):  # a full disk loses the record, never the run
                 layout.write_json(self.run_dir / STATE_FILE, state)
 
@@ -433,7 +441,11 @@ def recoveries(run_dir: Path) -> tuple[int, list[protocol.RecoveryShape]]:
             found[-1]["started_after_s"] = _seconds(event.get("after_s"))
         elif found and "stepping" in event:
             found[-1]["stepping_after_s"] = _seconds(event.get("after_s"))
-    return len(found), found[-MAX_RECOVERIES:]
+    # The events kept are the newest 200 (a restart notes two or three): the count the keeper
+    # kept beside them says how many there were in all.
+    count = state.get("restarts") if isinstance(state, dict) else None
+    whole = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    return max(whole, len(found)), found[-MAX_RECOVERIES:]
 
 
 def _recovery(event: dict[str, Any]) -> protocol.RecoveryShape:

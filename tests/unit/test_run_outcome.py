@@ -150,3 +150,30 @@ def test_a_run_restarted_more_often_than_a_reply_lists_says_how_often_everywhere
             _host_run("h1", raw | {"restarts": bad}, _HostLists())
     rows = reportpage._restart_rows(reportpage.sane_outcome(done))
     assert rows[0] == ("restarts", "25 (the newest 20 below)") and len(rows) == 21
+
+
+def test_a_keeper_that_restarted_more_often_than_its_record_keeps_counts_every_restart(
+    workdir: Path,
+) -> None:
+    """keeper.json keeps the newest 200 events, two or three per restart: the count the keeper
+    writes beside them, not the events left, is how often it restarted (100, not 66)."""
+    import subprocess
+    import sys
+
+    from tests.support.agent import AGENT, call, new_run, ok
+
+    run_dir = new_run(workdir, RUN)
+    script = (
+        f"import sys; sys.path.insert(0, {str(AGENT.parent)!r})\n"
+        "from pathlib import Path\nimport keeper\n"
+        f"k = keeper.Keeper({{'run_id': {RUN!r}, 'hosts': [], 'tasks': [], 'policy': {{}}}}, "
+        f"b'x', Path({str(run_dir)!r}))\n"
+        "for i in range(1, 101):\n"
+        "    k.note({'restart_job': i, 'cause': 'worker:1 exited 1', 'backoff': 1.0})\n"
+        "    k.note({'started': i, 'after_s': 1.0})\n"
+        "    k.note({'stepping': i, 'after_s': 2.0})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    [raw] = ok(call(workdir, "runs"))["runs"]
+    assert (raw["restarts"], len(raw["recoveries"])) == (100, 20)
+    assert raw["recoveries"][-1]["attempt"] == 100
