@@ -25,7 +25,8 @@ from deployer.core.statedir import state_dir
 if TYPE_CHECKING:
     from deployer.config.plan import Plan
 
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# \Z, not $: `$` also matches before a final newline, which no run id holds.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def new_run_id(job: str, now: float | None = None) -> str:

@@ -147,7 +147,11 @@ def test_a_resuming_hello_refuses_what_cannot_be_resumed_and_changes_nothing(
     assert refused["ok"] is False and "task worker-0 of run r1 is still running" in refused["error"]
 
 
-def test_up_refuses_a_resume_that_names_no_run_id_before_anything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("value", ["../r1", f"{RUN}\n"])
+def test_up_refuses_a_resume_that_names_no_run_id_before_anything(
+    tmp_path: Path, value: str
+) -> None:
     _plan(tmp_path)
-    with pytest.raises(api.UsageError, match=r"'\.\./r1' is not a run id to resume"):
-        api.up(tmp_path / "inv.toml", resume="../r1")
+    with pytest.raises(api.UsageError, match=r"is not a run id to resume") as refused:
+        api.up(tmp_path / "inv.toml", resume=value)
+    assert refused.value.message.startswith(repr(value))
