@@ -16,8 +16,9 @@ What a run uses:
 Only this host's runs are removed (WORKDIR/hosts/<this host>/runs): whether another host's run
 still runs only that host can tell (its pids, its clock for the lease), so its runs count as
 users of what they link and name until a prune on that host removes them. A run is never
-removed while it may run: a task starting or running, a setup command alive, or a lease that
-is live (a controller or a keeper deploying or watching it, and no whole-run stop since). Each
+removed while it may run: a task starting or running, a setup command alive, a lease that
+is live (a controller or a keeper deploying or watching it, and no whole-run stop since), or a
+live port reservation of it (an `up --resume` between its hello and its push). Each
 run is judged and removed under its run lock (start and setup take it), each environment under
 its SharedLock (builders take it).
 """
@@ -94,10 +95,10 @@ def _prune(
     gone = set()
     for run_dir in _beyond_keep(layout.runs_dir(workdir), keep, older_than):
         if dry:
-            removed = _judge_run(run_dir, now, grace, dry, tally, unlinked)
+            removed = _judge_run(workdir, run_dir, now, grace, dry, tally, unlinked)
         else:
             with layout.run_lock(run_dir):  # no start or setup of this run half-way now
-                removed = _judge_run(run_dir, now, grace, dry, tally, unlinked)
+                removed = _judge_run(workdir, run_dir, now, grace, dry, tally, unlinked)
         if removed:
             gone.add(run_dir)
     tally.running += sorted(reservations.claims(workdir))  # pushing: no folder to judge yet
@@ -128,10 +129,16 @@ def _beyond_keep(runs_dir: Path, keep: int, older_than: float | None) -> list[Pa
 
 
 def _judge_run(
-    run_dir: Path, now: float, grace: float, dry: bool, tally: _Tally, unlinked: Counter[Inode]
+    workdir: Path,
+    run_dir: Path,
+    now: float,
+    grace: float,
+    dry: bool,
+    tally: _Tally,
+    unlinked: Counter[Inode],
 ) -> bool:
     """Removes the run unless it may still run; whether it did (dry: would)."""
-    if _may_run(run_dir, now, grace):
+    if _may_run(workdir, run_dir, now, grace):
         tally.running.append(run_dir.name)
         return False
     freed, links = _walk(run_dir)
@@ -145,7 +152,7 @@ def _judge_run(
     return True
 
 
-def _may_run(run_dir: Path, now: float, grace: float) -> bool:
+def _may_run(workdir: Path, run_dir: Path, now: float, grace: float) -> bool:
     """Whether anything of the run may still run or be about to: when in doubt, True."""
     meta = layout.read_json(run_dir / "run.json")
     if not isinstance(meta, dict):  # written right after its directory: a materialize under way?
@@ -160,6 +167,8 @@ def _may_run(run_dir: Path, now: float, grace: float) -> bool:
             return True
     setup = layout.read_json(run_dir / "setup.json")
     if isinstance(setup, dict) and procs.group_alive(setup.get("pgid"), setup.get("start_ticks")):
+        return True
+    if reservations.reserving(workdir, run_dir.name):  # `up --resume` before its push
         return True
     return layout.lease_held(run_dir, meta, now)  # a whole-run stop: nothing of it may start
 

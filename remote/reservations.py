@@ -102,6 +102,26 @@ def held_by(workdir: Path, run_id: str, ports: list[int], bindable: Callable[[in
     )
 
 
+def reserving(workdir: Path, run_id: str) -> bool:
+    """Whether an `up` holds a live reservation of `run_id` here that no task took over yet:
+    between its hello and its start. A resumed run's folder is there all that while, its lease
+    lapsed long ago until its push: prune spares it (prune.py)."""
+    directory, now = _ports_dir(workdir), time.time()
+    if not directory.is_dir():
+        return False
+    for path in directory.glob("*.json"):
+        record: Any = layout.read_json(path)
+        if not isinstance(record, dict) or record.get("until_bound"):
+            continue
+        if record.get("run_id") == run_id and _holder(workdir, path, now, 0, _never) == run_id:
+            return True
+    return False
+
+
+def _never(port: int) -> bool:
+    return False  # not asked: only a reservation handed to tasks is judged by its port
+
+
 def claims(workdir: Path) -> dict[str, dict[str, Any]]:
     """The runs an `up` is preparing here that have no run folder yet (it is pushing their
     code): {run id: {"job", "reserved"}} of the live reservations not handed to tasks. From

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -155,3 +158,23 @@ def test_up_refuses_a_resume_that_names_no_run_id_before_anything(
     with pytest.raises(api.UsageError, match=r"is not a run id to resume") as refused:
         api.up(tmp_path / "inv.toml", resume=value)
     assert refused.value.message.startswith(repr(value))
+
+
+def test_a_prune_between_a_resuming_hello_and_its_push_spares_the_run(workdir: Path) -> None:
+    """The resuming hello reserved the run's ports and lifted its stop; its push (which writes
+    a live lease) comes later. A prune meanwhile must not take the run's folder, and with it the
+    checkpoint the resume is for: a live reservation of the run spares it, as a lease does."""
+    run_dir = new_run(workdir)
+    (run_dir / "code" / "ckpt").write_text("step 7")
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
+    long_ago = time.time() - 3600  # the run ended an hour ago: its lease lapsed then
+    os.utime(run_dir / "lease", (long_ago, long_ago))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ok(call(workdir, "hello", ports=[port], run_id="r1", job="demo", lease_seconds=60, resume=True))
+
+    reply = ok(call(workdir, "prune", keep=0, grace=0))
+
+    assert reply["runs"] == [] and reply["running"] == ["r1"]
+    assert (run_dir / "code" / "ckpt").read_text() == "step 7"
