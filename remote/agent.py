@@ -38,7 +38,7 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
     others = hostid.announce(workdir / "hosts", hostid.identity())
     with_runs = params.param(req, "runs", bool, False)
     resuming = params.param(req, "resume", bool, False)
-    attempt = _resumable(workdir, run_id, job, ports) if run_id and resuming else None
+    attempt = _resumable(workdir, run_id, job) if run_id and resuming else None
     if run_id is None:
         busy, held = [p for p in ports if not _bindable(p)], {}
     else:
@@ -59,11 +59,11 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
         raise
 
 
-def _resumable(workdir: Path, run_id: str, job: str | None, ports: list[int]) -> int:
+def _resumable(workdir: Path, run_id: str, job: str | None) -> int:
     """`up --resume`: the run's last attempt here, or why it cannot be resumed (resume.py)."""
     import resume
 
-    return resume.check(workdir, run_id, job, ports, _bindable)
+    return resume.check(workdir, run_id, job)
 
 
 def _reopen(workdir: Path, run_id: str, busy: list[int]) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import layout
+import params
 import procs
 import protocol
 
@@ -47,7 +48,10 @@ def reserve(
 ) -> tuple[list[int], dict[int, str]]:
     """(busy ports, {port: run id holding it}); reserves all of `ports` only when none is busy.
     A run stopped here (`down` while its `up` pushed) is refused: nothing of it starts; unless
-    `resuming` (`up --resume`, resume.py), whose hello lifts the stop once this reserved."""
+    `resuming` (`up --resume`, resume.py), whose hello lifts the stop once this reserved. Under
+    the same lock a resuming hello is refused while another `up` of the run holds its ports
+    here (two `up --resume` of one run at once), and its records hold although the stop is
+    still there (until its hello lifts it), so no other run's hello takes them meanwhile."""
     if not resuming and layout.run_stopped(layout.runs_dir(workdir) / run_id):
         raise layout.StoppedRun(run_id)
     directory = layout.make_private_dir(_ports_dir(workdir))
@@ -55,6 +59,11 @@ def reserve(
     now = time.time()
     with layout.open_lock(directory / ".lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if resuming and any(
+            _holder(workdir, directory / f"{port}.json", now, port, bindable) == run_id
+            for port in ports
+        ):
+            raise params.AgentError(f"an `up` of run {run_id} is starting here already")
         held = {}
         for port in ports:
             path = directory / f"{port}.json"
@@ -66,6 +75,8 @@ def reserve(
         busy = [p for p in ports if p in held or not bindable(p)]
         if not busy:
             record = {"run_id": run_id, "reserved": now, "lease_seconds": lease, "job": job}
+            if resuming:
+                record["resuming"] = True  # it holds before its hello lifts the run's stop
             for port in ports:
                 layout.write_json(directory / f"{port}.json", record)
     return busy, held
@@ -79,7 +90,7 @@ def _holder(
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
         return None
     run_dir = layout.runs_dir(workdir) / record["run_id"]
-    if layout.run_stopped(run_dir):
+    if layout.run_stopped(run_dir) and not record.get("resuming"):
         return None
     if record.get("until_bound"):
         # Handed over to the run's tasks: a bound port needs no reservation (the bind check
@@ -90,16 +101,6 @@ def _holder(
     with contextlib.suppress(OSError):
         beat = max(beat, (run_dir / "lease").stat().st_mtime)
     return record["run_id"] if now - beat <= float(record.get("lease_seconds") or 0) else None
-
-
-def held_by(workdir: Path, run_id: str, ports: list[int], bindable: Callable[[int], bool]) -> bool:
-    """Whether a live reservation of `run_id` holds one of `ports` here: another `up` of that
-    run passed its hello (two `up --resume` of one run at once)."""
-    directory, now = _ports_dir(workdir), time.time()
-    return any(
-        _holder(workdir, directory / f"{port}.json", now, port, bindable) == run_id
-        for port in ports
-    )
 
 
 def reserving(workdir: Path, run_id: str) -> bool:

@@ -1,27 +1,24 @@
 """`up --resume RUN`: a run that ended early opened again on this host, under its own id.
 
 The hello of a resuming `up` checks here that the run can be resumed (its folder is here, of
-the same job, nothing of it runs, no keeper holds it, no other `up` reserved its ports), and
-once its ports are reserved, lifts the whole-run stop marker that `down` or a teardown left:
-from then on the run is its `up`'s again, as any run is from its preflight on, and its tasks
-start again in their own folders (checkpoints, logs) with the next TFDEPLOY_ATTEMPT.
+the same job, nothing of it runs, no keeper holds it; its reservation refuses another `up` of
+the run holding its ports), and once its ports are reserved, lifts the whole-run stop marker
+that `down` or a teardown left: from then on the run is its `up`'s again, as any run is from
+its preflight on, and its tasks start again in their own folders (checkpoints, logs) with the
+next TFDEPLOY_ATTEMPT.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import layout
 import params
 import procs
 import protocol
-import reservations
 
 
-def check(
-    workdir: Path, run_id: str, job: str | None, ports: list[int], bindable: Callable[[int], bool]
-) -> int:
+def check(workdir: Path, run_id: str, job: str | None) -> int:
     """Raises AgentError when the run cannot be resumed here; else its last attempt here (the
     highest TFDEPLOY_ATTEMPT its tasks were started with). Changes nothing."""
     run_dir = layout.runs_dir(workdir) / run_id
@@ -36,8 +33,8 @@ def check(
 
     if warden.alive(workdir, run_id):
         raise params.AgentError(f"run {run_id} is kept by its keeper here: it is not over")
-    if reservations.held_by(workdir, run_id, ports, bindable):
-        raise params.AgentError(f"an `up` of run {run_id} is starting here already")
+    # Another `up` of the run holding its ports here is refused by the reservation itself,
+    # under its lock (reservations.reserve): a check here and a reserve after would race.
     attempt = 0
     for task_dir in layout.task_dirs(run_dir):
         if procs.task_state(task_dir)[0] in (protocol.STATE_RUNNING, protocol.STATE_STARTING):

@@ -169,12 +169,50 @@ def test_a_prune_between_a_resuming_hello_and_its_push_spares_the_run(workdir: P
     ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
     long_ago = time.time() - 3600  # the run ended an hour ago: its lease lapsed then
     os.utime(run_dir / "lease", (long_ago, long_ago))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     ok(call(workdir, "hello", ports=[port], run_id="r1", job="demo", lease_seconds=60, resume=True))
 
     reply = ok(call(workdir, "prune", keep=0, grace=0))
 
     assert reply["runs"] == [] and reply["running"] == ["r1"]
     assert (run_dir / "code" / "ckpt").read_text() == "step 7"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _reserved_not_lifted(workdir: Path, port: int) -> None:
+    """A resuming hello half-way, as another hello on this host may find it: run r1's ports
+    reserved, its stop not lifted yet (reservations.reserve, in a process of its own)."""
+    import subprocess
+    import sys
+
+    from tests.support.agent import AGENT
+
+    script = (
+        f"import sys; sys.path.insert(0, {str(AGENT.parent)!r})\n"
+        "from pathlib import Path\nimport reservations\n"
+        f"print(reservations.reserve(Path({str(workdir)!r}), 'r1', [{port}], 60, "
+        "lambda p: True, 'demo', resuming=True))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "([], {})", done.stderr
+
+
+def test_a_resuming_hello_holds_its_ports_before_it_lifts_the_stop(workdir: Path) -> None:
+    """Between its reservation and the lift of the run's stop, another run's hello must not
+    take the ports (a stopped run's reservations are free to take), nor a second `up --resume`
+    of the run pass: the check and the reservation are one step under the ports' lock."""
+    new_run(workdir)
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
+    port = _free_port()
+    _reserved_not_lifted(workdir, port)
+
+    other = ok(call(workdir, "hello", ports=[port], run_id="r2", job="demo", lease_seconds=60))
+    assert other["busy_ports"] == [port] and other["reserved_by"] == {str(port): "r1"}
+    again = call(workdir, "hello", ports=[port], run_id="r1", job="demo", resume=True)
+    assert again["ok"] is False and "an `up` of run r1 is starting here already" in again["error"]
+    assert (runs_dir(workdir) / "r1" / "stop").exists()  # the refused one lifted nothing
