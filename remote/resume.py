@@ -52,8 +52,12 @@ def reopen(workdir: Path, run_id: str) -> None:
 
 
 def _attempt(task_dir: Path) -> int:
-    """The TFDEPLOY_ATTEMPT the task was last started with (its recorded spec), 0 if none."""
+    """The TFDEPLOY_ATTEMPT the task was last started with (its recorded spec), 0 if none or
+    damaged: ASCII digits below 10**6, as a keeper's relaunch takes (`"²".isdigit()`, and
+    int() of it raises)."""
     spec = layout.read_json(task_dir / "spec.json")
     env = spec.get("env") if isinstance(spec, dict) else None
     value = env.get(protocol.ATTEMPT_ENV) if isinstance(env, dict) else None
-    return int(value) if isinstance(value, str) and value.isdigit() else 0
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 6:
+        return int(value)
+    return 0

@@ -216,3 +216,19 @@ def test_a_resuming_hello_holds_its_ports_before_it_lifts_the_stop(workdir: Path
     again = call(workdir, "hello", ports=[port], run_id="r1", job="demo", resume=True)
     assert again["ok"] is False and "an `up` of run r1 is starting here already" in again["error"]
     assert (runs_dir(workdir) / "r1" / "stop").exists()  # the refused one lifted nothing
+
+
+@pytest.mark.parametrize("recorded", ["\u00b2", "1" * 40, "-1"])
+def test_a_damaged_attempt_in_a_tasks_record_counts_as_none(workdir: Path, recorded: str) -> None:
+    """spec.json is this host's own file, but a person or a full disk may have changed it."""
+    import json
+
+    new_run(workdir)
+    task = {"name": "worker:0", "command": "true", "env": {"TFDEPLOY_ATTEMPT": "0"}}
+    start(workdir, task)
+    wait_state(workdir, "worker:0", "exited")
+    spec_path = runs_dir(workdir) / "r1" / "tasks" / "worker-0" / "spec.json"
+    spec = json.loads(spec_path.read_text())
+    spec["env"]["TFDEPLOY_ATTEMPT"] = recorded
+    spec_path.write_text(json.dumps(spec))
+    assert ok(_hello(workdir))["attempt"] == 0
