@@ -258,6 +258,7 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
     root = layout.runs_dir(workdir)
     hosts_of = params.param(req, "hosts_of", str, None)
     found: list[Any] = [_claimed(run_id, c) for run_id, c in reservations.claims(workdir).items()]
+    preparing = reservations.reserving_runs(workdir)  # a resumed run: starting again
     now = time.time()
     for run_dir in root.iterdir() if root.is_dir() else []:
         if not run_dir.is_dir():
@@ -285,7 +286,10 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
                 "hosts": meta.get("hosts") if listed else None,
                 "hosts_at": meta.get("hosts_at") if listed else None,
                 "tasks": tasks,
-                "starting": not tasks and leased,
+                # Its `up` prepares it: no task yet, or (`up --resume`) its ports reserved
+                # again and none of its tasks running (`down INVENTORY` stops it meanwhile).
+                "starting": (not tasks and leased)
+                or (run_dir.name in preparing and all(t.get("state") in ended for t in tasks)),
                 "kept": _kept(workdir, run_dir.name),
                 "leased": leased,
                 **_recoveries(run_dir),

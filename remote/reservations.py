@@ -107,16 +107,22 @@ def reserving(workdir: Path, run_id: str) -> bool:
     """Whether an `up` holds a live reservation of `run_id` here that no task took over yet:
     between its hello and its start. A resumed run's folder is there all that while, its lease
     lapsed long ago until its push: prune spares it (prune.py)."""
+    return run_id in reserving_runs(workdir)
+
+
+def reserving_runs(workdir: Path) -> set[str]:
+    """The runs whose `up` holds a live reservation here that no task took over yet (read
+    once for a whole runs reply: a resumed run is starting again until its tasks start)."""
     directory, now = _ports_dir(workdir), time.time()
-    if not directory.is_dir():
-        return False
-    for path in directory.glob("*.json"):
+    found: set[str] = set()
+    for path in directory.glob("*.json") if directory.is_dir() else []:
         record: Any = layout.read_json(path)
         if not isinstance(record, dict) or record.get("until_bound"):
             continue
-        if record.get("run_id") == run_id and _holder(workdir, path, now, 0, _never) == run_id:
-            return True
-    return False
+        run_id = record.get("run_id")
+        if isinstance(run_id, str) and _holder(workdir, path, now, 0, _never) == run_id:
+            found.add(run_id)
+    return found
 
 
 def _never(port: int) -> bool:

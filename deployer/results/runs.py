@@ -81,8 +81,9 @@ class HostRun:
     hosts: tuple[tuple[str, str], ...] = ()  # the run's own list: (name, address) of each host
     hosts_at: float = 0.0  # when that list was written (a replaced host gets a newer one)
     gpu_use: tuple[TaskGpu, ...] = ()  # running tasks' GPU use (`status`: results/gpuuse.py)
-    # No task yet: its `up` is preparing it (pushing, installing, setting up, starting). A run
-    # from its preflight's reservation on: `down` stops it, and the host then refuses the rest.
+    # No task yet (or `up --resume`: none running): its `up` is preparing it (pushing,
+    # installing, setting up, starting). A run from its preflight's reservation on: `down`
+    # stops it, and the host then refuses the rest.
     starting: bool = False
     # Its keeper or warden lives there: a kept run between two attempts (every task exited,
     # the next about to start) is not over (docs/up.md, "A kept run").
@@ -277,7 +278,7 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         tasks=tuple(TaskStatus.from_json(t, edge) for t in edge.items(tasks or [], "tasks")),
         hosts=pairs,
         hosts_at=edge.number(hosts_at, "a run's hosts_at", "hosts_at") or 0.0,
-        starting=r.get("starting") is True and not tasks,
+        starting=r.get("starting") is True,
         kept=r.get("kept") is True,
         leased=r.get("leased") is True,
         recoveries=recoveries,

@@ -232,3 +232,32 @@ def test_a_damaged_attempt_in_a_tasks_record_counts_as_none(workdir: Path, recor
     spec["env"]["TFDEPLOY_ATTEMPT"] = recorded
     spec_path.write_text(json.dumps(spec))
     assert ok(_hello(workdir))["attempt"] == 0
+
+
+def test_a_run_being_resumed_is_starting_until_its_tasks_start_so_down_of_the_job_finds_it(
+    workdir: Path,
+) -> None:
+    """From the resuming hello to the first start (push, environment, setup: minutes), the
+    run's earlier tasks have all ended: it must still read `starting`, which makes it active
+    for `down INVENTORY` and `status` (before, it read ended and `down` of the job skipped
+    it, and the resume then started its tasks)."""
+    run_dir = new_run(workdir)
+    [task] = start(workdir, {"name": "worker:0", "command": "true"})
+    wait_state(workdir, "worker:0", "exited")
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
+
+    def listed() -> dict[str, object]:
+        [run] = [r for r in ok(call(workdir, "runs"))["runs"] if r["run_id"] == "r1"]
+        return run
+
+    assert listed()["starting"] is False  # ended: nothing prepares it
+    port = _free_port()
+    ok(call(workdir, "hello", ports=[port], run_id="r1", job="demo", lease_seconds=60, resume=True))
+    assert listed()["starting"] is True
+    from deployer.results.runs import _host_run, _HostLists
+
+    assert _host_run("h1", listed(), _HostLists()).active
+    start(workdir, {"name": "worker:0", "command": "sleep 30"})
+    assert listed()["starting"] is False  # its tasks took the reservation over
+    ok(call(workdir, "stop", run_id="r1", tasks=None, grace=0))
+    assert (run_dir / "tasks").is_dir() and task["pid"]
