@@ -266,7 +266,11 @@ class Deployment:
         if self.options.resume is None:
             return None
         self.view.step(f"looking for run {self.run_id} on the hosts, to resume it")
-        return resume.find(self.fleet, self.plan, self.run_id)
+        found = resume.find(self.fleet, self.plan, self.run_id)
+        warning = resume.copy_earlier_logs(self.fleet, found, self.archive)
+        if warning:
+            self.view.step(f"warning: {warning}; `tfdeploy logs {self.run_id}` reads the hosts")
+        return found
 
     def _resume(self, found: resume.Resumable, facts: Mapping[str, Mapping[str, object]]) -> None:
         """The hosts reopened the run: its tasks start again in their folders with the next
@@ -275,9 +279,7 @@ class Deployment:
         resume.carry_on(self.board, found, attempt)
         self.began = found.began
         self.resumed = resume.resumes(self.run_id, attempt)
-        warning = resume.reopen_archive(self.fleet, found, self.archive)
-        if warning:
-            self.view.step(f"warning: {warning}; `tfdeploy logs {self.run_id}` reads the hosts")
+        self.archive.reopen()  # `logs` asks the hosts again until this `up` ends it
         self.start.resuming = True
         self.view.step(
             f"resuming run {self.run_id} at attempt {attempt} (TFDEPLOY_ATTEMPT={attempt}): "

@@ -145,19 +145,19 @@ def resumes(run_id: str, attempt: int) -> list[dict[str, float]]:
     return [*kept, {"at": round(time.time(), 3), "attempt": attempt}]
 
 
-def reopen_archive(fleet: Fleet, found: Resumable, archive: LogArchive) -> str | None:
+def copy_earlier_logs(fleet: Fleet, found: Resumable, archive: LogArchive) -> str | None:
     """The local archive made whole up to where the run stopped (a detached run's log never
-    came here), so the resumed attempt's bytes follow on, then reopened (`logs` asks the hosts
-    again until this `up` ends it). What could not be copied is a warning: the archive is a
-    convenience, the logs stay on the hosts."""
-    warning = None
-    if any(archive.size(name) < size for name, size in found.log_bytes.items()):
-        try:
-            sync_archive(fleet, found.run_id, archive)
-        except (TfdeployError, OSError) as exc:
-            warning = f"the run's earlier logs did not all come into the local archive ({exc})"
-    archive.reopen()
-    return warning
+    came here), so the resumed attempt's bytes follow on. It only reads the hosts, so it runs
+    before preflight: a copy of up to 128 MiB a task must not hold the ports the resuming
+    hellos reserve. What could not be copied is a warning: the archive is a convenience, the
+    logs stay on the hosts."""
+    if all(archive.size(name) >= size for name, size in found.log_bytes.items()):
+        return None
+    try:
+        sync_archive(fleet, found.run_id, archive)
+    except (TfdeployError, OSError) as exc:
+        return f"the run's earlier logs did not all come into the local archive ({exc})"
+    return None
 
 
 def carry_on(board: TaskBoard, found: Resumable, attempt: int) -> None:
