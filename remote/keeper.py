@@ -59,8 +59,8 @@ class Keeper:
         self.statuses: dict[str, dict[str, Any]] = {}
         self.task_restarts: dict[str, int] = {}
         self.heard: dict[str, float] = {h: time.monotonic() for h in self.hosts}
-        self.history: list[dict[str, Any]] = []
-        self.restarts = 0  # every restart noted: the record keeps only the newest 200 events
+        # An earlier keeper's restarts of this run (`up --resume`) go on being counted.
+        self.history, self.restarts = _earlier_restarts(run_dir, self.run_id)
         self.lock = threading.Lock()  # statuses and heard, shared with the heartbeat thread
         self.done = threading.Event()
         self.fresh_after = 0.0  # polls asked before this (the last restart) are not believed
@@ -415,6 +415,26 @@ def _outcome(status: dict[str, Any]) -> str:
     if status.get("state") == protocol.STATE_LOST:
         return "was lost"
     return f"exited {status.get('exit_code')}"
+
+
+def _earlier_restarts(run_dir: Path, run_id: str) -> tuple[list[dict[str, Any]], int]:
+    """The restarts an earlier keeper of the run recorded here (the run was resumed after it
+    ended): their events, each with its recovery's timings, and their count. Its end and its
+    other events are not carried: the run is not over, and `ended` would say so."""
+    state = layout.read_json(run_dir / STATE_FILE)
+    if not isinstance(state, dict) or state.get("run_id") != run_id:
+        return [], 0
+    events = state.get("events")
+    kinds = ("restart", "restart_job", "started", "stepping")
+    kept = [
+        e
+        for e in (events if isinstance(events, list) else [])
+        if isinstance(e, dict) and any(k in e for k in kinds)
+    ]
+    count = state.get("restarts")
+    listed = sum(1 for e in kept if "restart" in e or "restart_job" in e)
+    counted = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    return kept[-200:], max(counted, listed)
 
 
 # ---- what `status` reads of it ---------------------------------------------------------------

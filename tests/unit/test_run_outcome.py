@@ -177,3 +177,44 @@ def test_a_keeper_that_restarted_more_often_than_its_record_keeps_counts_every_r
     [raw] = ok(call(workdir, "runs"))["runs"]
     assert (raw["restarts"], len(raw["recoveries"])) == (100, 20)
     assert raw["recoveries"][-1]["attempt"] == 100
+
+
+def test_a_resumed_runs_new_keeper_goes_on_counting_the_earlier_keepers_restarts(
+    workdir: Path,
+) -> None:
+    """`up --resume` of a kept run hands it to a new keeper: the restarts its earlier keeper
+    made stay in the record (and in `status`), and the earlier keeper's end does not (the
+    run is not over: readers take `ended` for its end)."""
+    import subprocess
+    import sys
+
+    from tests.support.agent import AGENT, call, new_run, ok
+
+    run_dir = new_run(workdir, RUN)
+    earlier = [
+        {"kept": True},
+        {"restart_job": 1, "cause": "worker:1 was killed by signal 9", "backoff": 1.0},
+        {"started": 1, "after_s": 1.5},
+        {"ended": {"outcome": "stopped", "why": "by tfdeploy down", "attempt": 1}},
+    ]
+    record = {"run_id": RUN, "attempt": 1, "restarts": 1, "events": earlier}
+    (run_dir / "keeper.json").write_text(json.dumps(record))
+    script = (
+        f"import sys; sys.path.insert(0, {str(AGENT.parent)!r})\n"
+        "from pathlib import Path\nimport keeper\n"
+        f"k = keeper.Keeper({{'run_id': {RUN!r}, 'hosts': [], 'tasks': [], 'policy': {{}}, "
+        f"'attempt': 2}}, b'x', Path({str(run_dir)!r}))\n"
+        "k.note({'kept': True})\n"
+        "k.note({'restart_job': 3, 'cause': 'worker:0 exited 137', 'backoff': 1.0})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    kept = json.loads((run_dir / "keeper.json").read_text())
+    assert kept["restarts"] == 2 and not any("ended" in e for e in kept["events"])
+    [raw] = ok(call(workdir, "runs"))["runs"]
+    assert raw["restarts"] == 2
+    assert [r["attempt"] for r in raw["recoveries"]] == [1, 3]
+    assert raw["recoveries"][0]["started_after_s"] == 1.5
+    # A record of another run (a folder reused by hand) is not this run's history.
+    (run_dir / "keeper.json").write_text(json.dumps(record | {"run_id": "other"}))
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert json.loads((run_dir / "keeper.json").read_text())["restarts"] == 1
