@@ -2,9 +2,10 @@
 own folder on each host, and the next `up` of the job resumes from it instead of starting at
 step 0 (issue 59: it started at epoch 1, its checkpoint left in the dead run's folder).
 
-The task is TF-shaped (no TensorFlow: the subject is where tfdeploy keeps the checkpoint): it
-reads TF_CONFIG, binds its port, saves a step counter into TFDEPLOY_CHECKPOINT_DIR after each
-step and resumes from it, as examples/digits/mwms.py does with a real checkpoint there.
+The task is TF-shaped (tests/support/standin.py; no TensorFlow: the subject is where tfdeploy
+keeps the checkpoint): it reads TF_CONFIG, binds its port, saves a step counter into
+TFDEPLOY_CHECKPOINT_DIR after each step and resumes from it, as examples/digits/mwms.py does
+with a real checkpoint there.
 """
 
 from __future__ import annotations
@@ -17,37 +18,17 @@ import pytest
 
 from tests.lab import Lab
 from tests.lab.base import wait_until
+from tests.support import standin
 from tests.support.faults import tfdeploy
 
 pytestmark = pytest.mark.lab
 
 STEPS = 30
-TASK = r"""
-import json, os, socket, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-kind, index = cfg["task"]["type"], cfg["task"]["index"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(cfg["cluster"][kind][index].rsplit(":", 1)[1])))
-server.listen()
-ckpt = os.path.join(os.environ["TFDEPLOY_CHECKPOINT_DIR"], kind + "-" + str(index))
-step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-print("checkpoints in", os.environ["TFDEPLOY_CHECKPOINT_DIR"], flush=True)
-print(kind, index, "resumed from step" if step else "starting at step", step, flush=True)
-while step < int(sys.argv[1]):
-    time.sleep(0.2)
-    step += 1
-    with open(ckpt + ".part", "w") as f:
-        f.write(str(step))
-    os.replace(ckpt + ".part", ckpt)
-print(kind, index, "done at step", step, flush=True)
-"""
 
 
 def _step(lab: Lab, host: Any, job: str, task: str) -> int:
-    path = f"~/.tfdeploy/hosts/*/jobs/{job}/ckpt/{task}"
-    said = lab.run(host, ["sh", "-c", f"cat {path} 2>/dev/null || echo 0"]).stdout.split()
-    return int(said[-1]) if said else 0
+    """A task's saved step in the job's own checkpoint folder on its host."""
+    return standin.step_on(lab, host, "", task, folder=f"~/.tfdeploy/hosts/*/jobs/{job}/ckpt")
 
 
 def test_the_next_run_of_a_job_resumes_from_the_checkpoint_of_one_that_died(
@@ -56,8 +37,8 @@ def test_the_next_run_of_a_job_resumes_from_the_checkpoint_of_one_that_died(
     h1, h2 = lab.hosts[:2]
     code = tmp_path / "code"
     code.mkdir()
-    (code / "ckpttask.py").write_text(TASK)
-    job = {"name": "ckptjob", "command": f"{lab.python} ckpttask.py {STEPS}"}
+    standin.write(code)
+    job = {"name": "ckptjob", "command": f"{lab.python} {standin.NAME} {STEPS}"}
     inventory = lab_inventory(
         [[{"role": "worker"}]] * 2, code=code, job=job | {"checkpoint_dir": "ckpt"}
     )
@@ -73,7 +54,9 @@ def test_the_next_run_of_a_job_resumes_from_the_checkpoint_of_one_that_died(
 
     second = tfdeploy("up", str(inventory), state=state, check_rc=0, timeout=180)
     for i, host in enumerate((h1, h2)):
-        resumed = re.search(rf"worker:{i}@\S+ \| worker {i} resumed from step (\d+)", second.stdout)
+        resumed = re.search(
+            rf"worker:{i}@\S+ \| worker {i} attempt 0 resumed from step (\d+)", second.stdout
+        )
         assert resumed and int(resumed.group(1)) >= saved[host.name] > 0, second.stdout
         assert f"worker {i} done at step {STEPS}" in second.stdout
     folders = set(re.findall(r"checkpoints in (\S+)", died + second.stdout))

@@ -1,9 +1,9 @@
 """A run keeps its failure policy: its keeper, beside the hosts, restarts and ends it, detached
 or attached (an attached `up` is then its keeper's client: killed or asleep, it loses nothing).
 
-The task is TF-shaped (no TensorFlow: the subject is tfdeploy's keeper): it reads TF_CONFIG,
-binds its port, checkpoints a step counter beside itself and resumes from it, and ends 0 after
-its last step, as examples/digits does with a real checkpoint.
+The task is TF-shaped (tests/support/standin.py; no TensorFlow: the subject is tfdeploy's
+keeper): it reads TF_CONFIG, binds its port, checkpoints a step counter in its run and resumes
+from it, and ends 0 after its last step, as examples/digits does with a real checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from tests.fakes.webhook import Receiver
 from tests.lab import Lab
 from tests.lab.base import wait_until
+from tests.support import standin
 from tests.support.faults import Up, pids_of, tfdeploy
 
 pytestmark = pytest.mark.lab
@@ -29,33 +30,9 @@ pytestmark = pytest.mark.lab
 STEPS = 40
 RUNNING_AGAIN = r"running again [0-9.]+ s after the failure was seen: its keeper restarted it"
 
-# One step every 0.25 s, the counter saved after each (in the host's private /tmp, where the
-# test reads it) and a metrics record written: attempt 0 is killed half-way, and the next
-# attempt resumes from it.
-TASK = r"""
-import json, os, socket, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-kind, index = cfg["task"]["type"], cfg["task"]["index"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(cfg["cluster"][kind][index].rsplit(":", 1)[1])))
-server.listen()
-ckpt = "/tmp/kept-" + os.environ["TFDEPLOY_RUN_ID"] + "-" + kind + "-" + str(index)
-step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-attempt = os.environ["TFDEPLOY_ATTEMPT"]
-print(kind, index, "attempt", attempt, "resumed from step" if step else "starting at step", step,
-      flush=True)
-while step < int(sys.argv[1]):
-    time.sleep(0.25)
-    step += 1
-    with open(ckpt + ".part", "w") as f:
-        f.write(str(step))
-    os.replace(ckpt + ".part", ckpt)
-    print("step", step, flush=True)
-    with open(os.environ["TFDEPLOY_METRICS"], "a") as metrics:  # one record a step, as TF's
-        metrics.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\n")
-print(kind, index, "done at step", step, flush=True)
-"""
+# The stand-in's steps, 0.25 s each (tests/support/standin.py): a lease of 6 s is 24 steps.
+STANDIN = f"{standin.NAME} --interval 0.25"
+_step = standin.step_on  # a task's saved step on its host
 
 
 def _inventory(
@@ -63,10 +40,10 @@ def _inventory(
 ) -> Path:
     code = tmp_path / "code"
     code.mkdir()
-    (code / "keeptask.py").write_text(TASK)
+    standin.write(code)
     table = {
         "name": "kept",
-        "command": f"{lab.python} keeptask.py {steps}",
+        "command": f"{lab.python} {STANDIN} {steps}",
         "on_failure": "restart-job",
         "max_restarts": 2,
         "restart_backoff": 1,
@@ -117,13 +94,6 @@ def _wait_for_the_end(lab: Lab, host: Any, run_id: str, timeout: float) -> None:
     wait_until("the keeper to end the run", ended, timeout=timeout, interval=0.5)
 
 
-def _step(lab: Lab, host: Any, run_id: str, task: str) -> int:
-    """The task's checkpointed step on its host (0 before its first save)."""
-    path = f"/tmp/kept-{run_id}-{task.replace(':', '-')}"
-    said = lab.run(host, ["sh", "-c", f"cat {path} 2>/dev/null || echo 0"]).stdout.split()
-    return int(said[-1]) if said else 0
-
-
 @pytest.mark.isolated
 def test_a_detached_run_restarts_by_itself_after_a_killed_worker_and_ends_succeeded(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
@@ -138,7 +108,7 @@ def test_a_detached_run_restarts_by_itself_after_a_killed_worker_and_ends_succee
     inventory = _inventory(lab, lab_inventory, tmp_path)
     run_id = _up_kept(inventory, tmp_path / "state")
     wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
 
     _wait_for_the_end(lab, h1, run_id, 120)
@@ -205,7 +175,7 @@ def test_down_stops_a_kept_run_its_keeper_and_its_wardens(
     assert {t["state"] for t in tasks} == {"running"}, tasks
     tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "fresh", check_rc=0)
     for host in (h1, h2):
-        assert not pids_of(lab, host, "keeptask.py")
+        assert not pids_of(lab, host, standin.NAME)
         assert not lab.leftovers(host, 10), lab.leftovers(host)
 
 
@@ -225,7 +195,7 @@ def test_a_kept_run_waits_for_a_lost_host_and_restarts_the_job_when_it_is_back(
     lab.cut_link(h2)
     try:
         # Unreachable, h2 stops its task when the keeper's heartbeat (its lease) lapses.
-        wait_until("h2's lease to lapse", lambda: not pids_of(lab, h2, "keeptask.py"), 60)
+        wait_until("h2's lease to lapse", lambda: not pids_of(lab, h2, standin.NAME), 60)
 
         def restarting() -> bool:
             return any("restart_job" in e for e in _keeper_events(lab, h1, run_id))
@@ -260,11 +230,11 @@ def test_a_kept_run_between_two_attempts_is_not_over(
     state = tmp_path / "state"
     run_id = _up_kept(inventory, state)
     wait_until("worker:1 to pass step 4", lambda: _step(lab, h2, run_id, "worker:1") >= 4, 60)
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
 
     def backing_off() -> bool:
-        stopped = not pids_of(lab, h1, "keeptask.py") and not pids_of(lab, h2, "keeptask.py")
+        stopped = not pids_of(lab, h1, standin.NAME) and not pids_of(lab, h2, standin.NAME)
         return stopped and any("restart_job" in e for e in _keeper_events(lab, h1, run_id))
 
     wait_until("the keeper's backoff, every task stopped", backing_off, 60, interval=0.5)
@@ -337,7 +307,7 @@ def test_an_attached_up_asleep_past_four_leases_and_cut_off_finds_its_run_going_
             lambda: _step(lab, hosts[0], run_id, "worker:0") >= four_leases,
             timeout=4 * lease * 3,
         )
-        assert all(pids_of(lab, h, "keeptask.py") for h in hosts)  # never stopped
+        assert all(pids_of(lab, h, standin.NAME) for h in hosts)  # never stopped
     finally:
         for h in hosts:
             lab.restore_controller(h)
@@ -366,7 +336,7 @@ def test_an_attached_up_shows_its_keepers_restart_and_fails_when_none_is_left(
     for attempt in (0, 1):
         up.wait_for(rf"worker 1 attempt {attempt} ")
         wait_until("worker:1 to take a step", lambda: _step(lab, h2, run_id, "worker:1") >= 2)
-        [victim] = pids_of(lab, h2, "keeptask.py")
+        [victim] = pids_of(lab, h2, standin.NAME)
         lab.run(h2, ["kill", "-KILL", str(victim)])
         if attempt == 0:
             up.wait_for(RUNNING_AGAIN)
@@ -405,7 +375,7 @@ def test_attach_shows_a_detached_runs_restart_by_its_keeper_and_exits_with_its_o
     run_id = _up_kept(inventory, tmp_path / "state")
     watcher = _attach(run_id, inventory, tmp_path)
     watcher.wait_for(r"worker:1@\S+ \| step 8$")
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
     watcher.wait_for(
         r"restarting the whole job \(restart 1 of 2, TFDEPLOY_ATTEMPT=1\), by its keeper", 30
@@ -442,7 +412,9 @@ def test_leaving_attach_leaves_the_run_running(
     assert f"left run {run_id} running: tfdeploy down {run_id} stops it" in watcher.stdout
     before = _step(lab, h1, run_id, "worker:0")
     wait_until(  # past the 6 s lease: attach's polls never renewed it, the keeper's do
-        "worker:0 to go on 30 steps", lambda: _step(lab, h1, run_id, "worker:0") >= before + 30, 60
+        "worker:0 to go on 30 steps",
+        lambda: _step(lab, h1, run_id, "worker:0") >= before + 30,
+        60,
     )
     assert {t["state"] for t in _status(inventory, run_id, tmp_path)} == {"running"}
     tfdeploy("down", run_id, "-i", str(inventory), state=tmp_path / "other", check_rc=0)
@@ -464,7 +436,7 @@ def test_a_detached_teardown_run_is_kept_too_and_its_keeper_stops_the_rest_at_a_
     watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
     watcher.wait_for(r"attached to run \S+: its keeper holds its failure policy")
     watcher.wait_for(r"worker:1@\S+ \| step 2$")
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
     assert watcher.finish() == 1, watcher.report()
     assert re.search(r"worker:1@\S+ .*killed by signal 9", watcher.stderr), watcher.report()
@@ -489,11 +461,11 @@ def test_a_detached_runs_keeper_stops_its_ps_once_the_chief_is_done(
     h1, h2 = lab.hosts[:2]
     code = tmp_path / "code"
     code.mkdir()
-    (code / "keeptask.py").write_text(TASK)
+    standin.write(code)
     table = {
         "name": "kept",
-        "command": f"{lab.python} keeptask.py 8",
-        "role_commands": {"ps": f"{lab.python} keeptask.py 100000"},  # never ends by itself
+        "command": f"{lab.python} {STANDIN} 8",
+        "role_commands": {"ps": f"{lab.python} {STANDIN} 100000"},  # never ends by itself
         "stop_grace": 2,
         "lease_seconds": 6,
     }
@@ -541,7 +513,7 @@ def test_a_kept_runs_keeper_tells_its_recovery_and_end_to_the_webhook_and_the_co
         "kept",
     )
     wait_until("worker:1 to pass step 8", lambda: _step(lab, h2, run_id, "worker:1") >= 8, 60)
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
     recovered = hook.wait_for("recovered")
     assert (recovered["by"], recovered["why"], recovered["attempt"]) == (
@@ -580,7 +552,7 @@ def test_an_up_that_holds_its_run_tells_its_failure_and_a_failing_webhook_is_sai
     )
     up = Up(inventory, state=tmp_path / "state")
     up.wait_for(r"worker:1@\S+ \| step 2$")
-    [victim] = pids_of(lab, lab.hosts[1], "keeptask.py")
+    [victim] = pids_of(lab, lab.hosts[1], standin.NAME)
     lab.run(lab.hosts[1], ["kill", "-KILL", str(victim)])
     assert up.finish() == 1, up.report()
     failed = hook.wait_for("failed")
@@ -622,7 +594,7 @@ def test_attach_to_a_restart_job_run_nobody_keeps_fails_saying_so(
     run_id = found.group(1)
     watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
     watcher.wait_for(r"worker:1@\S+ \| step 2$")
-    [victim] = pids_of(lab, lab.hosts[1], "keeptask.py")
+    [victim] = pids_of(lab, lab.hosts[1], standin.NAME)
     lab.run(lab.hosts[1], ["kill", "-KILL", str(victim)])
     assert watcher.finish() == 1, watcher.report()
     assert "nothing restarts the job" in watcher.stderr, watcher.report()
@@ -643,7 +615,7 @@ def test_logs_follow_of_a_kept_run_goes_on_through_its_keepers_backoff(
     run_id = _up_kept(inventory, tmp_path / "state")
     follower = Up(run_id, "-i", str(inventory), "-f", state=tmp_path / "other", verb="logs")
     follower.wait_for(r"worker:1@\S+ \| step 4$")
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
     assert follower.finish(timeout=120) == 0, follower.report()
     said = follower.stdout
@@ -664,7 +636,7 @@ def test_run_wait_of_a_kept_run_waits_through_its_keepers_backoff(
     inventory = _inventory(lab, lab_inventory, tmp_path, restart_backoff=4)
     run_id = _up_kept(inventory, tmp_path / "state")
     wait_until("worker:1 to pass step 4", lambda: _step(lab, h2, run_id, "worker:1") >= 4, 60)
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
     monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "other"))
     result = api.attach(run_id, inventory=str(inventory)).wait(timeout=120, interval=0.5)
@@ -690,7 +662,7 @@ def test_attach_waits_out_an_ups_restart_backoff_longer_than_the_lease(
     up.wait_for(r"worker:1@\S+ \| step 2$")
     watcher = Up(run_id, "-i", str(inventory), state=tmp_path / "other", verb="attach")
     watcher.wait_for(r"attached to run \S+: the `up` that started it holds its failure policy")
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
     watcher.wait_for(r"running again [0-9.]+ s after the failure was seen: its `up` restarted", 60)
     assert watcher.finish(timeout=120) == 0, watcher.report()
@@ -708,7 +680,7 @@ def test_attach_after_a_restart_counts_the_runs_restarts(
     inventory = _inventory(lab, lab_inventory, tmp_path, steps=80)
     run_id = _up_kept(inventory, tmp_path / "state")
     wait_until("worker:1 to pass step 4", lambda: _step(lab, h2, run_id, "worker:1") >= 4, 60)
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
 
     def restarted() -> bool:
@@ -717,7 +689,7 @@ def test_attach_after_a_restart_counts_the_runs_restarts(
     wait_until("the keeper's restart", restarted, 60, interval=0.5)
     watcher = _attach(run_id, inventory, tmp_path)
     watcher.wait_for(r"worker:1@\S+ \[attempt 1\] \| step \d+$", 60)
-    [victim] = pids_of(lab, h2, "keeptask.py")
+    [victim] = pids_of(lab, h2, standin.NAME)
     lab.run(h2, ["kill", "-KILL", str(victim)])
     watcher.wait_for(
         r"restarting the whole job \(restart 2 of 2, TFDEPLOY_ATTEMPT=2\), by its keeper", 30

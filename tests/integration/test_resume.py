@@ -4,9 +4,9 @@ TFDEPLOY_ATTEMPT, so the checkpoint it left inside the run (no [job] checkpoint_
 to resume from; the run's logs and local history stay one run. And the runs it refuses, each
 with its reason, nothing started.
 
-The task is TF-shaped (no TensorFlow): it reads TF_CONFIG, binds its port, saves a step counter
-into ckpt/ in its working directory (the run's code folder, as examples/digits does by
-default) after each step, and resumes from it.
+The task is TF-shaped (tests/support/standin.py; no TensorFlow): it reads TF_CONFIG, binds its
+port, saves a step counter into ckpt/ in its working directory (the run's code folder, as
+examples/digits does by default) after each step, and resumes from it.
 """
 
 from __future__ import annotations
@@ -21,42 +21,12 @@ import pytest
 
 from tests.lab import Lab
 from tests.lab.base import wait_until
+from tests.support import standin
 from tests.support.faults import tfdeploy
 
 pytestmark = pytest.mark.lab
 
 STEPS = 30
-TASK = r"""
-import json, os, socket, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-kind, index = cfg["task"]["type"], cfg["task"]["index"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(cfg["cluster"][kind][index].rsplit(":", 1)[1])))
-server.listen()
-os.makedirs("ckpt", exist_ok=True)
-ckpt = os.path.join("ckpt", kind + "-" + str(index))
-step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-attempt = os.environ["TFDEPLOY_ATTEMPT"]
-print(kind, index, "attempt", attempt, "in", os.getcwd(), flush=True)
-print(kind, index, "resumed from step" if step else "starting at step", step, flush=True)
-fail_at = int(sys.argv[2]) if len(sys.argv) > 2 and attempt == "0" and index == 1 else -1
-while step < int(sys.argv[1]):
-    if step == fail_at:
-        sys.exit(3)
-    time.sleep(0.2)
-    step += 1
-    with open(ckpt + ".part", "w") as f:
-        f.write(str(step))
-    os.replace(ckpt + ".part", ckpt)
-print(kind, index, "done at step", step, flush=True)
-"""
-
-
-def _step(lab: Lab, host: Any, run_id: str, task: str) -> int:
-    path = f"~/.tfdeploy/hosts/*/runs/{run_id}/code/ckpt/{task}"
-    said = lab.run(host, ["sh", "-c", f"cat {path} 2>/dev/null || echo 0"]).stdout.split()
-    return int(said[-1]) if said else 0
 
 
 def _runs_on(lab: Lab, host: Any) -> list[str]:
@@ -74,14 +44,14 @@ def _run_id(up_stdout: str) -> str:
 def code(tmp_path: Path) -> Path:
     code = tmp_path / "code"
     code.mkdir()
-    (code / "steps.py").write_text(TASK)
+    standin.write(code)
     return code
 
 
 def _inventory(
     lab_inventory: Any, lab: Lab, code: Path, file: str = "inventory.toml", **job: Any
 ) -> str:
-    job = {"name": "resumejob", "command": f"{lab.python} steps.py {STEPS}", **job}
+    job = {"name": "resumejob", "command": f"{lab.python} {standin.NAME} {STEPS}", **job}
     tasks = job.pop("tasks", [[{"role": "worker"}]] * 2)
     return str(lab_inventory(tasks, code=code, job=job, name=file))
 
@@ -93,9 +63,11 @@ def test_a_run_stopped_by_down_goes_on_under_its_own_id_from_its_checkpoint(
     inventory = _inventory(lab_inventory, lab, code)
     state = tmp_path / "state"
     run_id = _run_id(tfdeploy("up", "--detach", inventory, state=state, check_rc=0).stdout)
-    wait_until("worker:1 to pass step 5", lambda: _step(lab, h2, run_id, "worker-1") >= 5, 60)
+    wait_until(
+        "worker:1 to pass step 5", lambda: standin.step_on(lab, h2, run_id, "worker:1") >= 5, 60
+    )
     tfdeploy("down", run_id, state=state, check_rc=0)  # the run dies early
-    saved = {h.name: _step(lab, h, run_id, f"worker-{i}") for i, h in enumerate((h1, h2))}
+    saved = {h.name: standin.step_on(lab, h, run_id, f"worker:{i}") for i, h in enumerate((h1, h2))}
     before = {h.name: _runs_on(lab, h) for h in (h1, h2)}
 
     resumed = tfdeploy("up", inventory, "--resume", run_id, state=state, check_rc=0, timeout=180)
@@ -103,18 +75,18 @@ def test_a_run_stopped_by_down_goes_on_under_its_own_id_from_its_checkpoint(
     assert f"resuming run {run_id} at attempt 1 (TFDEPLOY_ATTEMPT=1)" in out, out
     assert f"next, for run {run_id}:" in out, out
     for i, host in enumerate((h1, h2)):
-        assert f"worker {i} attempt 1 in " in out and f"/runs/{run_id}/code" in out, out
-        said = rf"worker:{i}@\S+ \[attempt 1\] \| worker {i} resumed from step (\d+)"
+        assert f"/runs/{run_id}/code/ckpt" in out, out  # its checkpoints: the run's own
+        said = rf"worker:{i}@\S+ \[attempt 1\] \| worker {i} attempt 1 resumed from step (\d+)"
         went_on = re.search(said, out)
         assert went_on and int(went_on.group(1)) >= saved[host.name] > 0, out
         assert f"worker {i} done at step {STEPS}" in out
-        assert f"worker {i} starting at step" not in out  # the old attempt's lines not again
+        assert f"worker {i} attempt 0" not in out  # the old attempt's lines not again
     assert {h.name: _runs_on(lab, h) for h in (h1, h2)} == before  # no new run folder
 
     read = tfdeploy("logs", run_id, "--task", "worker:0", state=state, check_rc=0)
     assert "hosts" not in read.stderr, read.stderr  # the local archive has all of it, whole
     logs = read.stdout
-    assert "worker 0 starting at step 0" in logs  # attempt 0, in the same output.log
+    assert "worker 0 attempt 0 starting at step 0" in logs  # attempt 0, in the same output.log
     assert f"tfdeploy: run {run_id} resumed by `tfdeploy up --resume` (attempt 1)" in logs
     assert logs.index("starting at step 0") < logs.index("resumed from step") < logs.index("done")
     runs = json.loads(tfdeploy("runs", "--json", state=state, check_rc=0).stdout)["runs"]
@@ -139,7 +111,7 @@ def test_runs_that_cannot_be_resumed_are_refused_with_their_reason_and_nothing_s
     lab: Lab, lab_inventory: Any, code: Path, tmp_path: Path
 ) -> None:
     h1, h2 = lab.hosts[:2]
-    inventory = _inventory(lab_inventory, lab, code, command=f"{lab.python} steps.py 100000")
+    inventory = _inventory(lab_inventory, lab, code, command=f"{lab.python} {standin.NAME} 100000")
     state = tmp_path / "state"
     run_id = _run_id(tfdeploy("up", "--detach", inventory, state=state, check_rc=0).stdout)
     before = {h.name: _runs_on(lab, h) for h in (h1, h2)}
@@ -192,7 +164,9 @@ def test_a_detached_run_failed_under_teardown_is_resumed_detached_and_its_keeper
     """worker:1 fails at step 5 of attempt 0: the keeper stops the run (on_failure teardown).
     `up --detach --resume` hands the resumed run to a keeper again, and the run ends
     succeeded by itself, its workers on from their checkpoints."""
-    inventory = _inventory(lab_inventory, lab, code, command=f"{lab.python} steps.py 20 5")
+    inventory = _inventory(
+        lab_inventory, lab, code, command=f"{lab.python} {standin.NAME} 20 --fail-at 5"
+    )
     state = tmp_path / "state"
     run_id = _run_id(tfdeploy("up", "--detach", inventory, state=state, check_rc=0).stdout)
     deadline = time.monotonic() + 60
@@ -205,7 +179,7 @@ def test_a_detached_run_failed_under_teardown_is_resumed_detached_and_its_keeper
     assert f"run {run_id} is running detached, kept by its keeper" in resumed.stdout
     logs = tfdeploy("logs", run_id, "-f", state=state, check_rc=0, timeout=120).stdout
     assert logs.splitlines()[-1] == f"tfdeploy: run {run_id} succeeded: 2 exit code 0", logs
-    assert re.search(r"worker 1 resumed from step 5\b", logs), logs
+    assert re.search(r"worker 1 attempt 1 resumed from step 5\b", logs), logs
     assert "worker 1 done at step 20" in logs and "worker 0 done at step 20" in logs
     runs = json.loads(tfdeploy("runs", "--json", state=state, check_rc=0).stdout)["runs"]
     assert [(r["run_id"], r["outcome"]) for r in runs] == [(run_id, "succeeded")], runs

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab import Lab, SlurmCluster
+from tests.support import standin
 from tests.support.faults import EXAMPLES, Up, tfdeploy
 from tests.support.helpers import to_toml
 
@@ -425,29 +426,6 @@ def test_a_kept_allocation_is_not_handed_to_an_inventory_that_asks_another(
     _settled(slurm)
 
 
-# A TF-shaped task (no TensorFlow: the subject is the keeper inside the allocation): it binds
-# its TF_CONFIG port, saves a step counter beside itself after each step and resumes from it.
-KEPT_TASK = r"""
-import json, os, socket, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-kind, index = cfg["task"]["type"], cfg["task"]["index"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(cfg["cluster"][kind][index].rsplit(":", 1)[1])))
-server.listen()
-ckpt = "ckpt-" + kind + "-" + str(index)
-step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-print(kind, index, "attempt", os.environ["TFDEPLOY_ATTEMPT"], "from step", step, flush=True)
-while step < int(sys.argv[1]):
-    time.sleep(0.25)
-    step += 1
-    with open(ckpt + ".part", "w") as f:
-        f.write(str(step))
-    os.replace(ckpt + ".part", ckpt)
-print(kind, index, "done at step", step, flush=True)
-"""
-
-
 def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_releases_it(
     slurm_lab: Lab, slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -456,11 +434,12 @@ def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_release
     restarted inside the same allocation, both tasks resume and end 0, and once no task is left
     the allocation's body ends it: nothing left on any node."""
     code = tmp_path / "code"
-    code.mkdir()
-    (code / "kepttask.py").write_text(KEPT_TASK)
+    standin.write(code)  # TF-shaped, no TensorFlow: the subject is the keeper inside the allocation
     policy = {"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 1}
     inventory = slurm_inventory(
-        code=code, command="python3 kepttask.py 60", job=policy | {"stop_grace": 2}
+        code=code,
+        command=f"python3 {standin.NAME} 60 --interval 0.25",
+        job=policy | {"stop_grace": 2},
     )
     up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
     found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
@@ -471,14 +450,14 @@ def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_release
     runs = f"~/.tfdeploy/hosts/*/runs/{run_id}"
 
     def step_of_worker_1() -> int:
-        said = slurm_lab.run(h3, ["sh", "-c", f"cat {runs}/code/ckpt-worker-1 || echo 0"])
+        said = slurm_lab.run(h3, ["sh", "-c", f"cat {runs}/code/ckpt/worker-1 || echo 0"])
         return int(said.stdout.split()[-1])
 
     deadline = time.monotonic() + 120
     while step_of_worker_1() < 8:
         assert time.monotonic() < deadline, "worker:1 never passed step 8"
         time.sleep(0.5)
-    pids = slurm_lab.run(h3, ["pgrep", "-f", "kepttask.py"]).stdout.split()
+    pids = slurm_lab.run(h3, ["pgrep", "-f", standin.NAME]).stdout.split()
     slurm_lab.run(h3, ["kill", "-KILL", *pids])
 
     def keeper_ended() -> str:
@@ -492,7 +471,7 @@ def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_release
     assert '"outcome": "succeeded"' in record and "worker:1 was killed by signal 9" in record
     assert _ours(slurm) == [job_id]  # the same allocation throughout
     logs = tfdeploy("logs", run_id, state=tmp_path / "a", timeout=120, check_rc=0).stdout
-    assert re.search(r"worker 1 attempt 1 from step ([1-9]\d*)", logs), logs
+    assert re.search(r"worker 1 attempt 1 resumed from step ([1-9]\d*)", logs), logs
     assert "worker 0 done at step 60" in logs and "worker 1 done at step 60" in logs, logs
     # The body sees no task left (it looks every 30 s, twice) and ends the allocation.
     assert _wait_gone(slurm, 120), "the allocation outlived its run"
