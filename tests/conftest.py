@@ -147,6 +147,8 @@ LAB_FIXTURES = {
     "lab_shared_home",
     "slurm_lab",
     "slurm",
+    "slurm_cgroup_lab",
+    "slurm_cgroup",
 }
 # Every test of this folder needs real hosts: the lab's sshd hosts (or, marked `vagrant`, VMs).
 INTEGRATION = Path(__file__).resolve().parent / "integration"

@@ -55,14 +55,21 @@ def clean_container_lab(container_lab: Lab) -> Iterator[Lab]:
 
 
 def _lab_session(
-    n: int, topology: str, *, containers: bool = False, slurm: bool = False
+    n: int,
+    topology: str,
+    *,
+    containers: bool = False,
+    slurm: bool = False,
+    slurm_proctrack: str = "linuxproc",
 ) -> Iterator[Lab]:
     if tests.lab.lab_mode() == "netns":
         cleanup.clean_stale()  # namespaces and links of an earlier run that was SIGKILLed
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm)
     try:
-        the_lab = start_lab(n, topology, containers=containers, slurm=slurm)
+        the_lab = start_lab(
+            n, topology, containers=containers, slurm=slurm, slurm_proctrack=slurm_proctrack
+        )
     except LabUnsupported as e:  # the bastion topology on loopback: its tests skip, saying why
         pytest.skip(str(e))
     try:
@@ -85,6 +92,25 @@ def slurm(slurm_lab: Lab) -> Iterator[SlurmCluster]:
     """The Slurm lab's cluster, checked after the test: squeue empty and no process of a job on
     any host (it waits out KillWait). What a failing test left is then cancelled, killed and the
     nodes healed, so the next test starts on an idle cluster."""
+    yield from _checked(slurm_lab)
+
+
+@pytest.fixture(scope="session")
+def slurm_cgroup_lab() -> Iterator[Lab]:
+    """`slurm_lab` as production clusters run Slurm: `ProctrackType=proctrack/cgroup`,
+    `TaskPlugin=task/cgroup`, each compute host on its own cgroup v1 subtree of this machine's
+    hierarchies (tests/lab/slurm.py); what a step starts dies when the step ends. Skips where
+    Slurm or the cgroup v1 hierarchies are missing, or there is no root."""
+    yield from _lab_session(3, "flat", slurm=True, slurm_proctrack="cgroup")
+
+
+@pytest.fixture
+def slurm_cgroup(slurm_cgroup_lab: Lab) -> Iterator[SlurmCluster]:
+    """The cgroup lab's cluster, checked after the test as `slurm` is."""
+    yield from _checked(slurm_cgroup_lab)
+
+
+def _checked(slurm_lab: Lab) -> Iterator[SlurmCluster]:
     cluster = slurm_lab.slurm
     assert isinstance(cluster, SlurmCluster)
     cluster.heal()

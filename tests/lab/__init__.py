@@ -52,6 +52,7 @@ def start_lab(
     persistent: bool = False,
     containers: bool = False,
     slurm: bool = False,
+    slurm_proctrack: str = "linuxproc",
 ) -> Lab:
     """Bring up `n` hosts ("flat"), or `n` private hosts behind a bastion ("bastion").
 
@@ -60,6 +61,8 @@ def start_lab(
     `containers` makes container hosts (tests/lab/containers.py): namespace lab only.
     `slurm` runs a Slurm cluster on the hosts (tests/lab/slurm.py, `lab.slurm`): h1 the login
     node, the others compute nodes; namespace lab only, and the packages must be installed.
+    `slurm_proctrack` is its process tracking: "linuxproc" (no cgroups) or "cgroup"
+    (proctrack/cgroup + task/cgroup on a cgroup v1 subtree per compute host, as production).
     """
     if topology not in ("flat", "bastion"):
         raise LabError(f"unknown topology {topology!r}: use 'flat' or 'bastion'")
@@ -71,7 +74,11 @@ def start_lab(
     if slurm:
         if topology != "flat" or n < 2:
             raise LabError("a Slurm lab is flat, with a login node and 1+ compute nodes (n >= 2)")
-        why = slurm_missing() if mode == "netns" else "a Slurm lab needs the namespace lab (root)"
+        why = (
+            slurm_missing(slurm_proctrack)
+            if mode == "netns"
+            else "a Slurm lab needs the namespace lab (root)"
+        )
         if why is not None:
             raise LabUnsupported(why)
     lab_id, directory = cleanup.new_lab_dir()
@@ -83,6 +90,7 @@ def start_lab(
             persistent=persistent,
             containers=containers,
             slurm=slurm,
+            slurm_proctrack=slurm_proctrack,
         )
     else:
         lab = LoopbackLab(lab_id=lab_id, directory=directory, persistent=persistent)

@@ -25,8 +25,15 @@ def _up(args: argparse.Namespace) -> int:
         raise LabError(f"--containers: {why}")
     if choice.note is not None:
         print(f"note: {choice.note}")
+    if args.proctrack != "linuxproc" and not args.slurm:
+        raise LabError("--proctrack is the Slurm cluster's: give --slurm too")
     lab = start_lab(
-        args.n, args.topology, persistent=True, containers=args.containers, slurm=args.slurm
+        args.n,
+        args.topology,
+        persistent=True,
+        containers=args.containers,
+        slurm=args.slurm,
+        slurm_proctrack=args.proctrack,
     )
     tasks = [[{"role": "worker"}] for _ in lab.hosts]
     job = {
@@ -52,6 +59,7 @@ def _up(args: argparse.Namespace) -> int:
     slurm = getattr(lab, "slurm", None)
     if slurm is not None:
         print(f"slurm:      login node {slurm.login.name} {slurm.login.address} (slurmctld)")
+        print(f"            process tracking: proctrack/{slurm.proctrack}")
         print(f"            compute nodes {', '.join(h.name for h in slurm.nodes)} (slurmd)")
         print(f"            ssh -F {lab.ssh_config} {slurm.login.name} squeue")
         print(f"            outside the hosts: SLURM_CONF={slurm.conf_dir / 'slurm.conf'} squeue")
@@ -104,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         "--slurm",
         action="store_true",
         help="run a Slurm cluster: h1 the login node (slurmctld), the others compute nodes",
+    )
+    up.add_argument(
+        "--proctrack",
+        choices=("linuxproc", "cgroup"),
+        default="linuxproc",
+        help="the Slurm cluster's process tracking: linuxproc (default, no cgroups) or cgroup "
+        "(proctrack/cgroup + task/cgroup, as production clusters run)",
     )
     up.add_argument(
         "--python",

@@ -28,6 +28,9 @@ NETNS_DIR = Path("/run/netns")
 LINK_RE = re.compile(r"^tfl([0-9a-f]{4})(?:b|p|x|y|h\d+)$")
 NETNS_RE = re.compile(r"^tfdeploy-lab-([0-9a-f]{4})-\w+$")
 LOCK_PATH = LAB_ROOT / "tfdeploy-lab.lock"
+# A Slurm lab with proctrack/cgroup (tests/lab/slurm.py) gives each compute host its own cgroup
+# v1 subtree, `<CGROUP_ROOT>/<controller>/tfdeploy-lab-<id>-<host>`, on this machine's hierarchies.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def lab_dir(lab_id: str) -> Path:
@@ -143,12 +146,61 @@ def destroy(lab_id: str, *, subnets: Sequence[str] = ()) -> None:
     deadline = time.monotonic() + 10
     while (link_names(lab_id) or netns_names(lab_id)) and time.monotonic() < deadline:
         time.sleep(0.02)
+    remove_cgroups(lab_id)
     shutil.rmtree(lab_dir(lab_id), ignore_errors=True)
+
+
+def cgroup_dirs(lab_id: str | None = None) -> list[Path]:
+    """The cgroup v1 subtrees of a lab's Slurm hosts (`tfdeploy-lab-<id>-<host>` at the top of
+    each hierarchy), of one lab or of every lab."""
+    mark = f"{DIR_PREFIX}{lab_id}-" if lab_id is not None else DIR_PREFIX
+    found = []
+    with contextlib.suppress(OSError):
+        for hierarchy in sorted(CGROUP_ROOT.iterdir()):
+            with contextlib.suppress(OSError):
+                found += sorted(d for d in hierarchy.glob(f"{mark}*") if d.is_dir())
+    return found
+
+
+def thaw_cgroups(lab_id: str) -> None:
+    """Thaw every freezer cgroup of the lab: a frozen process takes no SIGKILL until thawed."""
+    for top in cgroup_dirs(lab_id):
+        if top.parent.name == "freezer":
+            for d in [top, *(d for d in top.rglob("*") if d.is_dir())]:
+                with contextlib.suppress(OSError):
+                    if (d / "freezer.state").read_text().strip() != "THAWED":
+                        (d / "freezer.state").write_text("THAWED")
+
+
+def remove_cgroups(lab_id: str) -> list[str]:
+    """Remove a lab's cgroup subtrees, depth first (`rmdir`: a cgroup's files are not files);
+    returns what could not be removed. A frozen freezer cgroup is thawed first: its killed
+    processes only die once thawed. Runs after the lab's processes are gone."""
+    thaw_cgroups(lab_id)
+    failed = []
+    for top in cgroup_dirs(lab_id):
+        tree = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts))
+        for d in [*tree, top]:
+            for _ in range(100):  # a cgroup whose last task just exited may be busy a moment
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+            else:
+                failed.append(str(d))
+    return failed
 
 
 def all_ids() -> set[str]:
     ids = {m[1] for m in (NETNS_RE.match(n) for n in netns_names()) if m}
     ids |= {m[1] for m in (LINK_RE.match(n) for n in link_names()) if m}
+    for d in cgroup_dirs():
+        m = re.match(rf"^{DIR_PREFIX}([0-9a-f]{{4}})-", d.name)
+        if m:
+            ids.add(m[1])
     for d in LAB_ROOT.glob(f"{DIR_PREFIX}*"):
         suffix = d.name[len(DIR_PREFIX) :]
         if re.fullmatch(r"[0-9a-f]{4}", suffix):
@@ -190,6 +242,7 @@ def residue(lab_id: str, *, ns_inodes: AbstractSet[int] = frozenset()) -> list[s
             found.append(f"process {pid} (parent {raw.ppid}, state {raw.state}): {raw.cmdline}")
     if lab_dir(lab_id).exists():
         found.append(f"directory {lab_dir(lab_id)}")
+    found += [f"cgroup {d}" for d in cgroup_dirs(lab_id)]
     return found
 
 

@@ -136,13 +136,15 @@ class NamespaceLab(Lab):
         persistent: bool = False,
         containers: bool = False,
         slurm: bool = False,
+        slurm_proctrack: str = "linuxproc",
     ) -> None:
         super().__init__(lab_id=lab_id, directory=directory, user="root", python=VENV_PYTHON)
         self.persistent = persistent
         # Container hosts (tests/lab/containers.py): podman runs in each host, own image store.
         self.containers = containers
         # A Slurm cluster (tests/lab/slurm.py): h1 the login node, the others compute nodes.
-        self.slurm = lab_slurm.SlurmCluster(self) if slurm else None
+        # `slurm_proctrack`: "linuxproc" (no cgroups) or "cgroup" (as production clusters run).
+        self.slurm = lab_slurm.SlurmCluster(self, slurm_proctrack) if slurm else None
         self._slots: dict[str, _Slot] = {}
         self._unreachable: list[str] = []
         self.topology = "flat"
@@ -314,7 +316,7 @@ class NamespaceLab(Lab):
             hostname=shlex.quote(slot.host.hostname),
             home=self._home_mount(),
             containers="\n".join(lab_containers.boot_lines()) if self.containers else "",
-            slurm="\n".join(self.slurm.boot_lines()) if self.slurm else "",
+            slurm="\n".join(self.slurm.boot_lines(slot.host)) if self.slurm else "",
             links="\n".join(links),
             config=shlex.quote(str(d / "sshd_config")),
             log=shlex.quote(str(d / "sshd.log")),
@@ -722,6 +724,7 @@ class NamespaceLab(Lab):
         if self.stopped:
             return
         self.stopped = True
+        cleanup.thaw_cgroups(self.id)  # a Slurm step frozen by proctrack/cgroup takes no SIGKILL
         # Killing each PID 1 kills its whole PID namespace; unshare then reaps it and exits, so
         # no zombie is left for the machine's init to collect (slowly) later.
         for slot in self._slots.values():

@@ -8,6 +8,11 @@ process of its namespaces, delete its directory) leaves nothing of the cluster b
 Each host sees the configuration folder on `/etc/slurm`, the one munge socket's folder on
 `/run/munge` and the lab's hosts file on `/etc/hosts` (bind mounts in its own mount namespace):
 `squeue`, `sbatch`, `srun` and `scontrol` run on the login node with no variable, as on a cluster.
+
+Process tracking is `proctrack/linuxproc` (no cgroups) or, with `proctrack="cgroup"`,
+`proctrack/cgroup` + `task/cgroup` as production clusters run: each compute node then mounts its
+own cgroup v1 subtree of this machine's hierarchies (`make_cgroups`, `boot_lines`), which the
+lab's teardown removes once the hosts are gone (`cleanup.remove_cgroups`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.lab import cleanup
 from tests.lab.model import LabError, LabHost, Proc
 
 if TYPE_CHECKING:
@@ -40,10 +46,20 @@ PARTITIONS = (("debug", 1), ("urgent", 10))  # (name, PriorityTier): urgent pree
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 PORTS = frozenset({6817, 6818})  # slurmctld, slurmd
 MUNGE_SOCKET = "/run/munge/munge.socket.2"
+# Process tracking: "linuxproc" (the default: no cgroups, a double-forked child escapes its
+# step) or "cgroup" (proctrack/cgroup + task/cgroup, as most production clusters run: what a
+# step started dies when the step ends).
+PROCTRACKS = ("linuxproc", "cgroup")
+# The cgroup v1 controllers each compute host gets a subtree of (`cgroup` only): freezer for
+# proctrack/cgroup, cpuset, memory and devices for task/cgroup, the others as a node has them.
+CGROUP_CONTROLLERS = ("freezer", "cpuset", "memory", "devices", "cpuacct", "cpu", "pids")
 
 
-def missing() -> str | None:
-    """Why a Slurm lab cannot start here, or None: the daemons must be installed."""
+def missing(proctrack: str = "linuxproc") -> str | None:
+    """Why a Slurm lab cannot start here, or None: the daemons must be installed (and, for
+    proctrack/cgroup, this machine must have the cgroup v1 hierarchies)."""
+    if proctrack not in PROCTRACKS:
+        raise LabError(f"unknown Slurm process tracking {proctrack!r}: use one of {PROCTRACKS}")
     absent = [d for d in DAEMONS if not os.access(d, os.X_OK)]
     absent += [c for c in ("/usr/bin/sbatch", "/usr/bin/squeue") if not os.access(c, os.X_OK)]
     if absent:
@@ -53,7 +69,19 @@ def missing() -> str | None:
         )
     if os.geteuid() != 0:
         return "a Slurm lab needs the namespace lab (root)"
+    if proctrack == "cgroup":
+        absent = [c for c in CGROUP_CONTROLLERS if not _is_v1_hierarchy(cleanup.CGROUP_ROOT / c)]
+        if absent:
+            return (
+                "a Slurm lab with proctrack/cgroup needs this machine's cgroup v1 hierarchies "
+                f"under {cleanup.CGROUP_ROOT} (missing: {', '.join(absent)})"
+            )
     return None
+
+
+def _is_v1_hierarchy(path: Path) -> bool:
+    """A mounted cgroup v1 hierarchy of one controller (its `tasks` file is there)."""
+    return (path / "tasks").is_file() and (path / "cgroup.procs").is_file()
 
 
 def is_daemon(p: Proc) -> bool:
@@ -76,8 +104,11 @@ class Job:
 class SlurmCluster:
     """The Slurm side of a NamespaceLab started with `slurm=True` (`lab.slurm`)."""
 
-    def __init__(self, lab: NamespaceLab) -> None:
+    def __init__(self, lab: NamespaceLab, proctrack: str = "linuxproc") -> None:
+        if proctrack not in PROCTRACKS:
+            raise LabError(f"unknown Slurm process tracking {proctrack!r}: use one of {PROCTRACKS}")
         self.lab = lab
+        self.proctrack = proctrack
         self.dir = lab.dir / "slurm"
         self.conf_dir = self.dir / "etc"
         self.munge_dir = self.dir / "munge"
@@ -124,8 +155,13 @@ class SlurmCluster:
             f"Name=gpu File={self.dev_dir}/nvidia[0-{NODE_GPUS - 1}]\n"
         )
         # slurmd 22.05 initialises a cgroup plugin even with proctrack/linuxproc; v1 without
-        # automount passes inside a host, whose /sys/fs/cgroup is empty.
-        (self.conf_dir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
+        # automount passes inside a host, whose /sys/fs/cgroup is empty. With proctrack/cgroup
+        # each compute host mounts its own subtrees there at boot (`boot_lines`).
+        cgroup_conf = "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
+        if self.proctrack == "cgroup":
+            cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\n"
+            self.make_cgroups()
+        (self.conf_dir / "cgroup.conf").write_text(cgroup_conf)
         (self.conf_dir / "plugstack.conf").write_text("")
         hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         hosts += [f"{h.address} {h.name} {h.hostname}" for h in self.lab.hosts]
@@ -151,8 +187,11 @@ class SlurmCluster:
             f"SlurmdPidFile={d}/slurmd-%n.pid",
             f"SlurmctldLogFile={d}/slurmctld.log",
             f"SlurmdLogFile={d}/slurmd-%n.log",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            *(
+                ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup"]
+                if self.proctrack == "cgroup"
+                else ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]
+            ),
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/filetxt",
@@ -183,14 +222,45 @@ class SlurmCluster:
             )
         return "\n".join(lines) + "\n"
 
-    def boot_lines(self) -> list[str]:
-        """Shell lines a host runs at boot: the cluster's folders and hosts file mounted."""
+    def cgroup_name(self, host: LabHost) -> str:
+        """The host's subtree at the top of each cgroup v1 hierarchy (cleanup finds it by it)."""
+        return f"{cleanup.DIR_PREFIX}{self.lab.id}-{host.name}"
+
+    def make_cgroups(self) -> None:
+        """A cgroup v1 subtree per compute host and controller on this machine's hierarchies, so
+        two slurmds never share a `slurm_<node>/uid_0/job_N/step_M` path. `cleanup.destroy`
+        (the lab's teardown) removes them, depth first."""
+        for h in self.nodes:
+            for c in CGROUP_CONTROLLERS:
+                d = cleanup.CGROUP_ROOT / c / self.cgroup_name(h)
+                d.mkdir(exist_ok=True)
+                if c == "cpuset":  # an empty cpuset takes no task: the parent's CPUs and nodes
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        (d / f).write_text((d.parent / f).read_text())
+
+    def boot_lines(self, host: LabHost) -> list[str]:
+        """Shell lines a host runs at boot: the cluster's folders and hosts file mounted, and
+        with proctrack/cgroup on a compute node its own cgroup subtrees on /sys/fs/cgroup/<c>
+        (each hierarchy mounted on a scratch folder of the host's private /tmp, its subtree
+        bind-mounted, the scratch mount dropped)."""
         q = shlex.quote
-        return [
+        lines = [
             f"mount --bind {q(str(self.conf_dir))} /etc/slurm",
             f"mount --bind {q(str(self.munge_dir))} /run/munge",
             f"mount --bind {q(str(self.dir / 'hosts'))} /etc/hosts",
         ]
+        if self.proctrack == "cgroup" and host != self.login:
+            scratch = "/tmp/.lab-cgroot"
+            lines += ["mount -t tmpfs -o mode=0755 cgroup_root /sys/fs/cgroup", f"mkdir {scratch}"]
+            for c in CGROUP_CONTROLLERS:
+                lines += [
+                    f"mkdir /sys/fs/cgroup/{c}",
+                    f"mount -t cgroup -o {c} cgroup {scratch}",
+                    f"mount --bind {scratch}/{q(self.cgroup_name(host))} /sys/fs/cgroup/{c}",
+                    f"umount {scratch}",
+                ]
+            lines.append(f"rmdir {scratch}")
+        return lines
 
     # -- daemons -------------------------------------------------------------------------------
 
