@@ -9,8 +9,10 @@ served with the job's wheels from a folder: nothing comes from a network.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,10 @@ from typing import Any
 import pytest
 
 from deployer.envs.uv import UV_VERSION
+from deployer.up import envprogress
 from remote import protocol
 from tests.lab import Lab, LabHost
+from tests.support.faults import Up, pids_of
 from tests.support.lab_cli import tfdeploy
 from tests.support.sizes import sizes_sent
 from tests.support.wheels import make_uv_wheel, make_wheel, uv_binary
@@ -238,18 +242,43 @@ def test_a_host_without_room_for_the_wheels_is_refused_before_any_byte_is_sent(
     assert stored == "0", stored  # nothing was sent
 
 
+def _hold_the_build(lab: Lab, host: LabHost, seconds: float) -> None:
+    """Freezes the host's venv build (its `python -m venv`, or its pip: both name the env's
+    folder) for `seconds`, as soon as it runs."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = []
+        for pid in pids_of(lab, host, "/.tfdeploy/envs/"):
+            with contextlib.suppress(Exception):  # it may have ended meanwhile
+                lab.freeze(host, pid)
+                held.append(pid)
+        if held:
+            time.sleep(seconds)
+            for pid in held:
+                lab.thaw(host, pid)
+            return
+    raise AssertionError("the environment's build never ran on the host")
+
+
 def test_a_building_host_reports_its_progress_in_wheels_every_few_seconds(
     lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
 ) -> None:
-    # pip (ensurepip first, then one project after the other) takes seconds here: the
-    # progress lines come while it runs, counted in the environment's own wheels.
+    # pip (ensurepip first, then one project after the other) takes about 2 s here, less than
+    # the EVERY_S between two progress lines on a quiet machine: the build is held frozen for
+    # longer than that (the venv's python -m venv, or its pip), so a line must come, whatever
+    # the machine's speed, counted in the environment's own wheels.
     names = [f"tinymany{i}" for i in range(20)]
     for name in names:
         make_wheel(index, name, "1.0", files={f"{name}.bin": os.urandom(256 << 10)})
     code, job = _job(tmp_path, "tinypkg==1.0\n" + "".join(f"{n}==1.0\n" for n in names))
     job["installer"] = "pip"
     inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
-    out = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0).stdout
+    host = lab.hosts[0]
+    up = Up(inventory, state=tmp_path / "state")
+    up.wait_for(r"^tfdeploy: installing the job's environment", timeout=120)
+    _hold_the_build(lab, host, envprogress.EVERY_S + 1)
+    assert up.finish(timeout=120) == 0, up.report()
+    out = up.stdout
     said = re.findall(r"^tfdeploy: installing on (\S+): (\d+) of (\d+) wheels, (\d+) s$", out, re.M)
     assert said, out
     assert all(total == "22" and 0 <= int(done) <= 22 for _, done, total, _ in said), said
