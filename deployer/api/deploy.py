@@ -196,7 +196,7 @@ def up(
         if resume is not None and not RUN_ID.match(resume):
             raise UsageError(f"{resume!r} is not a run id to resume (JOB-YYYYMMDDTHHMMSSZ-XXXX)")
         loaded = load(inventory, base=base)
-        the_plan = make_plan(discover_hosts(loaded, provision=say))
+        the_plan = make_plan(discover_hosts(loaded, provision=say, detach=detach))
         try:
             with Fleet(the_plan.hosts, concurrency=concurrency) as fleet:
                 options = UpOptions(

@@ -88,13 +88,18 @@ class Inventory:
 
 
 def discover_hosts(
-    inventory: Inventory, *, preview: bool = False, provision: Say | None = None
+    inventory: Inventory,
+    *,
+    preview: bool = False,
+    provision: Say | None = None,
+    detach: bool = False,
 ) -> Inventory:
     """The inventory with every pending source's hosts appended after the known ones.
 
     The only step of loading that does I/O beyond the file; a no-op when nothing is pending.
     `preview`: with stand-ins for what `up` would create; `provision`: `up`'s discovery, which
-    creates what is missing first and tells the user through this function.
+    creates what is missing first and tells the user through this function (`detach`: for
+    `up --detach`).
     """
     if not inventory.pending:
         return inventory
@@ -103,7 +108,7 @@ def discover_hosts(
     deadlines = list(inventory.deadlines)
     for source in inventory.pending:
         if provision is not None:
-            found = source.provision(file, provision)
+            found = source.provision(file, provision, detach=detach)
         else:
             found = source.discover(file, preview=preview)
         hosts += found.hosts

@@ -101,8 +101,10 @@ class HostSource(Protocol):
         `plan`) adds stand-ins for machines `provision` would create; nothing contacts them."""
         ...
 
-    def provision(self, file: str, say: Say) -> Discovered:
-        """`up`'s discovery: creates what is missing first, waits until it answers SSH."""
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
+        """`up`'s discovery: creates what is missing first, waits until it answers SSH.
+        `detach`: for `up --detach`, whose run must outlive `up` on these hosts (a source
+        that cannot promise that refuses here, before it creates anything)."""
         ...
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:

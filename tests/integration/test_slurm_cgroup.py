@@ -248,16 +248,15 @@ def _ours(slurm: SlurmCluster) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.slurm_e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 60: under proctrack/cgroup a detached run's tasks live in the agent's session "
-    "step and die with it when `up --detach` returns",
-)
-def test_a_detached_runs_tasks_are_alive_after_up_returned(
+def test_a_detached_srun_run_is_refused_before_anything_is_allocated(
     slurm_cgroup_lab: Lab, slurm_cgroup: SlurmCluster, tmp_path: Path
 ) -> None:
-    """(f) `up --detach` of a job whose tasks run two minutes: 20 s after `up` returned, both
-    tasks still run on their nodes and `status` says so. Then `down` releases the allocation."""
+    """(f) Under proctrack/cgroup a detached run's tasks, children of the agent's session step,
+    died as soon as `up --detach` returned (both gone 0.07 s later, `status`: lost, `down`:
+    nothing to stop): issue 60. Until each task gets a step of its own, `up --detach` with
+    `reach = "srun"` is refused there before anything is allocated: exit 2, saying why and
+    what to do, nothing submitted, nothing started. An attached `up` holds the steps for the
+    whole run and is not refused (the MWMS tests run attached)."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "sleeper.py").write_text(TASK)
@@ -281,16 +280,13 @@ def test_a_detached_runs_tasks_are_alive_after_up_returned(
     }
     inventory = tmp_path / "slurm.toml"
     inventory.write_text(to_toml(document))
-    try:
-        tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
-        time.sleep(20)
-        alive = {n: _pids(lab, n, "sleeper.py") for n in ("h2", "h3")}
-        status = tfdeploy("status", str(inventory), state=tmp_path / "b", timeout=120)
-        assert all(alive.values()), f"tasks alive per node: {alive}\n{status.stdout}"
-        assert "lost" not in status.stdout, status.stdout
-    finally:
-        tfdeploy("down", str(inventory), state=tmp_path / "c", timeout=180)
-        deadline = time.monotonic() + 60
-        while _ours(slurm_cgroup) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        slurm_cgroup.wait_nodes("idle", timeout=120)
+    refused = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=120)
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert 'reach = "srun" cannot keep a detached run on this cluster' in said, said
+    assert "proctrack/cgroup" in said and "nothing was allocated" in said, said
+    assert 'reach = "ssh"' in said and "attached" in said, said  # what to do instead
+    assert "submitted allocation" not in refused.stdout, refused.stdout
+    assert _ours(slurm_cgroup) == []
+    for node in ("h2", "h3"):
+        assert not _pids(lab, node, "sleeper.py")

@@ -121,7 +121,7 @@ class LabSource:
         names = [n for n in self.cloud.proxies if n not in self.cloud.ended]
         return Discovered(hosts=tuple(self._host(n) for n in names))
 
-    def provision(self, file: str, say: Say) -> Discovered:
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
         deadline = time.monotonic() + self.timeout
         with launching.ended_on_failure(self.cloud.end, say) as launched:
             launched += self.cloud.launch(self.count, self.boot_s, self.never, self.latency_ms)

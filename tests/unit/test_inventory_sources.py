@@ -56,7 +56,7 @@ class Rack:
             hosts=hosts, instances=tuple(f"machine {i}" for i in range(self.size)), table=table
         )
 
-    def provision(self, file: str, say: Say) -> Discovered:
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
         return self.discover(file)
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:

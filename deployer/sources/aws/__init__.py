@@ -30,7 +30,7 @@ class AwsSource:
     def discover(self, file: str, *, preview: bool = False) -> Discovered:
         return discover_all(self.settings, file, preview)
 
-    def provision(self, file: str, say: Say) -> Discovered:
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
         if not self.settings.launches:
             return self.discover(file)
         return launch.provision(self.settings, file, say)
