@@ -1,6 +1,7 @@
 """The lab's Slurm cluster as production clusters run it (`slurm_cgroup_lab`: proctrack/cgroup +
 task/cgroup, a cgroup v1 subtree per compute host): which processes outlive which job step, with
-plain srun/sbatch/scancel from the login node, and one tfdeploy run that shows issue 60's defect.
+plain srun/sbatch/scancel from the login node, and the `up --detach` that issue 60's defect made
+lose its tasks, refused there until they get steps of their own.
 docs/slurm.md ("Process tracking: what survives a step") has the facts and the times measured.
 
 Each test ends on the `slurm_cgroup` fixture's check: squeue empty, no process of a job left.
