@@ -322,7 +322,7 @@ class Keeper:
         record's temporary file is named by pid, not by thread)."""
         with self.noting:
             self.history.append({"t": round(time.time(), 3), **event})
-            if "restart" in event or "restart_job" in event:
+            if _is_restart(event):
                 self.restarts += 1
             state = {
                 "run_id": self.run_id,
@@ -431,10 +431,20 @@ def _earlier_restarts(run_dir: Path, run_id: str) -> tuple[list[dict[str, Any]],
         for e in (events if isinstance(events, list) else [])
         if isinstance(e, dict) and any(k in e for k in kinds)
     ]
+    return kept, _restart_count(state, sum(1 for e in kept if _is_restart(e)))
+
+
+def _is_restart(event: dict[str, Any]) -> bool:
+    """A restart the keeper made: of the whole job, or of one task."""
+    return "restart_job" in event or "restart" in event
+
+
+def _restart_count(state: dict[str, Any], listed: int) -> int:
+    """How many restarts a record holds in all: the count the keeper kept beside its events
+    (it keeps only the newest 200, two or three a restart), or those listed when more."""
     count = state.get("restarts")
-    listed = sum(1 for e in kept if "restart" in e or "restart_job" in e)
     counted = count if isinstance(count, int) and not isinstance(count, bool) else 0
-    return kept[-200:], max(counted, listed)
+    return max(counted, listed)
 
 
 # ---- what `status` reads of it ---------------------------------------------------------------
@@ -455,17 +465,14 @@ def recoveries(run_dir: Path) -> tuple[int, list[protocol.RecoveryShape]]:
     for event in events if isinstance(events, list) else []:
         if not isinstance(event, dict):
             continue
-        if "restart_job" in event or "restart" in event:
+        if _is_restart(event):
             found.append(_recovery(event))
         elif found and "started" in event:
             found[-1]["started_after_s"] = _seconds(event.get("after_s"))
         elif found and "stepping" in event:
             found[-1]["stepping_after_s"] = _seconds(event.get("after_s"))
-    # The events kept are the newest 200 (a restart notes two or three): the count the keeper
-    # kept beside them says how many there were in all.
-    count = state.get("restarts") if isinstance(state, dict) else None
-    whole = count if isinstance(count, int) and not isinstance(count, bool) else 0
-    return max(whole, len(found)), found[-MAX_RECOVERIES:]
+    whole = _restart_count(state, len(found)) if isinstance(state, dict) else len(found)
+    return whole, found[-MAX_RECOVERIES:]
 
 
 def _recovery(event: dict[str, Any]) -> protocol.RecoveryShape:
