@@ -431,7 +431,7 @@ def _earlier_restarts(run_dir: Path, run_id: str) -> tuple[list[dict[str, Any]],
         for e in (events if isinstance(events, list) else [])
         if isinstance(e, dict) and any(k in e for k in kinds)
     ]
-    return kept, _restart_count(state, sum(1 for e in kept if _is_restart(e)))
+    return kept[-200:], _restart_count(state, sum(1 for e in kept if _is_restart(e)))
 
 
 def _is_restart(event: dict[str, Any]) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -48,12 +49,25 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     print(f"weights checksum {checksum:.6f}", flush=True)
-    # Every rank reaches the teardown before any tears down: rank 0 hosts the rendezvous store,
-    # and a rank 0 that destroyed its group while a slower rank was still leaving its last
-    # collective aborted at exit ("terminate called without an active exception", SIGABRT).
-    dist.barrier()
-    dist.destroy_process_group()
+    leave(rank, world)
 
+
+def leave(rank: int, world: int) -> None:
+    """Every rank tears its group down before rank 0 tears down its own. Rank 0 hosts the
+    rendezvous store and one end of every gloo pair: a rank still inside its teardown when
+    rank 0's pairs closed aborted at exit ("terminate called without an active exception",
+    SIGABRT: gloo's receive is not interruptible), even after a barrier. So the others say
+    through the store that they are done, and rank 0 waits for them before it leaves."""
+    store = dist.distributed_c10d._get_default_store()  # the TCPStore, kept past the group
+    dist.barrier()
+    if rank != 0:
+        dist.destroy_process_group()
+        store.add("ranks_left", 1)
+        return
+    deadline = time.monotonic() + 60  # a rank that died after the barrier never says so
+    while store.add("ranks_left", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dist.destroy_process_group()
 
 if __name__ == "__main__":
     main()

@@ -127,7 +127,8 @@ def test_torch_restart_job_restarts_every_rank(
     sums = re.findall(r"\[attempt 1\] \| weights checksum (\S+)", out)
     assert len(sums) == 2 and len(set(sums)) == 1, out
     states = final_states(inventory, _run_id(out), tmp_path, hosts=2)
-    assert all(t["exit_code"] == 0 and t["restarts"] == 1 for t in states.values()), states
+    got = {k: (t["exit_code"], t["restarts"], t.get("reason")) for k, t in states.items()}
+    assert all(t["exit_code"] == 0 and t["restarts"] == 1 for t in states.values()), got
 
 
 def _run_id(out: str) -> str:

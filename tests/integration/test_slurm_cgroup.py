@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab import Lab, LabUnsupported, SlurmCluster, cleanup, start_lab
+from tests.lab.base import wait_until
 from tests.support.faults import tfdeploy
 from tests.support.helpers import to_toml
 
@@ -85,9 +86,13 @@ def test_a_stopped_cgroup_lab_leaves_no_cgroup_mount_or_process() -> None:
         pytest.skip(str(e))
     try:
         assert lab.slurm is not None
-        job = _hold(lab.slurm)  # its batch step's cgroup, 4 levels deep, is there at stop
-        batch = [d for d in cleanup.cgroup_dirs(lab.id) if any(d.rglob(f"job_{job}/step_batch"))]
-        assert batch, cleanup.cgroup_dirs(lab.id)
+        job = _hold(lab.slurm)
+
+        def batch_step() -> list[Path]:  # slurmd makes it a moment after squeue says RUNNING
+            return [d for d in cleanup.cgroup_dirs(lab.id) if any(d.rglob(f"job_{job}/step_batch"))]
+
+        # Its batch step's cgroup, 4 levels deep, is there at stop.
+        wait_until(f"job {job}'s step_batch cgroup", batch_step, timeout=30, interval=0.1)
     finally:
         lab.stop()
     assert cleanup.residue(lab.id, ns_inodes=lab.ns_inodes) == []
