@@ -69,5 +69,6 @@ def leave(rank: int, world: int) -> None:
         time.sleep(0.05)
     dist.destroy_process_group()
 
+
 if __name__ == "__main__":
     main()
