@@ -414,6 +414,9 @@ def handle(raw: bytes) -> dict[str, Any]:
     op = OPS.get(req.get("op"))  # type: ignore[arg-type]
     if op is None:
         return _error(f"unknown op {req.get('op')!r}; known ops: {', '.join(OPS)}")
+    held = _held_by(req)
+    if held is not None:
+        return _forwarded(raw, held)
     try:
         result = op(req)
     except params.StreamError as exc:
@@ -424,6 +427,27 @@ def handle(raw: bytes) -> dict[str, Any]:
         where = f" ({exc.filename})" if exc.filename else ""
         return _error(f"op {req['op']} failed on this host: {exc.strerror or exc}{where}")
     return {"v": protocol.PROTOCOL_VERSION, "ok": True, **result}
+
+
+def _held_by(req: dict[str, Any]) -> str | None:
+    """The Slurm job whose holder runs this request (holder.py): an op that leaves processes
+    behind, in a session started as a step (reach = "srun"); None: this session runs it."""
+    if req.get("op") not in protocol.HELD_OPS:
+        return None
+    import holder
+
+    return holder.expected()
+
+
+def _forwarded(raw: bytes, job_id: str) -> dict[str, Any]:
+    import holder
+
+    try:
+        return holder.forward(raw, job_id)
+    except params.AgentError as exc:
+        return _error(str(exc), exc.code, exc.subject)
+    except OSError as exc:
+        return _error(f"the holder of Slurm job {job_id} on this node failed to answer: {exc}")
 
 
 END_SESSION = "_end_session"  # never sent: a reply after which `serve` stops reading stdin
@@ -561,6 +585,10 @@ def main(argv: list[str]) -> int:
         return relay.main(argv[2:])
     if len(argv) > 1 and argv[1] == "serve":
         return serve()
+    if len(argv) > 1 and argv[1] == "hold":
+        import holder  # a Slurm node's holder step (holder.py), started by the batch body
+
+        return holder.main(argv[2:], handle)
     # The request is one JSON line; materialize's file contents (blobs) may follow it raw.
     raw = sys.stdin.buffer.readline()
     if not raw.endswith(b"\n"):

@@ -60,6 +60,10 @@ OPS: Final = (
     OP_ENV_PROGRESS,
     OP_KEEP,
 )
+# The ops whose processes outlive the session that asked: on a Slurm node a session started as a
+# job step hands them to the allocation's holder step (holder.py), which outlives every session.
+HELD_OPS: Final = (OP_START, OP_KEEP)
+HOLDER_ENV: Final = "TFDEPLOY_HOLDER"  # set on such a session: the job id of its holder
 
 # The "action" of the ops that have several: firewall, netcheck, peers.
 FIREWALL_CHECK: Final = "check"

@@ -7,6 +7,11 @@ stays open: a controller that is SIGKILLed or loses its network closes it, and t
 ends `lease_seconds` later without anyone's help (a leaked allocation holds GPUs for days
 elsewhere). A detached run hands the allocation over to its tasks ("detached": the body ends
 when no task of the user's is left on any node), a kept one to the next `up` ("keep").
+
+The body also starts the holder step: one task per node with all the job has there, in which
+the agents' starts run (remote/holder.py), so that a run's processes live as long as the
+allocation and not as long as the session step that asked for them (proctrack/cgroup kills a
+step's processes when it ends).
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from urllib.parse import quote, unquote
 from deployer.hosts.bootstrap import agent_id
 from deployer.sources.slurm.outputs import short
 from deployer.sources.slurm.settings import SlurmSettings
+from remote import protocol
 
 LEASE_DIR = "/tmp"  # the lease file lives on the first node; both body and keeper see it
 BEAT_S = 2  # how often the keeper renews the lease
 DETACHED_CHECK_S = 30  # how often a detached run's body looks for tasks left on the nodes
+HOLDER_POLL_S = 1  # how often a node's holder step looks for the agent's code, until it is there
 MODES = ("detached", "keep")
 
 
@@ -145,7 +152,8 @@ lease={LEASE_DIR}/tfdeploy-slurm-$SLURM_JOB_ID.lease
 touch "$lease"
 trap 'rm -f "$lease" "$lease.mode"' EXIT
 trap 'exit 0' TERM INT
-{relay}idle=0
+{relay}{holder_step(settings)} &
+idle=0
 while :; do
   mode=$(cat "$lease.mode" 2>/dev/null || true)
   case $mode in
@@ -163,6 +171,32 @@ while :; do
   esac
 done
 """
+
+
+def holder_step(settings: SlurmSettings) -> str:
+    """The step that holds the run's processes on every node (remote/holder.py): one task per
+    node with every resource the job has there (`--whole`: its CPUs and GPUs, not one task's
+    share), alive until the allocation ends. It waits for the agent's code, which the
+    controller sends once the allocation runs, and becomes the agent's holder. Under
+    proctrack/cgroup what an agent's session step starts dies with that step; what this step
+    starts lives as long as the allocation (docs/slurm.md, "Process tracking")."""
+    places = sorted({(g.settings.python, g.settings.workdir) for g in settings.groups})
+    calls = "\n".join(f"  hold {shlex.quote(python)} {shlex.quote(wd)}" for python, wd in places)
+    script = f"""hold() {{
+  wd=$2
+  case $wd in "~/"*) wd=$HOME/${{wd#"~/"}};; "~") wd=$HOME;; esac
+  agent=$wd/agent/{agent_id()}/agent.py
+  [ ! -f "$agent" ] || exec "$1" -S "$agent" hold "$SLURM_JOB_ID"
+}}
+while :; do
+{calls}
+  sleep {HOLDER_POLL_S}
+done
+"""
+    return (
+        'srun --overlap --whole -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q '
+        f"sh -c {shlex.quote(script)}"
+    )
 
 
 def on_every_node(settings: SlurmSettings, signal: str) -> str:
@@ -216,5 +250,7 @@ def step_launcher(job_id: str, node: str) -> tuple[str, ...]:
         "--ntasks=1",
         "--unbuffered",
         "--quiet",
+        # What this session starts to outlive it (tasks, keeper) goes to the holder step.
+        f"--export=ALL,{protocol.HOLDER_ENV}={job_id}",
         "--",
     )
