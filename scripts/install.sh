@@ -37,10 +37,13 @@ fi
 # The Slurm lab (tests/lab/slurm.py, docs/testing.md): Debian's Slurm 22.05 and munge. Their
 # postinst starts the daemons in this machine's own namespace; a temporary policy-rc.d stops that
 # (the lab runs them inside its hosts). An existing policy-rc.d (containers have one) is kept.
+# libpam-slurm-adopt: the PAM module a compute node's sshd admits sessions with only when the user
+# has a job there (the lab's `slurm_adopt`; it changes no PAM file of this machine).
 need_slurm=()
 for pair in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge; do
   [ -x "/usr/sbin/${pair%%:*}" ] || [ -x "/usr/bin/${pair%%:*}" ] || need_slurm+=("${pair#*:}")
 done
+[ -e /lib/security/pam_slurm_adopt.so ] || need_slurm+=(libpam-slurm-adopt)
 if [ ${#need_slurm[@]} -gt 0 ]; then
   if [ "$TFDEPLOY_ROOT" = 1 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -149,6 +149,8 @@ LAB_FIXTURES = {
     "slurm",
     "slurm_cgroup_lab",
     "slurm_cgroup",
+    "slurm_adopt_lab",
+    "slurm_adopt",
 }
 # Every test of this folder needs real hosts: the lab's sshd hosts (or, marked `vagrant`, VMs).
 INTEGRATION = Path(__file__).resolve().parent / "integration"

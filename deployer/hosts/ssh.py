@@ -17,6 +17,7 @@ from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey, OnDiskPriva
 from deployer.config import sshconfig
 from deployer.config.model import SSHSettings
 from deployer.core.errors import HostError
+from deployer.core.lines import clean
 from deployer.core.perfile import PerFile
 from deployer.hosts import hostkeys, paramiko_tuning
 
@@ -385,8 +386,41 @@ def _handshake_error(
     return exc  # KeyboardInterrupt and programming errors pass through unchanged
 
 
+# Where a Slurm node's pam_slurm_adopt refused the session (its account stack, after the key was
+# accepted), the words it sent as the userauth banner before sshd closed: "Access denied by
+# pam_slurm_adopt: you have no active jobs on this node" (Slurm 22.05, OpenSSH 9.2, lab-seen).
+PAM_SLURM_ADOPT = "pam_slurm_adopt"
+_BANNER_SHOWN = 200  # characters of a host's banner quoted in a message, at most
+
+
+def _refusal_banner(hop: Hop) -> str | None:
+    """The banner the hop's server sent during authentication (cleaned, one line), if any.
+    paramiko's `get_banner()` answers None once the transport is closed, which a refusal
+    leaves it: the auth handler keeps what it read."""
+    transport = hop.client.get_transport()
+    handler = getattr(transport, "auth_handler", None)
+    banner = getattr(handler, "banner", None)
+    if isinstance(banner, bytes):
+        banner = banner.decode("utf-8", "replace")
+    if not isinstance(banner, str) or not banner.strip():
+        return None
+    return clean(" ".join(banner.split()))[:_BANNER_SHOWN]
+
+
 def _auth_error(target: Endpoint, hop: Hop, strategy: _KeysThenAgent) -> HostError:
     who = f"{hop.user}@{hop.host}"
+    banner = _refusal_banner(hop)
+    if banner is not None and PAM_SLURM_ADOPT in banner:
+        return HostError(
+            target.name,
+            f"{hop.where}{hop.host} refused {hop.user}'s SSH session: the node's "
+            f"{PAM_SLURM_ADOPT} admits only users with a Slurm job running on it; the node "
+            f"says: {banner}",
+            hint=f"SSH reaches a Slurm node only while a job of {hop.user}'s runs there: "
+            "`tfdeploy status INVENTORY` shows whether the run's allocation still runs, "
+            "`tfdeploy up` allocates nodes again; an ended run's logs are kept here "
+            "(`tfdeploy logs RUN`)",
+        )
     if hop.encrypted and not strategy.agent_keys:
         key = ", ".join(hop.encrypted)
         return HostError(

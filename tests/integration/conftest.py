@@ -61,6 +61,7 @@ def _lab_session(
     containers: bool = False,
     slurm: bool = False,
     slurm_proctrack: str = "linuxproc",
+    slurm_adopt: bool = False,
 ) -> Iterator[Lab]:
     if tests.lab.lab_mode() == "netns":
         cleanup.clean_stale()  # namespaces and links of an earlier run that was SIGKILLed
@@ -68,7 +69,12 @@ def _lab_session(
         signal.signal(signal.SIGTERM, _sigterm)
     try:
         the_lab = start_lab(
-            n, topology, containers=containers, slurm=slurm, slurm_proctrack=slurm_proctrack
+            n,
+            topology,
+            containers=containers,
+            slurm=slurm,
+            slurm_proctrack=slurm_proctrack,
+            slurm_adopt=slurm_adopt,
         )
     except LabUnsupported as e:  # the bastion topology on loopback: its tests skip, saying why
         pytest.skip(str(e))
@@ -108,6 +114,24 @@ def slurm_cgroup_lab() -> Iterator[Lab]:
 def slurm_cgroup(slurm_cgroup_lab: Lab) -> Iterator[SlurmCluster]:
     """The cgroup lab's cluster, checked after the test as `slurm` is."""
     yield from _checked(slurm_cgroup_lab)
+
+
+@pytest.fixture(scope="session")
+def slurm_adopt_lab() -> Iterator[Lab]:
+    """`slurm_cgroup_lab` with the compute nodes' sshd behind Debian's pam_slurm_adopt
+    (tests/lab/slurm.py, `adopt`): `PrologFlags=contain`, `UsePAM yes` and the lab's PAM stack
+    on h2 and h3 only. The lab's non-root user (`slurm_adopt_lab.login_user`, its own home on
+    each host) may SSH to a node only while a job of theirs runs there, and the session joins
+    that job's `step_extern`; root and the login node h1 are not behind it. Skips where Slurm,
+    the cgroup v1 hierarchies or libpam-slurm-adopt are missing, or there is no root."""
+    yield from _lab_session(3, "flat", slurm=True, slurm_proctrack="cgroup", slurm_adopt=True)
+
+
+@pytest.fixture
+def slurm_adopt(slurm_adopt_lab: Lab) -> Iterator[SlurmCluster]:
+    """The adopt lab's cluster, checked after the test as `slurm` is (the login user's jobs
+    included)."""
+    yield from _checked(slurm_adopt_lab)
 
 
 def _checked(slurm_lab: Lab) -> Iterator[SlurmCluster]:

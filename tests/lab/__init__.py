@@ -53,6 +53,7 @@ def start_lab(
     containers: bool = False,
     slurm: bool = False,
     slurm_proctrack: str = "linuxproc",
+    slurm_adopt: bool = False,
 ) -> Lab:
     """Bring up `n` hosts ("flat"), or `n` private hosts behind a bastion ("bastion").
 
@@ -63,6 +64,8 @@ def start_lab(
     node, the others compute nodes; namespace lab only, and the packages must be installed.
     `slurm_proctrack` is its process tracking: "linuxproc" (no cgroups) or "cgroup"
     (proctrack/cgroup + task/cgroup on a cgroup v1 subtree per compute host, as production).
+    `slurm_adopt` puts the compute nodes' sshd behind Debian's pam_slurm_adopt (with
+    `slurm_proctrack="cgroup"` only): SSH to a node is admitted only for a user with a job there.
     """
     if topology not in ("flat", "bastion"):
         raise LabError(f"unknown topology {topology!r}: use 'flat' or 'bastion'")
@@ -71,11 +74,13 @@ def start_lab(
     mode = lab_mode()
     if containers and mode != "netns":
         raise LabUnsupported("container hosts need the namespace lab (root)")
+    if slurm_adopt and not slurm:
+        raise LabError("slurm_adopt is the Slurm cluster's: give slurm=True too")
     if slurm:
         if topology != "flat" or n < 2:
             raise LabError("a Slurm lab is flat, with a login node and 1+ compute nodes (n >= 2)")
         why = (
-            slurm_missing(slurm_proctrack)
+            slurm_missing(slurm_proctrack, slurm_adopt)
             if mode == "netns"
             else "a Slurm lab needs the namespace lab (root)"
         )
@@ -91,6 +96,7 @@ def start_lab(
             containers=containers,
             slurm=slurm,
             slurm_proctrack=slurm_proctrack,
+            slurm_adopt=slurm_adopt,
         )
     else:
         lab = LoopbackLab(lab_id=lab_id, directory=directory, persistent=persistent)

@@ -27,6 +27,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"note: {choice.note}")
     if args.proctrack != "linuxproc" and not args.slurm:
         raise LabError("--proctrack is the Slurm cluster's: give --slurm too")
+    if args.adopt and (not args.slurm or args.proctrack != "cgroup"):
+        raise LabError("--adopt needs the cgroup Slurm cluster: give --slurm --proctrack cgroup")
     lab = start_lab(
         args.n,
         args.topology,
@@ -34,6 +36,7 @@ def _up(args: argparse.Namespace) -> int:
         containers=args.containers,
         slurm=args.slurm,
         slurm_proctrack=args.proctrack,
+        slurm_adopt=args.adopt,
     )
     tasks = [[{"role": "worker"}] for _ in lab.hosts]
     job = {
@@ -60,6 +63,11 @@ def _up(args: argparse.Namespace) -> int:
     if slurm is not None:
         print(f"slurm:      login node {slurm.login.name} {slurm.login.address} (slurmctld)")
         print(f"            process tracking: proctrack/{slurm.proctrack}")
+        if slurm.adopt:
+            print(
+                "            compute nodes' sshd behind pam_slurm_adopt: "
+                f"{lab.login_user} logs in to a node only while a job of theirs runs there"
+            )
         print(f"            compute nodes {', '.join(h.name for h in slurm.nodes)} (slurmd)")
         print(f"            ssh -F {lab.ssh_config} {slurm.login.name} squeue")
         print(f"            outside the hosts: SLURM_CONF={slurm.conf_dir / 'slurm.conf'} squeue")
@@ -119,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         default="linuxproc",
         help="the Slurm cluster's process tracking: linuxproc (default, no cgroups) or cgroup "
         "(proctrack/cgroup + task/cgroup, as production clusters run)",
+    )
+    up.add_argument(
+        "--adopt",
+        action="store_true",
+        help="the compute nodes' sshd behind pam_slurm_adopt (with --proctrack cgroup): the "
+        "non-root user logs in to a node only while a job of theirs runs there",
     )
     up.add_argument(
         "--python",

@@ -137,14 +137,18 @@ class NamespaceLab(Lab):
         containers: bool = False,
         slurm: bool = False,
         slurm_proctrack: str = "linuxproc",
+        slurm_adopt: bool = False,
     ) -> None:
         super().__init__(lab_id=lab_id, directory=directory, user="root", python=VENV_PYTHON)
         self.persistent = persistent
         # Container hosts (tests/lab/containers.py): podman runs in each host, own image store.
         self.containers = containers
         # A Slurm cluster (tests/lab/slurm.py): h1 the login node, the others compute nodes.
-        # `slurm_proctrack`: "linuxproc" (no cgroups) or "cgroup" (as production clusters run).
-        self.slurm = lab_slurm.SlurmCluster(self, slurm_proctrack) if slurm else None
+        # `slurm_proctrack`: "linuxproc" (no cgroups) or "cgroup" (as production clusters run);
+        # `slurm_adopt`: the compute nodes' sshd behind pam_slurm_adopt (cgroup only).
+        self.slurm = (
+            lab_slurm.SlurmCluster(self, slurm_proctrack, adopt=slurm_adopt) if slurm else None
+        )
         self._slots: dict[str, _Slot] = {}
         self._unreachable: list[str] = []
         self.topology = "flat"
@@ -243,6 +247,7 @@ class NamespaceLab(Lab):
                 listen="0.0.0.0:22",
                 allow_users=["root", self.login_user],
                 set_env=self._container_env(slot.host.name),
+                use_pam=self.slurm is not None and self.slurm.uses_pam(slot.host),
             )
             (d / "sshd_config").write_text(conf)
             pub = (d / "ssh_host_ed25519_key.pub").read_text()

@@ -13,6 +13,14 @@ Process tracking is `proctrack/linuxproc` (no cgroups) or, with `proctrack="cgro
 `proctrack/cgroup` + `task/cgroup` as production clusters run: each compute node then mounts its
 own cgroup v1 subtree of this machine's hierarchies (`make_cgroups`, `boot_lines`), which the
 lab's teardown removes once the hosts are gone (`cleanup.remove_cgroups`).
+
+With `adopt` (on the cgroup configuration only) the compute nodes' sshd admits a session only
+through Debian's `pam_slurm_adopt`, as on clusters that refuse SSH to a node without a job:
+`PrologFlags=contain` (each job's `extern` step), `UsePAM yes` in those hosts' sshd_config and
+the lab's own PAM stack bind-mounted over `/etc/pam.d/sshd` inside each compute host only
+(`PAM_SSHD`). The module never acts on root (it ignores root), so root still logs in and the
+lab's non-root user (`lab.login_user`) is the one it admits only while a job of theirs runs on
+the node, its session then adopted into that job's `step_extern`.
 """
 
 from __future__ import annotations
@@ -53,13 +61,27 @@ PROCTRACKS = ("linuxproc", "cgroup")
 # The cgroup v1 controllers each compute host gets a subtree of (`cgroup` only): freezer for
 # proctrack/cgroup, cpuset, memory and devices for task/cgroup, the others as a node has them.
 CGROUP_CONTROLLERS = ("freezer", "cpuset", "memory", "devices", "cpuacct", "cpu", "pids")
+# Debian's libpam-slurm-adopt puts the module outside PAM's default folder: named by full path.
+PAM_SLURM_ADOPT = "/lib/security/pam_slurm_adopt.so"
+# The compute nodes' /etc/pam.d/sshd with `adopt`. sshd checked the key already (pubkey, no PAM
+# auth); the account stack decides: pam_slurm_adopt denies a user with no job on the node and
+# admits one with a job (adopting the session into it); for root it answers PAM_IGNORE (it never
+# acts on root), so pam_permit's success admits root, as an admin's login on a real cluster.
+PAM_SSHD = f"""auth required pam_permit.so
+account required {PAM_SLURM_ADOPT} action_no_jobs=deny
+account required pam_permit.so
+session required pam_permit.so
+"""
 
 
-def missing(proctrack: str = "linuxproc") -> str | None:
+def missing(proctrack: str = "linuxproc", adopt: bool = False) -> str | None:
     """Why a Slurm lab cannot start here, or None: the daemons must be installed (and, for
-    proctrack/cgroup, this machine must have the cgroup v1 hierarchies)."""
+    proctrack/cgroup, this machine must have the cgroup v1 hierarchies; for `adopt`, Debian's
+    libpam-slurm-adopt must be installed)."""
     if proctrack not in PROCTRACKS:
         raise LabError(f"unknown Slurm process tracking {proctrack!r}: use one of {PROCTRACKS}")
+    if adopt and proctrack != "cgroup":
+        raise LabError("pam_slurm_adopt needs proctrack/cgroup: give proctrack='cgroup' too")
     absent = [d for d in DAEMONS if not os.access(d, os.X_OK)]
     absent += [c for c in ("/usr/bin/sbatch", "/usr/bin/squeue") if not os.access(c, os.X_OK)]
     if absent:
@@ -76,6 +98,11 @@ def missing(proctrack: str = "linuxproc") -> str | None:
                 "a Slurm lab with proctrack/cgroup needs this machine's cgroup v1 hierarchies "
                 f"under {cleanup.CGROUP_ROOT} (missing: {', '.join(absent)})"
             )
+    if adopt and not os.path.isfile(PAM_SLURM_ADOPT):
+        return (
+            f"a Slurm lab with pam_slurm_adopt needs {PAM_SLURM_ADOPT}: run scripts/install.sh "
+            "as root (Debian package libpam-slurm-adopt)"
+        )
     return None
 
 
@@ -104,11 +131,17 @@ class Job:
 class SlurmCluster:
     """The Slurm side of a NamespaceLab started with `slurm=True` (`lab.slurm`)."""
 
-    def __init__(self, lab: NamespaceLab, proctrack: str = "linuxproc") -> None:
+    def __init__(
+        self, lab: NamespaceLab, proctrack: str = "linuxproc", adopt: bool = False
+    ) -> None:
         if proctrack not in PROCTRACKS:
             raise LabError(f"unknown Slurm process tracking {proctrack!r}: use one of {PROCTRACKS}")
+        if adopt and proctrack != "cgroup":
+            raise LabError("pam_slurm_adopt needs proctrack/cgroup: give proctrack='cgroup' too")
         self.lab = lab
         self.proctrack = proctrack
+        # The compute nodes' sshd behind pam_slurm_adopt (module docstring).
+        self.adopt = adopt
         self.dir = lab.dir / "slurm"
         self.conf_dir = self.dir / "etc"
         self.munge_dir = self.dir / "munge"
@@ -128,6 +161,10 @@ class SlurmCluster:
 
     def node(self, name: str) -> LabHost:
         return self.lab.host(name)
+
+    def uses_pam(self, host: LabHost) -> bool:
+        """The host's sshd runs PAM (`UsePAM yes`): a compute node of an `adopt` lab."""
+        return self.adopt and host != self.login
 
     # -- files (before the hosts boot) ---------------------------------------------------------
 
@@ -163,6 +200,8 @@ class SlurmCluster:
             self.make_cgroups()
         (self.conf_dir / "cgroup.conf").write_text(cgroup_conf)
         (self.conf_dir / "plugstack.conf").write_text("")
+        if self.adopt:
+            (self.dir / "pam.d-sshd").write_text(PAM_SSHD)
         hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         hosts += [f"{h.address} {h.name} {h.hostname}" for h in self.lab.hosts]
         (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
@@ -207,6 +246,9 @@ class SlurmCluster:
             "MpiDefault=none",
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
+            # Each job gets an `extern` step on its nodes at allocation: pam_slurm_adopt puts
+            # an admitted SSH session into it.
+            *(["PrologFlags=contain"] if self.adopt else []),
         ]
         for h in self.nodes:
             lines.append(
@@ -242,7 +284,8 @@ class SlurmCluster:
         """Shell lines a host runs at boot: the cluster's folders and hosts file mounted, and
         with proctrack/cgroup on a compute node its own cgroup subtrees on /sys/fs/cgroup/<c>
         (each hierarchy mounted on a scratch folder of the host's private /tmp, its subtree
-        bind-mounted, the scratch mount dropped)."""
+        bind-mounted, the scratch mount dropped); with `adopt`, the lab's PAM stack over a
+        compute node's /etc/pam.d/sshd (before its sshd starts)."""
         q = shlex.quote
         lines = [
             f"mount --bind {q(str(self.conf_dir))} /etc/slurm",
@@ -260,6 +303,8 @@ class SlurmCluster:
                     f"umount {scratch}",
                 ]
             lines.append(f"rmdir {scratch}")
+        if self.uses_pam(host):  # this host's mount namespace only: the machine's file stays
+            lines.append(f"mount --bind {q(str(self.dir / 'pam.d-sshd'))} /etc/pam.d/sshd")
         return lines
 
     # -- daemons -------------------------------------------------------------------------------
@@ -435,8 +480,11 @@ class SlurmCluster:
         )
 
     def cancel_all(self) -> None:
-        """scancel every job, and wait until squeue is empty and nodes are idle again."""
+        """scancel every job (root's and the lab's login user's, whose jobs an `adopt` lab
+        runs), and wait until squeue is empty and nodes are idle again."""
         self.login_run("scancel --full --user=root")
+        if self.lab.login_user != "root":
+            self.login_run(f"scancel --full --user={shlex.quote(self.lab.login_user)}")
         self._wait("squeue to be empty", lambda: not self.jobs(), KILL_WAIT * 3 + 10)
 
     def heal(self) -> None:

@@ -31,11 +31,14 @@ def sshd_config(
     listen: str,
     allow_users: Sequence[str],
     set_env: Sequence[str] = (),
+    use_pam: bool = False,
 ) -> str:
     """An sshd_config for one lab host; every line here is one the deployer depends on.
 
     `set_env` ("NAME=value") goes into every session's environment (sshd's SetEnv). One
     SetEnv line holds them all: sshd takes the first SetEnv line and ignores the others.
+    `use_pam`: sshd asks PAM whether a session may open (a Slurm lab's compute node behind
+    pam_slurm_adopt, whose host mounts its own /etc/pam.d/sshd: tests/lab/slurm.py).
     """
     return "\n".join(
         [
@@ -51,8 +54,9 @@ def sshd_config(
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
-            # No PAM: hosts have no login sessions to set up, and PAM would need /etc/pam.d tweaks.
-            "UsePAM no",
+            # No PAM: hosts have no login sessions to set up, and PAM would need /etc/pam.d tweaks
+            # (but a Slurm node behind pam_slurm_adopt, whose host brings its own).
+            f"UsePAM {'yes' if use_pam else 'no'}",
             # Keys under /var/tmp or /tmp are not owned like ~/.ssh: StrictModes would reject them.
             "StrictModes no",
             # The deployer opens many handshakes and channels at once; defaults (10:30:100, 10)
