@@ -24,12 +24,14 @@ a socket another user bound first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import params
@@ -111,10 +113,12 @@ def _connect(job_id: str, wait_s: float) -> socket.socket:
 
 
 def main(argv: list[str], handle: Callable[[bytes], dict[str, Any]]) -> int:
-    """`agent.py hold JOB`: serves until the allocation ends (Slurm ends the step)."""
+    """`agent.py hold JOB [WORKDIR LEASE]`: serves until the allocation ends (Slurm ends the
+    step). In a requeued allocation it first rejoins the detached runs it held in WORKDIR
+    (rejoin.py), and tells the batch body through LEASE's mode file that a run goes on."""
     job_id = job_of(argv[0] if argv else None)
-    if job_id is None:
-        sys.stderr.write("usage: agent.py hold SLURM_JOB_ID\n")
+    if job_id is None or len(argv) not in (1, 3):
+        sys.stderr.write("usage: agent.py hold SLURM_JOB_ID [WORKDIR LEASE_FILE]\n")
         return 2
     os.environ.pop(HOLDER_ENV, None)  # its own requests are run here, never handed on
     _adopt_orphans()
@@ -126,6 +130,8 @@ def main(argv: list[str], handle: Callable[[bytes], dict[str, Any]]) -> int:
         return 1
     server.listen(64)
     server.settimeout(ACCEPT_S)
+    if len(argv) == 3:
+        _rejoin(job_id, Path(argv[1]), Path(argv[2]))
     while True:
         _reap()
         try:
@@ -135,6 +141,34 @@ def main(argv: list[str], handle: Callable[[bytes], dict[str, Any]]) -> int:
         with conn:
             if peer_uid(conn) == os.getuid():
                 _answer_in_child(server, conn, handle)
+
+
+def _rejoin(job_id: str, workdir: Path, lease: Path) -> None:
+    """After a requeue: the wardens and keeper of each detached run this node held, started
+    again here (the keeper restarts the job by its policy); the body, whose mode file the
+    requeue removed, is told the allocation holds a detached run again (it then ends the
+    allocation once no task is left, instead of waiting for a controller's lease)."""
+    import rejoin
+
+    if not rejoin.requeued():
+        return
+    import keeper  # only a requeued holder pays for these imports
+    import warden
+
+    rejoined = 0
+    for run_dir, asked in rejoin.runs_to_rejoin(workdir, job_id):
+        base = {"v": protocol.PROTOCOL_VERSION, "op": protocol.OP_KEEP, "workdir": str(workdir)}
+        try:
+            warden.start({**base, **asked[protocol.KEEP_WARDEN]})
+            if protocol.KEEP_KEEPER in asked:
+                keeper.start({**base, **asked[protocol.KEEP_KEEPER]}, requeued_job=job_id)
+        except (params.AgentError, OSError) as exc:
+            sys.stderr.write(f"tfdeploy holder: run {run_dir.name} not rejoined: {exc}\n")
+            continue
+        rejoined += 1
+    if rejoined and lease.exists():  # the batch body's node: its lease file is here
+        with contextlib.suppress(OSError):
+            lease.with_name(lease.name + ".mode").write_text("detached\n")
 
 
 def _answer_in_child(
@@ -195,6 +229,7 @@ def _adopt_orphans() -> None:
 
 
 def peer_uid(sock: socket.socket) -> int:
+    uid: int
     _pid, uid, _gid = _PEERCRED.unpack(
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     )
@@ -202,7 +237,8 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 def _read_all(sock: socket.socket, limit: int) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = sock.recv(1 << 16)
         if not chunk:
@@ -214,7 +250,8 @@ def _read_all(sock: socket.socket, limit: int) -> bytes:
 
 
 def _read_line(sock: socket.socket, limit: int) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = sock.recv(1 << 16)
         if not chunk:

@@ -34,6 +34,7 @@ import layout
 import notify
 import params
 import protocol
+import rejoin
 import warden
 
 MAX_BACKOFF_S = 300.0
@@ -45,7 +46,12 @@ class Keeper:
     """One run's policy loop: a heartbeat thread polls every warden, the main thread judges."""
 
     def __init__(
-        self, plan: dict[str, Any], secret: bytes, run_dir: Path, record: Path | None = None
+        self,
+        plan: dict[str, Any],
+        secret: bytes,
+        run_dir: Path,
+        record: Path | None = None,
+        requeued_job: str | None = None,
     ) -> None:
         self.run_id: str = plan["run_id"]
         self.hosts: dict[str, dict[str, Any]] = {h["name"]: h for h in plan["hosts"]}
@@ -71,6 +77,7 @@ class Keeper:
         self.noting = threading.Lock()  # keeper.json's writers: this loop and the notifier
         self.record = record  # this keeper's daemon record (`alive`, a whole-run stop read it)
         self.notifier = notify.Notifier(plan.get("notify"), lambda s: self.note({"notify": s}))
+        self.requeued_job = requeued_job  # started again by its allocation's holder (rejoin.py)
 
     # ---- talking to the wardens ----------------------------------------------------------
 
@@ -293,18 +300,24 @@ class Keeper:
         heart = threading.Thread(target=self.beat, daemon=True)
         heart.start()
         try:
+            if self.requeued_job is not None:
+                self.rejoin(self.requeued_job)
             while True:
                 self.wait(self.interval)
                 self.judge()
         except Ended as end:
             outcome = {"outcome": end.outcome, "why": end.why, "attempt": self.attempt}
+            # A stop by Slurm's requeue (no stop marker of tfdeploy's) is rejoined, no other end.
+            final = end.outcome != "stopped" or layout.run_stopped(self.run_dir)
+            if final:
+                rejoin.forget(self.run_dir)
             self.note({"ended": outcome})
             self.tell("failed" if end.outcome == "failed" else "finished", **outcome)
             self.done.set()
             heart.join(timeout=ASK_TIMEOUT_S)
             for host in self.hosts:
                 with contextlib.suppress(OSError, keepwire.WireError):
-                    self.ask(host, {"ask": warden.END}, timeout=5.0)
+                    self.ask(host, {"ask": warden.END, "final": final}, timeout=5.0)
             # The run is over for everyone now: no longer its keeper (`runs` says it ended,
             # `down` has nothing to stop), only the sender of its last word, bounded.
             if self.record is not None:
@@ -312,6 +325,17 @@ class Keeper:
                     self.record.unlink()
             self.notifier.wait()
             return outcome
+
+    def rejoin(self, job: str) -> None:
+        """Slurm requeued the allocation and it runs again: every task ended with the old
+        steps, so the whole job starts again, as after a lost host, while restarts are left."""
+        cause = f"Slurm requeued allocation {job}"
+        self.note({"rejoined": job})
+        if self.policy.get("on_failure") == RESTART_JOB and self.attempt < self.most():
+            self.restart_job(cause)
+            return
+        self.stop_all(tolerant=True)
+        raise Ended("failed", f"{cause} and no restart is left (max_restarts)")
 
     def wait(self, seconds: float) -> None:
         """`seconds` pass; the heartbeat thread polls meanwhile."""
@@ -507,17 +531,27 @@ def op_keep(req: dict[str, Any]) -> dict[str, Any]:
     raise params.AgentError(f"keep action must be warden or keeper, not {action!r:.40}")
 
 
-def start(req: dict[str, Any]) -> dict[str, Any]:
-    """Starts the run's keeper on this host, detached; its record lets a whole-run stop end it."""
+def start(req: dict[str, Any], requeued_job: str | None = None) -> dict[str, Any]:
+    """Starts the run's keeper on this host, detached; its record lets a whole-run stop end it.
+    `requeued_job`: Slurm requeued the run's allocation, whose holder starts it again
+    (rejoin.py): it goes on from the attempt its predecessor reached."""
     workdir = layout.workdir_path(req)
     run_dir = layout.run_path(req)
     secret = warden.secret_of(req)
     plan = check_plan(params.param(req, "plan", dict), run_dir.name)
+    if requeued_job is not None:
+        state = layout.read_json(run_dir / STATE_FILE)
+        reached = state.get("attempt") if isinstance(state, dict) else None
+        if isinstance(reached, int) and not isinstance(reached, bool) and reached >= 0:
+            plan = {**plan, "attempt": reached}
     record = warden.record_path(workdir, run_dir.name, "keeper")
     daemon.stop(record)
     pid = daemon.spawn(
-        record, lambda: Keeper(plan, secret, run_dir, record).run() and None, b"tfd-keeper"
+        record,
+        lambda: Keeper(plan, secret, run_dir, record, requeued_job).run() and None,
+        b"tfd-keeper",
     )
+    rejoin.record(req, run_dir)
     return {"pid": pid}
 
 

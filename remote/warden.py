@@ -33,6 +33,7 @@ import layout
 import params
 import procs
 import protocol
+import rejoin
 
 # What a keeper may ask (the request's "ask"): a vocabulary of its own, not the agent's ops.
 POLL, STOP, RESTART, END = "poll", "stop", "restart", "end"
@@ -52,12 +53,18 @@ def start(req: dict[str, Any]) -> dict[str, Any]:
     address = params.param(req, "address", str)
     secret = secret_of(req)
     idle_s = float(params.param(req, "idle_seconds", (int, float), 120.0))
+    fixed = params.param(req, "port", int, 0)  # a rejoin (rejoin.py): the port the keeper knows
+    if not 0 <= fixed < 65536:
+        raise params.AgentError(f"port must be 0 (any) or a port number, got {fixed}")
     record = record_path(workdir, run_dir.name, "warden")
     daemon.stop(record)  # a warden of an earlier hand-over of this run
     family = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
+    # The keeper's finished polls leave this port in TIME_WAIT for a minute after a warden
+    # ends: a rejoining warden binds it again all the same.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((address, 0))
+        sock.bind((address, fixed))
         sock.listen(16)
     except OSError as exc:
         sock.close()
@@ -67,6 +74,7 @@ def start(req: dict[str, Any]) -> dict[str, Any]:
         record, lambda: _serve(sock, workdir, run_dir, secret, idle_s), b"tfd-warden"
     )
     sock.close()
+    rejoin.record(req, run_dir, port)
     return {"port": port, "pid": pid}
 
 
@@ -139,6 +147,8 @@ def _op(request: Any, workdir: Path, run_dir: Path) -> dict[str, Any]:
         return {"tasks": _with_metrics_bytes(run_dir), "listening": _listening(request)}
     if op == END:  # the keeper ended the run: no lease is renewed from now on
         layout.drop_lease(run_dir)
+        if request.get("final") is True:  # and no requeue brings it back (rejoin.py)
+            rejoin.forget(run_dir)
         return {}
     import taskops  # stops and starts pay for their imports
 
@@ -151,7 +161,7 @@ def _op(request: Any, workdir: Path, run_dir: Path) -> dict[str, Any]:
 
 
 def _names(request: dict[str, Any], run_dir: Path) -> list[str]:
-    names = params.param(request, "tasks", list)
+    names: list[str] = params.param(request, "tasks", list)
     known = {d.name for d in layout.task_dirs(run_dir)}
     for name in names:
         if not isinstance(name, str) or params.task_dirname(name) not in known:
@@ -186,9 +196,11 @@ def alive(workdir: Path, run_id: str) -> bool:
 
 
 def stop_all(workdir: Path, run_id: str) -> None:
-    """A whole-run stop ends the run's keeper and warden here first: no restart races it."""
+    """A whole-run stop ends the run's keeper and warden here first: no restart races it,
+    and no requeue of its Slurm allocation starts them again (rejoin.py)."""
     for kind in ("keeper", "warden"):
         daemon.stop(record_path(workdir, run_id, kind))
+    rejoin.forget(layout.host_dir(workdir) / "runs" / run_id)
 
 
 def _with_metrics_bytes(run_dir: Path) -> list[dict[str, Any]]:
@@ -196,7 +208,7 @@ def _with_metrics_bytes(run_dir: Path) -> list[dict[str, Any]]:
     attempt trains again (its first new step record after a restart)."""
     import taskmetrics
 
-    statuses = procs.run_statuses(run_dir)
+    statuses: list[dict[str, Any]] = [dict(s) for s in procs.run_statuses(run_dir)]
     for status in statuses:
         try:
             task_dir = run_dir / "tasks" / params.task_dirname(str(status.get("name")))

@@ -114,10 +114,17 @@ def test_mwms_trains_on_two_allocated_nodes_and_the_allocation_is_released(
     _settled(slurm)
 
 
+def _standin_job(inventory: Callable[..., Path], tmp_path: Path, steps: int = 2000) -> Path:
+    """A TF-shaped stand-in (no TensorFlow: the subject is the allocation's life)."""
+    code = tmp_path / "code"
+    standin.write(code)
+    return inventory(code=code, command=f"python3 {standin.NAME} {steps} --interval 0.25")
+
+
 def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
-    inventory = slurm_inventory(epochs=200)
+    inventory = _standin_job(slurm_inventory, tmp_path)
     tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
     (job_id,) = _ours(slurm)
     status = tfdeploy("status", str(inventory), state=tmp_path / "b", timeout=120, check_rc=0)
@@ -125,6 +132,27 @@ def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
     assert status.stdout.count("running") >= 3, status.stdout  # the allocation and both tasks
     down = tfdeploy("down", str(inventory), state=tmp_path / "c", timeout=180, check_rc=0)
     assert f"released allocation {job_id}" in down.stdout + down.stderr, down.stdout
+    assert _wait_gone(slurm, 30)
+    _settled(slurm)
+
+
+def test_scancel_of_a_detached_runs_allocation_ends_its_tasks_under_linuxproc(
+    slurm_lab: Lab, slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """proctrack/linuxproc follows the process tree: the tasks of a detached run, started by
+    the allocation's holder step (remote/holder.py), stay in that step's tree because the
+    holder reaps its orphans (PR_SET_CHILD_SUBREAPER), so `scancel` (or the time limit) ends
+    them with the allocation. Before the holder they escaped tracking and ran on outside it."""
+    inventory = _standin_job(slurm_inventory, tmp_path)
+    tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
+    (job_id,) = _ours(slurm)
+    for node in ("h2", "h3"):
+        assert slurm_lab.run(node, ["pgrep", "-f", standin.NAME]).stdout.split(), node
+    slurm.check(f"scancel {job_id}")
+    deadline = time.monotonic() + 60
+    while any(slurm_lab.run(n, ["pgrep", "-f", standin.NAME]).stdout for n in ("h2", "h3")):
+        assert time.monotonic() < deadline, "a task outlived its allocation's scancel"
+        time.sleep(0.2)
     assert _wait_gone(slurm, 30)
     _settled(slurm)
 
@@ -475,4 +503,70 @@ def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_release
     assert "worker 0 done at step 60" in logs and "worker 1 done at step 60" in logs, logs
     # The body sees no task left (it looks every 30 s, twice) and ends the allocation.
     assert _wait_gone(slurm, 120), "the allocation outlived its run"
+    _settled(slurm)
+
+
+def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes(
+    slurm_lab: Lab, slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Issue 59's last case: Slurm requeues the allocation of a detached restart-job run (here
+    `scontrol requeue`, as a preemption or a failed node does), every step ends, the tasks, the
+    keeper and the wardens with them. When the same allocation runs again, its holders start
+    the wardens and the keeper again from the run's records (remote/rejoin.py); the keeper
+    restarts the whole job, which resumes from its checkpoint and ends 0, with no tfdeploy
+    command running; then the allocation ends by itself and nothing is left."""
+    code = tmp_path / "code"
+    standin.write(code)
+    policy = {"on_failure": "restart-job", "max_restarts": 2, "restart_backoff": 1}
+    inventory = slurm_inventory(
+        code=code,
+        command=f"python3 {standin.NAME} 60 --interval 0.25",
+        job=policy | {"stop_grace": 2},
+    )
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
+    found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
+    assert found, up.stdout
+    run_id, keeper_host = found.groups()
+    (job_id,) = _ours(slurm)
+    runs = f"~/.tfdeploy/hosts/*/runs/{run_id}"
+
+    def step_of_worker_1() -> int:
+        said = slurm_lab.run("h3", ["sh", "-c", f"cat {runs}/code/ckpt/worker-1 || echo 0"])
+        return int(said.stdout.split()[-1])
+
+    deadline = time.monotonic() + 120
+    while step_of_worker_1() < 8:
+        assert time.monotonic() < deadline, "worker:1 never passed step 8"
+        time.sleep(0.5)
+    slurm.check(f"scontrol requeue {job_id}")
+    slurm.wait_job(job_id, "PENDING", timeout=60)
+    slurm.wait_nodes("idle", timeout=120)  # the old steps are cleaned up
+    # Slurm makes a requeued job eligible ~2 min later (BeginTime); an admin's nudge:
+    slurm.check(f"scontrol update JobId={job_id} StartTime=now")
+    slurm.wait_job(job_id, "RUNNING", timeout=120)
+
+    def keeper_ended() -> str:
+        got = slurm_lab.run(keeper_host, ["sh", "-c", f"cat {runs}/keeper.json || true"])
+        return got.stdout if '"ended"' in got.stdout and '"rejoined"' in got.stdout else ""
+
+    deadline = time.monotonic() + 180
+    while not (record := keeper_ended()):
+        assert time.monotonic() < deadline, "the requeued run was not rejoined and ended"
+        time.sleep(0.5)
+    assert '"outcome": "succeeded"' in record, record
+    assert f"Slurm requeued allocation {job_id}" in record, record
+    assert _ours(slurm) == [job_id]  # the same allocation, run again
+    logs = tfdeploy("logs", run_id, state=tmp_path / "a", timeout=120, check_rc=0).stdout
+    assert re.search(r"worker 1 attempt \d resumed from step ([1-9]\d*)", logs), logs
+    assert "worker 0 done at step 60" in logs and "worker 1 done at step 60" in logs, logs
+
+    def records_left() -> str:  # the records that held the run's secret leave with the run
+        look = f"ls {runs}/rejoin-*.json 2>/dev/null || true"
+        return "".join(slurm_lab.run(n, ["sh", "-c", look]).stdout for n in ("h2", "h3"))
+
+    deadline = time.monotonic() + 60
+    while left := records_left():
+        assert time.monotonic() < deadline, left
+        time.sleep(0.5)
+    assert _wait_gone(slurm, 120), "the allocation outlived its rejoined run"
     _settled(slurm)

@@ -152,3 +152,69 @@ def test_a_socket_another_user_bound_under_the_holders_name_gets_nothing() -> No
         assert "s3cr3t" not in out  # it read nothing but the end of the connection
     finally:
         proc.kill()
+
+
+def test_a_requeued_holder_rejoins_the_run_it_held_and_its_keeper_restarts_the_job(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """Slurm requeued the allocation (SLURM_RESTART_COUNT=1) and every step's processes ended:
+    the run's warden and keeper, started through this node's holder, had left their `keep`
+    requests in the run's folder. The requeued allocation's holder starts the warden again on
+    the port the keeper knows, then the keeper, which restarts the job (TFDEPLOY_ATTEMPT=1)
+    and ends it succeeded; the records, which hold the run's secret, leave with the run; and
+    the body's mode file says the allocation holds a detached run again."""
+    job, secret = _job(), secrets.token_hex(16)
+    new_run(workdir)
+    attempt_0 = 'echo "attempt=$TFDEPLOY_ATTEMPT"; [ "$TFDEPLOY_ATTEMPT" = 1 ] || exec sleep 60'
+    slurm = {"SLURM_JOB_ID": job}  # a holder's child has its step's variables
+    reply = _start(workdir, attempt_0, slurm)
+    assert reply["ok"] is True, reply
+    keep = {"v": 1, "op": "keep", "workdir": str(workdir), "run_id": "r1", "secret": secret}
+    warden = {"action": "warden", "address": "127.0.0.1", "idle_seconds": 60}
+    port = raw_call(json.dumps(keep | warden).encode(), env=slurm)["port"]
+    plan = {
+        "hosts": [{"name": "h1", "address": "127.0.0.1", "port": port}],
+        "tasks": [{"name": "worker:0", "host": "h1", "awaited": True}],
+        "policy": {"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 0.1},
+        "interval": 0.2,
+        "loss_after": 10,
+    }
+    assert raw_call(json.dumps(keep | {"action": "keeper", "plan": plan}).encode(), env=slurm)["ok"]
+    run_dir = runs_dir(workdir) / "r1"
+    assert {p.name for p in run_dir.glob("rejoin-*.json")} == {
+        "rejoin-warden.json",
+        "rejoin-keeper.json",
+    }
+    assert all(p.stat().st_mode & 0o077 == 0 for p in run_dir.glob("rejoin-*.json"))
+    # The requeue: Slurm ended the step, keeper, warden and task alike (SIGKILL, as at the end
+    # of KillWait).
+    keep_dir = run_dir.parent.parent / "keep"
+    for record in keep_dir.glob("r1.*.json"):
+        os.kill(json.loads(record.read_text())["pid"], 9)
+    task_pids = json.loads((run_dir / "tasks" / "worker-0" / "pid.json").read_text())
+    os.killpg(task_pids["pgid"], 9)
+    os.kill(task_pids["supervisor"], 9)
+    lease = tmp_path / f"tfdeploy-slurm-{job}.lease"
+    lease.touch()
+    requeued = {**os.environ, "SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": "1"}
+    holder = subprocess.Popen(
+        [PYTHON, "-S", str(AGENT), "hold", job, str(workdir), str(lease)], env=requeued
+    )
+    try:
+
+        def ended() -> dict[str, object] | None:
+            kept = json.loads((run_dir / "keeper.json").read_text())
+            return next((e["ended"] for e in kept["events"] if "ended" in e), None)
+
+        outcome = wait_for(ended, 30)
+        assert outcome["outcome"] == "succeeded", outcome
+        events = json.loads((run_dir / "keeper.json").read_text())["events"]
+        assert {"rejoined": job} in [{k: v for k, v in e.items() if k != "t"} for e in events]
+        assert any(e.get("cause") == f"Slurm requeued allocation {job}" for e in events), events
+        log = (run_dir / "tasks" / "worker-0" / "output.log").read_text()
+        assert log.splitlines() == ["attempt=", "attempt=1"], log  # the first start set none
+        assert list(run_dir.glob("rejoin-*.json")) == []
+        assert Path(f"{lease}.mode").read_text() == "detached\n"
+    finally:
+        holder.kill()
+        holder.wait()

@@ -182,11 +182,12 @@ def holder_step(settings: SlurmSettings) -> str:
     starts lives as long as the allocation (docs/slurm.md, "Process tracking")."""
     places = sorted({(g.settings.python, g.settings.workdir) for g in settings.groups})
     calls = "\n".join(f"  hold {shlex.quote(python)} {shlex.quote(wd)}" for python, wd in places)
+    lease = lease_path("$SLURM_JOB_ID")  # a requeued holder tells the body a run goes on
     script = f"""hold() {{
   wd=$2
   case $wd in "~/"*) wd=$HOME/${{wd#"~/"}};; "~") wd=$HOME;; esac
   agent=$wd/agent/{agent_id()}/agent.py
-  [ ! -f "$agent" ] || exec "$1" -S "$agent" hold "$SLURM_JOB_ID"
+  [ ! -f "$agent" ] || exec "$1" -S "$agent" hold "$SLURM_JOB_ID" "$wd" "{lease}"
 }}
 while :; do
 {calls}
