@@ -8,9 +8,9 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Tuple
+from typing import TYPE_CHECKING, Any, Tuple
 
 import hostfacts
 import hostid
@@ -23,6 +23,21 @@ import taskmetrics
 
 CONNECT_TIMEOUT = 0.2
 DEFAULT_MAX_BYTES = 256 * 1024
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class _HelloAsked(TypedDict, total=False):
+        """What a hello's request asked for beyond the host's facts (fields of HelloReply)."""
+
+        runs: list[protocol.RunShape]
+        nvidia_smi: bool
+        listening: int
+        interpreters: protocol.InterpretersShape
+        attempt: int  # asked with `resume`: op_hello adds it once the reply is made
+
+    class _Polled(protocol.PollReply, protocol.RawBody):
+        """A poll's reply, and what sends the log bytes it counts (when there are any)."""
 
 
 def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
@@ -39,6 +54,7 @@ def op_hello(req: dict[str, Any]) -> protocol.HelloReply:
     with_runs = params.param(req, "runs", bool, False)
     resuming = params.param(req, "resume", bool, False)
     attempt = _resumable(workdir, run_id, job) if run_id and resuming else None
+    held: dict[int, str]
     if run_id is None:
         busy, held = [p for p in ports if not _bindable(p)], {}
     else:
@@ -84,9 +100,10 @@ def _hello_reply(
     with_runs: bool,
 ) -> protocol.HelloReply:
     # `runs`: the reply carries what op_runs would (status, down): one round trip less.
-    extra: dict[str, Any] = {}
+    extra: _HelloAsked = {}
     if with_runs:
-        extra.update(runs=op_runs(req)["runs"], nvidia_smi=hostfacts.nvidia_smi() is not None)
+        extra["runs"] = op_runs(req)["runs"]
+        extra["nvidia_smi"] = hostfacts.nvidia_smi() is not None
     listen = params.param(req, "listen", dict, None)
     if listen is not None and run_id is not None and not busy:
         # The network check's stand-ins, started here instead of in a round of their own.
@@ -121,7 +138,7 @@ def _hello_reply(
     }
 
 
-def _interpreters(asked: dict[str, Any]) -> dict[str, Any]:
+def _interpreters(asked: dict[str, Any]) -> protocol.InterpretersShape:
     """The task's interpreter against the hello's: tasks get the configured python's directory
     first on PATH (interpreters.host_python_env), so their first words are looked up there."""
     import interpreters
@@ -178,7 +195,7 @@ def _listening(port: int) -> bool:
         return False
 
 
-def op_poll(req: dict[str, Any]) -> protocol.PollReply:
+def op_poll(req: dict[str, Any]) -> _Polled:
     """Task states, and what each task logged since its `offsets`: raw bytes after the reply
     line (`logs` says whose and how many, in order). Raw, not base64 in the JSON: catching up a
     300 MB log spent more time encoding, parsing and decoding than moving it."""
@@ -190,10 +207,12 @@ def op_poll(req: dict[str, Any]) -> protocol.PollReply:
     if max_bytes < 0:
         raise params.AgentError(f"max_bytes must be zero or more, got {max_bytes}")
     ranges = _log_ranges(run_dir, offsets, max_bytes)
-    logs = [{"task": name, "offset": at + count, "bytes": count} for name, _, at, count in ranges]
+    logs: list[protocol.LogShape] = [
+        {"task": name, "offset": at + count, "bytes": count} for name, _, at, count in ranges
+    ]
     statuses = procs.run_statuses(run_dir)
     taskmetrics.add_usage(statuses)
-    reply: dict[str, Any] = {
+    reply: _Polled = {
         "tasks": statuses,
         "logs": logs,
         "listening": [p for p in _ports(req, "ports") if _listening(p)],
@@ -257,7 +276,7 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
     workdir = layout.workdir_path(req)
     root = layout.runs_dir(workdir)
     hosts_of = params.param(req, "hosts_of", str, None)
-    found: list[Any] = [_claimed(run_id, c) for run_id, c in reservations.claims(workdir).items()]
+    found = [_claimed(run_id, c) for run_id, c in reservations.claims(workdir).items()]
     preparing = reservations.reserving_runs(workdir)  # a resumed run: starting again
     now = time.time()
     for run_dir in root.iterdir() if root.is_dir() else []:
@@ -334,8 +353,10 @@ def op_release(req: dict[str, Any]) -> protocol.ReleaseReply:
     """Nothing more of the run starts here now: its port reservations go to its tasks until they
     bind (gone at once where none runs), and the network check's stand-ins go if a failed
     preflight left them (one round trip for both)."""
+    import daemon  # only a release pays for it: a hello, each connection's first request, never
+
     run_id = params.check_name(params.param(req, "run_id", str), "run id")
-    layout.stop_stand_ins(req, run_id)
+    daemon.stop_stand_ins(req, run_id)
     return {"released": reservations.hand_over(layout.workdir_path(req), run_id)}
 
 
@@ -347,23 +368,25 @@ def op_detach(req: dict[str, Any]) -> protocol.DetachReply:
     return {"detached": True}
 
 
-def _deferred(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _deferred(module: str, name: str) -> Callable[[dict[str, Any]], Mapping[str, object]]:
     """The op `name` of `module`, imported when that op first runs: a hello, every
     connection's first request, pays for none of these modules' imports."""
 
-    def op(req: dict[str, Any]) -> dict[str, Any]:
-        function: Callable[[dict[str, Any]], dict[str, Any]] = getattr(__import__(module), name)
+    def op(req: dict[str, Any]) -> Mapping[str, object]:
+        function: Callable[[dict[str, Any]], Mapping[str, object]]
+        function = getattr(__import__(module), name)
         return function(req)
 
     return op
 
 
-def op_peers(req: dict[str, Any]) -> protocol.PeersReply:
+def op_peers(req: dict[str, Any]) -> Mapping[str, object]:
+    """The peers op's reply (protocol.PeersReply); a relay's with THEN."""
     import peers  # only a fan-out push pays for its imports
 
     reply = peers.op_peers(req)
     if req.get("action") == protocol.PEERS_RELAY:
-        reply[THEN] = _ready_to_start
+        return {**reply, THEN: _ready_to_start}
     return reply
 
 
@@ -375,7 +398,9 @@ def _ready_to_start() -> None:
     import taskops  # noqa: F401
 
 
-OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+# Each op: its request (a JSON object, each field checked as it is read: params.param) to its
+# reply, a shape of protocol.py (and RAW_BODY or THEN, which are never sent).
+OPS: dict[str, Callable[[dict[str, Any]], Mapping[str, object]]] = {
     protocol.OP_HELLO: op_hello,
     protocol.OP_HAVE: _deferred("store", "op_have"),
     protocol.OP_MATERIALIZE: _deferred("store", "op_materialize"),

@@ -14,6 +14,7 @@ only the first test applies there.
 
 from __future__ import annotations
 
+import io
 import select
 import sys
 import time
@@ -54,8 +55,12 @@ def _reader_gone() -> bool:
 def _stdin_ended() -> bool:
     try:
         ready, _, _ = select.select([sys.stdin.fileno()], [], [], 0)
+        if not ready:
+            return False
         # Readable: the end, or a next request sent early. peek() keeps what it reads for the
         # serve loop and returns b"" only at the end.
-        return bool(ready) and sys.stdin.buffer.peek(1) == b""
+        stdin = sys.stdin.buffer
+        assert isinstance(stdin, io.BufferedReader)  # Python's own stdin: always buffered
+        return stdin.peek(1) == b""
     except (OSError, ValueError):
         return True

@@ -20,7 +20,7 @@ import params
 import procs
 
 
-def spawn(record: Path, serve: Callable[[], None], name: bytes = b"") -> int:
+def spawn(record: Path, serve: Callable[[], object], name: bytes = b"") -> int:
     """Runs `serve` in a detached grandchild, records it, returns its pid. `name` is what
     ps -e and top show for it (its command line stays the agent's)."""
 
@@ -89,8 +89,8 @@ def stop(record: Path) -> bool:
         return False
     pid, ticks = found.get("pid"), found.get("ticks")
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not procs.process_alive(pid, ticks):
-            break
+        if not isinstance(pid, int) or not procs.process_alive(pid, ticks):
+            break  # gone, or no pid recorded (process_alive says False for both)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         end = time.monotonic() + 2.0
@@ -99,6 +99,15 @@ def stop(record: Path) -> bool:
     with contextlib.suppress(FileNotFoundError):
         record.unlink()
     return True
+
+
+def stop_stand_ins(req: dict[str, Any], run_id: str) -> None:
+    """Stops the run's network-check stand-ins on this host, if a check left them: the request
+    that ends the check (release, the push's materialize, a stop) does it, not a round of its
+    own."""
+    record = layout.netcheck_record(req, run_id)
+    if record.exists():
+        stop(record)
 
 
 def ticks_of(pid: int) -> int | None:

@@ -214,7 +214,7 @@ def op_firewall(req: dict[str, Any]) -> protocol.FirewallReply:
     raise params.AgentError(f"firewall action must be add, remove, check or list, not {action!r}")
 
 
-def _add(req: dict[str, Any], run_id: str, backend: str | None) -> dict[str, Any]:
+def _add(req: dict[str, Any], run_id: str, backend: str | None) -> protocol.FirewallRulesReply:
     ports = sorted(set(params.param(req, "ports", list)))
     for port in ports:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -239,7 +239,7 @@ def _add(req: dict[str, Any], run_id: str, backend: str | None) -> dict[str, Any
     return {"backend": tool.backend, "rules": _list(tool, run_id)}
 
 
-def _remove(run_id: str, backend: str | None) -> dict[str, Any]:
+def _remove(run_id: str, backend: str | None) -> protocol.FirewallRemoveReply:
     """Idempotent: removes the run's rules from every backend present; 0 when there were none."""
     removed = 0
     for name in [backend] if backend else list(BACKENDS):

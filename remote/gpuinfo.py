@@ -40,7 +40,13 @@ NUMBER = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})?")
 def op_gpus(req: dict[str, Any]) -> protocol.GpusReply:
     """`nvidia_smi` is null when the host has none; `error` says why a present one failed."""
     smi = hostfacts.nvidia_smi()
-    reply: dict[str, Any] = {"nvidia_smi": smi, "error": None, "gpus": [], "apps": [], "lost": []}
+    reply: protocol.GpusReply = {
+        "nvidia_smi": smi,
+        "error": None,
+        "gpus": [],
+        "apps": [],
+        "lost": [],
+    }
     if smi is None:
         return reply
     fields, (rows, lost, error) = _query_gpus(smi)
@@ -49,15 +55,15 @@ def op_gpus(req: dict[str, Any]) -> protocol.GpusReply:
     if error is not None:
         reply["error"] = error
         return reply
-    reply["gpus"] = [_gpu(dict(zip(fields, r))) for r in rows if len(r) == len(fields)]
-    reply["gpus"] = [g for g in reply["gpus"] if g is not None]
+    gpus = [_gpu(dict(zip(fields, r))) for r in rows if len(r) == len(fields)]
+    reply["gpus"] = [g for g in gpus if g is not None]
     reply["lost"] = [{"pci_bus_id": bus, "reason": why} for bus, why in lost]
     run_id = req.get("run_id")
     reply["apps"] = [_app(r, run_id) for r in apps if len(r) >= 4]
     return reply
 
 
-def _app(row: list[str], run_id: str | None) -> dict[str, Any]:
+def _app(row: list[str], run_id: str | None) -> protocol.GpuAppShape:
     pid = _number(row[1])
     run, task = _of_run(pid, run_id) if run_id else (None, None)
     return {
@@ -84,7 +90,7 @@ def _query_gpus(
         fields.remove(unknown.group(1))
 
 
-def _gpu(row: dict[str, str]) -> dict[str, Any] | None:
+def _gpu(row: dict[str, str]) -> protocol.GpuShape | None:
     if not DECIMAL.fullmatch(row["index"]):  # "²" is a digit to str.isdigit, not to int()
         return None
     alarms = [v for v in row.values() if v.startswith("[") and v not in NOT_REPORTED]

@@ -12,7 +12,7 @@ from typing import Any, Final, TypedDict, Union
 if __package__:  # the control side: remote is a package
     from remote.shapes import InterpretersShape
 else:  # a host: the agent's files side by side
-    from shapes import InterpretersShape  # type: ignore[no-redef]
+    from shapes import InterpretersShape  # type: ignore[no-redef, unused-ignore]
 
 
 class GpusRequest(TypedDict, total=False):

@@ -59,7 +59,9 @@ def _is_error_start(line: str) -> bool:
     return line.lstrip().startswith(("ERROR:", "error:", "\u00d7 "))
 
 
-def run(argv: Sequence[str], env: dict, on_start: Callable[[int], None] | None = None) -> str:
+def run(
+    argv: Sequence[str], env: dict[str, str], on_start: Callable[[int], None] | None = None
+) -> str:
     """Runs one installer step in its own process group; its output, or InstallFailed.
 
     `on_start` learns the pid (= process group) at once: a builder killed mid-way leaves the

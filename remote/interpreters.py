@@ -12,7 +12,10 @@ import os
 import re
 import shlex
 import shutil
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:  # the control side imports this module too, as remote.interpreters
+    import protocol
 
 # The first words that name a Python interpreter: python, python3, python3.11 (or a path to one).
 _PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
@@ -110,7 +113,7 @@ def identity(word: str, path: str | None, cwd: str | None = None) -> tuple[str, 
 
 def answer(
     python: str, words: Sequence[str], path: str | None, cwd: str | None = None
-) -> dict[str, Any]:
+) -> protocol.InterpretersShape:
     """What preflight compares (PROTOCOL.md, `interpreters`): the identity of the interpreter it
     checked (`python`) and of each task's first word, each looked up on the task's `path`."""
 

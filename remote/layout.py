@@ -39,17 +39,6 @@ def netcheck_record(req: dict[str, Any], run_id: str) -> Path:
     return host_dir(workdir_path(req)) / "netcheck" / f"{run_id}.json"
 
 
-def stop_stand_ins(req: dict[str, Any], run_id: str) -> None:
-    """Stops the run's network-check stand-ins on this host, if a check left them: the request
-    that ends the check (release, the push's materialize, a stop) does it, not a round of its
-    own. A request that finds none pays nothing for daemon's import."""
-    record = netcheck_record(req, run_id)
-    if record.exists():
-        import daemon
-
-        daemon.stop(record)
-
-
 def runs_dir(workdir: Path) -> Path:
     return host_dir(workdir) / "runs"
 

@@ -141,13 +141,13 @@ def _serve(sockets: list[socket.socket], deadline: float, owner: tuple[int, Any]
             while time.monotonic() < deadline and (owner is None or procs.process_alive(*owner)):
                 wait = min(OWNER_CHECK_S, max(0.0, deadline - time.monotonic()))
                 for key, _ in selector.select(wait):
-                    sock = key.fileobj
-                    assert isinstance(sock, socket.socket)
-                    if sock in listening:
-                        _accept(selector, sock)
+                    ready = key.fileobj
+                    assert isinstance(ready, socket.socket)
+                    if ready in listening:
+                        _accept(selector, ready)
                     else:
-                        selector.unregister(sock)
-                        sock.close()
+                        selector.unregister(ready)
+                        ready.close()
         except daemon.Stopped:
             pass
         finally:

@@ -64,7 +64,7 @@ def op_peers(req: dict[str, Any]) -> protocol.PeersReply:
         only = only_of(req)
         # The relay listens on a TF port, where the network check's stand-in may still be: a
         # host whose store was empty gets this as its first request after preflight.
-        layout.stop_stand_ins(req, run_id)
+        daemon.stop_stand_ins(req, run_id)
         return {"pid": listen(record, store_dir, address, port, secret, next_hop, seconds, only)}
     if action == protocol.PEERS_SEED:
         return seed(req, workdir)
@@ -195,7 +195,7 @@ def receive(
     secret: bytes,
     next_hop: tuple[str, int] | None,
     only: set[str] | None = None,
-) -> dict[str, Any]:
+) -> protocol.ChainReply:
     """Stores `blobs` from `stream` (those in `only`, when given), forwarding every piece to
     `next_hop` as it comes; returns this host's outcome followed by those of the hosts after
     it."""
@@ -205,11 +205,11 @@ def receive(
         store.receive(store_dir, blobs, stream, forward.send if forward else None, only)
     except (OSError, ValueError, params.AgentError) as exc:
         error = str(exc)
-    mine = {"host": hostid.identity(), "error": error}
+    mine: protocol.ChainEntry = {"host": hostid.identity(), "error": error}
     return {"chain": [mine, *(forward.finish() if forward else [])]}
 
 
-def seed(req: dict[str, Any], workdir: Path) -> dict[str, Any]:
+def seed(req: dict[str, Any], workdir: Path) -> protocol.ChainReply:
     """Stores the contents streamed after the request, forwarding every piece to `next` as it
     comes; answers this host's outcome and those of the chain after it."""
     blobs = params.param(req, "blobs", list)
@@ -253,7 +253,7 @@ class Forward:
             self.error = _why(exc)
             self.close()
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[protocol.ChainEntry]:
         """The outcomes of the hosts from the next one on."""
         if self.conn is None:
             return [{"hop": list(self.hop), "error": self.error or "not reached"}]

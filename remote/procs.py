@@ -146,7 +146,7 @@ def task_state(task_dir: Path) -> tuple[str, Any, Any]:
     return state, pids, ended
 
 
-def task_status(task_dir: Path) -> dict[str, Any]:
+def task_status(task_dir: Path) -> protocol.TaskStatusShape:
     spec = layout.read_json(task_dir / "spec.json")
     name = spec.get("name") if isinstance(spec, dict) else None
     state, pids, ended = task_state(task_dir)
@@ -172,11 +172,13 @@ def task_status(task_dir: Path) -> dict[str, Any]:
         "reason": ended.get("reason"),
         "notice": ended.get("notice"),  # a spot interruption notice that stopped it
         "disk_full": ended.get("disk_full"),  # the file system that was full when it ended
-        "log_bytes": log_bytes,
+        # null until the supervisor has made the log (a task just started): its shape says
+        # an int, and the control side's edge refuses the reply (issue 61; sent as it was).
+        "log_bytes": log_bytes,  # type: ignore[typeddict-item]
     }
 
 
-def run_statuses(run_dir: Path) -> list[dict[str, Any]]:
+def run_statuses(run_dir: Path) -> list[protocol.TaskStatusShape]:
     return [task_status(d) for d in layout.task_dirs(run_dir)]
 
 

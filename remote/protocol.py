@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 # Every request and reply carries it as "v"; the agent answers another version with ok: false.
 PROTOCOL_VERSION: Final = 1
@@ -177,6 +177,15 @@ TASK_ENV_NAMES: Final = (
 # An op's result may carry, under this key, a function that writes raw bytes to the agent's
 # stdout after the reply line; the reply's "raw" field says how many (never sent as JSON).
 RAW_BODY: Final = "_raw_body"
+if TYPE_CHECKING:  # the agent's own: no wire shape names it, so the control side never reads it
+    from typing import BinaryIO, Callable, TypedDict
+
+    class RawBody(TypedDict, total=False):
+        """RAW_BODY beside an op's reply fields: what writes the bytes its "raw" counts."""
+
+        _raw_body: Callable[[BinaryIO], None]
+
+
 # A hashed fetch's raw bytes end with the whole file's sha256 (64 hex digits) and b"1" when the
 # file stood still while it was read (b"0": it changed); "raw" counts these 65 bytes too.
 FETCH_TRAILER: Final = 65

@@ -24,13 +24,19 @@ import functools
 import hashlib
 import os
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
 
 import caller
 import hashing
 import layout
 import params
 import protocol
+
+if TYPE_CHECKING:
+
+    class _Fetched(protocol.FetchReply, protocol.RawBody):
+        """A fetch's reply, and what sends the bytes it counts."""
+
 
 MAX_FILES = 100000  # per task and pull: a pattern like "/data/**" must not list a whole disk
 MAX_ENTRIES = 1000000  # directory entries one task's patterns may look through
@@ -287,7 +293,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def op_fetch(req: dict[str, Any]) -> protocol.FetchReply:
+def op_fetch(req: dict[str, Any]) -> _Fetched:
     """Bytes [offset, offset+length) of a file `collect` lists for the task and `patterns`.
 
     The bytes follow the reply line as they are (the reply's "raw" counts them), read and

@@ -17,6 +17,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable, Collection
 
+import daemon
 import hashing
 import hostid
 import layout
@@ -56,7 +57,7 @@ def op_materialize(req: dict[str, Any]) -> protocol.MaterializeReply:
     run_dir = layout.run_path(req, must_exist=False)
     # The run's code arriving ends its network check: the stand-ins go now, not in a round of
     # their own (the fan-out's relay and the tasks bind these ports next).
-    layout.stop_stand_ins(req, run_dir.name)
+    daemon.stop_stand_ins(req, run_dir.name)
     entries = [_file_entry(item) for item in params.param(req, "files", list)]
     store = layout.make_private_dir(workdir / "store")
     blobs = params.param(req, "blobs", list, [])
@@ -232,7 +233,7 @@ def _write_run_json(req: dict[str, Any], run_dir: Path) -> None:
 def _run_hosts(req: dict[str, Any]) -> list[list[str]] | None:
     """Every host of the run, [name, address]: `down` and `status` from a shell whose inventory
     lacks one of them can say so instead of leaving its tasks running unseen."""
-    hosts = params.param(req, "hosts", list, None)
+    hosts: list[list[str]] | None = params.param(req, "hosts", list, None)
     for item in hosts or []:
         if not (
             isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)

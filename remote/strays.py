@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import hostid
 import layout
@@ -97,13 +97,13 @@ def ancestors() -> set[int]:
 
 def stop(
     run_id: str, grace: float, spare_pids: Iterable[int], spare_groups: Iterable[int]
-) -> list[dict[str, Any]]:
+) -> list[protocol.EscapedShape]:
     """SIGTERM every stray, SIGKILL those left after grace; rescans, so late forks are caught.
 
     Returns [{"pid", "cmd", "signal"}] for the reply (signal: the last one sent).
     """
     spare, groups = set(spare_pids) | ancestors(), set(spare_groups)
-    seen: dict[int, dict[str, Any]] = {}
+    seen: dict[int, protocol.EscapedShape] = {}
     kill_at = time.time() + grace
     while True:
         now = time.time()

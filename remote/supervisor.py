@@ -289,7 +289,7 @@ class _Supervisor:
             return True  # the run is being removed under us: nobody will renew it
         return now - beat > float(meta["lease_seconds"])
 
-    def _stop_strays(self) -> list[dict[str, Any]]:
+    def _stop_strays(self) -> list[protocol.EscapedShape]:
         """What of the run left its task group ends with the lease, as a whole-run stop would."""
         supervisors, groups = strays.run_groups(self.run_dir)
         groups.discard(self.pgid)  # ours is gone; the other tasks' supervisors stop theirs

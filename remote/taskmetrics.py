@@ -126,10 +126,10 @@ def group_usage(pgids: list[int]) -> dict[int, tuple[float, int, int]]:
     return found
 
 
-def add_usage(statuses: list[dict[str, Any]]) -> None:
+def add_usage(statuses: list[protocol.TaskStatusShape]) -> None:
     """Each running task's `usage`: CPU percent (100 = one core busy) and RSS bytes."""
     running = [s for s in statuses if s.get("state") == protocol.STATE_RUNNING]
-    pgids = [s["pgid"] for s in running if isinstance(s.get("pgid"), int) and s["pgid"] > 1]
+    pgids = [s["pgid"] for s in running if isinstance(s["pgid"], int) and s["pgid"] > 1]
     seen = group_usage(pgids)
     now = time.time()
     for status in running:
@@ -159,7 +159,7 @@ def _cpu_share(pgid: int, cpu_s: float, now: float, started: Any) -> float:
     return 0.0
 
 
-def add_last(run_dir: Path, statuses: list[dict[str, Any]]) -> None:
+def add_last(run_dir: Path, statuses: list[protocol.TaskStatusShape]) -> None:
     """Each task's newest metrics lines as `last` (status, runs)."""
     import params
 
@@ -175,11 +175,13 @@ def add_last(run_dir: Path, statuses: list[dict[str, Any]]) -> None:
             status["last"] = lines
 
 
-def read_metrics(run_dir: Path, offsets: dict[str, Any], budget: int) -> list[dict[str, Any]]:
+def read_metrics(
+    run_dir: Path, offsets: dict[str, Any], budget: int
+) -> list[protocol.MetricLinesShape]:
     """New metric lines of each task named in `offsets`, fairly shared within `budget`."""
     import params
 
-    out: list[dict[str, Any]] = []
+    out: list[protocol.MetricLinesShape] = []
     left = max(0, budget)
     names = list(offsets)
     for rank, name in enumerate(names):

@@ -68,7 +68,7 @@ def op_start(req: dict[str, Any]) -> protocol.TasksReply:
     return {"tasks": [procs.task_status(task_dir) for task_dir, _ in launched]}
 
 
-def relaunch(run_dir: Path, names: list[str], attempt: int) -> list[dict[str, Any]]:
+def relaunch(run_dir: Path, names: list[str], attempt: int) -> list[protocol.TaskStatusShape]:
     """The named tasks started again exactly as recorded (spec.json: the command, environment
     and container the controller's start asked for), only TFDEPLOY_ATTEMPT set to `attempt`:
     what a run's keeper may do (keeper.py), which can start no command the controller did not."""
@@ -432,7 +432,7 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
             if not layout.run_stopped(run_dir):
                 _mark_stopped(run_dir, {"requested": time.time(), "grace": grace, "early": True})
         reservations.release(layout.workdir_path(req), run_dir.name)
-        layout.stop_stand_ins(req, run_dir.name)
+        daemon.stop_stand_ins(req, run_dir.name)
         return {"tasks": [], "escaped": []}
     now = time.time()
     stops: list[_Stop | _SetupStop] = []
@@ -462,7 +462,7 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
         if all(s.done for s in stops) or now > deadline + START_TIMEOUT:
             break
         time.sleep(POLL)
-    reply: dict[str, Any] = {"tasks": [procs.task_status(d) for d in dirs]}
+    reply: protocol.StopReply = {"tasks": [procs.task_status(d) for d in dirs]}
     # The whole run, or an attempt of it (`escaped`: every task stopped before a whole-job
     # restart): also what left the task groups, so nothing of one attempt lives into the next.
     if names is None or params.param(req, "escaped", bool, False):

@@ -22,8 +22,13 @@ fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
+# remote/ as a host imports it (flat modules side by side: `import params`), strict, at the oldest
+# Python mypy targets: the agent runs on 3.8+, and vermin holds its syntax and stdlib to that.
+(cd remote && MYPYPATH=. "$VENV/bin/mypy" --strict --ignore-missing-imports \
+  --explicit-package-bases --python-version 3.10 $(ls -- *.py | grep -vx __init__.py))
 "$VENV/bin/vermin" -q -t=3.8- --no-tips --violations remote/  # the agent runs on host Pythons 3.8+
 "$VENV/bin/lint-imports" --no-cache | tail -n +13  # the contracts in pyproject.toml, by name
+"$VENV/bin/python" scripts/remote_imports.py  # remote/'s layers (remote/importlinter.toml)
 # The in-process tier's `slow` tests too (tests/conftest.py); the run fails over its budget
 # (suite_budget_s in pyproject.toml, tests/support/budget.py).
 exec "$VENV/bin/python" -m pytest -q --run-slow -n "$WORKERS" "$@"
