@@ -14,10 +14,10 @@ from deployer.api.actions import Say, terminate_sources, with_run
 from deployer.api.handle import Result, Run, TaskState, started
 from deployer.api.inventories import InventoryLike, load
 from deployer.api.views import View, events_to
-from deployer.config.inventory import discover_hosts
+from deployer.config.inventory import discover_hosts, provision_hosts
 from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan, make_plan
-from deployer.config.sources import AT_DETACH, AT_JOB_END
+from deployer.config.sources import AT_JOB_END, Holdings
 from deployer.core.errors import TfdeployError, UsageError
 from deployer.core.text import plural
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
@@ -49,6 +49,15 @@ def netcheck_mode(value: Netcheck) -> NetcheckMode | None:
 
 def _nothing(_: str) -> None:
     pass
+
+
+def _end(holdings: Holdings, say: Say, warn: Say) -> None:
+    """`up`'s end for what the sources held (released, or kept; nothing after a detached
+    run's hand-over): a failure there is reported, and the job's own outcome stands."""
+    try:
+        holdings.end(say)
+    except TfdeployError as exc:
+        warn(f"ending what the run held failed: {exc}")
 
 
 def plan(inventory: InventoryLike, *, base: PathLike | None = None) -> Plan:
@@ -196,8 +205,9 @@ def up(
         if resume is not None and not RUN_ID.match(resume):
             raise UsageError(f"{resume!r} is not a run id to resume (JOB-YYYYMMDDTHHMMSSZ-XXXX)")
         loaded = load(inventory, base=base)
-        the_plan = make_plan(discover_hosts(loaded, provision=say, detach=detach))
-        try:
+        provisioned, holdings = provision_hosts(loaded, say, detach=detach)
+        try:  # what the sources hold for this up (a Slurm allocation) is its own to end
+            the_plan = make_plan(provisioned)
             with Fleet(the_plan.hosts, concurrency=concurrency) as fleet:
                 options = UpOptions(
                     detach=detach,
@@ -205,12 +215,13 @@ def up(
                     refresh_env=refresh_env,
                     resume=resume,
                 )
-                deployment = Deployment(the_plan, fleet, shown, options)
+                deployment = Deployment(the_plan, fleet, shown, options, holdings=holdings)
                 running = True
                 deployment.run()  # closes the view, whatever happens
             if detach:  # the run goes on without this process: what a source holds is its now
-                terminate_sources(loaded, AT_DETACH, say)
+                holdings.hand_over(say)
         finally:
+            _end(holdings, say, warn)
             if not detach:
                 try:
                     terminate_sources(loaded, AT_JOB_END, say)

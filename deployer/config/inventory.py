@@ -9,6 +9,7 @@ so the parser knows no source but its own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
@@ -45,6 +46,9 @@ from deployer.config.roles import BUILTIN_SERVER, ROLE_NAMES, TF_ROLES, has_port
 from deployer.config.schema import Table
 from deployer.config.sources import (
     Deadline,
+    Discovered,
+    Held,
+    Holdings,
     HostSource,
     Say,
     SourceContext,
@@ -87,35 +91,53 @@ class Inventory:
     deadlines: tuple[Deadline, ...] = ()  # the provisioned hosts' time limits (the watch warns)
 
 
-def discover_hosts(
-    inventory: Inventory,
-    *,
-    preview: bool = False,
-    provision: Say | None = None,
-    detach: bool = False,
-) -> Inventory:
+def discover_hosts(inventory: Inventory, *, preview: bool = False) -> Inventory:
     """The inventory with every pending source's hosts appended after the known ones.
 
     The only step of loading that does I/O beyond the file; a no-op when nothing is pending.
-    `preview`: with stand-ins for what `up` would create; `provision`: `up`'s discovery, which
-    creates what is missing first and tells the user through this function (`detach`: for
-    `up --detach`).
+    `preview`: with stand-ins for what `up` would create. `up` provisions instead
+    (`provision_hosts`).
     """
     if not inventory.pending:
         return inventory
     file = str(inventory.path)
+    return _with_found(inventory, [s.discover(file, preview=preview) for s in inventory.pending])
+
+
+def provision_hosts(
+    inventory: Inventory, say: Say, *, detach: bool = False
+) -> tuple[Inventory, Holdings]:
+    """`up`'s discovery: each pending source creates what is missing first, telling the user
+    through `say` (`detach`: for `up --detach`), and its hosts are appended as
+    `discover_hosts` appends them. Returned beside them: what the sources hold for this `up`
+    (a Slurm allocation), which the caller keeps and ends. Whatever fails on the way (a later
+    source, the hosts' names) ends what the sources before it hold: nothing is left held by
+    nobody."""
+    file = str(inventory.path)
+    found: list[Discovered] = []
+    held: list[Held] = []
+    try:
+        for source in inventory.pending:
+            provisioned = source.provision(file, say, detach=detach)
+            found.append(provisioned.found)
+            if provisioned.held is not None:
+                held.append(provisioned.held)
+        return _with_found(inventory, found), Holdings(tuple(held))
+    except BaseException:
+        with contextlib.suppress(Exception):  # the failure that ended provisioning is the news
+            Holdings(tuple(held)).end(say)
+        raise
+
+
+def _with_found(inventory: Inventory, founds: list[Discovered]) -> Inventory:
     hosts, instances, tables = list(inventory.hosts), list(inventory.instances), []
     deadlines = list(inventory.deadlines)
-    for source in inventory.pending:
-        if provision is not None:
-            found = source.provision(file, provision, detach=detach)
-        else:
-            found = source.discover(file, preview=preview)
+    for found in founds:
         hosts += found.hosts
         instances += found.instances
         tables += [found.table] if found.table is not None else []
         deadlines += found.deadlines
-    check_unique_hosts(tuple(hosts), file)
+    check_unique_hosts(tuple(hosts), str(inventory.path))
     return dataclasses.replace(
         inventory,
         hosts=tuple(hosts),

@@ -4,7 +4,9 @@ The parser reads `[[hosts]]` itself; any other top-level table that lists hosts 
 handed to `load_inventory` by whoever wires the program together (deployer/sources/__init__.py
 for the CLI; a test may pass its own). The rest of tfdeploy sees only `HostSource`: `plan` asks
 it to describe what it found, `up` to provision and to replace a lost host, `down` and `up`'s end
-to terminate. No module outside deployer/sources names a source (an import-linter contract).
+to terminate. What a source holds for one `up` (a Slurm allocation) is a `Held` that `provision`
+hands to that `up`, which keeps it and ends it. No module outside deployer/sources names a source
+(an import-linter contract).
 """
 
 from __future__ import annotations
@@ -26,9 +28,6 @@ Say = Callable[[str], None]  # how a source tells the user what it does (launche
 AT_JOB_END = ("job-end",)
 AT_DOWN = ("down",)
 ANY_TIME = ("down", "job-end", "never")
-# A detached `up` started its run and leaves: a source hands what it holds for the job (a Slurm
-# allocation) to the run instead of ending it; nothing is due to end.
-AT_DETACH = ("detached",)
 
 
 @dataclass(frozen=True)
@@ -88,6 +87,73 @@ class Regained:
     deadlines: tuple[Deadline, ...] = ()
 
 
+class Held(Protocol):
+    """What a source holds for one `up`, from `provision` to the end of that `up`: a Slurm
+    allocation, with the lease keeper that holds it and the connections it opened.
+
+    The `up` that provisioned it keeps it and ends it, once: `hand_over` when its run goes on
+    without it (`up --detach`), and `end` in any case (after a hand-over, `end` has nothing
+    left to do). It is held by this object and by no name: two inventories of one job in one
+    process hold two, and nothing is released at exit behind its owner's back (before, a
+    module-wide table by job name and an atexit handler shared that ownership)."""
+
+    def regain(self, say: Say) -> Regained | None:
+        """After every held host was lost at once: the same places again once the source
+        gives them back (a requeued allocation that runs again, waited for as long as that
+        takes); None: it will not (they were lost otherwise)."""
+        ...
+
+    def hand_over(self, say: Say) -> None:
+        """A detached run goes on without this `up`: what is held becomes the run's (the
+        allocation lasts while the run's tasks do); this `up` no longer holds it."""
+        ...
+
+    def end(self, say: Say) -> None:
+        """The `up` ends, however it ends: released (or kept for the next `up`, where the
+        source says so), every connection it opened closed. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """What `provision` gives `up`: the hosts, and what the source holds for the run from now
+    on (None: nothing, as when machines are only found or launched)."""
+
+    found: Discovered
+    held: Held | None = None
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """Every source's `Held` of one `up`, kept by that `up` from provisioning to its end."""
+
+    held: tuple[Held, ...] = ()
+
+    def regain(self, say: Say) -> Regained | None:
+        """The first holding that gives its hosts back (a source takes them all at once)."""
+        for held in self.held:
+            back = held.regain(say)
+            if back is not None:
+                return back
+        return None
+
+    def hand_over(self, say: Say) -> None:
+        for held in self.held:
+            held.hand_over(say)
+
+    def end(self, say: Say) -> None:
+        """Each holding ended, whatever the one before raised (a failed release must not
+        leave the next allocation held); the first error is raised once all were tried."""
+        failed: list[BaseException] = []
+        for held in self.held:
+            try:
+                held.end(say)
+            except BaseException as exc:  # Ctrl-C too: the others are ended all the same
+                failed.append(exc)
+        if failed:
+            raise failed[0]
+
+
 class HostSource(Protocol):
     """A source whose hosts only I/O can find, and that may create and end machines."""
 
@@ -101,24 +167,20 @@ class HostSource(Protocol):
         `plan`) adds stand-ins for machines `provision` would create; nothing contacts them."""
         ...
 
-    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
-        """`up`'s discovery: creates what is missing first, waits until it answers SSH.
-        `detach`: for `up --detach`, whose run must outlive `up` on these hosts (a source
-        that cannot promise that refuses here, before it creates anything)."""
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Provisioned:
+        """`up`'s discovery: creates what is missing first, waits until it answers SSH, and
+        hands over what it holds for the run (the caller ends it). `detach`: for `up
+        --detach`, whose run must outlive `up` on these hosts (a source that cannot promise
+        that refuses here, before it creates anything). What it holds when it fails, it ends."""
         ...
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         """A new machine in the place of `gone` (lost or preempted); None: not possible."""
         ...
 
-    def regain(self, file: str, say: Say) -> Regained | None:
-        """After its hosts were lost at once: the same places again once the source gives them
-        back (waiting as long as that takes); None: it will not (they were lost otherwise)."""
-        ...
-
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
         """Ends the machines tfdeploy created whose end is due at `when` ("job-end", "down"...);
-        never one it only discovered."""
+        never one it only discovered, nor what a `Held` holds (its `up` ends that)."""
         ...
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from deployer.config.model import NetcheckMode
 from deployer.config.plan import Plan
+from deployer.config.sources import Holdings
 from deployer.core.errors import HostsFailed, Interrupted
 from deployer.core.secrets import Masker
 from deployer.core.text import plural
@@ -72,7 +73,11 @@ class UpOptions:
 
 
 class Deployment:
-    """Carries one run from plan to teardown; `run` returns the exit status."""
+    """Carries one run from plan to teardown; `run` returns the exit status.
+
+    `holdings`: what the host sources hold for this `up` (a Slurm allocation), which recovery
+    asks to give the hosts back after a requeue; the caller that provisioned them ends them.
+    """
 
     def __init__(
         self,
@@ -84,6 +89,7 @@ class Deployment:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         environ: Mapping[str, str] | None = None,
+        holdings: Holdings | None = None,
     ) -> None:
         self.fleet = fleet
         self.options = options
@@ -163,6 +169,7 @@ class Deployment:
             forwarded=self.forwarded,
             sleep=sleep,
             interval=options.poll_interval,
+            holdings=holdings or Holdings(),
         )
 
     @property

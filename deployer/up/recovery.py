@@ -14,7 +14,7 @@ from typing import Protocol
 
 from deployer.config.inventory import Inventory
 from deployer.config.model import Host
-from deployer.config.sources import Regained, Say
+from deployer.config.sources import Holdings, Regained, Say
 from deployer.core.errors import JobFailed
 from deployer.core.text import join_names, plural
 from deployer.hosts.fleet import Fleet, Member
@@ -62,6 +62,7 @@ class Recovery:
         forwarded: Mapping[str, str],
         sleep: Callable[[float], None],
         interval: float,
+        holdings: Holdings,
     ) -> None:
         self.phases = phases
         self.fleet = fleet
@@ -71,6 +72,7 @@ class Recovery:
         self.forwarded = forwarded
         self.sleep = sleep
         self.interval = interval
+        self.holdings = holdings  # what the sources hold for this up: regain asks them
 
     # ---- on_failure = "restart": one task again --------------------------------------------
 
@@ -223,16 +225,15 @@ class Recovery:
         self.view.step(f"{new.name} replaces {name}: same tasks, same indices")
 
     def regain(self) -> bool:
-        """Every host of a source was taken at once and the source gives them back (a requeued
-        Slurm allocation that runs again): the same places, each host connected afresh, checked
-        and made ready again. False: no source does, and the restart goes on as usual."""
-        inventory = self.run.plan.inventory
-        for source in inventory.sources:
-            back = source.regain(str(inventory.path), self.view.step)
-            if back is not None:
-                self.rejoin(back)
-                return True
-        return False
+        """Every host of a source was taken at once and what the source holds for this `up`
+        gives them back (a requeued Slurm allocation that runs again): the same places, each
+        host connected afresh, checked and made ready again. False: nothing does, and the
+        restart goes on as usual."""
+        back = self.holdings.regain(self.view.step)
+        if back is None:
+            return False
+        self.rejoin(back)
+        return True
 
     def rejoin(self, back: Regained) -> None:
         """Nothing of the attempt outlived the hosts' loss (Slurm ended every step): the old

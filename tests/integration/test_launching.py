@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.config.inventory import Inventory, discover_hosts, load_inventory
+from deployer.config.inventory import Inventory, load_inventory, provision_hosts
 from deployer.config.sources import AT_DOWN, AT_JOB_END
 from deployer.core.errors import HostsFailed
 from deployer.hosts.fleet import open_transport
@@ -65,7 +65,8 @@ def test_late_machines_are_waited_on_at_once_and_end_when_due(lab: Lab, tmp_path
         table = f"count = {N}\nboot_seconds = {BOOT_S}\nlatency_ms = {LATENCY_MS}"
         inv = inventory(tmp_path, lab, cloud, table)
         started = time.monotonic()
-        inv = discover_hosts(inv, provision=said.append)
+        inv, held = provision_hosts(inv, said.append)
+        assert held.held == ()  # launched machines end when due, not with one `up`
         took = time.monotonic() - started
         one = handshake_s(inv)
 
@@ -93,7 +94,7 @@ def test_a_machine_that_never_answers_is_named_and_every_launched_one_ended(
         table = f'count = 2\nboot_seconds = 0.5\nnever_boot = ["{hosts[1].name}"]\ntimeout = 3'
         inv = inventory(tmp_path, lab, cloud, table)
         with pytest.raises(HostsFailed) as info:
-            discover_hosts(inv, provision=said.append)
+            provision_hosts(inv, said.append)
         message = info.value.message
         assert message.startswith("SSH did not answer before lab.timeout ran out on 1 host:")
         assert f"\n  {hosts[1].name}: " in message and f"{hosts[0].name}:" not in message

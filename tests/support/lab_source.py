@@ -33,7 +33,7 @@ from deployer.config.schema import Table
 from deployer.config.sources import (
     ANY_TIME,
     Discovered,
-    Regained,
+    Provisioned,
     Say,
     SourceContext,
     Sourced,
@@ -121,14 +121,14 @@ class LabSource:
         names = [n for n in self.cloud.proxies if n not in self.cloud.ended]
         return Discovered(hosts=tuple(self._host(n) for n in names))
 
-    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Provisioned:
         deadline = time.monotonic() + self.timeout
         with launching.ended_on_failure(self.cloud.end, say) as launched:
             launched += self.cloud.launch(self.count, self.boot_s, self.never, self.latency_ms)
             say(f"launched {', '.join(launched)}")
             hosts = tuple(self._host(n) for n in launched)
             launching.wait_for_ssh(hosts, deadline, say, poll=0.2, wait_name="lab.timeout")
-        return Discovered(hosts=hosts)
+        return Provisioned(Discovered(hosts=hosts))
 
     def _host(self, name: str) -> Host:
         host = self.cloud.host(name, self.settings, self.where)
@@ -136,9 +136,6 @@ class LabSource:
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         return None
-
-    def regain(self, file: str, say: Say) -> Regained | None:
-        return None  # a lost machine is not given back
 
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
         def find(due: Sequence[LabSource]) -> list[str]:

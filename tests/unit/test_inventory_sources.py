@@ -21,7 +21,14 @@ from deployer.config.inventory import load_inventory as load_with
 from deployer.config.model import Host
 from deployer.config.plan import make_plan
 from deployer.config.schema import Table
-from deployer.config.sources import Discovered, Regained, Say, SourceContext, Sourced, SourceTable
+from deployer.config.sources import (
+    Discovered,
+    Provisioned,
+    Say,
+    SourceContext,
+    Sourced,
+    SourceTable,
+)
 from deployer.core.errors import InventoryError
 from tests.support.helpers import JOB, write_toml
 
@@ -56,14 +63,11 @@ class Rack:
             hosts=hosts, instances=tuple(f"machine {i}" for i in range(self.size)), table=table
         )
 
-    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
-        return self.discover(file)
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Provisioned:
+        return Provisioned(self.discover(file))
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         return None
-
-    def regain(self, file: str, say: Say) -> Regained | None:
-        return None  # its machines are not taken back all at once
 
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
         """A rack's machines are not ours to end."""

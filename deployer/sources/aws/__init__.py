@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from deployer.config.model import Host
 from deployer.config.schema import Table
-from deployer.config.sources import Discovered, Regained, Say, SourceContext, Sourced
+from deployer.config.sources import Discovered, Provisioned, Say, SourceContext, Sourced
 from deployer.sources.aws import launch
 from deployer.sources.aws.discovery import discover_all
 from deployer.sources.aws.settings import AwsSettings, parse_settings
@@ -30,16 +30,14 @@ class AwsSource:
     def discover(self, file: str, *, preview: bool = False) -> Discovered:
         return discover_all(self.settings, file, preview)
 
-    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Provisioned:
+        """What it launched is ended when due (`terminate`), not held by one `up`."""
         if not self.settings.launches:
-            return self.discover(file)
-        return launch.provision(self.settings, file, say)
+            return Provisioned(self.discover(file))
+        return Provisioned(launch.provision(self.settings, file, say))
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         return launch.replace_host(self.settings, file, gone, say)
-
-    def regain(self, file: str, say: Say) -> Regained | None:
-        return None  # a lost machine is replaced one at a time (replace)
 
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
         launch.terminate_launched(self.settings, when, say)

@@ -3,29 +3,28 @@
 This module is the plug-in (what deployer/sources/__init__.py names): `read` turns the table
 into a `SlurmSource`. settings.py holds the table as data, outputs.py reads Slurm's answers,
 cluster.py runs its commands on the login node, batch.py writes what Slurm is handed,
-allocation.py submits, waits, keeps and releases, nodes.py turns the allocated nodes into hosts.
+allocation.py submits, waits and starts the lease keeper, held.py is the allocation one `up`
+holds from `provision` to its end, nodes.py turns the allocated nodes into hosts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 
 from deployer.config.model import Host, SSHSettings
 from deployer.config.schema import Table
 from deployer.config.sources import (
-    AT_DETACH,
-    Deadline,
     Discovered,
-    Regained,
+    Provisioned,
     Say,
     SourceContext,
     Sourced,
 )
 from deployer.sources.slurm import allocation, batch, nodes
 from deployer.sources.slurm.cluster import Cluster, SlurmRefused
-from deployer.sources.slurm.outputs import JobState, QueuedJob, say_duration
+from deployer.sources.slurm.held import HeldAllocation, deadlines, runs_on
+from deployer.sources.slurm.outputs import JobState, QueuedJob
 from deployer.sources.slurm.settings import REACH, SlurmSettings, parse_settings
 
 
@@ -48,116 +47,58 @@ class SlurmSource:
         `down`, `logs`, `pull`: the nodes of the job's allocation while it runs."""
         if preview:
             return nodes.preview(self.settings)
-        cluster = self.cluster()
-        found = cluster.named(self.settings.job_name)
-        running = [j for j in found if j.state is JobState.RUNNING]
-        if not running:
-            return nodes.without_hosts(self.settings, found)
-        return nodes.allocated(cluster, self.settings, running[0])
+        with self.cluster() as cluster:
+            found = cluster.named(self.settings.job_name)
+            running = [j for j in found if j.state is JobState.RUNNING]
+            if not running:
+                return nodes.without_hosts(self.settings, found)
+            return nodes.allocated(cluster, self.settings, running[0])
 
-    def provision(self, file: str, say: Say, *, detach: bool = False) -> Discovered:
-        """`up`: the job's kept allocation, or a new one, waited for; its nodes as hosts."""
+    def provision(self, file: str, say: Say, *, detach: bool = False) -> Provisioned:
+        """`up`: the job's kept allocation, or a new one, waited for; its nodes as hosts, and
+        the allocation itself, which that `up` holds and ends (held.py). One that cannot serve
+        the run (the wait's bound, Ctrl-C, a lost allocation, a keeper that does not answer) is
+        cancelled before this returns, and its connections closed."""
         cluster = self.cluster()
         settings = self.settings
         if detach and settings.reach == REACH[0]:
             _refuse_lost_detach(cluster, file)
-        job = _kept(cluster, settings, say)
-        if job is None:
-            allocation.check_request(cluster, settings)
-            job_id = allocation.submit(cluster, settings)
-            say(
-                f"submitted allocation {job_id}: {settings.nodes} nodes in "
-                f"{settings.partition} for {settings.time}"
-            )
-            try:
-                job = allocation.wait_running(cluster, settings, job_id, say)
-                found = self._held_nodes(cluster, job)
-            except BaseException:  # the bound, Ctrl-C, a lost allocation: it holds nothing yet
-                if allocation.release(settings.job_name):
-                    say(f"cancelled allocation {job_id}")
-                raise
-        else:
-            allocation.hold(settings.job_name, allocation.Held(cluster, job.id))
-            found = self._held_nodes(cluster, job)
-            allocation.tell_keeper(settings.job_name, "keep")
-        say(self._runs_on(job, found))
-        return dataclasses.replace(found, deadlines=self._deadlines(job))
-
-    def _runs_on(self, job: QueuedJob, found: Discovered, again: str = "") -> str:
-        left = f", {say_duration(job.left)} left" if job.left is not None else ""
-        if self.settings.signal:
-            name, before = self.settings.signal
-            left += f"; its tasks get SIG{name} {say_duration(before)} before the time limit"
-        names = ", ".join(h.name for h in found.hosts)
-        return f"allocation {job.id} runs{again} on {names}{left}"
-
-    def _deadlines(self, job: QueuedJob) -> tuple[Deadline, ...]:
-        if job.left is None:
-            return ()
-        what = f"Slurm allocation {job.id}"
-        return (Deadline(what, time.time() + job.left, self.settings.signal),)
-
-    def _held_nodes(self, cluster: Cluster, job: QueuedJob) -> Discovered:
-        """The running allocation's nodes as hosts; its lease keeper started on the first."""
-        found = nodes.allocated(cluster, self.settings, job)
-        held = allocation.HELD[self.settings.job_name]
-        held.nodes = tuple(h.name for h in found.hosts)
-        held.running_since = time.time() - (job.elapsed or 0)
-        allocation.start_keeper(held, found.hosts[0].name)
-        return found
+        held = HeldAllocation(cluster, settings)
+        try:
+            job = _kept(cluster, settings, say)
+            if job is None:
+                allocation.check_request(cluster, settings)
+                held.job_id = allocation.submit(cluster, settings)
+                say(
+                    f"submitted allocation {held.job_id}: {settings.nodes} nodes in "
+                    f"{settings.partition} for {settings.time}"
+                )
+                job = allocation.wait_running(cluster, settings, held.job_id, say)
+                found = held.take(job)
+            else:
+                held.job_id = job.id
+                found = held.take(job)
+                held.keep()
+        except BaseException:  # it serves no run: nothing may stay held by nobody
+            cancelled = held.release()
+            if cancelled is not None:
+                say(f"cancelled allocation {cancelled}")
+            raise
+        say(runs_on(settings, job, found))
+        return Provisioned(dataclasses.replace(found, deadlines=deadlines(settings, job)), held)
 
     def replace(self, file: str, gone: Host, say: Say) -> Host | None:
         return None  # a lost node ends the allocation's use: Slurm requeues or fails the job
 
-    def regain(self, file: str, say: Say) -> Regained | None:
-        """With on_failure = "restart-job" (the allocation asked with --requeue): once Slurm
-        requeued it (a preemption, a failed node), waits for the same allocation to run again,
-        as `up` waited for it first (the bound, Ctrl-C), and gives its nodes in the old ones'
-        places. Slurm ended every step of it, the keeper's too: a new keeper holds it."""
-        held = allocation.HELD.get(self.settings.job_name)
-        if held is None or not self.settings.requeue:
-            return None
-        job = allocation.requeued(held.cluster, held)
-        if job is None:
-            return None
-        said = allocation.what_slurm_did(held.cluster, held)
-        say(f"{said or f'Slurm requeued allocation {job.id}'}: waiting for it to run again")
-        allocation.close_keeper(held)
-        before = held.nodes
-        job = allocation.wait_running(held.cluster, self.settings, job.id, say)
-        found = self._held_nodes(held.cluster, job)
-        say(self._runs_on(job, found, again=" again"))
-        places = dict(zip(before, found.hosts, strict=True))
-        return Regained(places, self._deadlines(job))
-
     def terminate(self, when: tuple[str, ...], say: Say) -> None:
-        """At `up`'s end the allocation is released (kept with keep_allocation); a detached
-        run gets it (AT_DETACH); `down` cancels every allocation of the job."""
-        name = self.settings.job_name
-        if when == AT_DETACH:
-            if allocation.tell_keeper(name, "detached"):
-                say("the allocation stays while the run's tasks run (`tfdeploy down` ends it)")
+        """`down` cancels every allocation of the job, whoever holds it. `up`'s own allocation
+        is not this one's to end: the `up` that holds it ends it (held.py)."""
+        if "down" not in when:
             return
-        if "down" not in when:  # up's end
-            ended = allocation.said_end(name)
-            if ended is not None:
-                say(ended)
-            if self.settings.keep_allocation and allocation.tell_keeper(name, "keep"):
-                allocation.release(name)
-                say(
-                    "kept the allocation for the next up (keep_allocation; `tfdeploy down` "
-                    "releases it)"
-                )
-                return
-            released = allocation.release(name)
-            if released:
-                say(f"released allocation {released}")
-            return
-        allocation.release(name)
-        cluster = self.cluster()
-        for job in cluster.named(name):
-            cluster.cancel(job.id)
-            say(f"released allocation {job.id} ({job.state.value.lower()})")
+        with self.cluster() as cluster:
+            for job in cluster.named(self.settings.job_name):
+                cluster.cancel(job.id)
+                say(f"released allocation {job.id} ({job.state.value.lower()})")
 
 
 def _refuse_lost_detach(cluster: Cluster, file: str) -> None:

@@ -1,23 +1,22 @@
-"""One allocation per job: checked before anything waits, submitted, waited for (saying why it
-waits), held by its keeper, released (or kept, or handed to a detached run).
+"""One allocation per job, as Slurm's commands see it: checked before anything waits, submitted,
+waited for (saying why it waits), its lease keeper started, a requeue told apart, and what Slurm
+did to it said in words.
 
-What this process holds is in `HELD` (by job name): an `up` that leaves without handing its
-allocation over (an exception, Ctrl-C, SIGTERM) releases it at exit; a SIGKILLed one leaves it
-to the body, which ends when the keeper stops renewing the lease.
+These are steps on one cluster; which allocation an `up` holds, and its end, is held.py's. A
+SIGKILLed `up` ends nothing: its keeper's step loses its stdin and stops renewing the lease, and
+the allocation's body ends it `lease_seconds` later.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from deployer.config.sources import Say
 from deployer.core.errors import TfdeployError
-from deployer.hosts.transport import Session
+from deployer.hosts.transport import Session, Transport
 from deployer.sources.slurm import batch
 from deployer.sources.slurm.cluster import Cluster, SlurmRefused, login_transport, words
 from deployer.sources.slurm.outputs import NEVER_REASONS, JobState, QueuedJob, say_duration
@@ -38,20 +37,14 @@ class AllocationLost(TfdeployError):
     """The allocation ended (or was requeued) before its nodes could be used."""
 
 
-@dataclass
-class Held:
-    """An allocation this process holds: its id, and the keeper renewing its lease."""
+@dataclass(frozen=True)
+class Running:
+    """An allocation as this `up` last saw it start running: its nodes, and since when (a
+    requeue that ran it again before anyone looked is told apart by a later start)."""
 
-    cluster: Cluster
     job_id: str
-    nodes: tuple[str, ...] = ()  # once it runs
-    running_since: float | None = None  # Unix seconds at which it (last) started running
-    keeper: Session | None = None
-    handed_over: bool = False  # detached or kept: ending this process must not release it
-
-
-HELD: dict[str, Held] = {}
-_HELD_LOCK = threading.Lock()
+    nodes: tuple[str, ...]
+    since: float  # Unix seconds
 
 
 def check_request(cluster: Cluster, settings: SlurmSettings) -> None:
@@ -111,9 +104,7 @@ def submit(cluster: Cluster, settings: SlurmSettings) -> str:
         )
     from deployer.sources.slurm.outputs import parse_submitted
 
-    job_id = parse_submitted(out, "sbatch --parsable")
-    hold(settings.job_name, Held(cluster, job_id))
-    return job_id
+    return parse_submitted(out, "sbatch --parsable")
 
 
 def wait_running(
@@ -126,7 +117,7 @@ def wait_running(
     sleep: Callable[[float], None] = time.sleep,
 ) -> QueuedJob:
     """Until the allocation runs, saying why it waits; cancelled (and raised) at the bound or
-    at a reason that never resolves. Ctrl-C: the caller's release cancels it."""
+    at a reason that never resolves. Ctrl-C: its holder's release cancels it."""
     start = clock()
     said: tuple[str, str] | None = None
     said_at = start
@@ -169,35 +160,36 @@ def wait_running(
 
 def requeued(
     cluster: Cluster,
-    held: Held,
+    running: Running,
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> QueuedJob | None:
-    """The held allocation once Slurm shows it requeued (pending again, or running again since
-    the nodes were lost); None: it still runs as it did, so its nodes were lost some other way.
+    """The allocation once Slurm shows it requeued (pending again, or running again since the
+    nodes were lost); None: it still runs as it did, so its nodes were lost some other way.
     One that ended for good (preempted without requeue, cancelled) is AllocationLost."""
     deadline = clock() + REQUEUE_SETTLE_S
     while True:
-        job = cluster.job(held.job_id)
+        job = cluster.job(running.job_id)
         if job is None or job.state.ended:
-            said = what_slurm_did(cluster, held) if job is not None else None
+            said = what_slurm_did(cluster, running.job_id, running.nodes) if job else None
             raise AllocationLost(
-                said or f"allocation {held.job_id} is gone",
+                said or f"allocation {running.job_id} is gone",
                 hint="it cannot run again: `tfdeploy up` asks for a new one",
             )
-        if job.state.waiting or _ran_again(held, job):
+        if job.state.waiting or ran_again(running, job):
             return job
         if clock() >= deadline:
             return None
         sleep(POLL_S)
 
 
-def _ran_again(held: Held, job: QueuedJob) -> bool:
+def ran_again(running: Running, job: QueuedJob, now: float | None = None) -> bool:
     """Running, but started after the run began: requeued and run again before anyone asked."""
-    if job.state is not JobState.RUNNING or job.elapsed is None or held.running_since is None:
+    if job.state is not JobState.RUNNING or job.elapsed is None:
         return False
-    return time.time() - job.elapsed > held.running_since + POLL_S
+    now = time.time() if now is None else now
+    return now - job.elapsed > running.since + POLL_S
 
 
 def waiting_line(settings: SlurmSettings, job: QueuedJob, waited: float) -> str:
@@ -209,72 +201,63 @@ def waiting_line(settings: SlurmSettings, job: QueuedJob, waited: float) -> str:
     )
 
 
-def start_keeper(held: Held, first_node: str) -> None:
-    """The step on the first node that renews the body's lease while this process lives."""
+@dataclass(frozen=True)
+class Keeper:
+    """The lease keeper: a step on the allocation's first node that renews the body's lease
+    while its session is open (batch.KEEPER), and the login connection it runs over."""
+
+    session: Session
+    transport: Transport
+
+    def tell(self, mode: str) -> None:
+        """Hands the allocation over: "detached" (the body ends it once no task of the run is
+        left) or "keep" (the body holds it for the next `up`), whatever becomes of the lease."""
+        with self.session.lock:
+            self.session.request(mode.encode() + b"\n", 30.0)
+
+    def close(self) -> None:
+        """Its stdin closed: the keeper stops renewing (after a requeue it is gone already)."""
+        with contextlib.suppress(Exception):
+            self.session.close()
+        with contextlib.suppress(Exception):
+            self.transport.close()
+
+
+def start_keeper(cluster: Cluster, job_id: str, first_node: str) -> Keeper:
+    """The keeper on the first node, answering its first beat."""
     from deployer.hosts.step_transport import StepTransport
 
-    login = login_transport(held.cluster.login)
-
-    transport = StepTransport(first_node, login, batch.step_launcher(held.job_id, first_node))
-    session = transport.open_session(batch.keeper_argv(held.job_id))
-    reply = session.request(b"beat\n", 60.0)
-    if reply.strip() != b"ok":
-        raise AllocationLost(f"the lease keeper of allocation {held.job_id} said {reply!r}")
-    held.keeper = session
-
-
-def close_keeper(held: Held) -> None:
-    """The keeper's session, closed (after a requeue it is gone with its step)."""
-    keeper, held.keeper = held.keeper, None
-    if keeper is not None:
-        with contextlib.suppress(Exception):
+    launcher = batch.step_launcher(job_id, first_node)
+    transport = StepTransport(first_node, login_transport(cluster.login), launcher)
+    keeper: Keeper | None = None
+    try:
+        keeper = Keeper(transport.open_session(batch.keeper_argv(job_id)), transport)
+        reply = keeper.session.request(b"beat\n", 60.0)
+        if reply.strip() != b"ok":
+            raise AllocationLost(f"the lease keeper of allocation {job_id} said {reply!r}")
+        return keeper
+    except BaseException:
+        if keeper is not None:
             keeper.close()
+        else:
+            transport.close()
+        raise
 
 
-def hold(name: str, held: Held) -> None:
-    with _HELD_LOCK:
-        HELD[name] = held
-
-
-def tell_keeper(name: str, mode: str) -> bool:
-    """Hands the held allocation over ("detached", "keep"); False: none held here."""
-    held = HELD.get(name)
-    if held is None or held.keeper is None:
-        return False
-    with held.keeper.lock:
-        held.keeper.request(mode.encode() + b"\n", 30.0)
-    held.handed_over = True
-    return True
-
-
-def release(name: str) -> str | None:
-    """Cancels the allocation this process holds under `name` (unless handed over) and closes
-    its keeper; returns the id cancelled."""
-    with _HELD_LOCK:
-        held = HELD.pop(name, None)
-    if held is None:
-        return None
-    close_keeper(held)
-    if held.handed_over:
-        return None
-    held.cluster.cancel(held.job_id)
-    return held.job_id
-
-
-def what_slurm_did(cluster: Cluster, held: Held) -> str | None:
+def what_slurm_did(cluster: Cluster, job_id: str, nodes: tuple[str, ...]) -> str | None:
     """Why the allocation no longer runs, when Slurm ended or requeued it during the run (a
     node that failed, a preemption, the time limit); None: it still runs."""
-    job = cluster.job(held.job_id)
+    job = cluster.job(job_id)
     if job is None or job.state is JobState.RUNNING:
         return None
-    nodes = cluster.nodes(held.nodes) if held.nodes else {}
+    states = cluster.nodes(nodes) if nodes else {}
     failed = [
         n
-        for n in nodes.values()
+        for n in states.values()
         if any(word in n.state for word in ("DOWN", "NOT_RESPONDING", "FAIL")) or "*" in n.state
     ]
-    states = ", ".join(n.state for n in failed)
-    lost = f"node {', '.join(n.name for n in failed)} failed: {states}" if failed else ""
+    said = ", ".join(n.state for n in failed)
+    lost = f"node {', '.join(n.name for n in failed)} failed: {said}" if failed else ""
     what = f"allocation {job.id}"
     if job.state.waiting:
         why = lost or "preempted by a higher-priority job"
@@ -286,22 +269,3 @@ def what_slurm_did(cluster: Cluster, held: Held) -> str | None:
     if job.state is JobState.NODE_FAIL or lost:
         return f"Slurm ended {what}: {lost or 'a node failed'}"
     return f"{what} ended outside tfdeploy ({job.state.value.lower()})"
-
-
-def said_end(name: str) -> str | None:
-    """`what_slurm_did` for the allocation held under `name`; None when it cannot be asked."""
-    held = HELD.get(name)
-    if held is None:
-        return None
-    try:
-        return what_slurm_did(held.cluster, held)
-    except TfdeployError:
-        return None
-
-
-@atexit.register
-def _release_all() -> None:
-    """This process ends holding allocations it did not hand over: they are cancelled."""
-    for name in list(HELD):
-        with contextlib.suppress(Exception):
-            release(name)

@@ -86,7 +86,9 @@ def off_main(call: Callable[[], T]) -> T:
 
 
 class Cluster:
-    """Slurm's commands on the login node."""
+    """Slurm's commands on the login node, over a connection of its own that `close` ends:
+    whoever makes a Cluster closes it (`with Cluster.of(...) as cluster`, or the allocation
+    that holds it)."""
 
     def __init__(self, transport: Transport, login: Host) -> None:
         self.transport = transport
@@ -96,6 +98,16 @@ class Cluster:
     def of(cls, settings: SlurmSettings, ssh: SSHSettings) -> Cluster:
         login = login_host(settings, ssh)
         return cls(login_transport(login), login)
+
+    def close(self) -> None:
+        """The login connection closed (a Slurm command after it connects again)."""
+        self.transport.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def call(self, argv: Sequence[str], *, stdin: bytes = b"") -> tuple[int, str, str]:
         try:  # a login node that prints without end is ended at the bound, never buffered
