@@ -60,7 +60,7 @@ def _lab_session(
     *,
     containers: bool = False,
     slurm: bool = False,
-    slurm_proctrack: str = "linuxproc",
+    slurm_proctrack: str = "cgroup",
     slurm_adopt: bool = False,
 ) -> Iterator[Lab]:
     if tests.lab.lab_mode() == "netns":
@@ -84,13 +84,15 @@ def _lab_session(
         the_lab.stop()
 
 
-@pytest.fixture(scope="session")
-def slurm_lab() -> Iterator[Lab]:
+@pytest.fixture(scope="session", params=["cgroup", "linuxproc"])
+def slurm_lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
     """A real Slurm cluster (tests/lab/slurm.py): h1 the login node (slurmctld, munged), h2 and
     h3 compute nodes (slurmd, 2 CPUs and 2 fake GPUs each), partitions `debug` and `urgent`
     (urgent preempts). Its SlurmCluster is `slurm_lab.slurm`; skips where Slurm is not
-    installed or there is no root."""
-    yield from _lab_session(3, "flat", slurm=True)
+    installed or there is no root. Every test on it runs twice: with proctrack/cgroup +
+    task/cgroup (`ConstrainCores`), as production clusters run Slurm, and with
+    proctrack/linuxproc, which follows the process tree instead (issue 60)."""
+    yield from _lab_session(3, "flat", slurm=True, slurm_proctrack=request.param)
 
 
 @pytest.fixture

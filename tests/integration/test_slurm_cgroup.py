@@ -9,6 +9,7 @@ Each test ends on the `slurm_cgroup` fixture's check: squeue empty, no process o
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -254,15 +255,15 @@ def _ours(slurm: SlurmCluster) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.slurm_e2e
-def test_a_detached_srun_run_is_refused_before_anything_is_allocated(
+def test_a_detached_srun_run_outlives_every_session_step_until_down(
     slurm_cgroup_lab: Lab, slurm_cgroup: SlurmCluster, tmp_path: Path
 ) -> None:
     """(f) Under proctrack/cgroup a detached run's tasks, children of the agent's session step,
     died as soon as `up --detach` returned (both gone 0.07 s later, `status`: lost, `down`:
-    nothing to stop): issue 60. Until each task gets a step of its own, `up --detach` with
-    `reach = "srun"` is refused there before anything is allocated: exit 2, saying why and
-    what to do, nothing submitted, nothing started. An attached `up` holds the steps for the
-    whole run and is not refused (the MWMS tests run attached)."""
+    nothing to stop): issue 60. Now the agents hand their starts to the allocation's holder
+    step (remote/holder.py): once every session step of `up` has ended, both tasks still run,
+    in the holder's step; `status` says running; `down` stops them, releases the allocation
+    and leaves nothing on any node."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "sleeper.py").write_text(TASK)
@@ -286,13 +287,32 @@ def test_a_detached_srun_run_is_refused_before_anything_is_allocated(
     }
     inventory = tmp_path / "slurm.toml"
     inventory.write_text(to_toml(document))
-    refused = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=120)
-    said = " ".join(refused.stderr.split())
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert 'reach = "srun" cannot keep a detached run on this cluster' in said, said
-    assert "proctrack/cgroup" in said and "nothing was allocated" in said, said
-    assert 'reach = "ssh"' in said and "attached" in said, said  # what to do instead
-    assert "submitted allocation" not in refused.stdout, refused.stdout
-    assert _ours(slurm_cgroup) == []
-    for node in ("h2", "h3"):
-        assert not _pids(lab, node, "sleeper.py")
+    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    (job,) = _ours(slurm_cgroup)
+    try:
+        # The event: no session of the agent is left on a node (their steps ended with them).
+        wait_until(
+            "the agents' session steps to end",
+            lambda: not any(_pids(lab, n, "agent.py serve") for n in ("h2", "h3")),
+            timeout=60,
+            interval=0.2,
+        )
+        steps = slurm_cgroup.check(f"squeue -h -s -j {job} -o '%i %j'")
+        for node in ("h2", "h3"):
+            (pid,) = _pids(lab, node, "sleeper.py")
+            cgroup = _cgroup(lab, node, pid)
+            holder = re.search(rf"/job_{job}/step_(\d+)$", cgroup)
+            assert holder, cgroup
+            assert f"{job}.{holder.group(1)} " in steps, (cgroup, steps)  # a live step
+        status = tfdeploy("status", str(inventory), "--json", state=tmp_path / "b", check_rc=0)
+        tasks = [t for r in json.loads(status.stdout)["runs"] for t in r["tasks"]]
+        assert len(tasks) == 2 and all(t["state"] == "running" for t in tasks), tasks
+        down = tfdeploy("down", str(inventory), state=tmp_path / "b", timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert _ours(slurm_cgroup) == []
+        for node in ("h2", "h3"):
+            assert _gone_within(lab, node, "sleeper.py", KILLED_WITHIN) is not None
+            assert _gone_within(lab, node, "agent.py hold", KILLED_WITHIN) is not None
+    finally:
+        slurm_cgroup.login_run(f"scancel {job}")

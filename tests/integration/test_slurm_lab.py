@@ -151,6 +151,8 @@ def test_killed_slurmd_marks_the_node_down_and_requeues_its_job(slurm: SlurmClus
 def test_leftover_check_finds_a_process_that_left_its_job(slurm: SlurmCluster) -> None:
     # Without cgroups a process that leaves with setsid outlives its step (on a real cluster the
     # job's cgroup takes it): the check every Slurm test ends on must see it.
+    if slurm.proctrack == "cgroup":
+        pytest.skip("under proctrack/cgroup Slurm kills such a process with its step itself")
     slurm.check("srun -N1 -w h2 sh -c 'setsid sleep 321 </dev/null >/dev/null 2>&1 &'")
     left = slurm.leftovers(settle=1)
     assert "squeue" not in left

@@ -52,7 +52,7 @@ def start_lab(
     persistent: bool = False,
     containers: bool = False,
     slurm: bool = False,
-    slurm_proctrack: str = "linuxproc",
+    slurm_proctrack: str = "cgroup",
     slurm_adopt: bool = False,
 ) -> Lab:
     """Bring up `n` hosts ("flat"), or `n` private hosts behind a bastion ("bastion").
@@ -62,8 +62,9 @@ def start_lab(
     `containers` makes container hosts (tests/lab/containers.py): namespace lab only.
     `slurm` runs a Slurm cluster on the hosts (tests/lab/slurm.py, `lab.slurm`): h1 the login
     node, the others compute nodes; namespace lab only, and the packages must be installed.
-    `slurm_proctrack` is its process tracking: "linuxproc" (no cgroups) or "cgroup"
-    (proctrack/cgroup + task/cgroup on a cgroup v1 subtree per compute host, as production).
+    `slurm_proctrack` is its process tracking: "cgroup" by default (proctrack/cgroup +
+    task/cgroup on a cgroup v1 subtree per compute host, as production clusters run), or
+    "linuxproc" (no cgroups: the second configuration every Slurm e2e test also runs on).
     `slurm_adopt` puts the compute nodes' sshd behind Debian's pam_slurm_adopt (with
     `slurm_proctrack="cgroup"` only): SSH to a node is admitted only for a user with a job there.
     """

@@ -25,10 +25,10 @@ def _up(args: argparse.Namespace) -> int:
         raise LabError(f"--containers: {why}")
     if choice.note is not None:
         print(f"note: {choice.note}")
-    if args.proctrack != "linuxproc" and not args.slurm:
+    if args.proctrack != "cgroup" and not args.slurm:
         raise LabError("--proctrack is the Slurm cluster's: give --slurm too")
     if args.adopt and (not args.slurm or args.proctrack != "cgroup"):
-        raise LabError("--adopt needs the cgroup Slurm cluster: give --slurm --proctrack cgroup")
+        raise LabError("--adopt needs the cgroup Slurm cluster: give --slurm (not linuxproc)")
     lab = start_lab(
         args.n,
         args.topology,
@@ -124,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--proctrack",
         choices=("linuxproc", "cgroup"),
-        default="linuxproc",
-        help="the Slurm cluster's process tracking: linuxproc (default, no cgroups) or cgroup "
-        "(proctrack/cgroup + task/cgroup, as production clusters run)",
+        default="cgroup",
+        help="the Slurm cluster's process tracking: cgroup (default: proctrack/cgroup + "
+        "task/cgroup, as production clusters run) or linuxproc (no cgroups)",
     )
     up.add_argument(
         "--adopt",
         action="store_true",
-        help="the compute nodes' sshd behind pam_slurm_adopt (with --proctrack cgroup): the "
+        help="the compute nodes' sshd behind pam_slurm_adopt (with the cgroup tracking): the "
         "non-root user logs in to a node only while a job of theirs runs there",
     )
     up.add_argument(

@@ -74,7 +74,7 @@ session required pam_permit.so
 """
 
 
-def missing(proctrack: str = "linuxproc", adopt: bool = False) -> str | None:
+def missing(proctrack: str = "cgroup", adopt: bool = False) -> str | None:
     """Why a Slurm lab cannot start here, or None: the daemons must be installed (and, for
     proctrack/cgroup, this machine must have the cgroup v1 hierarchies; for `adopt`, Debian's
     libpam-slurm-adopt must be installed)."""
@@ -131,9 +131,7 @@ class Job:
 class SlurmCluster:
     """The Slurm side of a NamespaceLab started with `slurm=True` (`lab.slurm`)."""
 
-    def __init__(
-        self, lab: NamespaceLab, proctrack: str = "linuxproc", adopt: bool = False
-    ) -> None:
+    def __init__(self, lab: NamespaceLab, proctrack: str = "cgroup", adopt: bool = False) -> None:
         if proctrack not in PROCTRACKS:
             raise LabError(f"unknown Slurm process tracking {proctrack!r}: use one of {PROCTRACKS}")
         if adopt and proctrack != "cgroup":
@@ -196,7 +194,8 @@ class SlurmCluster:
         # each compute host mounts its own subtrees there at boot (`boot_lines`).
         cgroup_conf = "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
         if self.proctrack == "cgroup":
-            cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\n"
+            # As production: a step's processes bound to the CPUs the job was given there.
+            cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
             self.make_cgroups()
         (self.conf_dir / "cgroup.conf").write_text(cgroup_conf)
         (self.conf_dir / "plugstack.conf").write_text("")
