@@ -31,7 +31,6 @@ from deployer.results.archive import run_dir
 W, H, PAD = 560, 180, 40
 POINTS_DRAWN = metricstore.POINTS  # a series is read downsampled to this many points at most
 RATE_SPAN = 10  # records a steps/s point is measured over
-COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 
 
 def write_report(run_id: str, out: Path | None = None) -> Path:

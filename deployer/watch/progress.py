@@ -17,7 +17,7 @@ anything later (a Slurm allocation wait) through the same call.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -195,15 +195,6 @@ def still_line(progress: Progress, now: float) -> str:
     if hosts:
         text += f"; {hosts}" + (f"; {len(busy) - 4} more" if len(busy) > 4 else "")
     return text
-
-
-def elapsed_ticker(
-    view: object, phase: str, rows: Sequence[str] = (), every: float = 1.0
-) -> Ticker:
-    """A background ticker for a phase whose work gives no numbers of its own (a resolve, an
-    install without the installer's counts): the elapsed time and hosts done, every `every` s."""
-    rows_of = tuple(HostProgress(r, state="…") for r in rows)
-    return Ticker(view, Progress(phase, rows=rows_of), every)
 
 
 class Ticker:

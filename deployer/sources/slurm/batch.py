@@ -29,7 +29,6 @@ LEASE_DIR = "/tmp"  # the lease file lives on the first node; both body and keep
 BEAT_S = 2  # how often the keeper renews the lease
 DETACHED_CHECK_S = 30  # how often a detached run's body looks for tasks left on the nodes
 HOLDER_POLL_S = 1  # how often a node's holder step looks for the agent's code, until it is there
-MODES = ("detached", "keep")
 
 
 def lease_path(job_id: str) -> str:
