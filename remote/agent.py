@@ -330,9 +330,9 @@ def _recoveries(run_dir: Path) -> protocol.RecoveredShape:
 
 def _kept(workdir: Path, run_id: str) -> bool:
     """The run's keeper or warden lives here (a kept run between two attempts is not over)."""
-    import warden
+    import kept
 
-    return warden.alive(workdir, run_id)
+    return kept.alive(workdir, run_id)
 
 
 def _claimed(run_id: str, claim: dict[str, Any]) -> protocol.RunShape:

@@ -30,6 +30,7 @@ from typing import Any
 
 import daemon
 import keepwire
+import kept
 import layout
 import notify
 import params
@@ -544,7 +545,7 @@ def start(req: dict[str, Any], requeued_job: str | None = None) -> dict[str, Any
         reached = state.get("attempt") if isinstance(state, dict) else None
         if isinstance(reached, int) and not isinstance(reached, bool) and reached >= 0:
             plan = {**plan, "attempt": reached}
-    record = warden.record_path(workdir, run_dir.name, "keeper")
+    record = kept.record_path(workdir, run_dir.name, "keeper")
     daemon.stop(record)
     pid = daemon.spawn(
         record,

@@ -29,9 +29,9 @@ def check(workdir: Path, run_id: str, job: str | None) -> int:
         )
     if job is not None and meta.get("job") != job:
         raise params.AgentError(f"run {run_id} is of job {meta.get('job')!r}, not {job!r}")
-    import warden  # only a resume pays for its imports
+    import kept  # only a resume pays for its imports
 
-    if warden.alive(workdir, run_id):
+    if kept.alive(workdir, run_id):
         raise params.AgentError(f"run {run_id} is kept by its keeper here: it is not over")
     # Another `up` of the run holding its ports here is refused by the reservation itself,
     # under its lock (reservations.reserve): a check here and a reserve after would race.

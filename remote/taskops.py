@@ -437,9 +437,9 @@ def op_stop(req: dict[str, Any]) -> protocol.StopReply:
     now = time.time()
     stops: list[_Stop | _SetupStop] = []
     if names is None:
-        import warden  # a kept run's keeper and warden here end first: no restart races this
+        import kept  # a kept run's keeper and warden here end first: no restart races this
 
-        warden.stop_all(layout.workdir_path(req), run_dir.name)
+        kept.stop_all(layout.workdir_path(req), run_dir.name)
         with layout.run_lock(run_dir):  # no start is half-way through creating tasks now
             if not layout.run_stopped(run_dir):
                 _mark_stopped(run_dir, {"requested": now, "grace": grace})

@@ -29,6 +29,7 @@ from typing import Any
 
 import daemon
 import keepwire
+import kept
 import layout
 import params
 import procs
@@ -41,11 +42,6 @@ WARDEN_OPS = (POLL, STOP, RESTART, END)
 ACCEPT_WAIT_S = 1.0
 
 
-def record_path(workdir: Path, run_id: str, kind: str) -> Path:
-    """Where this host records the run's warden or keeper (a whole-run stop ends both)."""
-    return layout.host_dir(workdir) / "keep" / f"{run_id}.{kind}.json"
-
-
 def start(req: dict[str, Any]) -> dict[str, Any]:
     """Binds the cluster address (a free port), then serves in a detached process."""
     workdir = layout.workdir_path(req)
@@ -56,7 +52,7 @@ def start(req: dict[str, Any]) -> dict[str, Any]:
     fixed = params.param(req, "port", int, 0)  # a rejoin (rejoin.py): the port the keeper knows
     if not 0 <= fixed < 65536:
         raise params.AgentError(f"port must be 0 (any) or a port number, got {fixed}")
-    record = record_path(workdir, run_dir.name, "warden")
+    record = kept.record_path(workdir, run_dir.name, "warden")
     daemon.stop(record)  # a warden of an earlier hand-over of this run
     family = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -184,23 +180,6 @@ def _listening(request: dict[str, Any]) -> list[int]:
 
 def _running(run_dir: Path) -> bool:
     return any(procs.task_state(d)[0] == protocol.STATE_RUNNING for d in layout.task_dirs(run_dir))
-
-
-def alive(workdir: Path, run_id: str) -> bool:
-    """Whether the run's keeper or warden recorded here is still that live process."""
-    for kind in ("keeper", "warden"):
-        found = layout.read_json(record_path(workdir, run_id, kind))
-        if isinstance(found, dict) and procs.process_alive(found.get("pid"), found.get("ticks")):
-            return True
-    return False
-
-
-def stop_all(workdir: Path, run_id: str) -> None:
-    """A whole-run stop ends the run's keeper and warden here first: no restart races it,
-    and no requeue of its Slurm allocation starts them again (rejoin.py)."""
-    for kind in ("keeper", "warden"):
-        daemon.stop(record_path(workdir, run_id, kind))
-    rejoin.forget(layout.host_dir(workdir) / "runs" / run_id)
 
 
 def _with_metrics_bytes(run_dir: Path) -> list[dict[str, Any]]:
