@@ -112,7 +112,7 @@ def read_logs(
     reader.run_id = found.run_id
     with Fleet(found.hosts) as fleet:
         if sync:
-            if not sync_archive(fleet, found.run_id, LogArchive(found.run_id)):
+            if not sync_archive(fleet, found.run_id, LogArchive(found.run_id, hide=hide)):
                 raise _unknown_task(found.run_id, task)
             keep_if_ended(fleet, found)  # the history learns its end (metricsync.py)
             reader.archived(say)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -51,3 +52,35 @@ class Masker:
             if value in text:
                 text = text.replace(value, MASK)
         return text
+
+    def record(self, value: object) -> object:
+        """A JSON-shaped value (a record written to disk) with the secrets masked in every
+        text of it, keys included."""
+        if not self.values:
+            return value
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, Mapping):
+            return {self(str(k)): self.record(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.record(v) for v in value]
+        return value
+
+    def blank(self, data: bytes) -> bytes:
+        """`data` with each secret's bytes turned into as many `*`: the same length, so a
+        file keeps the offsets of what it copies (the local log archive)."""
+        for value in self._encoded:
+            if value in data:
+                data = data.replace(value, b"*" * len(value))
+        return data
+
+    @property
+    def reach(self) -> int:
+        """How many bytes before a write a secret cut between two writes may have left: what
+        a writer of `blank`ed bytes reads back to blank such a secret whole (0: no secret)."""
+        return max(map(len, self._encoded), default=1) - 1
+
+    @functools.cached_property
+    def _encoded(self) -> tuple[bytes, ...]:
+        found = {value.encode("utf-8", "surrogateescape") for value in self.values}
+        return tuple(sorted(found, key=lambda v: (-len(v), v)))

@@ -10,6 +10,12 @@ by the byte offsets the polls carry (a re-read or a reconnect never duplicates a
 A file deleted or cut short under it (by hand, a cleaner) is never padded with NUL bytes to
 reach the next offset: the bytes that are gone are recorded as missing, and `damage` says so,
 so `logs` never starts mid-stream without a word and `logs --sync` fetches the whole log again.
+
+**No secret lands here** (docs/security.md, "Secrets"): everything the archive writes into the
+run's folder passes its `hide`, the run's Masker. A secret value a task printed is blanked in
+its log file to as many `*` as it had bytes (the offsets stay the host log's; one cut between
+two writes is blanked whole when its end arrives), and in the journal, facts and outcome it is
+`********`; a metric whose name holds one is not kept.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deployer.core.lines import Assembler, LineAssembler, clean, defang
+from deployer.core.secrets import Masker
 from deployer.core.statedir import state_dir
 from deployer.hosts.replies import MetricRecords, task_name_ok
 from deployer.results import metricstore
@@ -66,9 +73,11 @@ class LogArchive:
         *,
         limit: int = LIMIT_BYTES,
         on_failure: Callable[[str], None] = lambda why: None,
+        hide: Masker | None = None,
     ) -> None:
         self.dir = run_dir(run_id)
         self.limit = limit
+        self.hide = hide or Masker()  # the run's secrets: none of them is written here
         # The archive is a convenience: a disk that is full or read-only stops it (said once,
         # through on_failure), never the job. Its index then never says "ended", so `logs`
         # asks the hosts rather than trust what it holds.
@@ -96,6 +105,8 @@ class LogArchive:
         """The task's metrics records, kept for `runs` and `report` (metricstore.py, bounded),
         and how many of its lines the edge dropped (a MetricRecords batch says)."""
         dropped = records.dropped if isinstance(records, MetricRecords) else 0
+        if self.hide.values:  # a metric named after a secret is not kept
+            records = [{k: v for k, v in r.items() if self.hide(k) == k} for r in records]
         if self.failure is None:
             self._guard(lambda: metricstore.append(self.dir, "metrics", task, records, dropped))
 
@@ -106,13 +117,14 @@ class LogArchive:
     def note(self, kind: str, text: str, at: float | None = None) -> None:
         """One line of the run's journal: a step or phase of `up`, with the time it was said."""
         if self.failure is None:
-            entry = {"t": round(time.time() if at is None else at, 3), "kind": kind, "text": text}
+            t = round(time.time() if at is None else at, 3)
+            entry = {"t": t, "kind": kind, "text": self.hide(text)}
             self._guard(lambda: metricstore.append(self.dir, "", "journal", [entry]))
 
     def keep(self, name: str, data: object) -> None:
         """facts.json, outcome.json (metricstore.py)."""
         if self.failure is None:
-            self._guard(lambda: metricstore.write_json(self.dir, name, data))
+            self._guard(lambda: metricstore.write_json(self.dir, name, self.hide.record(data)))
 
     def _write(self, task: str, host: str, offset: int, data: bytes) -> None:
         entry = self.files.get(task)
@@ -150,10 +162,17 @@ class LogArchive:
         try:
             # What a terminal would obey never lands in a file a person may `cat` (the filter of
             # deployer/core/lines.py, same length): a character cut between two writes is
-            # defanged with the bytes before it, read back.
+            # defanged with the bytes before it, read back. Nor does a secret: blanked, same
+            # length, with as many bytes before it as one cut between two writes may have left.
             back = min(3, position) if data and 0x80 <= data[0] < 0xC0 else 0
-            before = os.pread(fd, back, position - back) if back else b""
-            data, position = defang(before + data), position - len(before)
+            reach = max(back, min(self.hide.reach, position))
+            kept = os.pread(fd, reach, position - reach) if reach else b""
+            joined = self.hide.blank(kept + data)
+            settled = max(0, len(kept) - back)  # defanged: twice would turn ESC's NUL into DEL
+            if joined[:settled] == kept[:settled]:  # no secret ended here
+                data, position = defang(joined[settled:]), position - (len(kept) - settled)
+            else:
+                data, position = joined[:settled] + defang(joined[settled:]), position - len(kept)
             view = memoryview(data)
             while view:  # a disk filling up takes part of a write, then fails the next
                 written = os.pwrite(fd, view, position)

@@ -288,7 +288,7 @@ class MaskedView:
     """Any view, with the run's secret values masked in everything it shows: log lines, steps
     and the table's last lines. Tasks print what they like (a failing script dumps its env),
     and a token forwarded from this shell must not end up in a terminal's scrollback or a CI
-    log; the hosts' own logs and this machine's archive keep them (docs/security.md)."""
+    log; the hosts' own logs keep them, this machine's archive blanks them (docs/security.md)."""
 
     def __init__(self, view: Display, hide: Callable[[str], str]) -> None:
         self.view = view
