@@ -153,9 +153,9 @@ def task_status(task_dir: Path) -> protocol.TaskStatusShape:
     pids = pids if isinstance(pids, dict) else {}
     ended = ended if isinstance(ended, dict) else {}
     try:
-        log_bytes: int | None = (task_dir / "output.log").stat().st_size
+        log_bytes = (task_dir / "output.log").stat().st_size
     except OSError:
-        log_bytes = None
+        log_bytes = 0  # no log yet (a task just started): nothing logged, as its shape says
     restarts = spec.get("restarts") if isinstance(spec, dict) else 0
     frozen = state == protocol.STATE_RUNNING and bool(frozen_members(pids.get("pgid")))
     return {
@@ -172,9 +172,7 @@ def task_status(task_dir: Path) -> protocol.TaskStatusShape:
         "reason": ended.get("reason"),
         "notice": ended.get("notice"),  # a spot interruption notice that stopped it
         "disk_full": ended.get("disk_full"),  # the file system that was full when it ended
-        # null until the supervisor has made the log (a task just started): its shape says
-        # an int, and the control side's edge refuses the reply (issue 61; sent as it was).
-        "log_bytes": log_bytes,  # type: ignore[typeddict-item]
+        "log_bytes": log_bytes,
     }
 
 

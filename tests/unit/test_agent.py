@@ -672,3 +672,23 @@ def test_the_network_check_stand_ins_go_with_the_run_s_code_or_its_release(
         else:
             ok(call(workdir, "release", run_id=f"r-{ends}"))
         assert not _listening(port), ends
+
+
+def test_a_task_without_a_log_yet_says_zero_bytes_and_its_poll_passes_the_edge(
+    workdir: Path,
+) -> None:
+    """A task whose supervisor has not made output.log yet (a start under way) is polled as
+    `log_bytes` 0, not null: the control side's edge, which checks every field against its
+    shape, refused the whole poll for a null there."""
+    from deployer.hosts.replies import Edge
+    from remote import protocol
+
+    run_dir = new_run(workdir)
+    task_dir = run_dir / "tasks" / "worker-0"
+    task_dir.mkdir(parents=True)
+    (task_dir / "spec.json").write_text(json.dumps({"name": "worker:0", "command": "true"}))
+    reply = ok(call(workdir, "poll", run_id="r1", offsets={}, max_bytes=0))
+    [task] = reply["tasks"]
+    assert task["name"] == "worker:0" and task["log_bytes"] == 0, task
+    checked = Edge("h1", "poll").reply(reply, protocol.PollReply)
+    assert checked["tasks"][0]["log_bytes"] == 0
