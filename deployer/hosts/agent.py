@@ -9,6 +9,7 @@ import collections
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
+from deployer.hosts import ops
 from deployer.hosts.channel import Channel
 from deployer.hosts.fetching import FETCH_AHEAD, Fetched, FetchOrder, FetchReading
 from deployer.hosts.replies import Edge, metric_records, text
@@ -29,7 +30,7 @@ class Agent(Channel):
 
     def missing(self, hashes: Sequence[str]) -> list[str]:
         request: protocol.HaveRequest = {"hashes": list(hashes)}
-        return self.ask(protocol.OP_HAVE, protocol.HaveReply, **request)["missing"]
+        return self.ask(ops.HAVE, request)["missing"]
 
     def start(
         self,
@@ -47,7 +48,7 @@ class Agent(Channel):
             request["release"] = True
         if resumed:
             request["resumed"] = True
-        reply = self.ask(protocol.OP_START, protocol.TasksReply, **request)
+        reply = self.ask(ops.START, request)
         edge = Edge(self.host, protocol.OP_START)
         named = {t["name"] for t in tasks}
         return [TaskStatus.from_json(t, edge, named) for t in reply["tasks"]]
@@ -114,7 +115,7 @@ class Agent(Channel):
         }
         if metrics is not None:
             request["metrics"] = metrics
-        return self.ask(protocol.OP_POLL, protocol.PollReply, timeout, sink=sink, **request)
+        return self.ask(ops.POLL, request, timeout, sink=sink)
 
     def stop(
         self,
@@ -133,7 +134,7 @@ class Agent(Channel):
             "escaped": escaped,
         }
         # A whole-run stop may take grace twice: the task groups, then escaped processes.
-        reply = self.ask(protocol.OP_STOP, protocol.StopReply, 2 * grace + 60, **request)
+        reply = self.ask(ops.STOP, request, 2 * grace + 60)
         edge = Edge(self.host, protocol.OP_STOP)
         return StopReport(
             tasks=tuple(TaskStatus.from_json(t, edge) for t in reply["tasks"]),
@@ -156,12 +157,12 @@ class Agent(Channel):
         request: protocol.IdleRequest = {"minutes": minutes, "interval": interval}
         if command:
             request["command"] = command
-        self.ask(protocol.OP_IDLE, protocol.IdleReply, **request)
+        self.ask(ops.IDLE, request)
 
     def detach(self, run_id: str) -> None:
         """Drops the run's lease: it outlives the controller from now on (`up --detach`)."""
         request: protocol.RunRequest = {"run_id": run_id}
-        self.ask(protocol.OP_DETACH, protocol.DetachReply, **request)
+        self.ask(ops.DETACH, request)
 
     def keep_warden(self, run_id: str, secret: str, address: str, idle_seconds: float) -> int:
         """Starts this host's warden of the run on its cluster address; returns its port."""
@@ -172,7 +173,7 @@ class Agent(Channel):
             "address": address,
             "idle_seconds": idle_seconds,
         }
-        reply = self.ask(protocol.OP_KEEP, protocol.KeepWardenReply, **request)
+        reply = self.ask(ops.KEEP_WARDEN, request)
         edge = Edge(self.host, protocol.OP_KEEP)
         port = edge.count(reply["port"], "the warden's port")
         if not 0 < port < 65536:
@@ -187,12 +188,12 @@ class Agent(Channel):
             "secret": secret,
             "plan": plan,
         }
-        self.ask(protocol.OP_KEEP, protocol.PeersPidReply, **request)
+        self.ask(ops.KEEP_KEEPER, request)
 
     def release(self, run_id: str) -> None:
         """Drops the run's port reservations (preflight failed: nothing of it will start)."""
         request: protocol.RunRequest = {"run_id": run_id}
-        self.ask(protocol.OP_RELEASE, protocol.ReleaseReply, **request)
+        self.ask(ops.RELEASE, request)
 
     def setup(
         self,
@@ -211,7 +212,7 @@ class Agent(Channel):
             "fingerprint": fingerprint,
         }
         request.update(where or {})  # type: ignore[typeddict-item]
-        reply = self.ask(protocol.OP_SETUP, protocol.SetupReply, timeout, **request)
+        reply = self.ask(ops.SETUP, request, timeout)
         return SetupResult(
             code=reply["code"], ran=reply["ran"], tail=tuple(text(line) for line in reply["tail"])
         )
@@ -219,13 +220,13 @@ class Agent(Channel):
     def env(self, request: protocol.EnvRequest, timeout: float) -> protocol.EnvReply:
         """The job's venv built (or reused) here from wheels in the store. Its texts are
         printed (versions, paths): parsed and cleaned at the edge like the hello's."""
-        return self.ask(protocol.OP_ENVIRONMENT, protocol.EnvReply, timeout, **request)
+        return self.ask(ops.ENVIRONMENT, request, timeout)
 
     def env_progress(self, env_hash: str, names: Sequence[str]) -> protocol.EnvProgressReply:
         """How many of `names` (normalized project names) the env being built holds now; asked
         beside the env op that builds it (a one-shot call: its session is busy)."""
         request: protocol.EnvProgressRequest = {"hash": env_hash, "names": list(names)}
-        reply = self.ask(protocol.OP_ENV_PROGRESS, protocol.EnvProgressReply, 15, **request)
+        reply = self.ask(ops.ENV_PROGRESS, request, 15)
         if not 0 <= reply["installed"] <= len(names):
             raise Edge(self.host, protocol.OP_ENV_PROGRESS).error(
                 "installed", f"is {reply['installed']}, not 0 to {len(names)}"
@@ -235,14 +236,14 @@ class Agent(Channel):
     def image(self, request: protocol.ImageRequest, timeout: float) -> protocol.ImageReply:
         """The job's image checked (pulled if asked) or loaded here; its texts are printed
         (runtime, platforms): cleaned at the edge like the hello's."""
-        return self.ask(protocol.OP_IMAGE, protocol.ImageReply, timeout, **request)
+        return self.ask(ops.IMAGE, request, timeout)
 
     def gpus(self, run_id: str | None = None) -> dict[str, Any]:
         """The `gpus` reply, bounded and its texts cleaned at the edge (GPU names, driver words
         are printed), each GPU index once; deployer.hosts.gpus.GpuReport.from_json reads it.
         With `run_id` each compute process says whether it belongs to that run."""
         request: protocol.GpusRequest = {"run_id": run_id} if run_id else {}
-        reply = self.ask(protocol.OP_GPUS, protocol.GpusReply, **request)
+        reply = self.ask(ops.GPUS, request)
         edge, seen = Edge(self.host, protocol.OP_GPUS), set()
         for gpu in reply["gpus"]:  # a plan gives tasks GPUs by index: each names one GPU
             if gpu["index"] in seen:
@@ -258,7 +259,7 @@ class Agent(Channel):
             "ports": list(ports),
             "seconds": seconds,
         }
-        self.ask(protocol.OP_NETCHECK, protocol.ListenReply, **request)
+        self.ask(ops.NETCHECK_LISTEN, request)
 
     def probe(self, run_id: str, targets: Sequence[tuple[str, int]], timeout: float) -> list[str]:
         """One verdict per (address, port): "ok", "refused", "timed out", "no route", ..."""
@@ -269,12 +270,12 @@ class Agent(Channel):
             "wait": timeout,
         }
         budget = protocol.probe_budget(len(targets), timeout) + 30  # the host's whole queue
-        reply = self.ask(protocol.OP_NETCHECK, protocol.ProbeReply, budget, **request)
+        reply = self.ask(ops.NETCHECK_PROBE, request, budget)
         return [text(r) for r in reply["results"]]
 
     def unlisten(self, run_id: str) -> None:
         request: protocol.NetcheckRequest = {"action": protocol.NETCHECK_CLOSE, "run_id": run_id}
-        self.ask(protocol.OP_NETCHECK, protocol.ClosedReply, **request)
+        self.ask(ops.NETCHECK_CLOSE, request)
 
     def relay(
         self,
@@ -299,11 +300,11 @@ class Agent(Channel):
         }
         if store is not None:
             request["store"] = list(store)
-        self.ask(protocol.OP_PEERS, protocol.PeersPidReply, **request)
+        self.ask(ops.PEERS_START, request)
 
     def stop_serving(self, run_id: str) -> None:
         request: protocol.PeersRequest = {"action": protocol.PEERS_CLOSE, "run_id": run_id}
-        self.ask(protocol.OP_PEERS, protocol.ClosedReply, **request)
+        self.ask(ops.PEERS_CLOSE, request)
 
     def look(self) -> None:
         """Says hello once without creating anything on the host (read-only verbs)."""
@@ -333,7 +334,7 @@ class Agent(Channel):
         if hash_only is not None:
             request["hash_only"] = {task: list(paths) for task, paths in hash_only.items()}
         # hashing gigabytes of checkpoints takes a while
-        reply = self.ask(protocol.OP_COLLECT, protocol.CollectReply, 600, **request)
+        reply = self.ask(ops.COLLECT, request, 600)
         edge = Edge(self.host, protocol.OP_COLLECT)
         return {
             edge.task(name, "a task", tasks): Collected.from_json(t, edge, name)
@@ -390,7 +391,7 @@ class Agent(Channel):
     def firewall_problem(self) -> str | None:
         """Why the TF port firewall cannot work on this host (no nft/iptables, no root), or None."""
         request: protocol.FirewallRequest = {"action": protocol.FIREWALL_CHECK}
-        reply = self.ask(protocol.OP_FIREWALL, protocol.FirewallCheckReply, **request)
+        reply = self.ask(ops.FIREWALL_CHECK, request)
         return text(reply["problem"]) if reply["problem"] else None
 
     def firewall_add(self, run_id: str, ports: Sequence[int], allowed: Sequence[str]) -> None:
@@ -400,12 +401,12 @@ class Agent(Channel):
             "ports": list(ports),
             "allowed": list(allowed),
         }
-        self.ask(protocol.OP_FIREWALL, protocol.FirewallRulesReply, **request)
+        self.ask(ops.FIREWALL_RULES, request)
 
     def firewall_remove(self, run_id: str) -> int:
         """Removes the run's rules (idempotent); how many rule sets were removed."""
         request: protocol.FirewallRequest = {"action": protocol.FIREWALL_REMOVE, "run_id": run_id}
-        return self.ask(protocol.OP_FIREWALL, protocol.FirewallRemoveReply, **request)["removed"]
+        return self.ask(ops.FIREWALL_REMOVE, request)["removed"]
 
     def runs(self, hosts_of: str | None = None) -> list[protocol.RunShape]:
         """The runs on the host; the first call of a connection asks in its hello (one round
@@ -417,7 +418,7 @@ class Agent(Channel):
         if self.absent:
             return []
         request: protocol.RunsRequest = {"hosts_of": hosts_of} if hosts_of else {}
-        return list(self.ask(protocol.OP_RUNS, protocol.RunsReply, **request)["runs"])
+        return list(self.ask(ops.RUNS, request)["runs"])
 
     def prune(
         self,
@@ -436,7 +437,7 @@ class Agent(Channel):
         if grace is not None:
             request["grace"] = grace
         # A prune deletes trees of files (an environment holds tens of thousands): minutes.
-        reply = self.ask(protocol.OP_PRUNE, protocol.PruneReply, 1800, **request)
+        reply = self.ask(ops.PRUNE, request, 1800)
         for key in ("runs", "running", "environments", "checkpoints"):
             reply[key] = [text(name) for name in reply[key]]
         return reply

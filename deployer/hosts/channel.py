@@ -22,11 +22,13 @@ from deployer.hosts.bootstrap import (
     agent_files_message,
     agent_id,
 )
+from deployer.hosts.ops import Op
 from deployer.hosts.replies import Edge, failure, text
 from deployer.hosts.transport import Session, SessionEnded, Transport
 from remote import protocol
 
 Shape = TypeVar("Shape")
+RequestT = TypeVar("RequestT")
 
 
 class _SessionLeft(Exception):
@@ -208,18 +210,19 @@ class Channel:
 
     def ask(
         self,
-        op: str,
-        shape: Callable[..., Shape],
+        op: Op[RequestT, Shape],
+        request: RequestT,
         timeout: float | None = 60,
         *,
         body: Iterable[bytes] = (),
         sink: Callable[[bytes], None] | None = None,
-        **params: Any,
     ) -> Shape:
-        """One op whose reply is checked against its shape in remote/protocol.py at the edge
-        (deployer/hosts/replies.py): what the rest of the control side reads is there, typed."""
-        reply = self.call(op, timeout, body=body, sink=sink, **params)
-        return Edge(self.host, op).reply(reply, shape)
+        """One op with its request (its shape: ops.py), whose reply is checked against the
+        op's reply shape at the edge (deployer/hosts/replies.py): what the rest of the
+        control side reads is there, typed."""
+        params: Mapping[str, Any] = request  # type: ignore[assignment]  # a TypedDict
+        reply = self.call(op.name, timeout, body=body, sink=sink, **params)
+        return Edge(self.host, op.name).reply(reply, op.reply)
 
     @contextlib.contextmanager
     def dedicated(self) -> Iterator[Self]:

@@ -25,6 +25,7 @@ from deployer.core.secrets import mask_text
 from deployer.core.statedir import state_dir
 from deployer.core.text import human_size
 from deployer.envs.damaged import damaged
+from deployer.hosts import ops
 from deployer.hosts.agent import Agent
 from deployer.hosts.fleet import Fleet, Member
 from deployer.push.hashcache import HashCache, stamp_of
@@ -253,7 +254,7 @@ def push(
         with agent.dedicated() as own:
             _materialize(own, manifest, missing, request, on_piece)
     else:
-        agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, **request)
+        agent.ask(ops.MATERIALIZE, request)
     sent = sum(f.size for f in missing)
     return PushResult(files=count, sent_files=len(missing), sent_bytes=sent)
 
@@ -262,7 +263,7 @@ def materialize_or_missing(agent: Agent, manifest: Manifest, record: HostRecord)
     """Builds the run directory if the host's store has every content ([]: done); else the
     hashes it lacks (what `have` answers), and nothing is built."""
     request = record.materialize(manifest, agent.host, or_missing=True)
-    reply = agent.ask(protocol.OP_MATERIALIZE, protocol.MaterializeReply, **request)
+    reply = agent.ask(ops.MATERIALIZE, request)
     return reply.get("missing", [])  # absent: the run directory was built
 
 
