@@ -3,8 +3,9 @@ the shape of its reply (remote/protocol.py, docs/PROTOCOL.md).
 
 `Channel.ask` takes one of these with the request: an op asked with another op's request, a
 request with a misspelt or missing field, or a reply read as another op's, is a type error
-here, as the agent's handlers are typed by the same shapes on the other side. Ops whose
-replies differ by `action` (keep, netcheck, peers, firewall) have one value per action.
+here. On the host the agent's handlers return the same reply shapes (mypy --strict on remote/)
+and read their requests through params.py's checks, since a request is untrusted there. Ops
+whose replies differ by `action` (keep, netcheck, peers, firewall) have one value per action.
 """
 
 from __future__ import annotations
