@@ -1,7 +1,7 @@
 """A bench's output, also written to the docs file that is the one home of its figures.
 
 The docs state a measured figure only in `docs/bench/<name>.md`, which the bench writes itself with
-`--out` (tests/unit/test_docs.py keeps the prose from restating one), so a figure cannot be
+`--out` (tests/meta/test_docs.py keeps the prose from restating one), so a figure cannot be
 hand-copied twice with two values.
 """
 

@@ -29,6 +29,9 @@ fi
 "$VENV/bin/vermin" -q -t=3.8- --no-tips --violations remote/  # the agent runs on host Pythons 3.8+
 "$VENV/bin/lint-imports" --no-cache | tail -n +13  # the contracts in pyproject.toml, by name
 "$VENV/bin/python" scripts/remote_imports.py  # remote/'s layers (remote/importlinter.toml)
+# The checks of the house itself (layout, layers, protocol words, docs): with the lint, in seconds,
+# before the suite spends its minutes.
+"$VENV/bin/python" -m pytest -q tests/meta
 # The in-process tier's `slow` tests too (tests/conftest.py); the run fails over its budget
 # (suite_budget_s in pyproject.toml, tests/support/budget.py).
-exec "$VENV/bin/python" -m pytest -q --run-slow -n "$WORKERS" "$@"
+exec "$VENV/bin/python" -m pytest -q --run-slow -n "$WORKERS" --ignore=tests/meta "$@"

@@ -1,6 +1,8 @@
 """The tests mirror the house: tests/unit/ runs in-process, every test in tests/integration/ needs
-the lab (it is marked `lab`), and no file of tests imports a test file; what several test files
-share lives in tests/support/ (helpers) and the conftests (fixtures).
+the lab (it is marked `lab`), tests/meta/ holds the checks of the house itself (its layout, its
+layers, its protocol words, its docs), which scripts/test.sh runs with the lint before the suite,
+and no file of tests imports a test file; what several test files share lives in tests/support/
+(helpers) and the conftests (fixtures).
 
 The tier check runs inside every pytest session, on the items it collected, after the conftests
 marked them (tests/conftest.py): a misplaced test fails itself, saying where it belongs. It used
@@ -18,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 MISPLACED = pytest.StashKey[str]()
+TIERS = ("unit", "integration", "meta")
 
 
 def is_test_module(name: str) -> bool:
@@ -25,7 +28,7 @@ def is_test_module(name: str) -> bool:
     parts = name.split(".")
     if len(parts) < 2 or parts[0] != "tests":
         return False
-    return parts[1].startswith("test_") or parts[1] in ("unit", "integration")
+    return parts[1].startswith("test_") or parts[1] in TIERS
 
 
 def imports_of_tests(path: Path, source: str) -> list[str]:
@@ -55,8 +58,10 @@ def tier_problem(nodeid: str, lab: bool) -> str | None:
         )
     if nodeid.startswith("tests/integration/") and not lab:
         return f"{nodeid}: in tests/integration/ but not marked lab"
-    if not nodeid.startswith(("tests/unit/", "tests/integration/")):
-        return f"{nodeid}: belongs in tests/unit/ or tests/integration/"
+    if nodeid.startswith("tests/meta/") and lab:
+        return f"{nodeid}: a check of the house needs no lab: move it to tests/integration/"
+    if not nodeid.startswith(tuple(f"tests/{tier}/" for tier in TIERS)):
+        return f"{nodeid}: belongs in tests/unit/, tests/integration/ or tests/meta/"
     return None
 
 

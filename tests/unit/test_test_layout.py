@@ -49,11 +49,14 @@ def test_the_tier_check_finds_misplaced_tests() -> None:
         ("tests/integration/test_b.py::test_fine", True),
         ("tests/integration/test_b.py::test_in_process", False),
         ("tests/test_c.py::test_anywhere", False),
+        ("tests/meta/test_d.py::test_fine", False),
+        ("tests/meta/test_d.py::test_on_the_lab", True),
     ]
     assert [p.split(": ")[0] for p in tier_problems(items)] == [
         "tests/unit/test_a.py::test_on_the_lab",
         "tests/integration/test_b.py::test_in_process",
         "tests/test_c.py::test_anywhere",
+        "tests/meta/test_d.py::test_on_the_lab",
     ]
 
 
