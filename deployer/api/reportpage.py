@@ -1,36 +1,52 @@
 """`tfdeploy report RUN`: one self-contained HTML page of a run, made from what this machine
-kept (results/metricstore.py): its facts, each task's curves, resources and a timeline.
+kept (results/metricstore.py): its facts, a chart per metric with every task overlaid,
+resources and a timeline.
 
-Plotting: hand-written inline SVG, no library. A charting library would cost an install
-(matplotlib ~40 MB with numpy; plotly's offline bundle puts ~3.5 MB of JavaScript into every
-page) for what is a few polylines; SVG opens from disk in any browser, needs no script and no
-CDN, and a page of 8 tasks x 4 charts of 1,000 points stays under 2 MB. Each reported point
-of a curve is one `<circle class="pt">`, which is what the browser test counts.
+Plotting: hand-written inline SVG (deployer/api/charts.py), no library. A charting library
+would cost an install (matplotlib ~40 MB with numpy; plotly's offline bundle puts ~3.5 MB of
+JavaScript into every page) for what is a few paths; SVG opens from disk in any browser, needs
+no script and no CDN.
 
-Bounded whatever the run's length: each series is read downsampled to POINTS_DRAWN points
-(evenly over the run, first and last kept: results/metricstore.py), more than a 510-pixel-wide
-chart can show apart, so a week-long run's page is the size of an hour's. What the store could
-not read (a damaged line, named) and the lines the edge dropped are said under "Skipped".
+Every metric a task reported (each number of its records but `step` and `time`) is one chart,
+step on the x axis, every task's series overlaid in its colour; steps/s is one more, CPU, RSS
+and GPU use over time the resources'. Where an attempt of the job (policy "restart-job") or a
+task's restart began is a vertical mark, at the first step recorded after it: up's journal says
+when each began, and each record's `time` (the task's own, else when it arrived: the poller
+stamps it) where among the steps.
+
+Bounded whatever the run's length: each series is streamed (metricstore.each), never held, and
+drawn from at most charts.POINTS points (each bucket's lowest and highest: a spike stays), fewer
+each when many tasks share a chart, so a week-long run's page is the size of an hour's. What
+the store could not read (a damaged line, named) and the lines the edge dropped are said under
+"Skipped".
 """
 
 from __future__ import annotations
 
-import html
 import json
+import math
 import os
+import re
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deployer.api import charts
+from deployer.api.charts import e as _e
 from deployer.core.errors import UsageError
 from deployer.core.text import duration, human_size
 from deployer.results import metricstore
 from deployer.results.archive import run_dir
 
-W, H, PAD = 560, 180, 40
-POINTS_DRAWN = metricstore.POINTS  # a series is read downsampled to this many points at most
+W = charts.W
+POINTS_DRAWN = charts.POINTS  # a series is drawn from this many points at most
 RATE_SPAN = 10  # records a steps/s point is measured over
+METRIC_CHARTS = 24  # charts of metrics at most (a task's record has 24 numbers at most)
+NOT_METRICS = ("step", "time")
+RESOURCES = (("cpu", "CPU %"), ("rss", "RSS"), ("gpu_util", "GPU %"), ("gpu_mem", "GPU memory"))
 
 
 def write_report(run_id: str, out: Path | None = None) -> Path:
@@ -49,13 +65,19 @@ def write_report(run_id: str, out: Path | None = None) -> Path:
             hint="`tfdeploy runs` lists the runs this machine keeps; a report needs a run "
             "that `up` carried to its hosts from here",
         )
+    metrics, usage = metricstore.read(directory, "metrics"), metricstore.read(directory, "usage")
+    streams = Streams(
+        {task: metricstore.each(directory, "metrics", task) for task in metrics},
+        {task: metricstore.each(directory, "usage", task) for task in usage},
+    )
     page = render_page(
         run_id,
         sane_facts(facts),
         sane_outcome(metricstore.read_object(directory, "outcome.json")),
-        metricstore.read(directory, "metrics"),
-        metricstore.read(directory, "usage"),
+        metrics,
+        usage,
         metricstore.journal(directory),
+        streams,
     )
     target = out or directory / "report.html"
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a run's facts: private
@@ -127,8 +149,13 @@ def _times(value: object) -> dict[str, float]:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+@dataclass(frozen=True)
+class Streams:
+    """Each task's records, read one at a time (metricstore.each): what the charts are drawn
+    from. A task named here and not in the facts is charted as well."""
+
+    metrics: Mapping[str, Iterable[Mapping[str, Any]]] = field(default_factory=dict)
+    usage: Mapping[str, Iterable[Mapping[str, Any]]] = field(default_factory=dict)
 
 
 def render_page(
@@ -138,36 +165,262 @@ def render_page(
     metrics: Mapping[str, metricstore.Series],
     usage: Mapping[str, metricstore.Series],
     journal: metricstore.Series,
+    streams: Streams | None = None,
 ) -> str:
-    """The page of sane facts and outcome (sane_facts, sane_outcome) and the series as the
-    store reads them (downsampled, checked: results/metricstore.py)."""
+    """The page of sane facts and outcome (sane_facts, sane_outcome), the series as the store
+    reads them (checked: results/metricstore.py; what they skipped is said) and the records
+    the charts are drawn from (`streams`; else the series' own records)."""
     entries = journal.records
+    if streams is None:
+        streams = Streams(
+            {t: s.records for t, s in metrics.items()}, {t: s.records for t, s in usage.items()}
+        )
+    named = [t["name"] for t in facts["tasks"]]
+    metric_tasks = [*named, *(t for t in streams.metrics if t not in named)]
+    usage_tasks = [*named, *(t for t in streams.usage if t not in named)]
+    begins = attempt_starts(entries)
+    began = facts["began"] or min(
+        (t for t in (*facts["started_at"].values(), *(e["t"] for e in entries))), default=0.0
+    )
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>tfdeploy report {_e(run_id)}</title><style>{CSS}</style></head><body>",
+        f"<title>tfdeploy report {_e(run_id)}</title><style>{CSS}{charts.CSS}</style></head><body>",
         f"<h1>Run {_e(run_id)}</h1>",
         _facts(facts, outcome),
         _skipped(metrics, usage, journal),
         "<h2>Timeline</h2>",
         _timeline(facts, entries, outcome),
-    ]
-    empty = metricstore.Series()
-    for task in [t["name"] for t in facts["tasks"]]:
-        records, samples = metrics.get(task, empty).records, usage.get(task, empty).records
-        parts.append(f"<h2>{_e(task)}</h2><div class='charts'>")
-        parts.append(_chart(task, "loss", _xy(records, "step", "loss"), "step", "loss"))
-        parts.append(_chart(task, "steps_per_s", _rates(records), "step", "steps/s"))
-        t0 = samples[0]["t"] if samples else 0
-        for key, label in (("cpu", "CPU %"), ("rss", "RSS"), ("gpu_util", "GPU %")):
-            points = [(s["t"] - t0, s[key]) for s in samples if key in s]
-            if points or key != "gpu_util":
-                parts.append(_chart(task, key, points, "seconds", label))
-        parts.append("</div>")
-    parts.append(
+        "<h2>Metrics</h2>",
+        metric_charts(metric_tasks, streams.metrics, begins),
+        "<h2>Resources</h2>",
+        usage_charts(usage_tasks, streams.usage, begins, began),
         f"<p class='foot'>made by tfdeploy report at "
-        f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}</p></body></html>"
-    )
+        f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}</p></body></html>",
+    ]
     return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Begin:
+    """Where up's journal says an attempt of the whole job (task None) or a task's restart
+    began, and the mark's words."""
+
+    t: float
+    text: str
+    task: str | None = None
+    kind: str = "attempt"
+
+
+_JOB_RESTART = re.compile(r"restarting the whole job \(restart (\d+) of")
+_TASK_RESTART = re.compile(r"^restarting ([a-z]+:\d+)@\S*.*: restart (\d+) of")
+
+
+def attempt_starts(journal: Sequence[Mapping[str, Any]]) -> list[Begin]:
+    """Every attempt's and restart's beginning that up's journal tells (the steps it printed:
+    watch/loop.py, up/recovery.py, up/restarts.py), in time order."""
+    found = []
+    for entry in journal:
+        text, t = entry.get("text", ""), entry.get("t")
+        if not isinstance(text, str) or not isinstance(t, int | float):
+            continue
+        if job := _JOB_RESTART.search(text):
+            found.append(Begin(float(t), f"attempt {job.group(1)}"))
+        elif task := _TASK_RESTART.search(text):
+            name = task.group(1)
+            found.append(Begin(float(t), f"{name} restart {task.group(2)}", name, "restart"))
+    return sorted(found, key=lambda b: b.t)
+
+
+class _Task:
+    """One task's records as they stream by: which begin comes next, and how many have
+    passed (a series' line breaks where that count changed since its point before)."""
+
+    def __init__(self, begins: Sequence[Begin], name: str) -> None:
+        self.begins = [b for b in begins if b.task in (None, name)]
+        self.next = 0
+        self.passed = 0
+        self.at: dict[int, float] = {}  # begin index (in `begins` of the run) -> its x here
+        self.index = {id(b): i for i, b in enumerate(begins)}
+
+    def record(self, t: object, x: float) -> None:
+        """A record at time t (when it has one) and x: the begins it comes after are marked
+        at its x."""
+        if not isinstance(t, int | float):
+            return
+        while self.next < len(self.begins) and t >= self.begins[self.next].t:
+            self.at[self.index[id(self.begins[self.next])]] = x
+            self.next += 1
+            self.passed += 1
+
+
+@dataclass
+class _Series:
+    line: charts.Line
+    passed: int = 0
+
+
+def _marks(begins: Sequence[Begin], tasks: Iterable[_Task]) -> list[charts.Mark]:
+    """Each begin at the lowest x a task recorded after it (its first step of the attempt)."""
+    xs: dict[int, float] = {}
+    for task in tasks:
+        for i, x in task.at.items():
+            xs[i] = min(x, xs.get(i, x))
+    return [charts.Mark(x, begins[i].text, begins[i].kind) for i, x in sorted(xs.items())]
+
+
+def _add(series: _Series, task: _Task, x: float, y: float) -> None:
+    series.line.add(x, y, brk=series.passed != task.passed)
+    series.passed = task.passed
+
+
+def metric_charts(
+    tasks: Sequence[str],
+    records: Mapping[str, Iterable[Mapping[str, Any]]],
+    begins: Sequence[Begin],
+) -> str:
+    """One chart per metric name (at most METRIC_CHARTS; loss first, then by name), and one of
+    steps/s, each with every task's series overlaid; each task's records streamed once."""
+    points = charts.share(len(tasks))
+    lines: dict[str, dict[str, _Series]] = {}
+    rates: dict[str, _Series] = {}
+    states: dict[str, _Task] = {}
+    unplotted: set[str] = set()
+    for name in tasks:
+        state = states[name] = _Task(begins, name)
+        window: deque[tuple[float, float]] = deque(maxlen=RATE_SPAN + 1)
+        rate = rates[name] = _Series(charts.Line(points))
+        for record in records.get(name, ()):
+            x = _number(record.get("step"))
+            if x is None:
+                continue
+            before = state.passed
+            t = _number(record.get("time"))
+            state.record(t, x)
+            if state.passed != before or (window and x < window[-1][0]):
+                window.clear()  # a rate across an attempt's start or a step back is none
+            if t is not None:
+                window.append((x, t))
+                (s0, t0), (s1, t1) = window[0], window[-1]
+                if t1 > t0 and s1 >= s0:
+                    _add(rate, state, x, (s1 - s0) / (t1 - t0))
+            for key, value in record.items():
+                y = _number(value)
+                if key in NOT_METRICS or y is None:
+                    continue
+                by_task = lines.get(key)
+                if by_task is None:
+                    if len(lines) >= METRIC_CHARTS:
+                        if len(unplotted) < 1000:
+                            unplotted.add(key)
+                        continue
+                    by_task = lines[key] = {}
+                series = by_task.get(name)
+                if series is None:
+                    series = by_task[name] = _Series(charts.Line(points), state.passed)
+                _add(series, state, x, y)
+    marks = _marks(begins, states.values())
+    order = sorted(lines, key=lambda k: (k != "loss", k.lower(), k))
+    figures = [_overlay(metric, metric, tasks, lines[metric], marks, "step") for metric in order]
+    figures.append(_overlay("steps_per_s", "steps/s", tasks, rates, marks, "step"))
+    more = (
+        f"<p class='unplotted'>{len(unplotted)} more metric names, not charted (a page charts "
+        f"{METRIC_CHARTS}): {_e(', '.join(sorted(unplotted)[:40]))}</p>"
+        if unplotted
+        else ""
+    )
+    return f"<div class='charts'>{''.join(figures)}</div>{more}"
+
+
+def usage_charts(
+    tasks: Sequence[str],
+    samples: Mapping[str, Iterable[Mapping[str, Any]]],
+    begins: Sequence[Begin],
+    began: float,
+) -> str:
+    """CPU, RSS and GPU use over the run's time (seconds, minutes or hours since it began),
+    every task overlaid, attempts marked at their time."""
+    points = charts.share(len(tasks))
+    lines: dict[str, dict[str, _Series]] = {key: {} for key, _ in RESOURCES}
+    states: dict[str, _Task] = {}
+    t0: float | None = began or None
+    for name in tasks:
+        state = states[name] = _Task(begins, name)
+        for sample in samples.get(name, ()):
+            t = _number(sample.get("t"))
+            if t is None:
+                continue
+            t0 = t if t0 is None else t0
+            state.record(t, t - t0)
+            for key, _ in RESOURCES:
+                y = _number(sample.get(key))
+                if y is not None:
+                    series = lines[key].get(name)
+                    if series is None:
+                        series = lines[key][name] = _Series(charts.Line(points), state.passed)
+                    _add(series, state, t - t0, y)
+    first = t0 or 0.0
+    begun = [charts.Mark(b.t - first, b.text, b.kind) for b in begins if b.t >= first]
+    spans = [s.line.span() for by in lines.values() for s in by.values()]
+    end = max((span[1] for span in spans if span), default=0.0)
+    unit, scale = ("h", 3600.0) if end > 3 * 3600 else ("min", 60.0) if end > 300 else ("s", 1.0)
+    figures = []
+    for key, title in RESOURCES:
+        if not lines[key] and key.startswith("gpu"):
+            continue
+        fmt: Callable[[float, float], str] = (
+            (lambda v, _step: human_size(v)) if key in ("rss", "gpu_mem") else charts.label
+        )
+        scaled = {n: _Series(_rescaled(s.line, scale)) for n, s in lines[key].items()}
+        marks = [charts.Mark(m.x / scale, m.text, m.kind) for m in begun]
+        figures.append(_overlay(key, title, tasks, scaled, marks, f"{unit} since start", fmt))
+    return f"<div class='charts'>{''.join(figures)}</div>"
+
+
+def _rescaled(line: charts.Line, scale: float) -> charts.Line:
+    """The line with its x in another unit (the buckets are kept, their points divided)."""
+    if scale == 1.0:
+        return line
+    out = charts.Line(line.points)
+    out.seen, out.width = line.seen, line.width / scale
+    out.buckets = [
+        charts._Bucket(
+            b.key,
+            b.broken,
+            (b.lo[0], b.lo[1] / scale, b.lo[2]),
+            (b.hi[0], b.hi[1] / scale, b.hi[2]),
+        )
+        for b in line.buckets
+    ]
+    span = line.span()
+    if span:
+        out._lo, out._hi = span[0] / scale, span[1] / scale
+    return out
+
+
+def _overlay(
+    metric: str,
+    title: str,
+    tasks: Sequence[str],
+    series: Mapping[str, _Series],
+    marks: Sequence[charts.Mark],
+    xlabel: str,
+    fmt: Callable[[float, float], str] = charts.label,
+) -> str:
+    drawn = [
+        charts.Drawn(name, charts.colour(i), series[name].line)
+        for i, name in enumerate(tasks)
+        if name in series
+    ]
+    return charts.chart(metric, title, drawn, marks, xlabel, fmt)
+
+
+def _number(value: object) -> float | None:
+    """A finite number of a record, or None (a record read from disk is checked already; one
+    handed in whole may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _skipped(
@@ -232,62 +485,6 @@ def _restart_rows(outcome: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _xy(records: Sequence[dict[str, Any]], x: str, y: str) -> list[tuple[float, float]]:
-    return [(float(r[x]), float(r[y])) for r in records if x in r and y in r]
-
-
-def _rates(records: Sequence[dict[str, Any]]) -> list[tuple[float, float]]:
-    """Steps per second at each record, over the RATE_SPAN records before it: a step's own
-    time is a few ms of jitter, and a curve of per-step rates is noise."""
-    timed = [r for r in records if "time" in r and "step" in r]
-    rates = []
-    for i in range(1, len(timed)):
-        a, b = timed[max(0, i - RATE_SPAN)], timed[i]
-        if b["time"] > a["time"] and b["step"] >= a["step"]:
-            rates.append((float(b["step"]), (b["step"] - a["step"]) / (b["time"] - a["time"])))
-    return rates
-
-
-def _chart(task: str, metric: str, points: list[tuple[float, float]], xl: str, yl: str) -> str:
-    head = f"<figure><figcaption>{_e(yl)}</figcaption>"
-    attrs = f"class='chart' data-task='{_e(task)}' data-metric='{_e(metric)}'"
-    if not points:
-        return (
-            f"{head}<svg {attrs} width='{W}' height='40'><text x='10' y='25'>no data"
-            "</text></svg></figure>"
-        )
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-
-    def sx(x: float) -> float:
-        return PAD + (x - x0) / (x1 - x0) * (W - PAD - 10)
-
-    def sy(y: float) -> float:
-        return H - 25 - (y - y0) / (y1 - y0) * (H - 40)
-
-    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
-    dots = (
-        "".join(
-            f"<circle class='pt' cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='1.6'/>" for x, y in points
-        )
-        if len(points) <= POINTS_DRAWN
-        else ""
-    )
-    fmt = human_size if metric == "rss" else (lambda v: f"{v:.4g}")
-    axes = (
-        f"<line x1='{PAD}' y1='{H - 25}' x2='{W - 10}' y2='{H - 25}' class='ax'/>"
-        f"<line x1='{PAD}' y1='15' x2='{PAD}' y2='{H - 25}' class='ax'/>"
-        f"<text x='2' y='20'>{_e(fmt(y1))}</text><text x='2' y='{H - 25}'>{_e(fmt(y0))}</text>"
-        f"<text x='{PAD}' y='{H - 8}'>{_e(f'{x0:g}')}</text>"
-        f"<text x='{W - 60}' y='{H - 8}'>{_e(f'{x1:g}')} {_e(xl)}</text>"
-    )
-    return (
-        f"{head}<svg {attrs} data-points='{len(points)}' width='{W}' height='{H}' "
-        f"viewBox='0 0 {W} {H}'>{axes}<polyline points='{line}'/>{dots}</svg></figure>"
-    )
-
-
 def _timeline(
     facts: dict[str, Any], journal: Sequence[dict[str, Any]], outcome: dict[str, Any]
 ) -> str:
@@ -336,8 +533,6 @@ body{font:14px system-ui,sans-serif;margin:24px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:24px}
 table{border-collapse:collapse}th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;
 vertical-align:top}code{font-size:11px;word-break:break-all}.tasks td:nth-child(4){max-width:420px}
-.charts{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0}figcaption{font-size:12px;color:#555}
-svg text{font-size:10px;fill:#555}polyline{fill:none;stroke:#1f77b4;stroke-width:1.5}
-.pt{fill:#1f77b4}.ax{stroke:#999}.task{fill:#8fbc8f}.phase{stroke:#f0a030;stroke-dasharray:2 3}
+svg text{font-size:10px;fill:#555}.task{fill:#8fbc8f}.phase{stroke:#f0a030;stroke-dasharray:2 3}
 .mark{fill:#f0a030}.foot{color:#888;font-size:11px;margin-top:30px}
 """

@@ -255,6 +255,19 @@ def journal(directory: Path, points: int = POINTS) -> Series:
     return series(directory, "", "journal", points)
 
 
+def each(directory: Path, kind: str, task: str) -> Iterator[dict[str, Any]]:
+    """Every good record of the task's series of `kind`, in order (the history's even sample,
+    then the tail), one at a time: for a reader that keeps less than the records (the report's
+    charts keep each bucket's extremes), in the memory of one line. Damaged lines are skipped
+    here; `series` counts and names them."""
+    files = _Files(directory / kind, task.replace(":", "-"))
+    check = CHECKS[kind]
+    for _, line, _ in _numbered(files, _Index.of(files)):
+        found = decode(line, check)
+        if not isinstance(found, str):
+            yield found
+
+
 def _numbered(files: _Files, index: _Index) -> Iterator[tuple[int, bytes, tuple[str, int]]]:
     """(record number, line, (file, line number)) of the history, then the tail: a history line
     i stands for record i x stride, the tail's line j for record folded + j."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from deployer.core.errors import HostError
 from deployer.hosts.fleet import Fleet, Member, Pending
 from deployer.hosts.gpus import GpuMonitor, GpuReport
+from deployer.hosts.replies import MetricRecords
 from deployer.hosts.reply_types import Poll
 from deployer.results.archive import LogArchive
 from deployer.watch.contact import HostContact, Loss
@@ -152,7 +153,7 @@ class Poller(OnRun):
             series.offset = offset
             series.add_records(records, now)
             if self.archive is not None:  # none read: the lines dropped still count
-                self.archive.write_metrics(name, records)
+                self.archive.write_metrics(name, _timed(records, now))
         for status in poll.tasks:
             if status.usage is None or status.name not in self.board.watches:
                 continue
@@ -170,3 +171,14 @@ class Poller(OnRun):
         members = [self.fleet.member(h) for h in sorted(monitor.hosts)]
         replies, _ = self.fleet.each_settled(lambda m: m.agent.gpus(), members)
         monitor.update({n: GpuReport.from_json(r) for n, r in replies.items()})
+
+
+def _timed(records: tuple[dict[str, float], ...], now: float) -> MetricRecords:
+    """The records as the local store keeps them: one without its own `time` gets the time it
+    arrived here (within a poll of when the task wrote it), which the report needs to place a
+    restart among the steps (deployer/api/reportpage.py); `time` goes last, so a record of
+    METRIC_KEYS numbers keeps its own. The count of lines dropped rides along."""
+    dropped = records.dropped if isinstance(records, MetricRecords) else 0
+    return MetricRecords(
+        (r if "time" in r else {**r, "time": round(now, 3)} for r in records), dropped
+    )

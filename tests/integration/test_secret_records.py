@@ -163,7 +163,11 @@ def test_secrets_reach_the_tasks_and_no_file_or_output_of_tfdeploy_here(
 
     # The record that named two metrics after the secrets was kept, without those two.
     stored = (state / "runs" / run / "metrics" / "worker-1.jsonl").read_text().splitlines()
-    assert {"step": 0, "leaked": 3.0} in [json.loads(line) for line in stored], stored
+    records = [json.loads(line) for line in stored]  # `time`: when it arrived (the poller's)
+    assert {"step": 0, "leaked": 3.0} in [
+        {k: v for k, v in r.items() if k != "time"} for r in records
+    ]
+    assert all(isinstance(r.get("time"), float) for r in records), stored
 
     # The decision for a secret the task itself printed: the archive keeps its line, each
     # secret blanked to as many `*` as it had bytes, so every offset is still the host log's.

@@ -230,8 +230,9 @@ def test_a_damaged_record_is_named_and_skipped_by_runs_and_report(state: Path) -
     assert f"run {RUN}: records skipped, damaged: metrics/worker-0.jsonl line 1" in shown
     page = reportpage.write_report(RUN).read_text()
     assert "metrics/worker-0.jsonl line 4: not a metrics record" in page
-    loss = page.split("data-task='worker:0' data-metric='loss'")[1].split("</svg>")[0]
-    assert loss.count("class='pt'") == 3
+    loss = page.split("data-metric='loss'")[1].split("</svg>")[0]
+    dots = loss.split("<g class='dots' data-task='worker:0'")[1].split("</g>")[0]
+    assert dots.count("class='pt'") == 3
 
 
 def test_a_damaged_run_folder_hides_no_other_run(state: Path) -> None:
@@ -402,10 +403,10 @@ def test_runs_and_report_of_a_200k_record_run_stay_in_bounded_memory(state: Path
         assert grown < size / 4, f"{verb}: {grown >> 20} MB more than for a small run"
     page = (run_dir(big) / "report.html").read_text()
     points = [int(n) for n in re.findall(r"data-points='(\d+)'", page)]
-    assert points and max(points) <= reportpage.POINTS_DRAWN + 1, points
-    # each chart at most its points, ~80 bytes a point drawn (polyline and dot), beside the
-    # rest of the page, which a 2,000-record run has as well
-    assert len(page) < small_size + len(points) * (reportpage.POINTS_DRAWN + 1) * 80
+    assert points and max(points) <= reportpage.POINTS_DRAWN, points
+    # each series at most its points, ~12 bytes a point drawn (a path's), beside the rest of
+    # the page, which a 2,000-record run has as well
+    assert len(page) < small_size + len(points) * reportpage.POINTS_DRAWN * 12
     listed = json.loads(measured([sys.executable, "-m", "deployer", "runs", "--json"], env).output)[
         "runs"
     ]
