@@ -22,10 +22,10 @@ from deployer.config.sources import (
     Sourced,
 )
 from deployer.sources.slurm import allocation, batch, nodes
-from deployer.sources.slurm.cluster import Cluster, SlurmRefused
+from deployer.sources.slurm.cluster import Cluster
 from deployer.sources.slurm.held import HeldAllocation, deadlines, runs_on
 from deployer.sources.slurm.outputs import JobState, QueuedJob
-from deployer.sources.slurm.settings import REACH, SlurmSettings, parse_settings
+from deployer.sources.slurm.settings import SlurmSettings, parse_settings
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,6 @@ class SlurmSource:
         cancelled before this returns, and its connections closed."""
         cluster = self.cluster()
         settings = self.settings
-        if detach and settings.reach == REACH[0]:
-            _refuse_lost_detach(cluster, file)
         held = HeldAllocation(cluster, settings)
         try:
             job = _kept(cluster, settings, say)
@@ -99,25 +97,6 @@ class SlurmSource:
             for job in cluster.named(self.settings.job_name):
                 cluster.cancel(job.id)
                 say(f"released allocation {job.id} ({job.state.value.lower()})")
-
-
-def _refuse_lost_detach(cluster: Cluster, file: str) -> None:
-    """`up --detach` with `reach = "srun"` on a cluster that tracks processes with
-    proctrack/cgroup, as most production clusters do: the tasks live in the agents' job steps,
-    which end when `up` returns, and Slurm kills what a step started when it ends
-    (docs/slurm.md, "Process tracking"). The run would die seconds after `up` said it runs, so
-    it is refused before anything is allocated, until its tasks get steps of their own (#60)."""
-    tracking = cluster.proctrack()
-    if tracking != "proctrack/cgroup":
-        return
-    raise SlurmRefused(
-        f'{file}: [slurm] reach = "srun" cannot keep a detached run on this cluster: it tracks '
-        f"processes with {tracking}, so every task would end with the agent's job step that "
-        "started it, as soon as `up --detach` returns; nothing was allocated",
-        hint="run `tfdeploy up` attached (it holds those steps for the whole run), or set reach "
-        '= "ssh" in [slurm] where the nodes\' pam_slurm_adopt admits your SSH sessions into the '
-        'job (docs/slurm.md, "Process tracking: what survives a step")',
-    )
 
 
 def _kept(cluster: Cluster, settings: SlurmSettings, say: Say) -> QueuedJob | None:
