@@ -8,6 +8,7 @@ printed: the CLI renders them, a pipeline's task fails with them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Literal, overload
 
 from deployer.api.actions import Say, terminate_sources, with_run
@@ -15,12 +16,13 @@ from deployer.api.handle import Result, Run, TaskState, started
 from deployer.api.inventories import InventoryLike, load
 from deployer.api.views import View, events_to
 from deployer.config.inventory import discover_hosts, provision_hosts
-from deployer.config.model import NetcheckMode
+from deployer.config.model import Host, NetcheckMode
 from deployer.config.plan import Plan, make_plan
 from deployer.config.sources import AT_JOB_END, Holdings
 from deployer.core.errors import TfdeployError, UsageError
 from deployer.core.text import plural
-from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet
+from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet, open_transport
+from deployer.hosts.transport import Transport
 from deployer.results.state import RUN_ID
 from deployer.up.deployment import Deployment, UpOptions
 from deployer.up.environment import PlannedEnv, planned_environments
@@ -49,6 +51,17 @@ def netcheck_mode(value: Netcheck) -> NetcheckMode | None:
 
 def _nothing(_: str) -> None:
     pass
+
+
+def _reaching(holdings: Holdings) -> Callable[[Host], Transport]:
+    """How `up` reaches each host: a held one over what holds it (a Slurm allocation's nodes
+    as job steps over the allocation's one login connection), any other one as usual."""
+
+    def connect(host: Host) -> Transport:
+        held: Transport | None = holdings.connect(host)
+        return held if held is not None else open_transport(host)
+
+    return connect
 
 
 def _end(holdings: Holdings, say: Say, warn: Say) -> None:
@@ -208,7 +221,8 @@ def up(
         provisioned, holdings = provision_hosts(loaded, say, detach=detach)
         try:  # what the sources hold for this up (a Slurm allocation) is its own to end
             the_plan = make_plan(provisioned)
-            with Fleet(the_plan.hosts, concurrency=concurrency) as fleet:
+            connect = _reaching(holdings)
+            with Fleet(the_plan.hosts, concurrency=concurrency, connect=connect) as fleet:
                 options = UpOptions(
                     detach=detach,
                     netcheck=netcheck_mode(netcheck),

@@ -97,6 +97,13 @@ class Held(Protocol):
     process hold two, and nothing is released at exit behind its owner's back (before, a
     module-wide table by job name and an atexit handler shared that ownership)."""
 
+    def connect(self, host: Host) -> Any:
+        """How `up` reaches `host` when it is one of the held hosts: a deployer.hosts
+        Transport over the connections this holding opened (a Slurm allocation's nodes as job
+        steps over its one login connection); None: as any host. Typed Any because the
+        transport interface lives in a layer above this one (deployer/hosts/transport.py)."""
+        ...
+
     def regain(self, say: Say) -> Regained | None:
         """After every held host was lost at once: the same places again once the source
         gives them back (a requeued allocation that runs again, waited for as long as that
@@ -128,6 +135,14 @@ class Holdings:
     """Every source's `Held` of one `up`, kept by that `up` from provisioning to its end."""
 
     held: tuple[Held, ...] = ()
+
+    def connect(self, host: Host) -> Any:
+        """The transport of the holding that holds `host`; None: no holding does."""
+        for held in self.held:
+            transport = held.connect(host)
+            if transport is not None:
+                return transport
+        return None
 
     def regain(self, say: Say) -> Regained | None:
         """The first holding that gives its hosts back (a source takes them all at once)."""

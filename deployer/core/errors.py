@@ -95,6 +95,17 @@ class HostError(TfdeployError):
         self.code = code  # an agent's failure reply: its protocol.FAIL_* code, matched, not `cause`
         self.subject = subject  # what that failure is about, where its code needs it
 
+    def of_host(self, host: str) -> HostError:
+        """This failure said of `host`: where one connection serves several hosts (a Slurm
+        login node's, which every node's job steps share), each host counts a failure of it
+        as its own (the watch's contact, teardown and the messages go by the name)."""
+        said = type(self).__new__(type(self))  # its class kept: HostKeyRefused stays one
+        said.__dict__.update(self.__dict__)
+        said.host = host
+        said.message = f"{host}: {self.cause}"
+        said.args = (said.message,)
+        return said
+
 
 class HostKeyRefused(HostError):
     """A host's SSH key was not the one expected (unknown, changed, or not the one its cloud

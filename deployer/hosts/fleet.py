@@ -10,13 +10,16 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from deployer.config.model import Host
+from deployer.config.model import Host, SSHSettings
 from deployer.core.errors import HostError, HostsFailed
 from deployer.hosts.agent import Agent
 from deployer.hosts.local_transport import LocalTransport
 from deployer.hosts.transport import Transport
+
+if TYPE_CHECKING:
+    from deployer.hosts.shared_ssh import SharedSSH
 
 T = TypeVar("T")
 DEFAULT_CONCURRENCY = 32
@@ -92,7 +95,9 @@ class Fleet:
         connect: Callable[[Host], Transport] | None = None,
     ) -> None:
         # connect: how to reach a host; tests pass scripted hosts (tests/support/fakehost.py) here.
-        self._connect = connect or open_transport
+        self._logins: dict[tuple[str, SSHSettings], SharedSSH] = {}
+        self._logins_lock = threading.Lock()
+        self._connect = connect or self._open
         self.members = [self._member(h) for h in hosts]
         self._by_name = {m.name: m for m in reversed(self.members)}  # the first of a name wins
         self._limit = max(1, concurrency)
@@ -105,6 +110,24 @@ class Fleet:
 
     def _member(self, host: Host) -> Member:
         return Member(host, Agent(self._connect(host), python=host.python, workdir=host.workdir))
+
+    def _open(self, host: Host) -> Transport:
+        """open_transport, but the hosts reached through one login node over SSH (a Slurm
+        allocation's nodes, as job steps) share the fleet's connection to it (shared_ssh.py):
+        `status` or `down` of a 64-node job opens one, not 64. Closed with the fleet."""
+        via = host.via
+        if via is None or via.login == "local":
+            return open_transport(host)
+        from deployer.hosts.shared_ssh import SharedSSH
+        from deployer.hosts.ssh import Endpoint
+        from deployer.hosts.step_transport import StepTransport
+
+        with self._logins_lock:
+            shared = self._logins.get((via.login, host.ssh))
+            if shared is None:
+                shared = SharedSSH(Endpoint(f"{via.login} (login node)", via.login, host.ssh))
+                self._logins[(via.login, host.ssh)] = shared
+        return StepTransport(host.name, shared.view(host.name), via.launcher)
 
     def add(self, host: Host) -> Member:
         """A host that joins while the job runs (a replacement for a lost or preempted one)."""
@@ -233,6 +256,10 @@ class Fleet:
         for pending in closing:
             if not pending.wait(max(0.0, deadline - time.monotonic())):
                 break
+        with self._logins_lock:
+            logins, self._logins = list(self._logins.values()), {}
+        for shared in logins:  # after its hosts' channels: the login connections themselves
+            shared.close()
 
     @staticmethod
     def _close_all(members: list[Member]) -> None:

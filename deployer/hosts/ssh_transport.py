@@ -28,6 +28,31 @@ from deployer.hosts.transport import (
     short,
 )
 
+
+class SessionRefused(HostError):
+    """sshd refused to open another session on a live connection: the connection has as many
+    as its MaxSessions allows (OpenSSH's default is 10). Another connection may be given one."""
+
+    def __init__(self, host: str, exc: paramiko.SSHException) -> None:
+        why = exc.text if isinstance(exc, paramiko.ChannelException) else str(exc)
+        super().__init__(
+            host,
+            f"the SSH server refused another session on its connection ({why}: its "
+            "MaxSessions is reached)",
+            hint="raise MaxSessions in the host's sshd_config, or run fewer commands at once",
+        )
+
+
+def refused(transport: paramiko.Transport, exc: paramiko.SSHException) -> bool:
+    """Whether a failed channel open was the server's no (not a lost connection, not a
+    timeout). paramiko keeps one saved exception per connection: of two opens refused at
+    once, one gets the ChannelException and the other a bare "Unable to open channel." while
+    the connection lives on (seen with MaxSessions 2 and 16 sessions opened at once)."""
+    if isinstance(exc, paramiko.ChannelException):
+        return True
+    return transport.is_active() and str(exc) != "Timeout opening channel."
+
+
 # Stdin up to this size fits in the server's initial channel window, so it is sent inline;
 # larger stdin is sent from a helper thread so a command that writes before it reads can't
 # deadlock against us.
@@ -49,11 +74,26 @@ class SSHTransport:
     def connect(self) -> None:
         self._transport()
 
+    def connection(self) -> paramiko.Transport:
+        """The live connection, connecting first; raises HostError."""
+        return self._transport()
+
+    def session_channel(self) -> paramiko.Channel:
+        """A new session channel on this host's connection, connecting first. SessionRefused
+        when sshd refuses another session on it (its MaxSessions), a HostError when it cannot
+        connect; paramiko's own errors when the connection is lost meanwhile."""
+        transport = self._transport()
+        try:
+            return transport.open_session(timeout=self.target.settings.connect_timeout)
+        except paramiko.SSHException as exc:
+            if refused(transport, exc):
+                raise SessionRefused(self.name, exc) from exc
+            raise
+
     def open_session(self, argv: Sequence[str]) -> SSHSession:
         """Start argv on its own channel of this connection, for request/reply traffic."""
-        conn = self._transport()
         try:
-            chan = conn.open_session(timeout=self.target.settings.connect_timeout)
+            chan = self.session_channel()
             paramiko_tuning.keep_pieces(chan)
             chan.exec_command(render(argv).encode("utf-8", "surrogateescape"))
         except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -122,9 +162,8 @@ class SSHTransport:
         command = render(argv)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._sessions:
-            transport = self._transport()
             try:
-                chan = transport.open_session(timeout=self.target.settings.connect_timeout)
+                chan = self.session_channel()
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 raise self._lost(argv, exc) from exc
             try:

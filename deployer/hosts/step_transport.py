@@ -32,6 +32,19 @@ mv -f "$t" "$p"
 """
 
 
+def put_with_shell(transport: Transport, data: bytes, remote_path: str, mode: int) -> None:
+    """`put` as one command on `transport` (no SFTP session: a job step has none, and a shared
+    connection keeps none open for it)."""
+    if not remote_path.startswith(("/", "~")):
+        raise ValueError(f"remote path must be absolute, not {remote_path!r}")
+    argv = ["sh", "-c", _PUT, "put", remote_path, f"{mode:o}"]
+    result = transport.run(argv, stdin=data, timeout=300.0)
+    if result.exit_code != 0:
+        said = result.stderr.decode(errors="replace").strip().splitlines()
+        reason = said[-1] if said else f"exit code {result.exit_code}"
+        raise HostError(transport.name, f"cannot write {remote_path}: {reason}")
+
+
 class StepTransport:
     """A node's transport: every call is the login transport's, wrapped in `launcher`."""
 
@@ -58,14 +71,7 @@ class StepTransport:
         return self._login.run(self.wrap(argv), stdin=stdin, timeout=timeout, max_output=max_output)
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
-        if not remote_path.startswith(("/", "~")):
-            raise ValueError(f"remote path must be absolute, not {remote_path!r}")
-        argv = ["sh", "-c", _PUT, "put", remote_path, f"{mode:o}"]
-        result = self.run(argv, stdin=data, timeout=300.0)
-        if result.exit_code != 0:
-            said = result.stderr.decode(errors="replace").strip().splitlines()
-            reason = said[-1] if said else f"exit code {result.exit_code}"
-            raise HostError(self.name, f"cannot write {remote_path}: {reason}")
+        put_with_shell(self, data, remote_path, mode)
 
     def open_session(self, argv: Sequence[str]) -> Session:
         return self._login.open_session(self.wrap(argv))

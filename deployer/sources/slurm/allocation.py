@@ -18,7 +18,7 @@ from deployer.config.sources import Say
 from deployer.core.errors import TfdeployError
 from deployer.hosts.transport import Session, Transport
 from deployer.sources.slurm import batch
-from deployer.sources.slurm.cluster import Cluster, SlurmRefused, login_transport, words
+from deployer.sources.slurm.cluster import Cluster, SlurmRefused, words
 from deployer.sources.slurm.outputs import NEVER_REASONS, JobState, QueuedJob, say_duration
 from deployer.sources.slurm.settings import SlurmSettings
 
@@ -204,7 +204,8 @@ def waiting_line(settings: SlurmSettings, job: QueuedJob, waited: float) -> str:
 @dataclass(frozen=True)
 class Keeper:
     """The lease keeper: a step on the allocation's first node that renews the body's lease
-    while its session is open (batch.KEEPER), and the login connection it runs over."""
+    while its session is open (batch.KEEPER), and its transport (a channel of the cluster's
+    login connection, Cluster.steps_on)."""
 
     session: Session
     transport: Transport
@@ -228,7 +229,7 @@ def start_keeper(cluster: Cluster, job_id: str, first_node: str) -> Keeper:
     from deployer.hosts.step_transport import StepTransport
 
     launcher = batch.step_launcher(job_id, first_node)
-    transport = StepTransport(first_node, login_transport(cluster.login), launcher)
+    transport = StepTransport(first_node, cluster.steps_on(first_node), launcher)
     keeper: Keeper | None = None
     try:
         keeper = Keeper(transport.open_session(batch.keeper_argv(job_id)), transport)

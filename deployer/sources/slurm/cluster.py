@@ -2,7 +2,9 @@
 
 Every call goes through the login node's transport (SSH, or this machine for `login =
 "local"`), and every answer is read by outputs.py. A command that fails says so in Slurm's own
-words (its stderr), naming the command.
+words (its stderr), naming the command. The cluster's SSH connection to the login node is the
+run's one (deployer/hosts/shared_ssh.py): the lease keeper's step and every node's job steps
+are channels on it too (`steps_on`), more connections only past the login sshd's MaxSessions.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import TypeVar
 
 from deployer.config.model import Host, SSHSettings
 from deployer.core.errors import ExitStatus, TfdeployError
-from deployer.hosts.fleet import open_transport, scheduler_env
+from deployer.hosts.fleet import scheduler_env
 from deployer.hosts.local_transport import LocalTransport
+from deployer.hosts.shared_ssh import SharedSSH
+from deployer.hosts.ssh import Endpoint
 from deployer.hosts.transport import OutputTooLarge, Transport
 from deployer.sources.slurm import outputs
 from deployer.sources.slurm.outputs import Node, Partition, QueuedJob
@@ -57,13 +61,6 @@ def login_host(settings: SlurmSettings, ssh: SSHSettings) -> Host:
     )
 
 
-def login_transport(login: Host) -> Transport:
-    """The login node's transport; here, with the Slurm client's configuration variable."""
-    if login.transport == "local":
-        return LocalTransport(login.name, env=scheduler_env())
-    return open_transport(login)
-
-
 T = TypeVar("T")
 
 
@@ -90,18 +87,32 @@ class Cluster:
     whoever makes a Cluster closes it (`with Cluster.of(...) as cluster`, or the allocation
     that holds it)."""
 
-    def __init__(self, transport: Transport, login: Host) -> None:
+    def __init__(self, transport: Transport, login: Host, shared: SharedSSH | None = None) -> None:
         self.transport = transport
-        self.login = login  # how to reach the login node again (a keeper's own connection)
+        self.login = login
+        self._shared = shared  # the SSH connection(s) to the login node; None: it is local
 
     @classmethod
     def of(cls, settings: SlurmSettings, ssh: SSHSettings) -> Cluster:
         login = login_host(settings, ssh)
-        return cls(login_transport(login), login)
+        if login.transport == "local":  # here, with the Slurm client's configuration variable
+            return cls(LocalTransport(login.name, env=scheduler_env()), login)
+        shared = SharedSSH(Endpoint(login.name, login.address, login.ssh))
+        return cls(shared.view(login.name), login, shared)
+
+    def steps_on(self, name: str) -> Transport:
+        """A transport named `name` (a node's, the lease keeper's) over this cluster's own
+        connection to the login node, where that node's job steps are launched: a channel of
+        the run's one connection, not a connection of its own. Closed with the cluster."""
+        if self._shared is None:
+            return LocalTransport(name, env=scheduler_env())
+        return self._shared.view(name)
 
     def close(self) -> None:
-        """The login connection closed (a Slurm command after it connects again)."""
+        """The login connection closed, and with it every transport `steps_on` made."""
         self.transport.close()
+        if self._shared is not None:
+            self._shared.close()
 
     def __enter__(self) -> Cluster:
         return self

@@ -2,8 +2,9 @@
 
 `provision` makes one per `up` and hands it over; that `up` keeps it and ends it, and nothing
 else does: no table of allocations by job name, no release at exit (two inventories of one job
-in one process hold two allocations, or refuse, as two processes do). It owns the connections
-it opened (the cluster's commands, the lease keeper's) and closes them when it ends.
+in one process hold two allocations, or refuse, as two processes do). It owns the connection it
+opened to the login node (its Cluster's), which the lease keeper and every node's job steps
+share (`connect`), and closes it when it ends.
 
 Its end is one of three: released (`scancel`, `up`'s end or a failed provisioning), kept for
 the next `up` (`keep_allocation`: its keeper tells the body "keep"), or handed to a detached run
@@ -15,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import time
 
+from deployer.config.model import Host
 from deployer.config.sources import Deadline, Discovered, Regained, Say
 from deployer.core.errors import TfdeployError
+from deployer.hosts.step_transport import StepTransport
+from deployer.hosts.transport import Transport
 from deployer.sources.slurm import allocation, nodes
 from deployer.sources.slurm.allocation import Keeper, Running
 from deployer.sources.slurm.cluster import Cluster
@@ -69,6 +73,19 @@ class HeldAllocation:
             self.cluster.close()
 
     # ---- config.sources.Held ---------------------------------------------------------------
+
+    def connect(self, host: Host) -> Transport | None:
+        """A node of this allocation reached as job steps launched over the allocation's own
+        login connection, the one its Slurm commands and lease keeper use: one connection to
+        the login node for the whole run (more only past its sshd's MaxSessions) instead of
+        one per node. None for any other host, or a node whose group reaches the login node
+        with other [ssh] settings (it keeps a connection of its own, as before)."""
+        running = self.running
+        if host.via is None or running is None or host.name not in running.nodes:
+            return None
+        if host.ssh != self.cluster.login.ssh:
+            return None
+        return StepTransport(host.name, self.cluster.steps_on(host.name), host.via.launcher)
 
     def regain(self, say: Say) -> Regained | None:
         """With on_failure = "restart-job" (the allocation asked with --requeue): once Slurm
