@@ -540,7 +540,15 @@ def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes
         time.sleep(0.5)
     slurm.check(f"scontrol requeue {job_id}")
     slurm.wait_job(job_id, "PENDING", timeout=60)
-    slurm.wait_nodes("idle", timeout=120)  # the old steps are cleaned up
+    slurm.wait_nodes("idle", timeout=120)
+
+    def old_steps_left() -> bool:  # slurmd cleans each node up after the old steps ended
+        return any(f"[{job_id}." in p.cmdline for n in ("h2", "h3") for p in slurm_lab.processes(n))
+
+    deadline = time.monotonic() + 60
+    while old_steps_left():  # a run again before that was seen to fail at once (0:00)
+        assert time.monotonic() < deadline, "the requeued allocation's old steps never ended"
+        time.sleep(0.2)
     # Slurm makes a requeued job eligible ~2 min later (BeginTime); an admin's nudge:
     slurm.check(f"scontrol update JobId={job_id} StartTime=now")
     slurm.wait_job(job_id, "RUNNING", timeout=120)

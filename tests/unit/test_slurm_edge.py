@@ -389,26 +389,3 @@ def test_the_tables_own_numbers_are_ascii_and_bounded(tmp_path: Path, extra: str
     path.write_text(text)
     with pytest.raises(InventoryError, match=rf"slurm\.{key}"):
         load_inventory(path)
-
-
-def test_the_clusters_process_tracking_is_read_from_scontrol_show_config() -> None:
-    """What decides whether a detached run can outlive its agents' steps (issue 60): the
-    line as Slurm 22.05 prints it, and nothing from a line that only looks like it."""
-    config = (
-        "Configuration data as of 2026-12-07T15:50:00\n"
-        "PrologFlags             = Contain\n"
-        "ProctrackType           = proctrack/cgroup\n"
-        "TaskPlugin              = task/cgroup\n"
-    )
-    assert outputs.parse_proctrack(config) == "proctrack/cgroup"
-    assert outputs.parse_proctrack(config.replace("cgroup\nTask", "linuxproc\nTask")) == (
-        "proctrack/linuxproc"
-    )
-    for hostile in (
-        "",
-        "XProctrackType = proctrack/cgroup\n",  # another key's tail
-        "ProctrackType = proctrack/cgroup\x1b[2J\n",  # a terminal escape after it
-        "ProctrackType = cgroup\n",  # not a proctrack plugin's name
-        "ProctrackType = proctrack/" + "c" * 100 + "\n",
-    ):
-        assert outputs.parse_proctrack(hostile) is None, hostile

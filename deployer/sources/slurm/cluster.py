@@ -181,11 +181,6 @@ class Cluster:
             )
         return outputs.parse_partition(out, shlex.join(argv))
 
-    def proctrack(self) -> str | None:
-        """The cluster's ProctrackType (`scontrol show config`); None where it does not say."""
-        code, out, _ = self.call(["scontrol", "show", "config"])
-        return outputs.parse_proctrack(out) if code == 0 else None
-
     def nodes(self, names: Sequence[str]) -> dict[str, Node]:
         argv = ["scontrol", "show", "node", ",".join(names), "-o"]
         return outputs.parse_nodes(self.checked(argv), shlex.join(argv))

@@ -343,16 +343,6 @@ def parse_nodes(text: str, command: str) -> dict[str, Node]:
 
 
 # `scontrol show config`'s line `ProctrackType = proctrack/cgroup` (22.05 and later print it so).
-_PROCTRACK = re.compile(r"^ProctrackType\s*=\s*(proctrack/[A-Za-z0-9_]{1,32})\s*$", re.MULTILINE)
-
-
-def parse_proctrack(text: str) -> str | None:
-    """How the cluster tracks a step's processes (`proctrack/cgroup`, `proctrack/linuxproc`),
-    from `scontrol show config`; None where it does not say so in that form."""
-    found = _PROCTRACK.search(text)
-    return found.group(1) if found else None
-
-
 @dataclass(frozen=True)
 class Partition:
     """What `scontrol show partition NAME -o` says that decides whether a request can ever run."""
