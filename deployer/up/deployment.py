@@ -100,7 +100,8 @@ class Deployment:
         # job.forward_env: only the names listed there, never the controller's env implicitly.
         self.forwarded = {n: environ[n] for n in plan.job.forward_env if n in environ}
         self.hide = run_masker(plan, self.forwarded)
-        self.archive = LogArchive(self.run_id, on_failure=self._archive_failed)
+        # The run's archive keeps none of its secrets (results/archive.py masks with hide).
+        self.archive = LogArchive(self.run_id, on_failure=self._archive_failed, hide=self.hide)
         self.journal = Journal(masked_view(view, self.hide))  # up's phases, for `report`
         self._view = SteadyView(self.journal)  # steady once teardown begins
         view = self.view = self._view

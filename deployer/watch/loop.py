@@ -56,10 +56,6 @@ class Watch(OnRun):
     ) -> None:
         self.poller = poller
         self.hide = hide or Masker()  # masks the run's secret values in a failure's log lines
-        if isinstance(hide, Masker) and poller.archive is not None:
-            # The run's archive keeps none of its secrets either (results/archive.py): `up`
-            # makes both, and they first meet here, before the archive's first write.
-            poller.archive.hide = hide
         self.longest_pause = 0.0  # the longest this controller went between two looks
         self.run = poller.run  # plan, board, run id and clock: shared, never copied
         self.view = view
