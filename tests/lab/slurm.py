@@ -9,10 +9,11 @@ Each host sees the configuration folder on `/etc/slurm`, the one munge socket's 
 `/run/munge` and the lab's hosts file on `/etc/hosts` (bind mounts in its own mount namespace):
 `squeue`, `sbatch`, `srun` and `scontrol` run on the login node with no variable, as on a cluster.
 
-Process tracking is `proctrack/linuxproc` (no cgroups) or, with `proctrack="cgroup"`,
-`proctrack/cgroup` + `task/cgroup` as production clusters run: each compute node then mounts its
-own cgroup v1 subtree of this machine's hierarchies (`make_cgroups`, `boot_lines`), which the
-lab's teardown removes once the hosts are gone (`cleanup.remove_cgroups`).
+Process tracking is `proctrack/cgroup` + `task/cgroup` (`ConstrainCores`) by default, as
+production clusters run, or with `proctrack="linuxproc"` no cgroups. With cgroups each compute
+node mounts its own cgroup v1 subtree of this machine's hierarchies (`make_cgroups`,
+`boot_lines`), which the lab's teardown removes once the hosts are gone
+(`cleanup.remove_cgroups`).
 
 With `adopt` (on the cgroup configuration only) the compute nodes' sshd admits a session only
 through Debian's `pam_slurm_adopt`, as on clusters that refuse SSH to a node without a job:
