@@ -527,7 +527,7 @@ def serve(first: bytes | None = None) -> int:
             if not raw:
                 return 0
         with idle.busy():
-            _reap()
+            procs.reap_children()
             try:
                 reply = handle(raw)
             except Exception as exc:  # a one-shot call would crash; a session must go on
@@ -538,7 +538,7 @@ def serve(first: bytes | None = None) -> int:
             if answered and then is not None:
                 with contextlib.suppress(Exception):  # a head start only: the op that needs
                     then()  # it fails there, with its own words, if this did
-            _reap()
+            procs.reap_children()
         if ends or not answered:
             return 1
         raw = None
@@ -585,18 +585,6 @@ class _IdleExit:
                 if self._time() - self._last > self._limit:
                     sys.stdout.flush()
                     os._exit(protocol.SERVE_IDLE_EXIT)
-
-
-def _reap() -> None:
-    """Supervisors started by this long-lived process must not linger as zombies."""
-
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def main(argv: list[str]) -> int:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import params
+import procs
 import protocol
 
 HOLDER_ENV, HELD_OPS = protocol.HOLDER_ENV, protocol.HELD_OPS
@@ -133,7 +134,7 @@ def main(argv: list[str], handle: Callable[[bytes], dict[str, Any]]) -> int:
     if len(argv) == 3:
         _rejoin(job_id, Path(argv[1]), Path(argv[2]))
     while True:
-        _reap()
+        procs.reap_children()  # the children that answered, and the orphans it adopted
         try:
             conn, _ = server.accept()
         except socket.timeout:
@@ -237,6 +238,12 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 def _read_all(sock: socket.socket, limit: int) -> bytes:
+    """What the peer sends until it shuts its side, at most `limit` bytes."""
+    return _read_line(sock, limit, to_end=True)
+
+
+def _read_line(sock: socket.socket, limit: int, *, to_end: bool = False) -> bytes:
+    """The peer's bytes up to the end of a line (`to_end`: of the stream), at most `limit`."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -247,30 +254,5 @@ def _read_all(sock: socket.socket, limit: int) -> bytes:
         if size > limit:
             raise params.AgentError(f"more than {limit} bytes on the holder's socket")
         chunks.append(chunk)
-
-
-def _read_line(sock: socket.socket, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = sock.recv(1 << 16)
-        if not chunk:
+        if not to_end and chunk.endswith(b"\n"):
             return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise params.AgentError(f"more than {limit} bytes on the holder's socket")
-        chunks.append(chunk)
-        if chunk.endswith(b"\n"):
-            return b"".join(chunks)
-
-
-def _reap() -> None:
-    """The children that answered (what their ops started is orphaned when they exit, and
-    stays in this step's cgroup: a cgroup holds a process whoever its parent is)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return

@@ -192,3 +192,16 @@ def exit_record(returncode: int | None, reason: str | None, ended: float) -> dic
 def stopped_record(sig: int) -> dict[str, Any]:
     """exit.json written by a stop when no supervisor is left to record the real status."""
     return {"code": None, "signal": sig, "ended": time.time(), "reason": protocol.REASON_STOPPED}
+
+
+def reap_children() -> None:
+    """Collects every child of this process that has ended, without waiting: a long-lived
+    process (an agent session, a Slurm holder) leaves none of its supervisors or helpers as a
+    zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

@@ -454,6 +454,19 @@ def test_a_kept_allocation_is_not_handed_to_an_inventory_that_asks_another(
     _settled(slurm)
 
 
+def _wait_for_worker_1_past_step_8(lab: Lab, runs: str) -> None:
+    """Until the stand-in's worker:1, on h3, has checkpointed past step 8 (its ckpt file)."""
+
+    def step_of_worker_1() -> int:
+        said = lab.run("h3", ["sh", "-c", f"cat {runs}/code/ckpt/worker-1 || echo 0"])
+        return int(said.stdout.split()[-1])
+
+    deadline = time.monotonic() + 120
+    while step_of_worker_1() < 8:
+        assert time.monotonic() < deadline, "worker:1 never passed step 8"
+        time.sleep(0.5)
+
+
 def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_releases_it(
     slurm_lab: Lab, slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -477,14 +490,7 @@ def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_release
     h3 = slurm_lab.host("h3")
     runs = f"~/.tfdeploy/hosts/*/runs/{run_id}"
 
-    def step_of_worker_1() -> int:
-        said = slurm_lab.run(h3, ["sh", "-c", f"cat {runs}/code/ckpt/worker-1 || echo 0"])
-        return int(said.stdout.split()[-1])
-
-    deadline = time.monotonic() + 120
-    while step_of_worker_1() < 8:
-        assert time.monotonic() < deadline, "worker:1 never passed step 8"
-        time.sleep(0.5)
+    _wait_for_worker_1_past_step_8(slurm_lab, runs)
     pids = slurm_lab.run(h3, ["pgrep", "-f", standin.NAME]).stdout.split()
     slurm_lab.run(h3, ["kill", "-KILL", *pids])
 
@@ -544,14 +550,7 @@ def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes
     (job_id,) = _ours(slurm)
     runs = f"~/.tfdeploy/hosts/*/runs/{run_id}"
 
-    def step_of_worker_1() -> int:
-        said = slurm_lab.run("h3", ["sh", "-c", f"cat {runs}/code/ckpt/worker-1 || echo 0"])
-        return int(said.stdout.split()[-1])
-
-    deadline = time.monotonic() + 120
-    while step_of_worker_1() < 8:
-        assert time.monotonic() < deadline, "worker:1 never passed step 8"
-        time.sleep(0.5)
+    _wait_for_worker_1_past_step_8(slurm_lab, runs)
     slurm.check(f"scontrol requeue {job_id}")
     slurm.wait_job(job_id, "PENDING", timeout=60)
     slurm.wait_nodes("idle", timeout=120)
