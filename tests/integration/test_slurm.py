@@ -114,11 +114,41 @@ def test_mwms_trains_on_two_allocated_nodes_and_the_allocation_is_released(
     _settled(slurm)
 
 
-def _standin_job(inventory: Callable[..., Path], tmp_path: Path, steps: int = 2000) -> Path:
-    """A TF-shaped stand-in (no TensorFlow: the subject is the allocation's life)."""
+def _standin_job(
+    inventory: Callable[..., Path], tmp_path: Path, steps: int = 2000, **job: object
+) -> Path:
+    """A TF-shaped stand-in (no TensorFlow: the subject is the allocation's life); `job`: more
+    [job] keys (a failure policy)."""
     code = tmp_path / "code"
     standin.write(code)
-    return inventory(code=code, command=f"python3 {standin.NAME} {steps} --interval 0.25")
+    command = f"python3 {standin.NAME} {steps} --interval 0.25"
+    return inventory(code=code, command=command, job=job or None)
+
+
+def _kept_detached_run(
+    slurm: SlurmCluster, inventory: Callable[..., Path], tmp_path: Path, max_restarts: int
+) -> tuple[str, str, str, str]:
+    """`up --detach` of a 60-step restart-job stand-in: its run id, its keeper's node, its
+    allocation, and the glob of its folder on a node."""
+    policy = {"on_failure": "restart-job", "max_restarts": max_restarts, "restart_backoff": 1}
+    job = _standin_job(inventory, tmp_path, 60, **policy, stop_grace=2)
+    up = tfdeploy("up", "--detach", str(job), state=tmp_path / "a", timeout=300, check_rc=0)
+    found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
+    assert found, up.stdout
+    run_id, keeper_host = found.groups()
+    (job_id,) = _ours(slurm)
+    return run_id, keeper_host, job_id, f"~/.tfdeploy/hosts/*/runs/{run_id}"
+
+
+def _keeper_record_once_ended(lab: Lab, host: str, runs: str, *words: str) -> str:
+    """keeper.json once it says `ended` (and every word of `words`), read on the keeper's node."""
+    deadline = time.monotonic() + 180
+    while True:
+        got = lab.run(host, ["sh", "-c", f"cat {runs}/keeper.json || true"]).stdout
+        if '"ended"' in got and all(w in got for w in words):
+            return got
+        assert time.monotonic() < deadline, f"the keeper never ended the run: {got[-500:]}"
+        time.sleep(0.5)
 
 
 def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
@@ -474,34 +504,14 @@ def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_release
     allocation's first node; a task SIGKILLed on its node with no tfdeploy command running is
     restarted inside the same allocation, both tasks resume and end 0, and once no task is left
     the allocation's body ends it: nothing left on any node."""
-    code = tmp_path / "code"
-    standin.write(code)  # TF-shaped, no TensorFlow: the subject is the keeper inside the allocation
-    policy = {"on_failure": "restart-job", "max_restarts": 1, "restart_backoff": 1}
-    inventory = slurm_inventory(
-        code=code,
-        command=f"python3 {standin.NAME} 60 --interval 0.25",
-        job=policy | {"stop_grace": 2},
-    )
-    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
-    found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
-    assert found, up.stdout
-    run_id, keeper_host = found.groups()
-    (job_id,) = _ours(slurm)
+    run_id, keeper_host, job_id, runs = _kept_detached_run(slurm, slurm_inventory, tmp_path, 1)
     h3 = slurm_lab.host("h3")
-    runs = f"~/.tfdeploy/hosts/*/runs/{run_id}"
 
     _wait_for_worker_1_past_step_8(slurm_lab, runs)
     pids = slurm_lab.run(h3, ["pgrep", "-f", standin.NAME]).stdout.split()
     slurm_lab.run(h3, ["kill", "-KILL", *pids])
 
-    def keeper_ended() -> str:
-        got = slurm_lab.run(keeper_host, ["sh", "-c", f"cat {runs}/keeper.json || true"])
-        return got.stdout if '"ended"' in got.stdout else ""
-
-    deadline = time.monotonic() + 180
-    while not (record := keeper_ended()):
-        assert time.monotonic() < deadline, "the keeper never ended the run"
-        time.sleep(0.5)
+    record = _keeper_record_once_ended(slurm_lab, keeper_host, runs)
     assert '"outcome": "succeeded"' in record and "worker:1 was killed by signal 9" in record
     assert _ours(slurm) == [job_id]  # the same allocation throughout
     logs = tfdeploy("logs", run_id, state=tmp_path / "a", timeout=120, check_rc=0).stdout
@@ -535,20 +545,7 @@ def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes
                 strict=False,
             )
         )
-    code = tmp_path / "code"
-    standin.write(code)
-    policy = {"on_failure": "restart-job", "max_restarts": 2, "restart_backoff": 1}
-    inventory = slurm_inventory(
-        code=code,
-        command=f"python3 {standin.NAME} 60 --interval 0.25",
-        job=policy | {"stop_grace": 2},
-    )
-    up = tfdeploy("up", "--detach", str(inventory), state=tmp_path / "a", timeout=300, check_rc=0)
-    found = re.search(r"run (\S+) is running detached, kept by its keeper on (\S+):", up.stdout)
-    assert found, up.stdout
-    run_id, keeper_host = found.groups()
-    (job_id,) = _ours(slurm)
-    runs = f"~/.tfdeploy/hosts/*/runs/{run_id}"
+    run_id, keeper_host, job_id, runs = _kept_detached_run(slurm, slurm_inventory, tmp_path, 2)
 
     _wait_for_worker_1_past_step_8(slurm_lab, runs)
     slurm.check(f"scontrol requeue {job_id}")
@@ -566,14 +563,7 @@ def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes
     slurm.check(f"scontrol update JobId={job_id} StartTime=now")
     slurm.wait_job(job_id, "RUNNING", timeout=120)
 
-    def keeper_ended() -> str:
-        got = slurm_lab.run(keeper_host, ["sh", "-c", f"cat {runs}/keeper.json || true"])
-        return got.stdout if '"ended"' in got.stdout and '"rejoined"' in got.stdout else ""
-
-    deadline = time.monotonic() + 180
-    while not (record := keeper_ended()):
-        assert time.monotonic() < deadline, "the requeued run was not rejoined and ended"
-        time.sleep(0.5)
+    record = _keeper_record_once_ended(slurm_lab, keeper_host, runs, '"rejoined"')
     assert '"outcome": "succeeded"' in record, record
     assert f"Slurm requeued allocation {job_id}" in record, record
     assert _ours(slurm) == [job_id]  # the same allocation, run again

@@ -179,24 +179,9 @@ def holder_step(settings: SlurmSettings) -> str:
     controller sends once the allocation runs, and becomes the agent's holder. Under
     proctrack/cgroup what an agent's session step starts dies with that step; what this step
     starts lives as long as the allocation (docs/slurm.md, "Process tracking")."""
-    places = sorted({(g.settings.python, g.settings.workdir) for g in settings.groups})
-    calls = "\n".join(f"  hold {shlex.quote(python)} {shlex.quote(wd)}" for python, wd in places)
     lease = lease_path("$SLURM_JOB_ID")  # a requeued holder tells the body a run goes on
-    script = f"""hold() {{
-  wd=$2
-  case $wd in "~/"*) wd=$HOME/${{wd#"~/"}};; "~") wd=$HOME;; esac
-  agent=$wd/agent/{agent_id()}/agent.py
-  [ ! -f "$agent" ] || exec "$1" -S "$agent" hold "$SLURM_JOB_ID" "$wd" "{lease}"
-}}
-while :; do
-{calls}
-  sleep {HOLDER_POLL_S}
-done
-"""
-    return (
-        'srun --overlap --whole -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q '
-        f"sh -c {shlex.quote(script)}"
-    )
+    hold = f'exec "$1" -S "$agent" hold "$SLURM_JOB_ID" "$wd" "{lease}"'
+    return _step_on_every_node(settings, hold, "--whole ", wait=HOLDER_POLL_S)
 
 
 def on_every_node(settings: SlurmSettings, signal: str) -> str:
@@ -204,18 +189,30 @@ def on_every_node(settings: SlurmSettings, signal: str) -> str:
     its runs recorded, of tasks started in this allocation only ("0": lists them, signals
     nothing; remote/relay.py). Never a process found by its name: another job of the user's on
     a shared node is not this run's."""
+    relay = f'"$1" -S "$agent" signal-tasks "$wd" {signal} "$SLURM_JOB_ID"'
+    return _step_on_every_node(settings, relay)
+
+
+def _step_on_every_node(
+    settings: SlurmSettings, action: str, options: str = "", *, wait: int = 0
+) -> str:
+    """One task per node, which runs `action` for each of the groups' places (python, workdir)
+    whose agent is on the node (`$1` the python, `$wd` the workdir, `$agent` the agent's file);
+    `wait`: again every `wait` seconds, until an action execs (the holder waits for its agent)."""
     places = sorted({(g.settings.python, g.settings.workdir) for g in settings.groups})
-    calls = "\n".join(f"relay {shlex.quote(python)} {shlex.quote(wd)}" for python, wd in places)
-    script = f"""relay() {{
+    calls = "\n".join(f"at_place {shlex.quote(py)} {shlex.quote(wd)}" for py, wd in places)
+    if wait:
+        calls = f"while :; do\n{calls}\nsleep {wait}\ndone"
+    script = f"""at_place() {{
   wd=$2
   case $wd in "~/"*) wd=$HOME/${{wd#"~/"}};; "~") wd=$HOME;; esac
   agent=$wd/agent/{agent_id()}/agent.py
-  [ ! -f "$agent" ] || "$1" -S "$agent" signal-tasks "$wd" {signal} "$SLURM_JOB_ID"
+  [ ! -f "$agent" ] || {action}
 }}
 {calls}
 """
     return (
-        'srun --overlap -N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q '
+        f'srun --overlap {options}-N"$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 -Q '
         f"sh -c {shlex.quote(script)}"
     )
 
