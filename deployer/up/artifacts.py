@@ -20,6 +20,11 @@ class ArtifactsPull:
         self.started = False  # a start was sent: from here on tasks may have left artifacts
         self.tried = False  # one pull per `up`, even when it was cut short
 
+    def tasks_started(self) -> None:
+        """The start phase sent a start (StartPhase's on_start): from here on tasks may have
+        left artifacts, and the pull has something to look for."""
+        self.started = True
+
     def __call__(self) -> None:
         """job.artifacts home, once the tasks are stopped (a failure is a line: see
         artifacts_home). Nothing to say when no task was started (Ctrl-C during the push or

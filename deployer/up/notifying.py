@@ -36,6 +36,14 @@ class RunNotifier:
         self.sender.fire({**doc, "outcome": outcome, "why": why, "attempt": attempt})
         self.sent.add(event)
 
+    def tell_end(self, event: str, *, outcome: str, why: str, attempt: int, held: bool) -> None:
+        """The run's end, when this `up` ends it (`held`): not a run it let go (detached, or
+        handed to its keeper, which then tells its own end), but a run this `up` stops (Ctrl-C,
+        a failure it judged, a kept run's keeper ended by its teardown). A run that never
+        started has no end to tell."""
+        if held and "started" in self.sent:
+            self.tell(event, outcome=outcome, why=why, attempt=attempt)
+
     def close(self) -> None:
         """Before `up` exits: what it told is sent, or given up after its timeouts."""
         self.sender.wait()

@@ -1,5 +1,6 @@
 """Hosts made ready for a run: preflight (facts checked, the plan decided), the push of the
-code, and the job's setup commands; what recovery runs again for a replacement host."""
+code, the job's setup commands and, with job.firewall, the TF ports closed to all but the
+cluster; what recovery runs again for a replacement host."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import ByteMeter, Manifest, run_setup
-from deployer.up import tfrule
+from deployer.up import firewall, tfrule
 from deployer.up.environment import Environments, for_groups, uses_requirements, with_extras
 from deployer.up.envprogress import InstallProgress
 from deployer.up.images import Images
@@ -260,6 +261,17 @@ class Preparation:
         skipped = [n for n, r in ran.items() if not r]
         if skipped:
             self.view.step(f"setup unchanged, skipped on {', '.join(skipped)}")
+
+    def firewall_up(self) -> None:
+        """With job.firewall: TF ports accept only the cluster's addresses, before any start."""
+        plan = self.run.plan
+        if not plan.job.firewall:
+            return
+        self.teardown.firewalled = [m.name for m in self.members]  # a partial add is cleaned up too
+        firewall.add(self.fleet, self.members, plan, self.run.run_id)
+        self.view.step(
+            f"firewall: TF ports accept only {', '.join(firewall.allowed_addresses(plan))}"
+        )
 
 
 def _is_live(view: object) -> bool:

@@ -1,19 +1,24 @@
 """What an `up` leaves on record: this machine's run record (for `status`, `logs`, `down RUN_ID`
-in any shell) and the run's fields that every host keeps in its run directory."""
+in any shell), the run's fields that every host keeps in its run directory, and the facts kept
+beside its archive that `runs` and `report` read once the hosts are gone."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from deployer.config.plan import Plan
 from deployer.core.secrets import masked
 from deployer.core.statedir import state_dir
 from deployer.push.sync import HostRecord
+from deployer.results.archive import LogArchive
+from deployer.results.metricsync import OFFSETS
 from deployer.results.state import RunRecord, controller_name, save
 from deployer.watch.board import TaskRow
 from deployer.watch.progress import Progress, report
+from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
 
 
@@ -72,10 +77,48 @@ def run_facts(plan: Plan, run_id: str, began: float, hide: Callable[[str], str])
     }
 
 
+@dataclass(frozen=True)
+class Lineage:
+    """When the run began and when it was resumed: a run that `up --resume` goes on keeps its
+    first start (one run in the local history) and adds its resumes (`runs` says so)."""
+
+    began: float
+    resumed: tuple[dict[str, float], ...] = ()
+
+
+def keep_facts(
+    archive: LogArchive,
+    run: RunState,
+    journal: Journal,
+    lineage: Lineage,
+    outcome: Mapping[str, object],
+    hide: Callable[[str], str],
+) -> None:
+    """The run's facts, journal and outcome beside its archive (results/metricstore.py): what
+    `tfdeploy runs` and `tfdeploy report` read once the hosts are gone. Written when `up` ends,
+    whatever ended it, once the run reached its hosts."""
+    facts = run_facts(run.plan, run.run_id, lineage.began, hide)
+    if lineage.resumed:
+        facts["resumed"] = list(lineage.resumed)
+    watches = run.board.watches
+    facts["exits"] = {
+        w.task.name: w.status.outcome() if w.status and w.status.finished else None
+        for w in watches.values()
+    }
+    facts["started_at"] = {w.task.name: w.status.started for w in watches.values() if w.status}
+    facts["ended_at"] = {w.task.name: w.status.ended for w in watches.values() if w.status}
+    archive.keep("facts.json", facts)
+    for entry in journal.entries:
+        archive.note(entry[1], entry[2], at=entry[0])
+    archive.keep("outcome.json", {**outcome, "ended": time.time()})
+    offsets = {n: w.series.offset for n, w in watches.items()}
+    archive.keep(OFFSETS, offsets)  # what `down` need not read again
+
+
 class Journal:
     """Any view, which also keeps what `up` said and when (steps and phases): the timeline
     of the run's report. Kept in memory (a run says a few dozen steps) and written beside the
-    archive when `up` ends (Deployment._keep_facts)."""
+    archive when `up` ends (keep_facts)."""
 
     def __init__(self, view: Display) -> None:
         self.view = view

@@ -24,7 +24,9 @@ from deployer.results import metricstore
 from deployer.results.archive import LogArchive, run_dir
 from deployer.results.metricsync import OFFSETS
 from deployer.results.runs import HostRun, Target, survey_runs, sync_archive
+from deployer.up.records import Lineage
 from deployer.watch.board import TaskBoard
+from deployer.watch.view import Display
 from remote import protocol
 
 
@@ -39,6 +41,42 @@ class Resumable:
     run_id: str
     began: float  # when the run was first created on its hosts: the local history's start
     log_bytes: Mapping[str, int]  # each task's log size: the view goes on from there
+
+
+def look_for(
+    fleet: Fleet, plan: Plan, run_id: str, archive: LogArchive, view: Display
+) -> Resumable:
+    """The run to resume, found on the hosts and checked before any preflight (a refusal
+    starts nothing, changes nothing), its earlier logs copied into the local archive."""
+    view.step(f"looking for run {run_id} on the hosts, to resume it")
+    found = find(fleet, plan, run_id)
+    warning = copy_earlier_logs(fleet, found, archive)
+    if warning:
+        view.step(f"warning: {warning}; `tfdeploy logs {run_id}` reads the hosts")
+    return found
+
+
+def go_on(
+    found: Resumable,
+    facts: Mapping[str, Mapping[str, object]],
+    board: TaskBoard,
+    archive: LogArchive,
+) -> Lineage:
+    """The hosts reopened the run (preflight's hellos said its attempts): its tasks go on at
+    the next attempt, its log and local history go on (one run, first begun when it was)."""
+    attempt = next_attempt(facts)
+    carry_on(board, found, attempt)
+    lineage = Lineage(found.began, tuple(resumes(found.run_id, attempt)))
+    archive.reopen()  # `logs` asks the hosts again until this `up` ends it
+    return lineage
+
+
+def resuming(run_id: str, attempt: int) -> str:
+    """What `up` says once the run goes on."""
+    return (
+        f"resuming run {run_id} at attempt {attempt} (TFDEPLOY_ATTEMPT={attempt}): "
+        "every task starts again in its own folder of the run"
+    )
 
 
 def find(fleet: Fleet, plan: Plan, run_id: str) -> Resumable:
