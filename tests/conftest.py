@@ -1,5 +1,6 @@
 """What both tiers share: a private state folder, the markers (`lab` by fixture or by folder,
-`tf`, `isolated`, `vagrant`, `slow`), the in-process tier's default workers, the lab-leftover
+`starts_tf` checked against a scan of the test (tests/support/tf_use.py), `needs_tf`, `isolated`,
+`vagrant`, `slow`), the in-process tier's default workers, the lab-leftover
 check after a session, moto's EC2 and the host agent's workdir. The lab's own fixtures are in
 tests/integration/conftest.py.
 
@@ -26,7 +27,7 @@ import pytest
 
 import tests.lab
 from tests.lab import cleanup
-from tests.support import budget, layout
+from tests.support import budget, image_jobs, layout, tf_use
 from tests.support.agent import call, ticks
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -58,10 +59,12 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 @pytest.fixture(autouse=True)
 def _in_its_tier(request: pytest.FixtureRequest) -> None:
     """A test in the wrong tier (tests/support/layout.py) errors, saying where it belongs: the
-    tier check of every session, on what it collected."""
-    problem = request.node.stash.get(layout.MISPLACED, None)
-    if problem is not None:
-        pytest.fail(problem, pytrace=False)
+    tier check of every session, on what it collected. So does a test whose `starts_tf` marking
+    is wrong, in a pytest-xdist worker (elsewhere its collection already failed)."""
+    for key in (layout.MISPLACED, tf_use.WRONG):
+        problem = request.node.stash.get(key, None)
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -167,9 +170,17 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test that asks for a lab fixture needs the lab, marked or not, and so does every test in
     # tests/integration/: `-m "not lab"` must never start sshd hosts, and selects tests/unit/.
-    # A `tf` test skips with a reason where TensorFlow is missing.
-    no_tf = pytest.mark.skip(reason="needs TensorFlow (pip install tensorflow-cpu)")
+    # A `starts_tf` or `needs_tf` test skips with a reason where TensorFlow is missing; every
+    # test's `starts_tf` marking is checked against what it shows (tests/support/tf_use.py).
+    wrong = tf_use.problems(items)
+    if wrong and not hasattr(config, "workerinput"):
+        raise pytest.UsageError(
+            "the starts_tf marker does not say what these tests do (tests/support/tf_use.py, "
+            'docs/testing.md, "TensorFlow in the tests"):\n  ' + "\n  ".join(wrong)
+        )
     has_tf = importlib.util.find_spec("tensorflow") is not None
+    install = "pip install tensorflow-cpu, or the examples extra: pip install -e '.[examples]'"
+    no_tf = pytest.mark.skip(reason=f"starts TensorFlow, not installed here ({install})")
     # Booting VMs takes ~9 minutes without KVM: only a run that asks for it (`-m vagrant`).
     vagrant_asked = "vagrant" in (config.option.markexpr or "")
     no_vagrant = pytest.mark.skip(
@@ -191,8 +202,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
         if needs_lab or item.path.resolve().is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.lab)
-        if "tf" in item.keywords and not has_tf:
+        if not has_tf and item.get_closest_marker(tf_use.STARTS) is not None:
             item.add_marker(no_tf)
+        elif not has_tf and (needs := item.get_closest_marker(tf_use.NEEDS)) is not None:
+            why = needs.kwargs.get("reason") or "needs TensorFlow installed"
+            item.add_marker(pytest.mark.skip(reason=f"{why}; not installed here ({install})"))
     layout.mark_misplaced(items)  # after the marking above: `_in_its_tier` fails them
     # Every `isolated` test skips with a reason on the loopback fallback, never silently passes.
     if tests.lab.lab_mode() == "netns":
@@ -215,12 +229,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[N
     result = yield
     for the_lab in tests.lab.started:
         the_lab.stop()
+    images_left = image_jobs.remove_run_image(session.config)  # the controller's: workers done
     problems = _residue()
     deadline = time.monotonic() + 5
     while problems and time.monotonic() < deadline:
         # A killed host's last zombie may wait a moment for the machine's init to reap it.
         time.sleep(0.1)
         problems = _residue()
+    problems += images_left
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

@@ -24,7 +24,7 @@ from tests.support.aws import EXAMPLES, REGION, cli, described, launch
 
 @pytest.mark.lab
 @pytest.mark.isolated
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_up_on_discovered_instances_trains_through_the_bastion(
     bastion_lab: Lab, ec2: Any, tmp_path: Path

@@ -203,7 +203,7 @@ def test_a_task_killed_by_sigkill_is_reported_as_a_signal(
     assert (states[label]["signal"], states[label]["reason"]) == (9, "signal")
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_ps_crash_fails_the_pss_job_naming_the_ps(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
@@ -220,7 +220,7 @@ def test_ps_crash_fails_the_pss_job_naming_the_ps(
     final_states(inventory, up.run_id(), tmp_path, hosts=3)
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 @pytest.mark.isolated
 def test_frozen_pss_worker_is_caught_by_the_stall_watchdog(

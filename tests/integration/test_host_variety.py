@@ -344,7 +344,7 @@ def test_shared_home_push_sends_each_content_once(
     assert left == {}, f"the run left processes or ports behind: {left}"
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_mwms_as_non_root_with_a_shared_home_trains(
     lab: Lab, lab_user_inventory: Any, lab_shared_home: Path, tmp_path: Path

@@ -475,6 +475,7 @@ def test_a_killed_test_run_is_cleaned_up_by_the_next(lab: Lab) -> None:
     assert ssh(lab, lab.hosts[0], "true").returncode == 0
 
 
+@pytest.mark.names_tf(reason="checks the inventory `tests.lab up` writes; runs no job")
 def test_cli_up_writes_a_ready_inventory_and_down_removes_the_lab(tmp_path: Path) -> None:
     inventory = tmp_path / "lab.toml"
     cli = [sys.executable, "-m", "tests.lab"]

@@ -38,7 +38,7 @@ def banners(output: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_mwms_on_three_hosts_trains_and_leaves_nothing(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
@@ -64,7 +64,7 @@ def test_mwms_on_three_hosts_trains_and_leaves_nothing(
         assert got["cuda"] == ""
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_parameter_server_job_across_hosts(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
@@ -93,7 +93,7 @@ def test_parameter_server_job_across_hosts(
         )
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_tf1_style_script_gets_its_flags_from_placeholders(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
@@ -130,7 +130,7 @@ def test_tf1_style_script_gets_its_flags_from_placeholders(
     assert re.search(rf"ps:0@{h[0]} pid \d+ exited \(stopped by tfdeploy\)", result.stdout)
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_a_failing_task_fails_the_job_fast_and_is_named_first(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path

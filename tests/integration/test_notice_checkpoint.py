@@ -26,7 +26,7 @@ from tests.lab.base import wait_until
 from tests.lab.inventory import toml_value
 from tests.support.aws import EXAMPLES, REGION, cli, launch
 
-pytestmark = [pytest.mark.lab, pytest.mark.isolated, pytest.mark.tf, pytest.mark.slow]
+pytestmark = [pytest.mark.lab, pytest.mark.isolated, pytest.mark.starts_tf, pytest.mark.slow]
 
 STEPS_PER_EPOCH = 22  # 1,438 training digits in global batches of 64
 SPOT_MARGIN_S = 15  # the SIGKILL comes this long before the announced time (deployer/up/start.py)

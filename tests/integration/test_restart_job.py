@@ -15,7 +15,7 @@ import pytest
 from tests.lab import Lab
 from tests.support.faults import EXAMPLES, TF_ENV, Up, final_states, pids_of
 
-pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
+pytestmark = [pytest.mark.lab, pytest.mark.starts_tf, pytest.mark.slow]
 
 STEPS_PER_EPOCH = 22  # 1,437 training digits in global batches of 64
 

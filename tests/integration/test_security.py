@@ -28,7 +28,7 @@ pytestmark = pytest.mark.lab
 # -- bastions ----------------------------------------------------------------------------------
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 @pytest.mark.isolated  # private hosts exist only in the namespace lab
 def test_mwms_job_through_the_bastion_with_jump(bastion_lab: Lab, tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_mwms_job_through_the_bastion_with_jump(bastion_lab: Lab, tmp_path: Path
     check_private_training(lab, inventory, tmp_path)
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 @pytest.mark.isolated
 def test_mwms_job_through_an_ssh_config_proxyjump_alias(bastion_lab: Lab, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from tests.lab import Lab
 from tests.support.gpus import FAKE, uuid
 from tests.support.lab_cli import EXAMPLES, TF_ENV, accuracies, tfdeploy
 
-pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 PYTHON_TF215 = "/opt/tfdeploy/venv-tf215/bin/python"  # scripts/install.sh: tensorflow-cpu 2.15.1
 
@@ -54,6 +54,7 @@ def tf215() -> str:
     return PYTHON_TF215
 
 
+@pytest.mark.starts_tf
 def test_estimator_tutorial_with_an_evaluator_on_tensorflow_2_15(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path, shared_dir: Path
 ) -> None:
@@ -102,6 +103,8 @@ def test_estimator_tutorial_with_an_evaluator_on_tensorflow_2_15(
     assert any((shared_dir / "eval").iterdir())  # the evaluator's summaries
 
 
+@pytest.mark.needs_tf(reason="preflight compares the TensorFlow versions the hosts have")
+@pytest.mark.names_tf(reason="`check` only: preflight reads the versions, no task starts")
 def test_hosts_on_tensorflow_2_15_and_2_21_are_refused_by_preflight(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
@@ -119,6 +122,7 @@ def test_hosts_on_tensorflow_2_15_and_2_21_are_refused_by_preflight(
     assert f"{h1.name}: TensorFlow 2.21.0" in err and f"{h2.name}: TensorFlow 2.15.1" in err
 
 
+@pytest.mark.starts_tf
 def test_mwms_script_in_every_role_with_an_evaluator(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path, shared_dir: Path
 ) -> None:
@@ -148,6 +152,7 @@ def test_mwms_script_in_every_role_with_an_evaluator(
     assert "job succeeded: worker:0 and worker:1 exited 0; stopping the rest" in out
 
 
+@pytest.mark.starts_tf
 def test_pss_script_in_every_role_with_an_evaluator(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path, shared_dir: Path
 ) -> None:
@@ -186,6 +191,7 @@ def test_pss_script_in_every_role_with_an_evaluator(
     assert "job succeeded: chief:0 exited 0; stopping the rest" in out
 
 
+@pytest.mark.starts_tf
 @pytest.mark.isolated  # the nvidia-smi stand-in goes into a host's private /root/bin
 def test_mirrored_strategy_tasks_share_a_host_by_gpu_masks(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path

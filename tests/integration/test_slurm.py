@@ -19,7 +19,13 @@ from tests.support import standin
 from tests.support.faults import EXAMPLES, Up, tfdeploy
 from tests.support.helpers import to_toml
 
-pytestmark = [pytest.mark.lab, pytest.mark.isolated, pytest.mark.tf, pytest.mark.slurm_e2e]
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.isolated,
+    pytest.mark.slurm_e2e,
+    # slurm_inventory's job keeps require_tensorflow: preflight wants it on the nodes
+    pytest.mark.needs_tf(reason="preflight wants TensorFlow on the nodes"),
+]
 
 
 @pytest.fixture
@@ -100,6 +106,7 @@ def _wait_gone(slurm: SlurmCluster, within: float) -> bool:
     return False
 
 
+@pytest.mark.starts_tf
 def test_mwms_trains_on_two_allocated_nodes_and_the_allocation_is_released(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -151,6 +158,7 @@ def _keeper_record_once_ended(lab: Lab, host: str, runs: str, *words: str) -> st
         time.sleep(0.5)
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -166,6 +174,7 @@ def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
     _settled(slurm)
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_scancel_of_a_detached_runs_allocation_ends_its_tasks_under_linuxproc(
     slurm_lab: Lab, slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -187,6 +196,7 @@ def test_scancel_of_a_detached_runs_allocation_ends_its_tasks_under_linuxproc(
     _settled(slurm)
 
 
+@pytest.mark.names_tf(reason="the allocation never runs: no task starts")
 def test_more_nodes_than_the_partition_has_are_refused_in_slurms_words(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -206,6 +216,7 @@ def _blocker(slurm: SlurmCluster) -> str:
     return job
 
 
+@pytest.mark.names_tf(reason="the allocation never runs: no task starts")
 def test_a_pending_allocation_is_cancelled_at_the_wait_bound(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -221,6 +232,7 @@ def test_a_pending_allocation_is_cancelled_at_the_wait_bound(
         slurm.check(f"scancel {blocker}")
 
 
+@pytest.mark.names_tf(reason="the allocation never runs: no task starts")
 def test_a_pending_allocation_is_cancelled_by_ctrl_c(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -237,6 +249,7 @@ def test_a_pending_allocation_is_cancelled_by_ctrl_c(
         slurm.check(f"scancel {blocker}")
 
 
+@pytest.mark.starts_tf
 def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -257,6 +270,7 @@ def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     _settled(slurm)
 
 
+@pytest.mark.starts_tf
 def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -290,6 +304,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_the_time_limits_warning_reaches_every_task_and_the_next_run_resumes(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -346,6 +361,7 @@ def test_the_time_limits_warning_reaches_every_task_and_the_next_run_resumes(
     _settled(slurm)
 
 
+@pytest.mark.starts_tf
 def test_a_preempted_allocation_is_reported_as_such(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -397,6 +413,7 @@ def _resuming(
     return up, ckpt
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_a_requeued_allocation_restarts_the_job_from_its_checkpoint_when_it_runs_again(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -431,6 +448,7 @@ def test_a_requeued_allocation_restarts_the_job_from_its_checkpoint_when_it_runs
     _settled(slurm)
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_ctrl_c_while_up_waits_for_a_requeued_allocation_releases_it(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -451,6 +469,7 @@ def test_ctrl_c_while_up_waits_for_a_requeued_allocation_releases_it(
     _settled(slurm)
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_a_kept_allocation_is_not_handed_to_an_inventory_that_asks_another(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -497,6 +516,7 @@ def _wait_for_worker_1_past_step_8(lab: Lab, runs: str) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_releases_it(
     slurm_lab: Lab, slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -522,6 +542,7 @@ def test_a_detached_run_restarts_inside_its_allocation_by_its_keeper_and_release
     _settled(slurm)
 
 
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes(
     slurm_lab: Lab,
     slurm: SlurmCluster,

@@ -116,6 +116,7 @@ def test_a_dependency_conflict_is_said_in_pips_words_and_starts_nothing(
     assert "Traceback" not in said and "pushed" not in said and "starting" not in said, said
 
 
+@pytest.mark.starts_tf
 def test_a_venv_python_with_another_python3_on_path_is_refused_or_trains(
     lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -147,6 +148,7 @@ def test_a_task_python_other_than_the_checked_one_is_refused_by_preflight(
     assert "ran" not in result.stdout.split("error")[0] and "starting" not in said, said
 
 
+@pytest.mark.starts_tf
 def test_tensorflow_from_system_site_packages_is_checked_in_the_venv_and_trains(
     lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
 ) -> None:

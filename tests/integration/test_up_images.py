@@ -345,6 +345,7 @@ print("marker", open("/marker").read().strip(), "task", tf_config["task"]["type"
 """
 
 
+@pytest.mark.starts_tf
 def test_mwms_trains_in_containers_on_hosts_that_never_saw_the_image(
     controller_podman: Lab,
     job_image: str,

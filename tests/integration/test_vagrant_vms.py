@@ -154,6 +154,7 @@ class Lines:
         return "".join(self.seen)
 
 
+@pytest.mark.starts_tf
 def test_mwms_trains_across_vms_and_a_destroyed_vm_is_reported_lost(vms: dict[str, float]) -> None:
     began = time.monotonic()
     up = run(*TFDEPLOY, "up", "../inventories/vagrant.toml", check=False)

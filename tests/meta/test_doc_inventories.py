@@ -13,6 +13,10 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.names_tf(
+    reason="reads the docs' and inventories/' examples; starts nothing"
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 AWS = ROOT / "inventories" / "aws.toml"

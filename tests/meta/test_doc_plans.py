@@ -22,6 +22,10 @@ import pytest
 
 from tests.support.aws import cli
 
+pytestmark = pytest.mark.names_tf(
+    reason="plans the docs' inventories (examples/digits, tfdeploy:server); starts nothing"
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```toml( fragment)?\n(.*?)^```", re.M | re.S)

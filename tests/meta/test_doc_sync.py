@@ -133,6 +133,7 @@ def test_docs_describe_what_holds_not_development_history() -> None:
     assert not found, f"development history in the docs (say what holds now): {found}"
 
 
+@pytest.mark.names_tf(reason="reads the README's commands and inventories; starts nothing")
 def test_the_readme_keeps_two_set_up_commands_and_a_screenful_of_pages() -> None:
     """A newcomer's fresh machine needs the quick start's install-and-run and the test command;
     they are the README's only indented command blocks (the others are fenced, in their section),

@@ -217,7 +217,7 @@ def test_wait_returns_when_the_awaited_tasks_end_and_down_stops_the_rest(tmp_pat
 
 
 @pytest.mark.slow  # starts a TensorFlow server: seconds of CPU
-@pytest.mark.tf  # the built-in server is a TensorFlow server
+@pytest.mark.starts_tf  # the built-in server is a TensorFlow server
 def test_a_worker_running_the_built_in_server_is_not_awaited(tmp_path: Path) -> None:
     """ParameterServerStrategy's workers are bare servers that never end: `wait` must not wait
     for them, whether the handle comes from `up` or from the run id alone."""

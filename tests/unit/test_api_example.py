@@ -65,7 +65,9 @@ def processes_of(run_id: str, folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.tf
+@pytest.mark.starts_tf(
+    reason="examples/api_local.py runs examples/digits/mwms.py on two local workers"
+)
 @pytest.mark.timeout(600)
 def test_the_api_example_trains_pulls_and_leaves_nothing_behind(tmp_path: Path) -> None:
     port = two_free_ports()

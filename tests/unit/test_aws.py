@@ -21,6 +21,10 @@ from deployer.sources import load_inventory
 from deployer.sources.aws.settings import DiscoveryError
 from tests.support.aws import ROOT, cli, described, launch, resolve_hosts, write_inventory
 
+pytestmark = pytest.mark.names_tf(
+    reason="plans inventories whose code is examples/digits on moto's EC2; starts no task"
+)
+
 WORKERS = """
 [[aws.hosts]]
 filters = { "tag:tfdeploy-job" = "mnist", "tag:tfdeploy-role" = "worker" }

@@ -26,6 +26,10 @@ from deployer.sources.aws.launch import (
 from deployer.sources.aws.settings import LAUNCHED_TAG, AwsSettings
 from tests.support.aws import REGION, cli, launch, write_inventory
 
+pytestmark = pytest.mark.names_tf(
+    reason="launches moto's instances for inventories whose code is examples/digits; starts no task"
+)
+
 GROUP = """
 [[aws.hosts]]
 filters = {{ "tag:tfdeploy-job" = "mnist", "tag:tfdeploy-role" = "worker" }}

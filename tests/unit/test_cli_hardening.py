@@ -207,6 +207,7 @@ def test_status_table_fits_the_width_and_never_splits_a_number(width: int) -> No
 # -- pipes -------------------------------------------------------------------------------------
 
 
+@pytest.mark.names_tf(reason="plans good_pss.toml or refuses its flags; starts nothing")
 def test_output_to_a_pipe_is_never_wrapped(tmp_path: Path) -> None:
     plan = tfdeploy("plan", str(GOOD), state=tmp_path)
     assert plan.returncode == 0, plan.stderr
@@ -236,6 +237,7 @@ def big_inventory(tmp: Path, hosts: int) -> Path:
     return path
 
 
+@pytest.mark.names_tf(reason="plans good_pss.toml or refuses its flags; starts nothing")
 @pytest.mark.parametrize("json_flag", [True, False], ids=["json", "table"])
 def test_plan_into_a_closed_pipe_exits_141_quietly(tmp_path: Path, json_flag: bool) -> None:
     """The reader is gone before tfdeploy writes (`| head -0`): its first write fails."""
@@ -296,6 +298,7 @@ def test_version_is_our_distributions_and_every_install_hint_names_it(
     assert capsys.readouterr().out == f"tfdeploy {expected}\n"
 
 
+@pytest.mark.names_tf(reason="plans good_pss.toml or refuses its flags; starts nothing")
 @pytest.mark.parametrize("verb", ["up", "exec"])
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_concurrency_below_1_is_a_usage_error(

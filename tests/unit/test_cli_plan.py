@@ -12,6 +12,10 @@ import pytest
 import deployer.api.deploy
 from tests.support.helpers import one_line, run_cli
 
+pytestmark = pytest.mark.names_tf(
+    reason="reads and plans inventories with tfdeploy:server tasks; starts none"
+)
+
 INVENTORIES = Path(__file__).parent.parent / "inventories"
 GOOD = INVENTORIES / "good_pss.toml"
 # The console script pip installed next to the Python running the tests (the user's venv), or,

@@ -273,6 +273,7 @@ def test_hosts_sharing_a_workdir_get_each_content_once(
     assert b.ops("materialize")  # b still builds its own run directory from the store
 
 
+@pytest.mark.names_tf(reason="fake hosts: the ps is a plan's task, never started")
 def test_a_ps_that_never_listens_misses_the_start_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

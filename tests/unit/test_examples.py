@@ -138,7 +138,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         running.stop()
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mwms_two_workers(cluster: Cluster) -> None:
@@ -155,7 +155,7 @@ def test_mwms_two_workers(cluster: Cluster) -> None:
         assert accuracy(out) >= 0.90
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_pss_chief_with_tfservers(cluster: Cluster) -> None:
@@ -180,7 +180,7 @@ def test_pss_chief_with_tfservers(cluster: Cluster) -> None:
         assert not group_alive(cluster.procs[task].pid), f"{task} survived the stop"
 
 
-@pytest.mark.tf
+@pytest.mark.starts_tf
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_tf1_style_flags(cluster: Cluster) -> None:
@@ -209,6 +209,9 @@ def test_tf1_style_flags(cluster: Cluster) -> None:
     assert cluster.procs["ps:0"].poll() is None, "ps must serve until it is stopped"
 
 
+@pytest.mark.names_tf(
+    reason="remote/tfserver.py refuses the TF_CONFIG before it imports TensorFlow"
+)
 @pytest.mark.parametrize(
     ("config", "message"),
     [

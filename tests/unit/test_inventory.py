@@ -12,6 +12,10 @@ from deployer.config.roles import BUILTIN_SERVER
 from deployer.core.errors import ExitStatus, InventoryError
 from tests.support.helpers import JOB, load, write_toml
 
+pytestmark = pytest.mark.names_tf(
+    reason="reads and plans inventories with tfdeploy:server tasks; starts none"
+)
+
 ONE_HOST = (
     JOB
     + """

@@ -20,6 +20,10 @@ from hypothesis import strategies as st
 
 from tests.support.helpers import one_line, run_cli, to_toml
 
+pytestmark = pytest.mark.names_tf(
+    reason="reads and plans inventories with tfdeploy:server tasks; starts none"
+)
+
 Path_ = tuple[str | int, ...]
 
 VALID: dict[str, Any] = {

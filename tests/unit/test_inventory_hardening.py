@@ -15,6 +15,10 @@ from deployer.config.inventory import MAX_JOB_NAME
 from deployer.results import state
 from tests.support.helpers import JOB, one_line, plan, run_cli, tf_config, write_toml
 
+pytestmark = pytest.mark.names_tf(
+    reason="reads and plans inventories with tfdeploy:server tasks; starts none"
+)
+
 HOST = '[[hosts]]\naddress = "10.0.0.1"\n'
 CHIEF = HOST + 'tasks = [{ role = "chief" }]\n'
 ENV_RULE = "of letters, digits and _, not starting with a digit"

@@ -28,6 +28,7 @@ model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=[KerasMetrics(ever
 """
 
 
+@pytest.mark.starts_tf
 @pytest.mark.slow
 def test_keras_metrics_reports_each_step_once_with_total_and_loss(tmp_path: Path) -> None:
     pytest.importorskip("tensorflow")

@@ -12,6 +12,10 @@ from deployer.config.plan import RESERVED_ENV
 from remote import protocol
 from tests.support.helpers import JOB, plan, plan_error, tf_config
 
+pytestmark = pytest.mark.names_tf(
+    reason="reads and plans inventories with tfdeploy:server tasks; starts none"
+)
+
 PSS = (
     JOB
     + """

@@ -26,6 +26,10 @@ from deployer.watch.board import TaskBoard, may_restart
 from deployer.watch.contact import HOST_LOSS_S, HostContact
 from tests.support.helpers import JOB, plan
 
+pytestmark = pytest.mark.names_tf(
+    reason="reads and plans inventories with tfdeploy:server tasks; starts none"
+)
+
 # ---- hosts: outage or loss -----------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.tf  # preflight wants TensorFlow on the host, though this job does not use it
+@pytest.mark.needs_tf(reason="preflight wants TensorFlow on the host; this job does not use it")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_to_up_stops_every_task_and_exits_128_plus_it(tmp_path: Path, signum: int) -> None:
     (tmp_path / "code").mkdir()
@@ -51,7 +51,7 @@ def test_a_signal_to_up_stops_every_task_and_exits_128_plus_it(tmp_path: Path, s
 
 
 @pytest.mark.slow
-@pytest.mark.tf  # preflight wants TensorFlow on the host, though this job does not use it
+@pytest.mark.needs_tf(reason="preflight wants TensorFlow on the host; this job does not use it")
 def test_a_process_that_left_its_task_group_is_stopped_and_reported(tmp_path: Path) -> None:
     """A sidecar started with setsid (TensorBoard, a data loader) must not outlive the run."""
     (tmp_path / "code").mkdir()

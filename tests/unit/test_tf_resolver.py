@@ -16,9 +16,9 @@ import pytest
 
 from tests.support.helpers import JOB, plan
 
-pytestmark = [pytest.mark.tf, pytest.mark.slow]  # TensorFlow's import: seconds of CPU per test
+pytestmark = pytest.mark.slow  # TensorFlow's import: seconds of CPU per test
 
-PYTHON = sys.executable  # the `tf` marker skips the module where it has no TensorFlow
+PYTHON = sys.executable  # `starts_tf` skips its tests where it has no TensorFlow
 
 RESOLVE = r"""
 import json, os, sys
@@ -93,6 +93,7 @@ def expected_cluster(p: object) -> dict[str, list[str]]:
     return {role: list(addrs) for role, addrs in p.cluster.items()}  # type: ignore[attr-defined]
 
 
+@pytest.mark.starts_tf
 def test_tensorflow_resolves_every_generated_tf_config(tmp_path: Path) -> None:
     cases = []
     for name, hosts in LAYOUTS.items():
@@ -175,6 +176,7 @@ TF_VENVS = {
 }
 
 
+@pytest.mark.starts_tf
 @pytest.mark.parametrize("python", TF_VENVS.values(), ids=TF_VENVS.keys())
 def test_the_evaluators_tf_config_builds_mwms_and_dials_no_task(
     tmp_path: Path, python: str
