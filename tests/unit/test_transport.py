@@ -94,7 +94,12 @@ def test_unresolvable_and_missing_key_are_readable(
 # -- local -------------------------------------------------------------------------------------
 
 
-def test_local_run_and_hostile_argv(tmp_path: Path) -> None:
+def test_local_run_and_hostile_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A PATH folder this user cannot search (root's /root/.cargo/bin, kept by `su user -c`) makes
+    # exec fail with EACCES, which the transport reports as 126 (permission denied): the
+    # not-found case below wants a PATH of folders this user can search.
+    path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in path if os.access(d or ".", os.X_OK)))
     local = LocalTransport("here")
     result = local.run(["sh", "-c", "cat; echo oops >&2; exit 7"], stdin=b"in\x00put")
     assert result == type(result)(7, b"in\x00put", b"oops\n")
