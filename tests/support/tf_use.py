@@ -3,13 +3,15 @@
 A test is marked `starts_tf` when it starts a TensorFlow process: a task running
 examples/digits/*.py, a `tfdeploy:server` task, or Python code that does `import tensorflow`,
 on this machine or on lab hosts. The marker says so truthfully, checked at collection
-(tests/conftest.py raises a usage error naming the test and what was found):
+(tests/conftest.py raises a usage error naming each test and what was found; in a pytest-xdist
+worker the test errors with the same line instead):
 
 - a test whose scanned text shows one of the SIGNS must be marked `starts_tf`;
 - a test marked `starts_tf` whose scanned text shows none must say where it starts TensorFlow
   (`@pytest.mark.starts_tf(reason="...")`: the scan cannot see into, say, an example script);
-- a test that names a TensorFlow program without starting one (it plans, parses or prints an
-  inventory) says so with `@pytest.mark.names_tf(reason="...")`, and must then show a sign.
+- a test that shows a sign without starting TensorFlow (it plans, parses or prints an inventory;
+  its job's tasks are stand-ins) says so with `@pytest.mark.names_tf(reason="...")`, on the
+  test or its module; the two markers on one test are an error.
 
 What is scanned (`scan`), with comments and docstrings left out:
 1. the test function's source (its decorators included: parametrize rows);
@@ -18,10 +20,13 @@ What is scanned (`scan`), with comments and docstrings left out:
 3. in each of those, the names it references (`NAME` or `module.NAME`), looked up where that
    code was defined, followed two levels deep: a function or class defined under tests/ is
    scanned the same way, a string or path constant (or a list, tuple or dict of them) by value;
-4. every tests/inventories/*.toml file whose name appears in the text gathered above.
+4. every inventory that text names: a tests/inventories/*.toml by its name, a .toml of
+   tests/inventories/ or inventories/ by its path (`"../inventories/vagrant.toml"`).
 
 SIGNS are matched on the code as written (`"examples" / "digits"` counts) and on the value of
-every string in it (`"import tensorflow"` on a line of a script written for a task).
+every string in it (`"import tensorflow"` on a line of a script written for a task). It is a
+scan of text, not of what runs: a name bound at run time (a fixture's parameter, a file read
+from elsewhere) is not followed, which is what `starts_tf(reason=...)` is for.
 """
 
 from __future__ import annotations
