@@ -27,7 +27,7 @@ import pytest
 
 import tests.lab
 from tests.lab import cleanup
-from tests.support import budget, layout, tf_use
+from tests.support import budget, image_jobs, layout, tf_use
 from tests.support.agent import call, ticks
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -229,12 +229,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[N
     result = yield
     for the_lab in tests.lab.started:
         the_lab.stop()
+    images_left = image_jobs.remove_run_image(session.config)  # the controller's: workers done
     problems = _residue()
     deadline = time.monotonic() + 5
     while problems and time.monotonic() < deadline:
         # A killed host's last zombie may wait a moment for the machine's init to reap it.
         time.sleep(0.1)
         problems = _residue()
+    problems += images_left
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

@@ -262,6 +262,8 @@ def test_an_image_saved_here_loads_on_a_host_that_never_saw_it(
 def test_a_changed_top_layer_is_all_a_redeploy_sends(tmp_path: Path, private_store: Path) -> None:
     """Two images, the second FROM the first plus a 3 MB file: their OCI layouts share the base
     layer's blob by name, so a host holding the first lacks only the new layer and metadata."""
+    # An image of its own, not the run's shared one (tests/support/image_jobs.py): what it
+    # checks is this image's layers (a base, then a 3 MB layer FROM it), in a store of its own.
     base = _import_here(IMAGE)
     ctx = tmp_path / "ctx"
     ctx.mkdir()

@@ -38,6 +38,7 @@ from tests.support.image_jobs import (  # noqa: F401 (fixtures)
     inventory,
     job_image,
     podman_here,
+    run_job_image,
 )
 from tests.support.lab_cli import tfdeploy
 

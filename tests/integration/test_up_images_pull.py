@@ -30,12 +30,14 @@ from tests.support.image_jobs import (  # noqa: F401 (fixtures)
     inventory,
     job_image,
     podman_here,
+    run_job_image,
 )
 from tests.support.lab_cli import tfdeploy
 
 pytestmark = pytest.mark.isolated(reason="container hosts need the namespace lab (root)")
 
-# the image tests' fixtures: this machine's podman, an image built here, the inventory writer
+# the image tests' fixtures: this machine's podman, the run's image (built once) under a tag of
+# each test's own, the inventory writer
 
 PORT = 5000
 REGISTRY_CONF = """\
