@@ -84,15 +84,30 @@ def _lab_session(
         the_lab.stop()
 
 
-@pytest.fixture(scope="session", params=["cgroup", "linuxproc"])
+PROCTRACKS = ("cgroup", "linuxproc")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test on the Slurm lab runs on proctrack/cgroup, as production clusters run Slurm; one
+    marked `both_trackings` runs on proctrack/linuxproc too, which follows the process tree
+    instead: the tests whose subject is which processes Slurm counts as a job's (issue 60).
+    Every other test would check the same tfdeploy code twice (issue 61)."""
+    if "slurm_lab" in metafunc.fixturenames:
+        both = metafunc.definition.get_closest_marker("both_trackings") is not None
+        trackings = PROCTRACKS if both else PROCTRACKS[:1]
+        metafunc.parametrize("slurm_lab", trackings, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def slurm_lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
     """A real Slurm cluster (tests/lab/slurm.py): h1 the login node (slurmctld, munged), h2 and
     h3 compute nodes (slurmd, 2 CPUs and 2 fake GPUs each), partitions `debug` and `urgent`
     (urgent preempts). Its SlurmCluster is `slurm_lab.slurm`; skips where Slurm is not
-    installed or there is no root. Every test on it runs twice: with proctrack/cgroup +
-    task/cgroup (`ConstrainCores`), as production clusters run Slurm, and with
-    proctrack/linuxproc, which follows the process tree instead (issue 60)."""
-    yield from _lab_session(3, "flat", slurm=True, slurm_proctrack=request.param)
+    installed or there is no root. Process tracking is proctrack/cgroup + task/cgroup
+    (`ConstrainCores`), as production clusters run Slurm; a test marked `both_trackings` also
+    runs with proctrack/linuxproc (`pytest_generate_tests` above)."""
+    proctrack = getattr(request, "param", PROCTRACKS[0])
+    yield from _lab_session(3, "flat", slurm=True, slurm_proctrack=proctrack)
 
 
 @pytest.fixture
@@ -103,13 +118,15 @@ def slurm(slurm_lab: Lab) -> Iterator[SlurmCluster]:
     yield from _checked(slurm_lab)
 
 
-@pytest.fixture(scope="session")
-def slurm_cgroup_lab() -> Iterator[Lab]:
+@pytest.fixture
+def slurm_cgroup_lab(slurm_lab: Lab) -> Lab:
     """`slurm_lab` as production clusters run Slurm: `ProctrackType=proctrack/cgroup`,
     `TaskPlugin=task/cgroup`, each compute host on its own cgroup v1 subtree of this machine's
-    hierarchies (tests/lab/slurm.py); what a step starts dies when the step ends. Skips where
-    Slurm or the cgroup v1 hierarchies are missing, or there is no root."""
-    yield from _lab_session(3, "flat", slurm=True, slurm_proctrack="cgroup")
+    hierarchies (tests/lab/slurm.py); what a step starts dies when the step ends. The same lab
+    as `slurm_lab`'s default, for the tests whose subject is cgroup tracking itself."""
+    cluster = slurm_lab.slurm
+    assert isinstance(cluster, SlurmCluster) and cluster.proctrack == "cgroup", cluster
+    return slurm_lab
 
 
 @pytest.fixture

@@ -91,8 +91,9 @@ def _settled(slurm: SlurmCluster) -> None:
 
 
 def _training(inventory: Callable[..., Path], tmp_path: Path, lease: float = 10) -> Up:
-    """`up` of a long MWMS job (200 epochs), once both of its tasks run."""
-    up = Up(inventory(epochs=200, lease=lease), state=tmp_path / "state")
+    """`up` of a long stand-in job (the subject is the allocation's life, not TensorFlow,
+    which test_mwms_trains_on_two_allocated_nodes_... runs), once both of its tasks run."""
+    up = Up(_standin_job(inventory, tmp_path, lease=lease), state=tmp_path / "state")
     up.wait_for(r"worker:1@h3 pid \d+ running", timeout=300)
     return up
 
@@ -122,14 +123,18 @@ def test_mwms_trains_on_two_allocated_nodes_and_the_allocation_is_released(
 
 
 def _standin_job(
-    inventory: Callable[..., Path], tmp_path: Path, steps: int = 2000, **job: object
+    inventory: Callable[..., Path],
+    tmp_path: Path,
+    steps: int = 2000,
+    lease: float = 60,
+    **job: object,
 ) -> Path:
     """A TF-shaped stand-in (no TensorFlow: the subject is the allocation's life); `job`: more
     [job] keys (a failure policy)."""
     code = tmp_path / "code"
     standin.write(code)
     command = f"python3 {standin.NAME} {steps} --interval 0.25"
-    return inventory(code=code, command=command, job=job or None)
+    return inventory(code=code, command=command, lease=lease, job=job or None)
 
 
 def _kept_detached_run(
@@ -158,6 +163,7 @@ def _keeper_record_once_ended(lab: Lab, host: str, runs: str, *words: str) -> st
         time.sleep(0.5)
 
 
+@pytest.mark.both_trackings
 @pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
@@ -174,6 +180,7 @@ def test_detach_then_down_from_a_fresh_shell_releases_the_allocation(
     _settled(slurm)
 
 
+@pytest.mark.both_trackings
 @pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_scancel_of_a_detached_runs_allocation_ends_its_tasks_under_linuxproc(
     slurm_lab: Lab, slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
@@ -249,7 +256,7 @@ def test_a_pending_allocation_is_cancelled_by_ctrl_c(
         slurm.check(f"scancel {blocker}")
 
 
-@pytest.mark.starts_tf
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -263,14 +270,14 @@ def test_a_sigkilled_controller_holds_no_allocation_past_its_lease(
     # a measurement. Were the keeper kept alive, the allocation would last its 15 minutes.
     assert _wait_gone(slurm, lease + 60), "the allocation outlived its controller's lease"
     # Each supervisor stops its task when the same lease lapses, SIGTERM then SIGKILL after the
-    # grace (10 s): an MWMS task outlives the SIGTERM (TensorFlow's preemption notifier takes
-    # it), so it may end after the allocation does. Its end is the event waited for.
+    # grace (10 s): a task that outlives the SIGTERM (an MWMS task does: TensorFlow's preemption
+    # notifier takes it) may end after the allocation does. Its end is the event waited for.
     left = slurm.leftovers(settle=STOP_GRACE_S + 30)
     assert not left, f"the run outlived its lease: {left}"
     _settled(slurm)
 
 
-@pytest.mark.starts_tf
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_a_node_whose_slurmd_dies_ends_the_job_naming_the_node(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -361,7 +368,7 @@ def test_the_time_limits_warning_reaches_every_task_and_the_next_run_resumes(
     _settled(slurm)
 
 
-@pytest.mark.starts_tf
+@pytest.mark.names_tf(reason="its tasks are stand-ins without TensorFlow, not the digits default")
 def test_a_preempted_allocation_is_reported_as_such(
     slurm: SlurmCluster, slurm_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -548,7 +555,6 @@ def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes
     slurm: SlurmCluster,
     slurm_inventory: Callable[..., Path],
     tmp_path: Path,
-    request: pytest.FixtureRequest,
 ) -> None:
     """Issue 59's last case: Slurm requeues the allocation of a detached restart-job run (here
     `scontrol requeue`, as a preemption or a failed node does), every step ends, the tasks, the
@@ -556,16 +562,6 @@ def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes
     the wardens and the keeper again from the run's records (remote/rejoin.py); the keeper
     restarts the whole job, which resumes from its checkpoint and ends 0, with no tfdeploy
     command running; then the allocation ends by itself and nothing is left."""
-    if slurm.proctrack == "linuxproc":
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="open: on linuxproc under load, Slurm's run of the requeued job ended "
-                "FAILED at once (NonZeroExitCode, 0:00) in 2 of 2 full runs and 3 of 7 runs "
-                "alone while other suites ran here; it passed on a quiet machine and on the "
-                "cgroup configuration every time",
-                strict=False,
-            )
-        )
     run_id, keeper_host, job_id, runs = _kept_detached_run(slurm, slurm_inventory, tmp_path, 2)
 
     _wait_for_worker_1_past_step_8(slurm_lab, runs)
