@@ -116,22 +116,27 @@ def test_a_dependency_conflict_is_said_in_pips_words_and_starts_nothing(
     assert "Traceback" not in said and "pushed" not in said and "starting" not in said, said
 
 
-@pytest.mark.starts_tf
-def test_a_venv_python_with_another_python3_on_path_is_refused_or_trains(
+@pytest.mark.needs_tf(reason="preflight checks TensorFlow in the venv; the task only finds it")
+def test_a_venv_python_with_another_python3_on_path_is_refused_or_runs_in_the_venv(
     lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path
 ) -> None:
     """The venv user's case: python = a venv holding TensorFlow, command = "python3 train.py".
-    The venv's directory comes first on the task's PATH, so python3 is the venv's: it trains
-    (imports TensorFlow there), never a green preflight and dead tasks."""
+    The venv's directory comes first on the task's PATH, so python3 is the venv's: it runs, and
+    finds the TensorFlow preflight checked there, never a green preflight and dead tasks. The
+    task finds TensorFlow without importing it (find_spec): the subject is which interpreter
+    runs; the import itself is the system-site-packages test's below, with real TensorFlow."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(
-        "import sys, tensorflow\nprint('python', sys.prefix, 'tf', tensorflow.__version__)\n"
+        "import importlib.util, sys\n"
+        "found = importlib.util.find_spec('tensorflow') is not None\n"
+        "print('python', sys.prefix, 'executable', sys.executable, 'tf', found)\n"
     )
     job = {"python": VENV_PYTHON, "command": "python3 train.py"}
     inventory = lab_inventory([[{"role": "worker"}]], code=code, job=job)
     result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=0)
-    assert re.search(r"python /opt/tfdeploy/venv tf \d", result.stdout), result.stdout
+    found = re.search(r"python /opt/tfdeploy/venv executable (\S+) tf True$", result.stdout, re.M)
+    assert found and found.group(1).startswith("/opt/tfdeploy/venv/bin/python3"), result.stdout
 
 
 def test_a_task_python_other_than_the_checked_one_is_refused_by_preflight(
