@@ -5,11 +5,12 @@ every way a run ends (its end, `down`, Ctrl-C, a task failure) leaves no contain
 on any host (`clean_container_lab`). Preflight refuses a host without a usable runtime, an image
 that no host has, and a GPU task where no GPU runtime is; nothing starts.
 
-TensorFlow cannot be put into an image here (no registry, no network; the busybox test image is
-2 MB): the TF test's image is busybox plus a marker file, and the Python with TensorFlow is the
-lab's /opt/tfdeploy/venv with the host's /usr, mounted read-only (`container_mounts`). The
-training runs inside the container, with the container's TF_CONFIG, on hosts whose image
-stores never held the image.
+The image is the busybox test image (2 MB, no network here) plus a marker file, and a Python
+is the lab's /opt/tfdeploy/venv with the host's /usr, mounted read-only (`container_mounts`).
+The tasks that must talk across hosts run the TF-shaped stand-in (tests/support/standin.py)
+inside their containers, with the containers' TF_CONFIG, on hosts whose image stores never held
+the image: the subject is the image's journey and the containers' network, not TensorFlow,
+which test_seed_programs runs for real (issue 61).
 """
 
 # ruff: noqa: F811  # the shared fixtures (tests/support/image_jobs.py) are parameters here
