@@ -5,8 +5,9 @@ task or host named), and, through `clean_lab`, that no process of the run and no
 ANY lab host; `final_states` reads the run directories back from the hosts (from a fresh shell with
 no local state) and checks every task recorded how it ended.
 
-Tasks are a tiny Python script (below) that serves its TF port and behaves as its flags say;
-TensorFlow runs only where its behaviour is the point (a ps crash, a frozen PSS worker).
+Tasks are a tiny Python script (below) that serves its TF port and behaves as its flags say; the
+PSS-shaped cases (a ps crash, a frozen worker) run the TF-shaped stand-in (tests/support/
+standin.py). No TensorFlow: the subject is tfdeploy (issue 61).
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from typing import Any
 import pytest
 
 from tests.lab import Lab, LabHost
+from tests.support import standin
 from tests.support.faults import (
     _STARTED,
-    EXAMPLES,
-    TF_ENV,
     Up,
     final_states,
     pids_of,
@@ -203,57 +203,85 @@ def test_a_task_killed_by_sigkill_is_reported_as_a_signal(
     assert (states[label]["signal"], states[label]["reason"]) == (9, "signal")
 
 
-@pytest.mark.starts_tf
-@pytest.mark.slow
 def test_ps_crash_fails_the_pss_job_naming_the_ps(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
     lab = clean_lab
-    inventory = _pss_inventory(lab, lab_inventory)
+    # The ps crashes (exit 3) 5 steps after it reached every peer: the job is running by then.
+    inventory = _pss_inventory(lab, lab_inventory, tmp_path, ps="--ps-exit 5")
     up = Up(inventory, state=tmp_path / "state")
-    up.wait_for(r"\| epoch 1 loss", timeout=180)
-    [ps] = pids_of(lab, lab.hosts[0], "tfserver.py")
-    lab.run(lab.hosts[0], ["kill", "-KILL", str(ps)])
     assert up.finish(timeout=60) == 1, up.report()
     label = f"ps:0@{lab.hosts[0].name}"
-    assert first_error(up.stderr).startswith(f"error: {label} failed (killed by signal 9)")
+    assert first_error(up.stderr).startswith(f"error: {label} failed (exit code 3)")
+    assert f"{label} | ps 0 crashing" in " ".join(up.stdout.split())
     final_states(inventory, up.run_id(), tmp_path, hosts=3)
 
 
-@pytest.mark.starts_tf
-@pytest.mark.slow
 @pytest.mark.isolated
 def test_frozen_pss_worker_is_caught_by_the_stall_watchdog(
     clean_lab: Lab, lab_inventory: Any, tmp_path: Path
 ) -> None:
     lab = clean_lab
+    h1, _, h3 = lab.hosts[:3]
+    # The chief blocks on a peer at step 2, as a PSS chief waits forever on a frozen worker
+    # (shared/TF_NOTES.md); worker:0 ends; worker:1 steps on until the test freezes it. Every
+    # awaited task is then silent: the window only has to outlast a loaded start's peer dials.
     inventory = _pss_inventory(
-        lab, lab_inventory, stall_timeout=20
-    )  # a loaded start stays under it
+        lab,
+        lab_inventory,
+        tmp_path,
+        chief="--freeze-at 2 --fail-task chief:0",
+        worker0="3",
+        stall_timeout=5,
+    )
     up = Up(inventory, state=tmp_path / "state")
-    up.wait_for(r"\| epoch 1 loss", timeout=180)
-    [worker] = pids_of(lab, lab.hosts[2], "tfserver.py")
-    lab.freeze(lab.hosts[2], worker)
-    # A frozen worker hangs the chief forever (shared/TF_NOTES.md): `up` ends only through
-    # the watchdog, which the error below names; no bound on how soon under the suite's load.
+    up.wait_for(r"\| chief 0 waiting on a peer", timeout=60)
+    up.wait_for(r"\| worker 0 done at step")
+    up.wait_for(r"worker:1@\S+\s+\| step 1$")
+    [worker] = pids_of(lab, h3, standin.NAME)
+    lab.freeze(h3, worker)
+    # `up` ends only through the watchdog, which the error below names.
     assert up.finish(timeout=90) == 1, up.report()
     error = " ".join(up.stderr.split())
-    assert "job stalled: no awaited task (chief:0) wrote output or exited" in error
-    assert f"frozen (stopped by a signal, e.g. SIGSTOP): worker:1@{lab.hosts[2].name}" in error
-    assert f"chief:0@{lab.hosts[0].name}" in error.split("silent for")[1]
+    awaited = "chief:0, worker:0, worker:1"  # the stand-in's workers are awaited, not servers
+    assert f"job stalled: no awaited task ({awaited}) wrote output or exited" in error
+    assert f"frozen (stopped by a signal, e.g. SIGSTOP): worker:1@{h3.name}" in error
+    assert f"chief:0@{h1.name}" in error.split("silent for")[1]
     states = final_states(inventory, up.run_id(), tmp_path, hosts=3)
-    assert states[f"worker:1@{lab.hosts[2].name}"]["signal"] == 9  # SIGTERM waits while frozen
+    assert states[f"worker:1@{h3.name}"]["signal"] == 9  # SIGTERM waits while frozen
 
 
-def _pss_inventory(lab: Lab, lab_inventory: Any, **job: Any) -> Path:
+_PSS_STEPS = 100_000  # the stand-in's steps: more than any of these tests lets it run
+
+
+def _pss_inventory(
+    lab: Lab,
+    lab_inventory: Any,
+    tmp_path: Path,
+    *,
+    chief: str = "",
+    worker0: str = "",
+    ps: str = "",
+    **job: Any,
+) -> Path:
+    """A PSS-shaped job of stand-ins (tests/support/standin.py): chief and ps on h1, a worker on
+    h2 and h3; each dials every other task first. `chief`, `ps`: their extra flags; `worker0`:
+    worker:0's own steps and flags."""
+    code = tmp_path / "code"
+    standin.write(code)
+    run = f"{lab.python} {standin.NAME}"
+    command = f"{run} {_PSS_STEPS} --peers"
     return lab_inventory(  # type: ignore[no-any-return]
-        [[{"role": "chief"}, {"role": "ps"}], [{"role": "worker"}], [{"role": "worker"}]],
-        code=EXAMPLES,
+        [
+            [{"role": "chief", "command": f"{command} {chief}".strip()}, {"role": "ps"}],
+            [{"role": "worker"} | ({"command": f"{run} {worker0} --peers"} if worker0 else {})],
+            [{"role": "worker"}],
+        ],
+        code=code,
         job={
             "name": "pssfault",
-            "command": f"{lab.python} pss.py --epochs 1000 --steps-per-epoch 5",
-            "role_commands": {"worker": "tfdeploy:server"},
-            "env": TF_ENV,
+            "command": command,
+            "role_commands": {"ps": f"{command} {ps}".strip()},
             "stop_grace": 2,
             "lease_seconds": 10,
             **job,

@@ -4,6 +4,7 @@ again from the run id alone. The example script's run (TensorFlow) is test_api_e
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import subprocess
@@ -15,6 +16,10 @@ from typing import Any
 import pytest
 
 from deployer import api
+from deployer.api.handle import started
+from deployer.api.inventories import load
+from deployer.config.plan import make_plan
+from tests.support import standin
 from tests.support.helpers import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -216,28 +221,35 @@ def test_wait_returns_when_the_awaited_tasks_end_and_down_stops_the_rest(tmp_pat
     assert [t.state for t in run.status()] == ["exited", "exited"]
 
 
-@pytest.mark.slow  # starts a TensorFlow server: seconds of CPU
-@pytest.mark.starts_tf  # the built-in server is a TensorFlow server
+@pytest.mark.names_tf(reason="plans `tfdeploy:server`; the worker that runs is the stand-in")
 def test_a_worker_running_the_built_in_server_is_not_awaited(tmp_path: Path) -> None:
     """ParameterServerStrategy's workers are bare servers that never end: `wait` must not wait
-    for them, whether the handle comes from `up` or from the run id alone."""
-    spec = tasks_job(
+    for them, whether the handle comes from `up` or from the run id alone. Both handles are
+    those made for the job that names `tfdeploy:server` (`up`'s from its plan, `attach`'s from
+    the inventory); the run's worker is the TF-shaped stand-in, serving its port until stopped:
+    no TensorFlow (issue 61; the real server runs in test_seed_programs' PSS test)."""
+    served = tasks_job(
         tmp_path,
         [
-            {"role": "chief", "command": "sh -c 'sleep 2'"},
+            {"role": "chief", "command": "true"},
             {"role": "worker", "command": "tfdeploy:server"},
         ],
-        require_tensorflow=True,
         keeper=False,  # a kept run's keeper stops the server once the chief is done
     )
-    run = api.up(spec, base=tmp_path, detach=True)
-    again = api.attach(run.id, inventory=spec, base=tmp_path)
+    inventory = load(served, base=tmp_path)
+    plan = make_plan(inventory)
+    assert [(t.name, t.awaited) for t in plan.tasks] == [("chief:0", True), ("worker:0", False)]
+    running = copy.deepcopy(served)  # the same job, its server the stand-in
+    running["hosts"][0]["tasks"][1]["command"] = f"{sys.executable} {standin.NAME} 1 --interval 600"
+    standin.write(tmp_path / "code")
+    run = api.up(running, base=tmp_path, detach=True)
     try:
-        for handle in (run, again):
+        up_handle = started(plan, run.id, inventory)  # what `up` returns for the served job
+        for handle in (up_handle, api.attach(run.id, inventory=served, base=tmp_path)):
             result = handle.wait(timeout=60, interval=0.2)
-            assert [(t.task, t.awaited) for t in result.tasks] == [
-                ("chief:0", True),
-                ("worker:0", False),
+            assert [(t.task, t.awaited, t.state) for t in result.tasks] == [
+                ("chief:0", True, "exited"),
+                ("worker:0", False, "running"),
             ]
     finally:
         assert run.down() == ("local",)
