@@ -182,6 +182,10 @@ def test_pss_script_in_every_role_with_an_evaluator(
     assert "evaluator" not in configs[chief]["cluster"]  # else the chief waits for it forever
     assert configs[evaluator]["cluster"] == {"evaluator": [f"{h3.address}:0"]}
     assert f"ps:0@{h2.name} | ps:0: serving" in out  # the script's own ps branch
+    for index, host in enumerate((h2, h3)):  # the built-in server, TensorFlow's, in its slot
+        port = configs[chief]["cluster"]["worker"][index].rsplit(":")[1]
+        line = f"worker:{index}@{host.name} | tfdeploy:server worker:{index} serving on port {port}"
+        assert line in out, out
     assert re.search(rf"^{evaluator}\s+\| evaluator:0: ckpt-4 \(epoch 4\): accuracy", out, re.M)
     got = accuracies(out)
     assert got.keys() == {chief, evaluator}
