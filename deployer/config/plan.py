@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from deployer.config.containers import check_images
-from deployer.config.frameworks import RANK_ROLES, VARIABLES, Framework, Rank, ranks, variables
+from deployer.config.frameworks import RANK_ROLES, RECORDS, Framework, Rank, ranks
 from deployer.config.inventory import Inventory
 from deployer.config.model import FailurePolicy, Host, Job, TaskSpec
 from deployer.config.roles import (
@@ -97,7 +97,7 @@ class Task:
     def cluster_env(self) -> dict[str, str]:
         """The variables of its convention: TF_CONFIG, or its rank's (config/frameworks.py)."""
         if self.rank is not None:
-            return variables(self.framework, self.rank)
+            return RECORDS[self.framework].env(self.rank)
         task = json.dumps({"type": self.role, "index": self.index})
         return {"TF_CONFIG": f'{{"cluster": {self.cluster_json}, "task": {task}}}'}
 
@@ -195,7 +195,7 @@ def make_plan(inventory: Inventory) -> Plan:
     frameworks = _check_frameworks(inventory.job, slots, file)
     cluster: dict[str, list[str]] = {}
     for s in slots:
-        if s.role in CLUSTER_ROLES and frameworks[s.name] == Framework.TENSORFLOW:
+        if s.role in CLUSTER_ROLES and not RECORDS[frameworks[s.name]].by_rank:
             cluster.setdefault(s.role, []).append(host_port(s.host.tf_address, s.port))
     cluster = {role: cluster[role] for role in CLUSTER_ROLES if role in cluster}
     shared = _Shared(
@@ -416,7 +416,7 @@ def _check_frameworks(job: Job, slots: list[_Slot], file: str) -> dict[tuple[str
     convention besides TensorFlow, since ranks of two conventions share no coordinator."""
     found = {s.name: _framework_of(job, s.role) for s in slots}
     for s in slots:
-        if found[s.name] != Framework.TENSORFLOW and s.role not in RANK_ROLES:
+        if RECORDS[found[s.name]].by_rank and s.role not in RANK_ROLES:
             key = (
                 "job.role_frameworks." + s.role
                 if s.role in job.role_frameworks
@@ -429,7 +429,7 @@ def _check_frameworks(job: Job, slots: list[_Slot], file: str) -> dict[tuple[str
                 f"{' and '.join(RANK_ROLES)})",
                 hint=f'make it a worker, or set role_frameworks.{s.role} = "tensorflow"',
             )
-    others = sorted({f for f in found.values() if f != Framework.TENSORFLOW})
+    others = sorted({f for f in found.values() if RECORDS[f].by_rank})
     if len(others) > 1:
         raise InventoryError(
             file,
@@ -445,7 +445,7 @@ def _ranks(
     slots: list[_Slot], frameworks: dict[tuple[str, int], Framework]
 ) -> dict[tuple[str, int], Rank]:
     """Rank 0 the chief (else worker 0), then the workers in plan order."""
-    members = [s for s in slots if frameworks[s.name] != Framework.TENSORFLOW]
+    members = [s for s in slots if RECORDS[frameworks[s.name]].by_rank]
     members.sort(key=lambda s: (RANK_ROLES.index(s.role), s.index))
     placed = ranks([(s.host.name, s.host.tf_address, s.port or 0) for s in members])
     return {s.name: r for s, r in zip(members, placed, strict=True)}
@@ -535,7 +535,7 @@ def _task_env(s: _Slot, inventory: Inventory, framework: Framework) -> dict[str,
         for name in env:
             if name in RESERVED_ENV:
                 raise _reserved(inventory, f"{source}.{name}", name)
-            if framework != Framework.TENSORFLOW and name in VARIABLES[framework]:
+            if RECORDS[framework].by_rank and name in RECORDS[framework].variables:
                 raise InventoryError(
                     str(inventory.path),
                     f"{source}.{name}",

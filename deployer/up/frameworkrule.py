@@ -1,68 +1,124 @@
 """Preflight's framework rule: a task of `framework = "torch"`, `"jax"` or `"keras"` finds its
-framework in the python it runs with, at one version on every host (docs/frameworks.md).
+framework's distributions (its record's `packages`, config/frameworks.py) in the python it runs
+with, at one version for every task (docs/frameworks.md).
 
-It stands beside the TensorFlow rule (preflight's `require_tensorflow` check, which the 47
-branch moves into one TensorFlow module of its own) and is kept as small: the hello says the
-distributions the host's python has (remote/agent.py `frameworks`, from their dist-info,
-nothing imported).
-Checked here: the tasks that run the host's python (no requirements, no image). A task in a
-venv or an image is not checked yet: its framework shows at its import.
+It stands beside the TensorFlow rule (tfrule.py) and reads a task's distributions from the same
+sources, where they say them:
+
+- the host's python (no requirements, no image): the hello's `frameworks` (remote/agent.py,
+  from their dist-info, nothing imported); checked at preflight;
+- a venv of the job's requirements, once resolved: its resolved wheels, or with
+  `system_site_packages` and no such wheel, the base python's, which the hello read
+  (`problems` with the job's `Environments`).
+
+Not known, so not checked (the framework shows at its import): a venv the hosts install from
+their own index (`wheels_from = "hosts"`: the env op answers only its TensorFlow), and a task in
+an image (the trial container reads only the image's TensorFlow).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from deployer.config.frameworks import Framework
+from deployer.config.frameworks import RECORDS
+from deployer.config.model import WheelsFrom
 from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError
-from deployer.up.environment import requirements_of
+from deployer.up.environment import Environments, requirements_of
 from deployer.up.images import task_image
 
-# The distributions each convention's script imports: Keras 3's distribution runs on JAX.
-NEEDS: dict[Framework, tuple[str, ...]] = {
-    Framework.TORCH: ("torch",),
-    Framework.JAX: ("jax", "jaxlib"),
-    Framework.KERAS: ("keras", "jax", "jaxlib"),
-}
+
+@dataclass(frozen=True)
+class TaskPackages:
+    """The framework distributions one task's python would import: name -> version."""
+
+    task: Task
+    where: str  # "python3", "venv 1a2b3c4d5e6f"
+    have: Mapping[str, str]
+    hint: str  # where a missing one is to come from
 
 
-def host_python_tasks(plan: Plan) -> list[Task]:
-    """The rank tasks that run the host's python: the hello's facts are theirs."""
+def known_packages(
+    plan: Plan,
+    facts: Mapping[str, Mapping[str, object]],
+    environments: Environments | None = None,
+) -> list[TaskPackages]:
+    """Each rank task's distributions as far as they are known now (a task not known yet is
+    absent): the host-python tasks' from the hellos, with `environments` (resolved) the venv
+    tasks' from their wheels."""
     hosts = {h.name: h for h in plan.hosts}
-    return [
-        t
-        for t in plan.tasks
-        if t.framework in NEEDS
-        and task_image(plan, t) is None
-        and requirements_of(plan.job, hosts[t.host], t) is None
-    ]
+    found = []
+    for task in plan.tasks:
+        if not RECORDS[task.framework].packages or task_image(plan, task) is not None:
+            continue
+        host = hosts[task.host]
+        said: Mapping[str, str] = facts.get(task.host, {}).get("frameworks") or {}  # type: ignore[assignment]
+        base = {_normalized(d): v for d, v in said.items()}
+        if requirements_of(plan.job, host, task) is None:
+            found.append(TaskPackages(task, host.python, base, _HOST_HINT))
+            continue
+        env = environments.env_of(task) if environments is not None else None
+        if env is None or env.wheelhouse is None or plan.job.wheels_from is WheelsFrom.HOSTS:
+            continue  # the hosts' own index decides: known at the import
+        wheels = {_normalized(w.name): w.version for w in env.wheelhouse.wheels}
+        where = f"venv {env.hash[:12]}"
+        if plan.job.system_site_packages:
+            wheels = {**base, **wheels}
+            where += f" over {env.identity.interpreter.path}"
+        found.append(TaskPackages(task, where, wheels, _VENV_HINT))
+    return found
 
 
-def problems(plan: Plan, facts: Mapping[str, Mapping[str, object]]) -> list[HostError]:
-    """A framework missing for a task's python, or two versions of one across the hosts."""
+def problems(
+    plan: Plan,
+    facts: Mapping[str, Mapping[str, object]],
+    environments: Environments | None = None,
+) -> list[HostError]:
+    """A framework missing for a task's python, or two versions of one across the tasks."""
     found: list[HostError] = []
-    versions: dict[str, dict[str, str]] = {}  # distribution -> host -> version
-    hosts = {h.name: h for h in plan.hosts}
-    for task in host_python_tasks(plan):
-        have: Mapping[str, str] = facts.get(task.host, {}).get("frameworks") or {}  # type: ignore[assignment]
-        for dist in NEEDS[task.framework]:
-            if dist in have:
-                versions.setdefault(dist, {})[task.host] = have[dist]
+    versions: dict[str, dict[tuple[str, str], str]] = {}  # distribution -> (host, where) -> version
+    for known in known_packages(plan, facts, environments):
+        task = known.task
+        for dist in RECORDS[task.framework].packages:
+            version = known.have.get(_normalized(dist))
+            if version is not None:
+                versions.setdefault(dist, {})[(task.host, known.where)] = version
                 continue
             found.append(
                 HostError(
                     task.host,
-                    f"{dist} is not installed for {hosts[task.host].python} ({task.name} reads "
+                    f"{dist} is not installed for {known.where} ({task.name} reads "
                     f'framework = "{task.framework}")',
-                    hint=f"install {dist} in the host's python, set the host's `python` to one "
-                    "that has it, or add it to the job's requirements",
+                    hint=known.hint.format(dist=dist),
                 )
             )
-    for dist, by_host in sorted(versions.items()):
-        if len(set(by_host.values())) > 1:
+    pythons = {h.name: h.python for h in plan.hosts}
+    for dist, by_place in sorted(versions.items()):
+        if len(set(by_place.values())) > 1:
             found += [
-                HostError(host, f"{dist} {version}", hint="one version on every host")
-                for host, version in sorted(by_host.items())
+                HostError(
+                    host,
+                    f"{dist} {version}" + ("" if where == pythons[host] else f" ({where})"),
+                    hint="one version on every host",
+                )
+                for (host, where), version in sorted(by_place.items())
             ]
     return found
+
+
+_HOST_HINT = (
+    "install {dist} in the host's python, set the host's `python` to one that has it, or add it "
+    "to the job's requirements"
+)
+_VENV_HINT = (
+    "add {dist} to the requirements this task's venv is made of (the job's, its role's or its "
+    "host's), or set system_site_packages = true over a python that has it"
+)
+
+
+def _normalized(name: str) -> str:
+    """A distribution's name as wheel and .dist-info names spell it: lower case, `_` for each
+    run of `-`, `_`, `.` (remote/envop.py `normalized`)."""
+    return re.sub(r"[-_.]+", "_", name).lower()

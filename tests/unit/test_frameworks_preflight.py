@@ -1,16 +1,21 @@
 """Preflight's framework rule (up/frameworkrule.py), a framework job's TensorFlow default, and the
-failure report's hint for a script under the wrong convention (watch/convention.py)."""
+failure report's hint for a script under the wrong convention (watch/convention.py): both read
+each framework's record (config/frameworks.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
-from deployer.config.frameworks import Framework
+from deployer.config.frameworks import RECORDS, WRONG_CONVENTION_HINT, Framework
 from deployer.config.inventory import load_inventory
-from deployer.config.plan import Plan, make_plan
+from deployer.config.plan import Plan, Task, make_plan
+from deployer.envs.wheelhouse import Wheel
 from deployer.up import frameworkrule
+from deployer.up.environment import Environments
 from deployer.watch.convention import convention_hint
+from remote import hostfacts
 from tests.support.aws import cli
 
 HOSTS = """
@@ -73,6 +78,91 @@ def test_tensorflow_jobs_and_venv_tasks_are_left_to_their_own_checks(tmp_path: P
     assert frameworkrule.problems(_plan(tmp_path, ""), _facts({}, {})) == []
     in_venv = 'framework = "torch"\nrequirements = ["torch"]'
     assert frameworkrule.problems(_plan(tmp_path, in_venv), _facts({}, {})) == []
+
+
+class _Resolved(Environments):
+    """Every requirements task's venv resolved to `files` (a wheelhouse of wheel file names)."""
+
+    def __init__(self, plan: Plan, files: list[str]) -> None:
+        super().__init__(plan)
+        wheels = tuple(Wheel(f, "0" * 64, 1) for f in files)
+        self.env = SimpleNamespace(
+            hash="1a2b3c4d5e6f7a8b",
+            wheelhouse=SimpleNamespace(wheels=wheels),
+            identity=SimpleNamespace(interpreter=SimpleNamespace(path="/usr/bin/python3")),
+        )
+
+    def env_of(self, task: Task) -> SimpleNamespace:  # type: ignore[override]
+        return self.env
+
+
+JAX_WHEELS = ["jax-0.10.2-py3-none-any.whl", "jaxlib-0.10.2-cp311-cp311-manylinux_x86_64.whl"]
+
+
+def test_a_venv_task_is_checked_on_its_resolved_wheels(tmp_path: Path) -> None:
+    in_venv = 'framework = "keras"\nrequirements = ["keras"]'
+    plan = _plan(tmp_path, in_venv)
+    resolved = _Resolved(plan, JAX_WHEELS)
+    found = frameworkrule.problems(plan, _facts(KERAS, KERAS), resolved)
+    assert [(p.host, p.cause) for p in found] == [
+        (
+            "10.0.0.1",
+            'keras is not installed for venv 1a2b3c4d5e6f (worker:0 reads framework = "keras")',
+        ),
+        (
+            "10.0.0.2",
+            'keras is not installed for venv 1a2b3c4d5e6f (worker:1 reads framework = "keras")',
+        ),
+    ]
+    assert "requirements" in (found[0].hint or "") and "keras" in (found[0].hint or "")
+    resolved = _Resolved(plan, ["keras-3.15.1-py3-none-any.whl", *JAX_WHEELS])
+    assert frameworkrule.problems(plan, _facts({}, {}), resolved) == []
+    # Without the environments (preflight, before they are resolved): not known yet.
+    assert frameworkrule.problems(plan, _facts({}, {})) == []
+
+
+def test_a_venv_over_system_site_packages_counts_the_base_pythons(tmp_path: Path) -> None:
+    shared = 'framework = "keras"\nrequirements = ["jax"]\nsystem_site_packages = true'
+    plan = _plan(tmp_path, shared)
+    resolved = _Resolved(plan, JAX_WHEELS)
+    found = frameworkrule.problems(plan, _facts(KERAS, {"keras": "3.14.0"}), resolved)
+    where = "venv 1a2b3c4d5e6f over /usr/bin/python3"
+    assert [(p.host, p.cause) for p in found] == [
+        ("10.0.0.1", f"keras 3.15.1 ({where})"),
+        ("10.0.0.2", f"keras 3.14.0 ({where})"),
+    ]
+
+
+def test_a_venv_from_the_hosts_index_and_an_image_are_not_known_before_the_import(
+    tmp_path: Path,
+) -> None:
+    from_hosts = 'framework = "torch"\nrequirements = ["torch"]\nwheels_from = "hosts"'
+    plan = _plan(tmp_path, from_hosts)
+    assert frameworkrule.known_packages(plan, _facts({}, {}), _Resolved(plan, [])) == []
+    in_image = 'framework = "torch"\nimage = "localhost/x:1"'
+    plan = _plan(tmp_path, in_image)
+    assert frameworkrule.known_packages(plan, _facts({}, {}), _Resolved(plan, [])) == []
+
+
+def test_the_hello_reads_every_distribution_a_record_needs() -> None:
+    needed = {d for r in RECORDS.values() for d in r.packages}
+    assert needed == set(hostfacts.FRAMEWORK_DISTRIBUTIONS)
+
+
+def test_each_rank_conventions_signs_name_it_in_the_hint() -> None:
+    for r in RECORDS.values():
+        assert r.signs and r.by_rank == (r.name != Framework.TENSORFLOW)
+        for words in r.signs:
+            others = [
+                f
+                for f in Framework
+                if f not in {g.name for g in RECORDS.values() if words in g.signs}
+            ]
+            hint = convention_hint([f"ValueError: {words}"], others[0])
+            assert hint is not None and f'framework = "{r.name}"' in hint
+    said = convention_hint(["RuntimeError: MASTER_ADDR expected"], Framework.JAX)
+    choices = 'framework = "torch"'
+    assert said == WRONG_CONVENTION_HINT.format(framework="jax", choices=choices)
 
 
 def test_a_torch_script_under_tf_config_gets_the_framework_key_as_hint() -> None:
