@@ -355,17 +355,6 @@ def image_platform(runtime: str, image: str) -> str:
     return normalize_platform(out.strip().splitlines()[0])
 
 
-def platform_error(runtime: str, image: str, host_platform: str) -> str | None:
-    """None when the image runs on this host's platform, else what is wrong, for preflight."""
-    have = image_platform(runtime, image)
-    if have == host_platform:
-        return None
-    return (
-        f"image {image} is built for {have}, this host is {host_platform}: "
-        f"build or pull the {host_platform} variant"
-    )
-
-
 def pull(runtime: str, image: str) -> None:
     """Pull through the host's own registry access (the default source of an image)."""
     _checked([runtime, "pull", "-q", image], _LOAD_TIMEOUT)

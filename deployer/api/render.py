@@ -191,10 +191,6 @@ def _sources_document(plan: Plan) -> dict[str, Any]:
     return {s.json_key: list(s.documents) for s in plan.inventory.tables}
 
 
-def plan_json(plan: Plan) -> str:
-    return json.dumps(plan_document(plan), indent=2)
-
-
 def status_table(
     runs: Sequence[HostRun], height: int | None = None, *, brief_ended: bool = False
 ) -> RenderableType:

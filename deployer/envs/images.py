@@ -110,10 +110,3 @@ def layout_blobs(path: Path) -> tuple[Blob, ...]:
             )
         blobs.append(Blob(f"sha256:{digest}", f.stat().st_size))
     return tuple(blobs)
-
-
-def new_bytes(old: OciLayout | None, new: OciLayout) -> int:
-    """Bytes of `new`'s blobs that `old` does not have: what a re-deploy sends to a host that
-    holds `old` (the store sends a content once, by digest), not counting index.json."""
-    have = {b.digest for b in old.blobs} if old is not None else set()
-    return sum(b.size for b in new.blobs if b.digest not in have)

@@ -246,11 +246,8 @@ def test_an_image_saved_here_loads_on_a_host_that_never_saw_it(
     assert json.loads(tags.stdout) == [IMAGE]  # the path-made name podman gave it is gone
     info = call(lab, target, "containers.runtime_info('podman')")
     assert info == {"runtime": "podman", "rootless": False, "platform": "linux/amd64"}
-    assert (
-        call(lab, target, f"containers.platform_error('podman', {IMAGE!r}, 'linux/amd64')") is None
-    )
-    wrong = call(lab, target, f"containers.platform_error('podman', {IMAGE!r}, 'linux/arm64')")
-    assert "linux/amd64" in wrong and "linux/arm64" in wrong
+    # what preflight compares with the host's platform (remote/imageop.py)
+    assert call(lab, target, f"containers.image_platform('podman', {IMAGE!r})") == "linux/amd64"
     done = lab.run(
         target, podman_cmd(lab, target, argv(lab, "rLoad", "w/0", "echo loaded", workdir="/tmp"))
     )
@@ -276,12 +273,13 @@ def test_a_changed_top_layer_is_all_a_redeploy_sends(tmp_path: Path, private_sto
     assert images.export_oci(base, tmp_path / "images") == first  # saved once, kept by ID
     shared = {b.digest for b in first.blobs} & {b.digest for b in second.blobs}
     assert shared and max(b.size for b in first.blobs if b.digest in shared) > 500_000
-    sent = images.new_bytes(first, second)
+    # A host holding the first has its blobs; the store sends a content once, by digest
+    # (deployer/up/images.py): what the host lacks is what a re-deploy sends.
+    sent = sum(b.size for b in second.blobs if b.digest not in {b.digest for b in first.blobs})
     layer = max(b.size for b in second.blobs if b.digest not in shared)
     print(
         f"base {first.size} B, changed {second.size} B, re-deploy sends {sent} B (layer {layer} B)"
     )
-    assert images.new_bytes(second, second) == 0
     assert layer > 3 << 20
     assert sent - layer < 4096  # the layer, its manifest and config, nothing of the base
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import ast
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from deployer.api.render import plan_json, plan_table
+from deployer.api.render import plan_document, plan_table
 from deployer.config.inventory import (
     Inventory,
     discover_hosts,
@@ -170,4 +169,4 @@ def test_plan_shows_what_a_source_found_as_the_source_describes_it(
     console.print(plan_table(plan))
     shown = console.export_text()
     assert "2 rack machines" in shown and "rack-1" in shown and "10.9.0.2" in shown
-    assert json.loads(plan_json(plan))["rack"] == []  # no documents: an empty list, not missing
+    assert plan_document(plan)["rack"] == []  # no documents: an empty list, not missing
