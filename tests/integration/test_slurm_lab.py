@@ -148,6 +148,7 @@ def test_killed_slurmd_marks_the_node_down_and_requeues_its_job(slurm: SlurmClus
     slurm.wait_job(job, "CANCELLED", timeout=30)
 
 
+@pytest.mark.both_trackings  # what it checks happens on linuxproc only
 def test_leftover_check_finds_a_process_that_left_its_job(slurm: SlurmCluster) -> None:
     # Without cgroups a process that leaves with setsid outlives its step (on a real cluster the
     # job's cgroup takes it): the check every Slurm test ends on must see it.
