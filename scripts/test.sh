@@ -12,8 +12,10 @@ bash scripts/install.sh
 # installs no checkout into it): two clones run their suites side by side (docs/testing.md).
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # pytest's workers (pytest-xdist): each has its own lab, and lab tests mostly wait on hosts, so
-# more workers than cores (docs/testing.md, "The parallel lab"). TFDEPLOY_TEST_WORKERS=0: serial.
-WORKERS=${TFDEPLOY_TEST_WORKERS:-3}
+# three workers a core, and an idle worker takes tests queued on a busy one (worksteal), so no
+# long test waits at the end behind another (docs/testing.md, "The parallel lab").
+# TFDEPLOY_TEST_WORKERS=0: serial.
+WORKERS=${TFDEPLOY_TEST_WORKERS:-6}
 if [ "$TFDEPLOY_ROOT" != 1 ]; then
   echo "not root ($(id -un)): the lab runs as sshd hosts on 127.0.0.x loopback addresses, and the"
   echo "  tests marked isolated skip: network, PID and mount namespaces, link faults and firewall"
@@ -34,4 +36,4 @@ fi
 "$VENV/bin/python" -m pytest -q tests/meta
 # The in-process tier's `slow` tests too (tests/conftest.py); the run fails over its budget
 # (suite_budget_s in pyproject.toml, tests/support/budget.py).
-exec "$VENV/bin/python" -m pytest -q --run-slow -n "$WORKERS" --ignore=tests/meta "$@"
+exec "$VENV/bin/python" -m pytest -q --run-slow -n "$WORKERS" --dist worksteal --ignore=tests/meta "$@"

@@ -162,9 +162,10 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 # Under xdist (`-n N`, scripts/test.sh) each worker is a pytest session with its own labs (labs
 # coexist by id: their own namespaces, links, subnets and directories), built when a test of that
 # worker first asks for one: the 8-host `lab`, and the container and bastion labs. Tests are dealt
-# out one by one (`--dist load`): grouping the tests of a costly lab on one worker (xdist's
-# loadgroup) does not work with pytest 9 (xdist renames items through `_nodeid`, which pytest 9
-# no longer reads), and those labs take seconds, less than the imbalance a group would cause.
+# out one by one (`--dist worksteal`, scripts/test.sh): grouping the tests of a costly lab on
+# one worker (xdist's loadgroup) does not work with pytest 9 (xdist renames items through
+# `_nodeid`, which pytest 9 no longer reads), and those labs take seconds, less than the
+# imbalance a group would cause.
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
