@@ -14,7 +14,6 @@ Whatever goes is resolved or saved again by the next `up` that needs it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -28,6 +27,7 @@ from deployer.core.statedir import state_dir
 from deployer.core.text import join_names, plural, size
 from deployer.envs import uses, wheelhouse
 from deployer.envs.resolve import cache_root
+from deployer.results import runstore
 
 GRAVE = ".pruned-"
 # Written under a temporary name and renamed when whole: a leftover is a killed resolve or save.
@@ -100,11 +100,13 @@ def prune_local(
 def recent_runs(keep: int) -> set[str]:
     """The ids of the newest `keep` runs of each job among this machine's run records."""
     by_job: dict[str, list[tuple[float, str]]] = {}
-    for path in _files(state_dir() / "runs", ".json"):
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            data = json.loads(path.read_text(encoding="utf-8"))
-            created = float(data.get("created", 0.0))
-            by_job.setdefault(str(data.get("job")), []).append((created, path.stem))
+    records, _ = runstore.listed_runs()
+    for run_id in records:
+        data = runstore.read_record(run_id).found  # None: damaged, or no file (a folder)
+        with contextlib.suppress(ValueError, TypeError, OverflowError):
+            if data is not None:
+                created = float(data.get("created", 0.0))
+                by_job.setdefault(str(data.get("job")), []).append((created, run_id))
     return {run for runs in by_job.values() for _, run in sorted(runs, reverse=True)[:keep]}
 
 
@@ -149,13 +151,6 @@ def _walk(root: Path) -> Iterator[Path]:
 def _dirs(root: Path) -> list[Path]:
     try:
         return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-    except OSError:
-        return []
-
-
-def _files(root: Path, suffix: str) -> list[Path]:
-    try:
-        return [p for p in root.iterdir() if p.name.endswith(suffix) and p.is_file()]
     except OSError:
         return []
 

@@ -1,5 +1,5 @@
 """`tfdeploy report RUN`: one self-contained HTML page of a run, made from what this machine
-kept (results/metricstore.py): its facts, a chart per metric with every task overlaid,
+kept (results/runstore.py): its facts, a chart per metric with every task overlaid,
 resources and a timeline.
 
 Plotting: hand-written inline SVG (deployer/api/charts.py), no library. A charting library
@@ -38,8 +38,7 @@ from deployer.api import charts
 from deployer.api.charts import e as _e
 from deployer.core.errors import UsageError
 from deployer.core.text import duration, human_size
-from deployer.results import metricstore
-from deployer.results.archive import run_dir
+from deployer.results import metricstore, runstore
 
 W = charts.W
 POINTS_DRAWN = charts.POINTS  # a series is drawn from this many points at most
@@ -50,36 +49,36 @@ RESOURCES = (("cpu", "CPU %"), ("rss", "RSS"), ("gpu_util", "GPU %"), ("gpu_mem"
 
 
 def write_report(run_id: str, out: Path | None = None) -> Path:
-    directory = run_dir(run_id)
-    facts = metricstore.read_json(directory, "facts.json")
-    if not isinstance(facts, dict) and (directory / "facts.json").exists():
+    kept = runstore.read_facts(run_id)
+    facts = kept.found
+    if kept.damaged:
         raise UsageError(
-            f"run {run_id}'s facts on this machine are damaged ({directory}/facts.json is not "
+            f"run {run_id}'s facts on this machine are damaged ({kept.path} is not "
             "a JSON object: cut short, nested too deep, or edited)",
             hint="the page needs the run's facts, which `up` wrote when it started: restore the "
             "file from a backup, or see the run's logs (`tfdeploy logs RUN_ID`)",
         )
-    if not isinstance(facts, dict):
+    if facts is None:
         raise UsageError(
-            f"run {run_id} has no facts on this machine ({directory}/facts.json)",
+            f"run {run_id} has no facts on this machine ({kept.path})",
             hint="`tfdeploy runs` lists the runs this machine keeps; a report needs a run "
             "that `up` carried to its hosts from here",
         )
-    metrics, usage = metricstore.read(directory, "metrics"), metricstore.read(directory, "usage")
+    metrics, usage = runstore.metrics(run_id), runstore.usage(run_id)
     streams = Streams(
-        {task: metricstore.each(directory, "metrics", task) for task in metrics},
-        {task: metricstore.each(directory, "usage", task) for task in usage},
+        {task: runstore.each_metric(run_id, task) for task in metrics},
+        {task: runstore.each_sample(run_id, task) for task in usage},
     )
     page = render_page(
         run_id,
         sane_facts(facts),
-        sane_outcome(metricstore.read_object(directory, "outcome.json")),
+        sane_outcome(runstore.read_outcome(run_id).fields),
         metrics,
         usage,
-        metricstore.journal(directory),
+        runstore.journal(run_id),
         streams,
     )
-    target = out or directory / "report.html"
+    target = out or runstore.RunFolder.of(run_id).report
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a run's facts: private
     with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
         f.write(page)
@@ -87,9 +86,9 @@ def write_report(run_id: str, out: Path | None = None) -> Path:
 
 
 def sane_facts(raw: dict[str, Any]) -> dict[str, Any]:
-    """facts.json as the page reads it: every field of its type, or left out. The file is this
-    machine's, but a person or a full disk may have changed it: a field that is not what `up`
-    writes is a blank on the page, never an error."""
+    """The run's facts as the page reads them: every field of its type, or left out. The file
+    is this machine's, but a person or a full disk may have changed it: a field that is not
+    what `up` writes is a blank on the page, never an error."""
     tasks = [
         {
             "name": _str(t.get("name")) or "?",
@@ -115,7 +114,7 @@ def sane_facts(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def sane_outcome(raw: dict[str, Any]) -> dict[str, Any]:
-    """outcome.json as the page reads it (see sane_facts)."""
+    """The run's outcome as the page reads it (see sane_facts)."""
     return {
         "outcome": _str(raw.get("outcome")) or "unknown",
         "why": _str(raw.get("why")),
@@ -151,7 +150,7 @@ def _times(value: object) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Streams:
-    """Each task's records, read one at a time (metricstore.each): what the charts are drawn
+    """Each task's records, read one at a time (runstore.each_metric): what the charts are drawn
     from. A task named here and not in the facts is charted as well."""
 
     metrics: Mapping[str, Iterable[Mapping[str, Any]]] = field(default_factory=dict)
@@ -168,7 +167,7 @@ def render_page(
     streams: Streams | None = None,
 ) -> str:
     """The page of sane facts and outcome (sane_facts, sane_outcome), the series as the store
-    reads them (checked: results/metricstore.py; what they skipped is said) and the records
+    reads them (checked: results/runstore.py; what they skipped is said) and the records
     the charts are drawn from (`streams`; else the series' own records)."""
     entries = journal.records
     if streams is None:

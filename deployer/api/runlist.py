@@ -1,5 +1,5 @@
 """`tfdeploy runs`: every run this machine started or saw, from its local state (run records,
-archives, and the facts, outcome and metrics kept beside them: results/metricstore.py), so a
+archives, and the facts, outcome and metrics kept beside them: results/runstore.py), so a
 run whose hosts are gone still lists. `-i INVENTORY` adds what that inventory's hosts say now.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -16,10 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from deployer.core.lines import clean
-from deployer.core.statedir import state_dir
 from deployer.core.text import duration, plural
-from deployer.results import metricstore
-from deployer.results.archive import run_dir
+from deployer.results import metricstore, runstore
 from deployer.results.state import RUN_ID
 
 STATES = ("succeeded", "failed", "stopped", "running", "unknown")
@@ -50,13 +47,8 @@ class RunSummary:
 def local_runs() -> list[RunSummary]:
     """Every run of the state directory, newest first. A run whose records are damaged is
     listed with what could be read, its damage named; it never hides the others."""
-    root = state_dir() / "runs"
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    ids = {p.stem for p in entries if p.suffix == ".json"} | {p.name for p in entries if p.is_dir()}
-    found = [_summary_or_damage(run_id) for run_id in ids if RUN_ID.match(run_id)]
+    records, folders = runstore.listed_runs()
+    found = [_summary_or_damage(run_id) for run_id in records | folders if RUN_ID.match(run_id)]
     return sorted(found, key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
 
 
@@ -72,14 +64,12 @@ def _summary_or_damage(run_id: str) -> RunSummary:
 
 
 def summary(run_id: str) -> RunSummary:
-    root, directory = state_dir() / "runs", run_dir(run_id)
-    record = metricstore.read_object(root, f"{run_id}.json")
-    facts = metricstore.read_object(directory, "facts.json")
-    ended = metricstore.read_object(directory, "outcome.json")
+    documents = Documents.of(run_id)
+    record, facts, ended = documents.record.fields, documents.facts.fields, documents.outcome.fields
     started = metricstore.time_value(facts.get("began") or record.get("created"))
     outcome = _text(ended.get("outcome")) or "unknown"
     end = time.time() if outcome == "running" else metricstore.time_value(ended.get("ended"))
-    step, final, damage = _last_metrics(directory)
+    step, final, damage = _last_metrics(run_id)
     hosts = tuple(
         _text(h.get("name")) or "?" for h in _objects(facts.get("hosts") or record.get("hosts"))
     )
@@ -94,34 +84,44 @@ def summary(run_id: str) -> RunSummary:
         detail=_text(ended.get("why")),
         last_step=step,
         final=final,
-        metrics_dropped=metricstore.dropped(directory, "metrics"),
+        metrics_dropped=runstore.metrics_dropped(run_id),
         restarts=metricstore.count_value(ended.get("restarts")),
         resumed=len(_objects(facts.get("resumed"))),
-        damage=(*_damaged_documents(run_id), *damage),
+        damage=(*documents.damage(), *damage),
     )
 
 
-def _last_metrics(directory: Path) -> tuple[int | None, dict[str, float], list[str]]:
+def _last_metrics(run_id: str) -> tuple[int | None, dict[str, float], list[str]]:
     """The last step of any task, the first task's last numbers, and the damaged lines met:
-    each task's last record read from the end of its series (metricstore.last)."""
-    tasks = metricstore.tasks(directory, "metrics")
-    last = [metricstore.last(directory, "metrics", task) for task in tasks]
+    each task's last record read from the end of its series (runstore.last_metrics)."""
+    last = runstore.last_metrics(run_id)
     records = [one.records[-1] for one in last if one.records]
     step = max((int(r["step"]) for r in records), default=None)
     final = {k: v for k, v in (records[0] if records else {}).items() if k not in ("time", "step")}
     return step, final, [line for one in last for line in one.damage]
 
 
-def _damaged_documents(run_id: str) -> list[str]:
-    """The run's documents that exist but hold no JSON object (cut by a full disk, edited):
-    its record, its facts, its outcome."""
-    root, directory = state_dir() / "runs", run_dir(run_id)
-    documents = [(root, f"{run_id}.json"), (directory, "facts.json"), (directory, "outcome.json")]
-    return [
-        f"{name}: not a JSON object"
-        for folder, name in documents
-        if (folder / name).exists() and not metricstore.read_object(folder, name)
-    ]
+@dataclass(frozen=True)
+class Documents:
+    """The run's documents a summary reads: its record, its facts, its outcome."""
+
+    record: runstore.Document
+    facts: runstore.Document
+    outcome: runstore.Document
+
+    @classmethod
+    def of(cls, run_id: str) -> Documents:
+        read = runstore.read_record, runstore.read_facts, runstore.read_outcome
+        return cls(*(reader(run_id) for reader in read))
+
+    def damage(self) -> list[str]:
+        """Those that exist but hold no JSON object, or an empty one (cut by a full disk,
+        edited), each named by its file."""
+        return [
+            f"{d.path.name}: not a JSON object"
+            for d in (self.record, self.facts, self.outcome)
+            if d.exists and not d.fields
+        ]
 
 
 def _text(value: object) -> str:

@@ -29,12 +29,11 @@ from pathlib import Path
 
 from deployer.core.lines import Assembler, LineAssembler, clean, defang
 from deployer.core.secrets import Masker
-from deployer.core.statedir import state_dir
 from deployer.hosts.replies import MetricRecords, task_name_ok
-from deployer.results import metricstore
+from deployer.results import runstore
+from deployer.results.runstore import Facts, JournalEntry, RunFolder, run_dir
 
 LIMIT_BYTES = 64 * 1024 * 1024
-INDEX = "archive.json"
 
 
 @dataclass
@@ -75,7 +74,9 @@ class LogArchive:
         on_failure: Callable[[str], None] = lambda why: None,
         hide: Masker | None = None,
     ) -> None:
-        self.dir = run_dir(run_id)
+        self.run_id = run_id
+        self.folder = RunFolder.of(run_id)
+        self.dir = self.folder.path
         self.limit = limit
         self.hide = hide or Masker()  # the run's secrets: none of them is written here
         # The archive is a convenience: a disk that is full or read-only stops it (said once,
@@ -84,8 +85,8 @@ class LogArchive:
         self.failure: str | None = None
         self._on_failure = on_failure
         self.files: dict[str, _File] = {}
-        self.ended = bool(_read_index(self.dir).get("ended"))  # a --sync keeps it so
-        for name, entry in _tasks(self.dir).items():
+        self.ended = bool(runstore.read_archive_index(run_id).get("ended"))  # --sync keeps it so
+        for name, entry in _tasks(run_id).items():
             self.files[name] = _File.from_json(entry)
 
     def write(self, task: str, host: str, offset: int, data: bytes) -> None:
@@ -102,29 +103,39 @@ class LogArchive:
             self._on_failure(self.failure)
 
     def write_metrics(self, task: str, records: Iterable[Mapping[str, float]]) -> None:
-        """The task's metrics records, kept for `runs` and `report` (metricstore.py, bounded),
+        """The task's metrics records, kept for `runs` and `report` (runstore.py, bounded),
         and how many of its lines the edge dropped (a MetricRecords batch says)."""
         dropped = records.dropped if isinstance(records, MetricRecords) else 0
         if self.hide.values:  # a metric named after a secret is not kept
             records = [{k: v for k, v in r.items() if self.hide(k) == k} for r in records]
         if self.failure is None:
-            self._guard(lambda: metricstore.append(self.dir, "metrics", task, records, dropped))
+            self._guard(lambda: runstore.append_metrics(self.run_id, task, records, dropped))
 
     def write_usage(self, task: str, sample: Mapping[str, float]) -> None:
         if self.failure is None:
-            self._guard(lambda: metricstore.append(self.dir, "usage", task, [sample]))
+            self._guard(lambda: runstore.append_usage(self.run_id, task, [sample]))
 
     def note(self, kind: str, text: str, at: float | None = None) -> None:
         """One line of the run's journal: a step or phase of `up`, with the time it was said."""
         if self.failure is None:
             t = round(time.time() if at is None else at, 3)
-            entry = {"t": t, "kind": kind, "text": self.hide(text)}
-            self._guard(lambda: metricstore.append(self.dir, "", "journal", [entry]))
+            entry = JournalEntry(t=t, kind=kind, text=self.hide(text))
+            self._guard(lambda: runstore.append_journal(self.run_id, [entry]))
 
-    def keep(self, name: str, data: object) -> None:
-        """facts.json, outcome.json (metricstore.py)."""
+    def keep_facts(self, facts: Facts) -> None:
+        """The run's facts (runstore.py), secrets masked."""
         if self.failure is None:
-            self._guard(lambda: metricstore.write_json(self.dir, name, self.hide.record(data)))
+            self._guard(lambda: runstore.write_facts(self.run_id, facts, self.hide))
+
+    def keep_outcome(self, outcome: Mapping[str, object]) -> None:
+        """How the run ended (runstore.py), secrets masked."""
+        if self.failure is None:
+            self._guard(lambda: runstore.write_outcome(self.run_id, outcome, self.hide))
+
+    def keep_offsets(self, offsets: Mapping[str, int]) -> None:
+        """Where each task's metrics were read up to: what `down` need not read again."""
+        if self.failure is None:
+            self._guard(lambda: runstore.write_offsets(self.run_id, offsets, self.hide))
 
     def _write(self, task: str, host: str, offset: int, data: bytes) -> None:
         entry = self.files.get(task)
@@ -268,13 +279,14 @@ class LogArchive:
     def _save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         tasks = {n: f.to_json() for n, f in self.files.items()}
-        tmp = self.dir / f".{INDEX}.part"
+        index = self.folder.archive_index
+        tmp = index.with_name(f".{index.name}.part")
         try:
             tmp.write_text(json.dumps({"tasks": tasks, "ended": self.ended}), encoding="utf-8")
         except OSError:
             tmp.unlink(missing_ok=True)  # a half-written index must not take a disk's last bytes
             raise
-        tmp.replace(self.dir / INDEX)
+        tmp.replace(index)
 
 
 def _line_starts(path: Path, position: int) -> bool:
@@ -305,16 +317,12 @@ def damaged(run_id: str, task: str | None = None) -> dict[str, str]:
     return {name: what for name, what in found.items() if what}
 
 
-def run_dir(run_id: str) -> Path:
-    return state_dir() / "runs" / run_id
-
-
 def has_archive(run_id: str) -> bool:
-    return (run_dir(run_id) / INDEX).is_file()
+    return RunFolder.of(run_id).archive_index.is_file()
 
 
 def archive_ended(run_id: str) -> bool:
-    return bool(_read_index(run_dir(run_id)).get("ended"))
+    return bool(runstore.read_archive_index(run_id).get("ended"))
 
 
 def read_runs(
@@ -323,7 +331,7 @@ def read_runs(
     """The archived lines as (label, lines) runs, a MB of the file at a time: what a printer
     wants (a million lines one by one cost more than reading them), in bounded memory."""
     directory = run_dir(run_id)
-    for name, entry in _tasks(directory).items():
+    for name, entry in _tasks(run_id).items():
         if task is not None and name != task:
             continue
         assembler = make()
@@ -342,7 +350,7 @@ def let_go(run_id: str, task: str | None = None) -> dict[str, int]:
     (the oldest, once a file rotated twice), when any were."""
     directory = run_dir(run_id)
     found = {}
-    for name, entry in _tasks(directory).items():
+    for name, entry in _tasks(run_id).items():
         if task is None or name == task:
             kept_from = _kept_from(_File.from_json(entry), directory / _file_name(name))
             if kept_from > 0:
@@ -372,19 +380,14 @@ def _file_name(task: str) -> str:
     deployer/hosts/replies.py, this is the second check) names no file."""
     if not task_name_ok(task):
         raise ValueError(f"{task!r} is not a task name: no archive file is named after it")
-    return task.replace(":", "-") + ".log"
+    return runstore.log_name(task)
 
 
-def _tasks(directory: Path) -> dict[str, dict[str, object]]:
+def _tasks(run_id: str) -> dict[str, dict[str, object]]:
     """The index's tasks; an entry whose name is no task name (an index written by hand, or
-    damaged file) names no file and is left out."""
-    tasks = _read_index(directory).get("tasks")
+    damaged file) names no file and is left out. The index is read as the run store reads
+    every document: missing or damaged (not JSON, nested past any index's depth), it is {}."""
+    tasks = runstore.read_archive_index(run_id).get("tasks")
     if not isinstance(tasks, dict):
         return {}
     return {n: e for n, e in tasks.items() if task_name_ok(n) and isinstance(e, dict)}
-
-
-def _read_index(directory: Path) -> dict[str, object]:
-    """The index, or {} when it is missing or damaged (not JSON, nested past any index's
-    depth: deployer/core/boundedjson.py)."""
-    return metricstore.read_object(directory, INDEX)

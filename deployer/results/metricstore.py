@@ -1,13 +1,12 @@
-"""A run's metrics series and its journal, kept beside its log archive on this machine
-(`<state>/runs/<run-id>/`), so `tfdeploy runs` and `tfdeploy report` work after the hosts are
-gone.
+"""A run's series, bounded on disk and read back defensively: each task's metrics records and
+resource samples, and up's journal. Where each series lives in the run's folder (`metrics/`,
+`usage/`, `journal`) is the run store's to say (results/runstore.py, which every reader and
+writer asks); this module is how one series is kept: its files, their bounds, their reading.
 
-- `metrics/<role>-<index>.jsonl`: the task's records as the reply edge accepted them.
-- `usage/<role>-<index>.jsonl`: `{"t", "cpu", "rss", "gpu_util", "gpu_mem"}` samples.
-- `journal.jsonl`: what `up` said and when (`{"t", "kind": "step"|"phase", "text"}`): the
-  report's timeline of up's phases.
-- `facts.json`: the run's plan as `plan --json` gives it, written when `up` starts;
-  `outcome.json`: how it ended, written when `up` (or `down`) ends.
+- metrics: the task's records as the reply edge accepted them.
+- usage: `{"t", "cpu", "rss", "gpu_util", "gpu_mem"}` samples.
+- journal: what `up` said and when (`{"t", "kind": "step"|"phase", "text"}`): the report's
+  timeline of up's phases.
 
 **Bounded, like the log archive beside it** (archive.py): a task writes what it likes to its
 metrics file, as fast as it likes (two flooding tasks were 25 MB a minute here). Each series
@@ -25,7 +24,8 @@ or a script may edit them. Every line is decoded with a bounded depth
 own rule, replies.metric_fields); a line that is none is skipped and named (`Series.damage`).
 A reader gets at most `points` records of a series, evenly spread over the run (its first and
 last always), in memory bounded by `points` whatever the files hold; `last` reads a series'
-last record from the end of its file.
+last record from the end of its file. `read_bounded` is the one reader of a whole JSON
+document (a series' index here, the run's documents in the run store).
 
 Every write is a convenience: a full or read-only disk loses it, never the job (the caller's
 guard says so once).
@@ -48,7 +48,6 @@ from deployer.hosts.replies import METRIC_ABS, metric_fields
 TAIL_BYTES = 256 * 1024  # a series' latest records, whole
 HISTORY_BYTES = 1024 * 1024  # an even sample of the rest
 LINE_BYTES = 16 * 1024  # a stored line longer than this is damage (a record is under 2 kB)
-JSON_BYTES = 32 * 1024 * 1024  # facts.json and outcome.json at most (128 hosts: ~200 kB)
 POINTS = 1000  # what a reader gets of one series at most (a chart is 510 px wide)
 BACK_BYTES = 64 * 1024  # `last` reads this much from a file's end at a time
 BACK_TRIES = 16  # and gives up after this many windows of damaged lines
@@ -57,6 +56,19 @@ _TASK_FILE = re.compile(r"([a-z]+)-(0|[1-9][0-9]{0,8})\.(?:jsonl|history\.jsonl|
 TIMES = (0.0, 1e11)  # a time this machine can print (seconds since 1970)
 
 Check = Callable[[object], dict[str, Any] | str]  # a record, or why the line is none
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of series: the folder of the run's folder its files are in ("" for the run's own
+    folder) and the rule its lines must meet (metric_record, usage_sample, journal_entry)."""
+
+    folder: str
+    check: Check
+
+    def prefix(self) -> str:
+        """What a damaged line's name starts with: the folder, as `runs` and `report` say it."""
+        return f"{self.folder}/" if self.folder else ""
 
 
 @dataclass(frozen=True)
@@ -79,10 +91,10 @@ class _Files:
         return self.folder / f"{self.base}.index.json"
 
 
-def _files(directory: Path, kind: str, task: str) -> _Files:
+def _files(directory: Path, kind: Kind, task: str) -> _Files:
     """The series' files, checked right before they are written: the name is a task's (it
     came from a host) and they are files of the series' folder, links resolved."""
-    folder = directory / kind
+    folder = directory / kind.folder
     files = _Files(folder, task.replace(":", "-"))
     # One name for the three files: the tail's check is theirs; a link in a file's place is
     # never written through (_append, _replace).
@@ -99,7 +111,8 @@ class _Index:
 
     @classmethod
     def of(cls, files: _Files) -> _Index:
-        data = _json_object(files.index, 4096)
+        data = read_bounded(files.index, 4096)
+        data = data if isinstance(data, dict) else {}
         return cls(_count(data, "stride", 1), _count(data, "folded", 0), _count(data, "dropped", 0))
 
     def save(self, files: _Files) -> None:
@@ -117,19 +130,19 @@ def _count(data: Mapping[str, object], key: str, least: int) -> int:
 
 def append(
     directory: Path,
-    kind: str,
+    kind: Kind,
     task: str,
     records: Iterable[Mapping[str, Any]],
     dropped: int = 0,
 ) -> None:
-    """The records at the end of the task's series of `kind` ("metrics", "usage"; "" for the
-    run's journal), the tail folded into the history first when they would not fit; `dropped`:
-    lines of the task's the edge dropped, counted."""
+    """The records at the end of the task's series of `kind` (`task`: the series' name), the
+    tail folded into the history first when they would not fit; `dropped`: lines of the task's
+    the edge dropped, counted."""
     text = b"".join(_line(r) for r in records)
     if not text and not dropped:
         return
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, as the archive is
-    (directory / kind).mkdir(exist_ok=True, mode=0o700)
+    (directory / kind.folder).mkdir(exist_ok=True, mode=0o700)
     files = _files(directory, kind, task)
     if text and _size(files.tail) + len(text) > TAIL_BYTES:
         _fold(files, text)
@@ -223,10 +236,10 @@ class Series:
     dropped: int = 0
 
 
-def tasks(directory: Path, kind: str) -> list[str]:
+def tasks(directory: Path, kind: Kind) -> list[str]:
     """The tasks (role:index) with a series of `kind`, in name order; files named otherwise
     (by hand, or damaged) are no task's."""
-    folder = directory / kind
+    folder = directory / kind.folder
     try:
         names = sorted(p.name for p in folder.iterdir())
     except OSError:
@@ -235,35 +248,29 @@ def tasks(directory: Path, kind: str) -> list[str]:
     return sorted({f"{m.group(1)}:{m.group(2)}" for m in found if m})
 
 
-def series(directory: Path, kind: str, task: str, points: int = POINTS) -> Series:
+def series(directory: Path, kind: Kind, task: str, points: int = POINTS) -> Series:
     """The task's series of `kind`, at most `points` records (see Series)."""
-    files = _Files(directory / kind, task.replace(":", "-"))
+    files = _Files(directory / kind.folder, task.replace(":", "-"))
     index = _Index.of(files)
-    sample = _Sample(points, CHECKS[kind], f"{kind}/" if kind else "")
+    sample = _Sample(points, kind.check, kind.prefix())
     for n, line, where in _numbered(files, index):
         sample.add(n, line, where)
     return sample.result(index.dropped)
 
 
-def read(directory: Path, kind: str, points: int = POINTS) -> dict[str, Series]:
+def read(directory: Path, kind: Kind, points: int = POINTS) -> dict[str, Series]:
     """Every task's series of `kind`, by task name."""
     return {task: series(directory, kind, task, points) for task in tasks(directory, kind)}
 
 
-def journal(directory: Path, points: int = POINTS) -> Series:
-    """The run's journal (up's steps and phases), at most `points` entries."""
-    return series(directory, "", "journal", points)
-
-
-def each(directory: Path, kind: str, task: str) -> Iterator[dict[str, Any]]:
+def each(directory: Path, kind: Kind, task: str) -> Iterator[dict[str, Any]]:
     """Every good record of the task's series of `kind`, in order (the history's even sample,
     then the tail), one at a time: for a reader that keeps less than the records (the report's
     charts keep each bucket's extremes), in the memory of one line. Damaged lines are skipped
     here; `series` counts and names them."""
-    files = _Files(directory / kind, task.replace(":", "-"))
-    check = CHECKS[kind]
+    files = _Files(directory / kind.folder, task.replace(":", "-"))
     for _, line, _ in _numbered(files, _Index.of(files)):
-        found = decode(line, check)
+        found = decode(line, kind.check)
         if not isinstance(found, str):
             yield found
 
@@ -349,14 +356,14 @@ def decode(line: bytes, check: Check) -> dict[str, Any] | str:
     return check(raw)
 
 
-def last(directory: Path, kind: str, task: str) -> Series:
+def last(directory: Path, kind: Kind, task: str) -> Series:
     """The last good record of the task's series (`records`: it alone, or none), read from
     the end of its files (the tail, else the history), and the damaged lines met on the way:
     a run of 200k records costs what its last lines cost."""
-    files = _Files(directory / kind, task.replace(":", "-"))
+    files = _Files(directory / kind.folder, task.replace(":", "-"))
     damage: list[str] = []
     for path in (files.tail, files.history):
-        found = _last_in(path, CHECKS[kind], damage, f"{kind}/" if kind else "")
+        found = _last_in(path, kind.check, damage, kind.prefix())
         if found is not None:
             return Series((found,), len(damage), tuple(damage[:NAMED]))
     return Series((), len(damage), tuple(damage[:NAMED]))
@@ -392,10 +399,10 @@ def _last_in(path: Path, check: Check, damage: list[str], prefix: str) -> dict[s
     return None
 
 
-def dropped(directory: Path, kind: str) -> int:
+def dropped(directory: Path, kind: Kind) -> int:
     """The lines the edge dropped of every task's series of `kind` (their indexes say)."""
     return sum(
-        _Index.of(_Files(directory / kind, task.replace(":", "-"))).dropped
+        _Index.of(_Files(directory / kind.folder, task.replace(":", "-"))).dropped
         for task in tasks(directory, kind)
     )
 
@@ -403,11 +410,11 @@ def dropped(directory: Path, kind: str) -> int:
 # What each kind's line must be.
 
 
-def _metric(raw: object) -> dict[str, Any] | str:
+def metric_record(raw: object) -> dict[str, Any] | str:
     return metric_fields(raw) or "not a metrics record (no whole step from 0 to 10^12)"
 
 
-def _usage(raw: object) -> dict[str, Any] | str:
+def usage_sample(raw: object) -> dict[str, Any] | str:
     if not isinstance(raw, dict) or time_value(raw.get("t")) is None:
         return "not a resource sample (no time)"
     sample: dict[str, Any] = {"t": time_value(raw["t"])}
@@ -418,7 +425,7 @@ def _usage(raw: object) -> dict[str, Any] | str:
     return sample
 
 
-def _entry(raw: object) -> dict[str, Any] | str:
+def journal_entry(raw: object) -> dict[str, Any] | str:
     if not isinstance(raw, dict) or time_value(raw.get("t")) is None:
         return "not a journal entry (no time)"
     kind, said = raw.get("kind"), raw.get("text")
@@ -427,9 +434,6 @@ def _entry(raw: object) -> dict[str, Any] | str:
         "kind": kind if isinstance(kind, str) and len(kind) <= 20 else "",
         "text": said[:2000] if isinstance(said, str) else "",
     }
-
-
-CHECKS: dict[str, Check] = {"metrics": _metric, "usage": _usage, "": _entry}
 
 
 def _finite(value: object) -> float | None:
@@ -457,35 +461,13 @@ def count_value(value: object) -> int:
     return 0
 
 
-# The run's documents.
+# Whole documents.
 
 
-def write_json(directory: Path, name: str, data: object) -> None:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = directory / f".{name}.part"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # facts name hosts, env
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=1, default=str))
-    tmp.replace(directory / name)
-
-
-def read_json(directory: Path, name: str) -> Any:
-    """A document of the run (facts.json, outcome.json), or None when it is missing or not
-    JSON: at most JSON_BYTES, nested at most boundedjson.DEPTH deep."""
-    return _json(directory / name, JSON_BYTES)
-
-
-def read_object(directory: Path, name: str) -> dict[str, Any]:
-    """A document of the run that should be an object; {} when it is missing or damaged."""
-    return _json_object(directory / name, JSON_BYTES)
-
-
-def _json_object(path: Path, limit: int) -> dict[str, Any]:
-    data = _json(path, limit)
-    return data if isinstance(data, dict) else {}
-
-
-def _json(path: Path, limit: int) -> Any:
+def read_bounded(path: Path, limit: int) -> Any:
+    """The JSON document of a file of the run's folder, or None when it is missing, longer
+    than `limit` bytes or not JSON (nested past boundedjson.DEPTH included): a damaged or
+    hostile file is None to its reader, never an error."""
     try:
         with path.open("rb") as f:
             data = f.read(limit + 1)

@@ -1,6 +1,6 @@
 """What this machine keeps of a run once it learns the run's end: the metrics its tasks wrote
 that it has not read yet (a detached run's, all of them since `up` detached), and how the run
-ended; both beside the run's archive (metricstore.py), so `runs` and `report` have them once
+ended; both beside the run's archive (runstore.py), so `runs` and `report` have them once
 the hosts are gone.
 
 Every verb that learns a run's end records it, so the history never says `running` of a run
@@ -9,10 +9,11 @@ whose every task has finished), `logs -f` (a run it followed to its end), `logs 
 and `Run.wait`. Each asks the hosts only while this machine has no end recorded for the run:
 once recorded, a run costs no poll again.
 
-Where each task's metrics file was read up to is kept in `metric_offsets.json` (by `up` at its
-end, and here), so nothing is read or stored twice. The local records are read defensively: a
-damaged one (not JSON, not an object, a non-number offset) counts as absent and is rewritten;
-it never stops the verb that reads it (`down` stops its tasks whatever the records hold).
+Where each task's metrics file was read up to is kept in the run's offsets (by `up` at its
+end, and here), so nothing is read or stored twice. The local records are the run store's
+(runstore.py), read defensively: a damaged one (not JSON, not an object, a non-number offset)
+counts as absent and is rewritten; it never stops the verb that reads it (`down` stops its
+tasks whatever the records hold).
 """
 
 from __future__ import annotations
@@ -20,19 +21,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from deployer.core.errors import HostError, TfdeployError
-from deployer.core.statedir import state_dir
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.reply_types import TaskStatus
-from deployer.results import metricstore
-from deployer.results.archive import LogArchive, run_dir
+from deployer.results import runstore
+from deployer.results.archive import LogArchive
 from deployer.results.runs import HostRun, Target, survey_runs
+from deployer.results.runstore import Outcome, RunFolder
 from remote import protocol
 
-OFFSETS = "metric_offsets.json"
-OUTCOME = "outcome.json"
 MAX_ROUNDS = 64  # polls per host and run: 64 x 64 kB of metric lines at most
 ENDED = ("succeeded", "failed", "stopped")  # an outcome no later verb changes
 
@@ -55,14 +53,13 @@ def keep_runs(fleet: Fleet, runs: Sequence[HostRun]) -> None:
         restarts = sum(r.restarts for r in of_run)
         ended = outcome(tasks, recoveries, restarts)
         with contextlib.suppress(OSError):  # a full disk: the history is a convenience
-            metricstore.write_json(run_dir(run_id), OUTCOME, ended)
+            runstore.write_outcome(run_id, ended)
 
 
 def _keep_run(fleet: Fleet, run_id: str, shares: Sequence[HostRun]) -> list[TaskStatus] | None:
     """One run's unread metric lines from each of its hosts (`shares`) into the local store;
     the tasks as the hosts report them now, or None when a host could not be polled."""
-    directory = run_dir(run_id)
-    offsets = _offsets(directory)
+    offsets = runstore.read_offsets(run_id)
     try:
         archive = LogArchive(run_id)
     except (OSError, ValueError):
@@ -79,7 +76,7 @@ def _keep_run(fleet: Fleet, run_id: str, shares: Sequence[HostRun]) -> list[Task
         return None
     asked = {name: at for _, moved in done.values() for name, at in moved.items()}
     with contextlib.suppress(OSError):
-        metricstore.write_json(directory, OFFSETS, {**offsets, **asked})
+        runstore.write_offsets(run_id, {**offsets, **asked})
     if failures or len(done) < len(members):
         return None
     return [t for tasks, _ in done.values() for t in tasks]
@@ -120,7 +117,7 @@ def keep_if_ended(fleet: Fleet, target: Target) -> None:
 def kept_outcome(run_id: str) -> dict[str, object]:
     """The run's outcome record as this machine keeps it; {} when it has none or it is
     damaged."""
-    return _object(run_dir(run_id), OUTCOME)
+    return runstore.read_outcome(run_id).fields
 
 
 def recorded_end(run_id: str) -> str | None:
@@ -148,26 +145,8 @@ def _hosts_of(shares: Sequence[HostRun]) -> set[str]:
 def _known_here(run_id: str) -> bool:
     """Whether this machine started or kept the run (its record, or a folder beside it): the
     history is of this machine's runs; another machine's runs found on the hosts are theirs."""
-    return (state_dir() / "runs" / f"{run_id}.json").is_file() or run_dir(run_id).is_dir()
-
-
-def _object(directory: Path, name: str) -> dict[str, object]:
-    """A local record that should hold a JSON object; {} when it is missing or damaged."""
-    try:
-        data = metricstore.read_json(directory, name)
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _offsets(directory: Path) -> dict[str, int]:
-    """Where each task's metrics were read up to; a damaged entry is read again from 0 (the
-    store may then hold some records twice, never a wrong one)."""
-    return {
-        str(k): v
-        for k, v in _object(directory, OFFSETS).items()
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    }
+    folder = RunFolder.of(run_id)
+    return folder.record.is_file() or folder.path.is_dir()
 
 
 def _fetch(
@@ -192,18 +171,21 @@ def _fetch(
 
 def outcome(
     tasks: Sequence[TaskStatus], recoveries: Sequence[str] = (), restarts: int = 0
-) -> dict[str, object]:
+) -> Outcome:
     """succeeded (every task exited 0 by itself, or every awaited one did and tfdeploy
     stopped the rest: ps servers, a kept run's evaluators), failed (the first task that did
     not, named), or stopped (by tfdeploy, `down`); `recoveries`: the keeper's newest restarts,
     each in words (results/runs.py Recovery.line), and `restarts` how many it made in all."""
     exits = {t.name: t.outcome() for t in tasks if t.finished}
     count = max(restarts, len(recoveries))
-    kept = {"restarts": count, "recoveries": list(recoveries)} if count else {}
-    return {**_verdict(tasks), "exits": exits, **kept}
+    ended = _verdict(tasks)
+    ended["exits"] = exits
+    if count:
+        ended["restarts"], ended["recoveries"] = count, list(recoveries)
+    return ended
 
 
-def _verdict(tasks: Sequence[TaskStatus]) -> dict[str, object]:
+def _verdict(tasks: Sequence[TaskStatus]) -> Outcome:
     own = [t for t in tasks if t.reason != protocol.REASON_STOPPED]
     failed = sorted((t for t in own if t.finished and not t.succeeded), key=lambda t: t.ended or 0)
     ended = max((t.ended or 0.0 for t in tasks), default=0.0) or time.time()

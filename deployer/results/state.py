@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from deployer.config.model import Host, SSHSettings, Via
 from deployer.core import boundedjson
 from deployer.core.errors import UsageError
-from deployer.core.statedir import state_dir
+from deployer.results.runstore import RunFolder, runs_root
 
 if TYPE_CHECKING:
     from deployer.config.plan import Plan
@@ -113,11 +113,11 @@ def controller_name() -> str:
 
 
 def save(record: RunRecord) -> None:
-    folder = state_dir() / "runs"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = folder / f".{record.run_id}.json.part"
+    path = RunFolder.of(record.run_id).record
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.part")
     tmp.write_text(json.dumps(dataclasses.asdict(record)), encoding="utf-8")
-    tmp.replace(folder / f"{record.run_id}.json")
+    tmp.replace(path)
 
 
 class UnreadableRecord(UsageError):
@@ -138,7 +138,7 @@ def load(run_id: str) -> RunRecord | None:
     """The record of `run_id`, None when this machine has none; raises UnreadableRecord."""
     if not RUN_ID.match(run_id):
         raise UsageError(f"{run_id!r} is not a run id or an inventory file")
-    path = state_dir() / "runs" / f"{run_id}.json"
+    path = RunFolder.of(run_id).record
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -201,12 +201,9 @@ def _json_kind(data: object) -> str:
 def mark_artifacts_pulled(run_id: str, where: str) -> None:
     """The marker `down` leaves once a detached run's job.artifacts are home: `status` stops
     saying they are waiting. A convenience of this machine's state, like the record."""
-    folder = state_dir() / "runs"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (folder / f"{run_id}.artifacts").write_text(where + "\n", encoding="utf-8")
+    runs_root().mkdir(parents=True, exist_ok=True, mode=0o700)
+    RunFolder.of(run_id).artifacts_marker.write_text(where + "\n", encoding="utf-8")
 
 
 def artifacts_pulled(run_id: str) -> bool:
-    return (
-        RUN_ID.match(run_id) is not None and (state_dir() / "runs" / f"{run_id}.artifacts").exists()
-    )
+    return RUN_ID.match(run_id) is not None and RunFolder.of(run_id).artifacts_marker.exists()

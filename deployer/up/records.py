@@ -7,14 +7,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from deployer.config.plan import Plan
 from deployer.core.secrets import masked
 from deployer.core.statedir import state_dir
 from deployer.push.sync import HostRecord
 from deployer.results.archive import LogArchive
-from deployer.results.metricsync import OFFSETS
+from deployer.results.runstore import Facts
 from deployer.results.state import RunRecord, controller_name, save
 from deployer.watch.board import TaskRow
 from deployer.watch.progress import Progress, report
@@ -48,8 +47,8 @@ def archive_warning(run_id: str, why: str) -> str:
     )
 
 
-def run_facts(plan: Plan, run_id: str, began: float, hide: Callable[[str], str]) -> dict[str, Any]:
-    """The run as its report shows it (results/metricstore.py `facts.json`): inventory, job,
+def run_facts(plan: Plan, run_id: str, began: float, hide: Callable[[str], str]) -> Facts:
+    """The run as its report shows it (results/runstore.py Facts): inventory, job,
     hosts, and each task's host, command, TF_CONFIG and environment, secrets masked."""
     job, secret = plan.job, plan.job.secret_env
     return {
@@ -94,7 +93,7 @@ def keep_facts(
     outcome: Mapping[str, object],
     hide: Callable[[str], str],
 ) -> None:
-    """The run's facts, journal and outcome beside its archive (results/metricstore.py): what
+    """The run's facts, journal and outcome beside its archive (results/runstore.py): what
     `tfdeploy runs` and `tfdeploy report` read once the hosts are gone. Written when `up` ends,
     whatever ended it, once the run reached its hosts."""
     facts = run_facts(run.plan, run.run_id, lineage.began, hide)
@@ -107,12 +106,11 @@ def keep_facts(
     }
     facts["started_at"] = {w.task.name: w.status.started for w in watches.values() if w.status}
     facts["ended_at"] = {w.task.name: w.status.ended for w in watches.values() if w.status}
-    archive.keep("facts.json", facts)
+    archive.keep_facts(facts)
     for entry in journal.entries:
         archive.note(entry[1], entry[2], at=entry[0])
-    archive.keep("outcome.json", {**outcome, "ended": time.time()})
-    offsets = {n: w.series.offset for n, w in watches.items()}
-    archive.keep(OFFSETS, offsets)  # what `down` need not read again
+    archive.keep_outcome({**outcome, "ended": time.time()})
+    archive.keep_offsets({n: w.series.offset for n, w in watches.items()})
 
 
 class Journal:

@@ -20,9 +20,8 @@ from deployer.config.plan import Plan
 from deployer.core.errors import HostsFailed, TfdeployError, UsageError
 from deployer.core.text import join_names
 from deployer.hosts.fleet import Fleet
-from deployer.results import metricstore
-from deployer.results.archive import LogArchive, run_dir
-from deployer.results.metricsync import OFFSETS
+from deployer.results import runstore
+from deployer.results.archive import LogArchive
 from deployer.results.runs import HostRun, Target, survey_runs, sync_archive
 from deployer.up.records import Lineage
 from deployer.watch.board import TaskBoard
@@ -178,9 +177,7 @@ def next_attempt(facts: Mapping[str, Mapping[str, object]]) -> int:
 def resumes(run_id: str, attempt: int) -> list[dict[str, float]]:
     """The run's resumes as its local facts keep them (`runs` says it was resumed): those an
     earlier `up --resume` recorded here, and this one."""
-    earlier = metricstore.read_object(run_dir(run_id), "facts.json").get("resumed")
-    kept = [r for r in earlier if isinstance(r, dict)] if isinstance(earlier, list) else []
-    return [*kept, {"at": round(time.time(), 3), "attempt": attempt}]
+    return [*runstore.resumes(run_id), {"at": round(time.time(), 3), "attempt": attempt}]
 
 
 def copy_earlier_logs(fleet: Fleet, found: Resumable, archive: LogArchive) -> str | None:
@@ -202,10 +199,9 @@ def carry_on(board: TaskBoard, found: Resumable, attempt: int) -> None:
     """The board goes on where the run stopped: each task's next attempt, its log from the
     size it had (the lines before are the run's, `logs` has them), its metrics from where
     this machine read them to (its archive's offsets; 0 when it read none)."""
-    read = metricstore.read_object(run_dir(found.run_id), OFFSETS)
+    read = runstore.read_offsets(found.run_id)  # a damaged offset is none: read from 0
     for name, watch in board.watches.items():
         watch.attempt = attempt
         watch.offset = found.log_bytes.get(name, 0)
-        offset = read.get(name)
-        if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
-            watch.series.offset = offset
+        if name in read:
+            watch.series.offset = read[name]

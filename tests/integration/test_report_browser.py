@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from deployer.api.reportpage import write_report
-from deployer.results import metricstore
-from deployer.results.archive import run_dir
+from deployer.results import runstore
 from tests.lab import Lab
 from tests.support import standin
 from tests.support.faults import tfdeploy
@@ -37,7 +36,6 @@ STEPS = 37
 
 def _run(state: Path) -> str:
     run_id = "digits-20261128T000000Z-abcd"
-    directory = run_dir(run_id)
     tasks = [
         {
             "name": f"worker:{i}",
@@ -49,7 +47,7 @@ def _run(state: Path) -> str:
         }
         for i in range(2)
     ]
-    facts = {
+    facts: runstore.Facts = {
         "job": "digits",
         "inventory": "/x.toml",
         "began": 1000.0,
@@ -60,18 +58,15 @@ def _run(state: Path) -> str:
         "started_at": {"worker:0": 1001.0, "worker:1": 1001.5},
         "ended_at": {"worker:0": 1060.0, "worker:1": 1060.0},
     }
-    metricstore.write_json(directory, "facts.json", facts)
-    metricstore.write_json(directory, "outcome.json", {"outcome": "succeeded", "ended": 1061.0})
+    runstore.write_facts(run_id, facts)
+    runstore.write_outcome(run_id, {"outcome": "succeeded", "ended": 1061.0})
     for task in ("worker:0", "worker:1"):
         records = [{"step": s, "loss": 2.0 / s, "time": 1001.0 + s} for s in range(1, STEPS + 1)]
-        metricstore.append(directory, "metrics", task, records)
-        metricstore.append(
-            directory,
-            "usage",
-            task,
-            [{"t": 1001.0 + s, "cpu": 50.0 + s, "rss": 1e8 + s} for s in range(10)],
+        runstore.append_metrics(run_id, task, records)
+        runstore.append_usage(
+            run_id, task, [{"t": 1001.0 + s, "cpu": 50.0 + s, "rss": 1e8 + s} for s in range(10)]
         )
-    metricstore.append(directory, "", "journal", [{"t": 1000.5, "kind": "step", "text": "a <b>"}])
+    runstore.append_journal(run_id, [{"t": 1000.5, "kind": "step", "text": "a <b>"}])
     return run_id
 
 

@@ -15,9 +15,9 @@ from deployer.results.archive import (
     damaged,
     let_go,
     read_runs,
-    run_dir,
 )
 from deployer.results.runs import archived_runs
+from deployer.results.runstore import run_dir
 from tests.support.harness import TWO_WORKERS, Harness
 from tests.support.helpers import one_line, run_cli
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from deployer.core.secrets import Masker
-from deployer.results import metricstore
-from deployer.results.archive import LogArchive, run_dir
+from deployer.results import runstore
+from deployer.results.archive import LogArchive
+from deployer.results.runstore import run_dir
 from tests.support.harness import Harness
 
 SECRET = "tok-3c1f9a2e77d0"  # an env table's API_TOKEN
@@ -55,19 +56,18 @@ def test_a_secret_is_blanked_to_its_length_however_the_writes_cut_it() -> None:
 def test_the_journal_facts_outcome_and_metrics_keep_no_secret(state: Path) -> None:
     archive = LogArchive("r-rec", hide=HIDE)
     archive.note("step", f"pid 7 (python train.py --token {FORWARDED}): SIGKILL")
-    archive.keep("outcome.json", {"outcome": "failed", "why": f"{SECRET} refused", "n": 1})
-    archive.keep("facts.json", {"tasks": [{"env": {"X": f"a{SECRET}"}, f"k{SECRET}": 2}]})
+    archive.keep_outcome({"outcome": "failed", "why": f"{SECRET} refused", "n": 1})
+    archive.keep_facts({"tasks": [{"env": {"X": f"a{SECRET}"}, f"k{SECRET}": 2}]})
     archive.write_metrics("worker:0", [{"step": 1.0, f"m{SECRET}": 2.0, "loss": 0.5}])
     assert not holders(state, SECRET, FORWARDED)
-    directory = run_dir("r-rec")
-    [entry] = metricstore.journal(directory).records
+    [entry] = runstore.journal("r-rec").records
     assert entry["text"] == "pid 7 (python train.py --token ********): SIGKILL"
-    assert metricstore.read_object(directory, "outcome.json") == {
+    assert runstore.read_outcome("r-rec").fields == {
         "outcome": "failed",
         "why": "******** refused",
         "n": 1,
     }
-    [record] = metricstore.series(directory, "metrics", "worker:0").records
+    [record] = runstore.metrics("r-rec")["worker:0"].records
     assert record == {"step": 1, "loss": 0.5}  # the metric named after a secret is not kept
 
 

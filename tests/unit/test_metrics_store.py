@@ -34,8 +34,9 @@ from deployer.hosts.replies import (
     metric_records,
 )
 from deployer.hosts.reply_types import TaskStatus
-from deployer.results import metricstore
-from deployer.results.archive import LogArchive, run_dir
+from deployer.results import metricstore, runstore
+from deployer.results.archive import LogArchive
+from deployer.results.runstore import run_dir
 from tests.support.hostile_records import CONTROL, DEEP, strings_in, variants
 from tests.support.peak_rss import measured
 
@@ -147,22 +148,20 @@ def test_a_flood_keeps_the_store_within_its_bound_with_first_and_last(state: Pat
         biggest = max(biggest, store_bytes(folder))
         assert biggest <= bound, f"{biggest} bytes after {step} records"
     assert archive.failure is None
-    kept = metricstore.series(archive.dir, "metrics", "worker:0")
+    kept = runstore.metrics(RUN)["worker:0"]
     steps = [r["step"] for r in kept.records]
     assert steps[0] == 0 and steps[-1] == step - 1 and len(steps) <= metricstore.POINTS + 1
     gaps = {b - a for a, b in itertools.pairwise(steps[:-1])}  # the last: the newest record
     assert len(gaps) == 1, f"an uneven sample: gaps {sorted(gaps)[:8]}"
     assert kept.dropped == 600 and kept.damaged == 0
-    assert metricstore.last(archive.dir, "metrics", "worker:0").records == (
-        {"step": float(step - 1), "loss": 1.0 / step},
-    )
+    assert runstore.last_metrics(RUN)[0].records == ({"step": float(step - 1), "loss": 1.0 / step},)
 
 
 def test_a_batch_of_dropped_lines_alone_is_counted(state: Path) -> None:
     archive = LogArchive(RUN)
     archive.write_metrics("worker:0", MetricRecords((), dropped=1))
     archive.write_metrics("worker:0", MetricRecords(({"step": 1.0},), dropped=2))
-    assert metricstore.dropped(archive.dir, "metrics") == 3
+    assert runstore.metrics_dropped(RUN) == 3
     assert runlist.summary(RUN).metrics_dropped == 3
 
 
@@ -198,8 +197,8 @@ def write_run(run_id: str, steps: int = 3) -> Path:
     state.save(state.RunRecord.of(planned(), run_id, detached=False))  # <state>/runs/<id>.json
     archive = LogArchive(run_id)
     document = facts()
-    archive.keep("facts.json", document)
-    archive.keep("outcome.json", {"outcome": "succeeded", "ended": 1_700_000_100.0})
+    archive.keep_facts(document)
+    archive.keep_outcome({"outcome": "succeeded", "ended": 1_700_000_100.0})
     archive.note("step", "started 2 tasks", at=1_700_000_001.0)
     for task in (t["name"] for t in document["tasks"]):
         archive.write(task, "h1", 0, b"a line\n")
@@ -363,8 +362,8 @@ def _big_run(state: Path, records: int) -> tuple[str, int]:
     run_id = f"big-20261201T000000Z-{records:04x}"[-30:]
     directory = run_dir(run_id)
     document = facts()
-    metricstore.write_json(directory, "facts.json", document)
-    metricstore.write_json(directory, "outcome.json", {"outcome": "succeeded", "ended": 1.8e9})
+    runstore.write_facts(run_id, document)
+    runstore.write_outcome(run_id, {"outcome": "succeeded", "ended": 1.8e9})
     (directory / "metrics").mkdir()
     for task in ("worker-0", "worker-1"):
         with (directory / "metrics" / f"{task}.jsonl").open("w") as f:

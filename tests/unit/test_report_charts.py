@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from deployer.api import charts, reportpage
-from deployer.results import metricstore
-from deployer.results.archive import run_dir
+from deployer.results import metricstore, runstore
 
 JOB_RESTART = (
     "worker:1@h2 exit code 3: restarting the whole job (restart 1 of 3, TFDEPLOY_ATTEMPT=1), "
@@ -225,10 +224,9 @@ def test_a_page_of_a_million_records_a_task_is_bounded(
     spike: the page is under 2 MB, written in bounded time, and draws the spikes."""
     monkeypatch.setenv("TFDEPLOY_STATE_DIR", str(tmp_path / "state"))
     run_id = "big-20261201T000000Z-aaaa"
-    directory = run_dir(run_id)
     tasks = [{"name": "worker:0"}, {"name": "worker:1"}]
-    metricstore.write_json(directory, "facts.json", {"began": 1.7e9, "tasks": tasks})
-    metricstore.write_json(directory, "outcome.json", {"outcome": "succeeded", "ended": 1.8e9})
+    runstore.write_facts(run_id, {"began": 1.7e9, "tasks": tasks})
+    runstore.write_outcome(run_id, {"outcome": "succeeded", "ended": 1.8e9})
     total, batch = 1_000_000, 20_000
     for task in ("worker:0", "worker:1"):
         for start in range(0, total, batch):
@@ -241,7 +239,7 @@ def test_a_page_of_a_million_records_a_task_is_bounded(
                 }
                 for s in range(start, start + batch)
             ]
-            metricstore.append(directory, "metrics", task, records)
+            runstore.append_metrics(run_id, task, records)
     began = time.monotonic()
     page = reportpage.write_report(run_id).read_text()
     spent = time.monotonic() - began

@@ -16,10 +16,10 @@ from deployer.api import render, runlist
 from deployer.core.errors import HostError
 from deployer.hosts.replies import Edge
 from deployer.hosts.reply_types import TaskStatus
-from deployer.results import metricstore
-from deployer.results.archive import run_dir
+from deployer.results import metricstore, runstore
 from deployer.results.metricsync import outcome
 from deployer.results.runs import HostRun, Recovery
+from deployer.results.runstore import run_dir
 from remote import protocol
 
 RUN = "job-20261202T000000Z-abcd"
@@ -55,14 +55,14 @@ def test_runs_says_how_often_the_keeper_restarted_a_run(
     directory = run_dir(RUN)
     directory.mkdir(parents=True)
     record = {"outcome": "succeeded", "ended": 1.8e9, "restarts": 2}
-    metricstore.write_json(directory, "outcome.json", record)
+    runstore.write_outcome(RUN, record)
     [found] = runlist.local_runs()
     assert (found.outcome, found.restarts) == ("succeeded", 2)
     out = io.StringIO()
     Console(file=out, width=200).print(runlist.runs_table([found]))
     assert "succeeded (2 restarts)" in out.getvalue()
     for hostile in (True, -1, 10**9, "2", 2.5):  # a hand-edited record: no count, no crash
-        metricstore.write_json(directory, "outcome.json", record | {"restarts": hostile})
+        runstore.write_outcome(RUN, record | {"restarts": hostile})
         assert runlist.local_runs()[0].restarts == 0
 
 
