@@ -17,7 +17,7 @@ from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpus import GpuMonitor
 from deployer.push.deliver import deliver
 from deployer.push.sync import ByteMeter, Manifest, run_setup
-from deployer.up import firewall, tfrule
+from deployer.up import firewall, frameworkrule, tfrule
 from deployer.up.environment import Environments, for_groups, uses_requirements, with_extras
 from deployer.up.envprogress import InstallProgress
 from deployer.up.images import Images
@@ -105,13 +105,19 @@ class Preparation:
     ) -> None:
         """The TensorFlow rule (tfrule.py) on every task known now: at preflight from the hosts'
         pythons, the resolved wheels and the images' trial containers; again after the install,
-        from what each venv answers. Nothing has started either time; the hosts drop the run."""
+        from what each venv answers. At preflight the framework rule (frameworkrule.py) too,
+        on the venv tasks' resolved wheels (preflight checked the host pythons' tasks). Nothing
+        has started either time; the hosts drop the run."""
         self._facts = facts
         found = tfrule.known_versions(
             self.run.plan, facts, self.environment, self.images, installed
         )
         try:
             said = tfrule.check(self.run.plan.job, found)
+            if installed is None:
+                problems = frameworkrule.problems(self.run.plan, facts, self.environment)
+                if problems:
+                    raise HostsFailed(problems)
         except BaseException:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise

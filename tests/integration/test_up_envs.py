@@ -116,6 +116,25 @@ def test_a_dependency_conflict_is_said_in_pips_words_and_starts_nothing(
     assert "Traceback" not in said and "pushed" not in said and "starting" not in said, said
 
 
+def test_a_venv_without_its_frameworks_distribution_is_refused_before_anything_is_sent(
+    lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path, index: Path
+) -> None:
+    """`framework = "torch"` whose requirements resolve no torch: the framework rule reads the
+    venv's resolved wheels, as the TensorFlow rule does, and refuses before the push."""
+    code = _code(tmp_path, "tinypkg==1.0\n")
+    job = {
+        "python": BASE,
+        "requirements": "requirements.txt",
+        "require_tensorflow": False,
+        "framework": "torch",
+    }
+    inventory = lab_inventory([[{"role": "worker"}], [{"role": "worker"}]], code=code, job=job)
+    result = tfdeploy("up", str(inventory), state=tmp_path / "state", check_rc=3)
+    said = result.stdout + result.stderr
+    assert re.search(r"torch is not installed for venv [0-9a-f]{12} \(worker:0", said), said
+    assert "Traceback" not in said and "pushed" not in said and "starting" not in said, said
+
+
 @pytest.mark.needs_tf(reason="preflight checks TensorFlow in the venv; the task only finds it")
 def test_a_venv_python_with_another_python3_on_path_is_refused_or_runs_in_the_venv(
     lab: Lab, lab_inventory: Callable[..., Path], tmp_path: Path
