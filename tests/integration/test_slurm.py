@@ -435,7 +435,7 @@ def test_a_requeued_allocation_restarts_the_job_from_its_checkpoint_when_it_runs
         up.wait_for(r"waiting for it to run again", timeout=120)
         slurm.wait_job(urgent, "COMPLETED", timeout=60)
         # Slurm makes a requeued job eligible ~2 min later (BeginTime); an admin's nudge:
-        slurm.check(f"scontrol update JobId={job_id} StartTime=now")
+        slurm.start_requeued(job_id)
         assert up.finish(timeout=240) == 0, up.report()
     finally:
         slurm.check(f"scancel {urgent}")
@@ -577,7 +577,7 @@ def test_a_detached_run_whose_allocation_slurm_requeues_is_rejoined_and_finishes
         assert time.monotonic() < deadline, "the requeued allocation's old steps never ended"
         time.sleep(0.2)
     # Slurm makes a requeued job eligible ~2 min later (BeginTime); an admin's nudge:
-    slurm.check(f"scontrol update JobId={job_id} StartTime=now")
+    slurm.start_requeued(job_id)
     slurm.wait_job(job_id, "RUNNING", timeout=120)
 
     record = _keeper_record_once_ended(slurm_lab, keeper_host, runs, '"rejoined"')

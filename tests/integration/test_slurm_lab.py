@@ -117,7 +117,7 @@ def test_urgent_partition_requeues_a_requeueable_job(slurm: SlurmCluster) -> Non
     assert slurm.job_field(low, "Restarts") == "1"
     assert slurm.job_field(low, "Reason") == "BeginTime"  # eligible again only ~120 s later
     _cancel(slurm, urgent)
-    slurm.check(f"scontrol update JobId={low} StartTime=now")
+    slurm.start_requeued(low)
     slurm.wait_job(low, "RUNNING", timeout=30)
     _cancel(slurm, low)
 

@@ -479,6 +479,18 @@ class SlurmCluster:
             timeout,
         )
 
+    def start_requeued(self, job_id: str, timeout: float = 120) -> None:
+        """Start a requeued job now, as an admin's nudge (`StartTime=now`) does, once it can
+        start: every node has let go of its earlier run (idle), and the second in which their
+        slurmds revoked its credential has passed. slurmd compares a credential's time with the
+        revocation in whole seconds, so one made in the same second is refused ("Killing
+        non-startable batch JobId=N: Job credential revoked", the job FAILED at 0:00): the
+        reason Slurm itself holds a requeued job back (BeginTime, ~2 minutes)."""
+        self.wait_nodes("idle", timeout=timeout)
+        revoked_by = int(time.time())
+        self._wait("the revocation's second to pass", lambda: time.time() >= revoked_by + 1, 5)
+        self.check(f"scontrol update JobId={job_id} StartTime=now")
+
     def cancel_all(self) -> None:
         """scancel every job (root's and the lab's login user's, whose jobs an `adopt` lab
         runs), and wait until squeue is empty and nodes are idle again."""
