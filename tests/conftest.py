@@ -192,12 +192,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     no_frameworks = pytest.mark.skip(
         reason="trains Keras 3 on JAX: run with `pytest -m frameworks` (docs/testing.md)"
     )
+    # Measurements of plain Slurm that docs/slurm.md's design rests on, with wall-time waits
+    # that a loaded machine can upset: only a run that asks for them.
+    measure_asked = "slurm_measure" in (config.option.markexpr or "")
+    no_measure = pytest.mark.skip(
+        reason="measures plain Slurm with wall-time waits: run with `pytest -m slurm_measure`"
+    )
     no_slow = pytest.mark.skip(reason=SLOW_SKIP) if _skips_slow(config) else None
     for item in items:
         if "vagrant" in item.keywords and not vagrant_asked:
             item.add_marker(no_vagrant)
         if "frameworks" in item.keywords and not frameworks_asked:
             item.add_marker(no_frameworks)
+        if "slurm_measure" in item.keywords and not measure_asked:
+            item.add_marker(no_measure)
         if no_slow is not None and "slow" in item.keywords:
             item.add_marker(no_slow)
         needs_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))

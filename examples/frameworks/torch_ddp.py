@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -57,13 +58,18 @@ def leave(rank: int, world: int) -> None:
     rendezvous store and one end of every gloo pair: a rank still inside its teardown when
     rank 0's pairs closed aborted at exit ("terminate called without an active exception",
     SIGABRT: gloo's receive is not interruptible), even after a barrier. So the others say
-    through the store that they are done, and rank 0 waits for them before it leaves."""
+    through the store that they are done, and rank 0 waits for them before it leaves. A rank
+    that said so ends at once (os._exit after flushing its output): its interpreter's own
+    shutdown, which tears down the store's client while rank 0 may already have closed the
+    store, aborted the same way under load."""
     store = dist.distributed_c10d._get_default_store()  # the TCPStore, kept past the group
     dist.barrier()
     if rank != 0:
         dist.destroy_process_group()
         store.add("ranks_left", 1)
-        return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     deadline = time.monotonic() + 60  # a rank that died after the barrier never says so
     while store.add("ranks_left", 0) < world - 1 and time.monotonic() < deadline:
         time.sleep(0.05)

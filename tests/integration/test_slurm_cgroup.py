@@ -166,6 +166,7 @@ def test_a_holder_steps_children_outlive_other_steps_and_die_with_the_job(
             (shared / name).unlink(missing_ok=True)
 
 
+@pytest.mark.slurm_measure  # plain Slurm, wall-time waits: docs/slurm.md's measurement
 def test_a_nested_srun_step_outlives_the_step_it_was_started_from(
     slurm_cgroup_lab: Lab, slurm_cgroup: SlurmCluster
 ) -> None:
@@ -195,6 +196,7 @@ def test_a_nested_srun_step_outlives_the_step_it_was_started_from(
         slurm_cgroup.login_run(f"scancel {job}")
 
 
+@pytest.mark.slurm_measure  # plain Slurm, wall-time waits: docs/slurm.md's measurement
 def test_a_detached_srun_on_the_login_node_outlives_the_ssh_session(
     slurm_cgroup_lab: Lab, slurm_cgroup: SlurmCluster
 ) -> None:
