@@ -695,3 +695,6 @@ def test_attach_after_a_restart_counts_the_runs_restarts(
         r"restarting the whole job \(restart 2 of 2, TFDEPLOY_ATTEMPT=2\), by its keeper", 30
     )
     assert watcher.finish(timeout=180) == 0, watcher.report()
+    # The keeper and both wardens leave with the run, after `attach` read its end.
+    wait_until("the keeper and wardens to leave", lambda: not lab.leftovers(h1, 0), timeout=30)
+    wait_until("h2's warden to leave", lambda: not lab.leftovers(h2, 0), timeout=30)

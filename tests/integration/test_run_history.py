@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,9 @@ def code(tmp_path: Path) -> Path:
 
 def _inventory(lab_inventory: Any, code: Path, command: str, artifacts_to: Path) -> Path:
     job = {
-        "name": "history",
+        # A name of the test's own: the lab's hosts keep the runs of earlier tests, and `down
+        # INVENTORY` speaks of every run of the job it finds there.
+        "name": f"history{secrets.token_hex(3)}",
         "command": command,
         "require_tensorflow": False,
         "stop_grace": 2,
