@@ -117,17 +117,21 @@ def _up_in_background(inv: Path, state: Path) -> subprocess.Popen[str]:
     )
 
 
-def _wait_for_containers(lab: Lab, hosts: list[Any], timeout: float = 60) -> None:
-    """Until every host runs a tfdeploy container (the lab lists them by label)."""
+def _wait_for_containers(
+    lab: Lab, hosts: list[Any], up: subprocess.Popen[str], timeout: float = 180
+) -> None:
+    """Until every host runs a tfdeploy container (the lab lists them by label), or `up` ended
+    without (its output then says why); the bound is for a loaded machine, not a measurement."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and up.poll() is None:
         if all(
             any(x.startswith("container") for x in lab.containers_left(h))  # type: ignore[attr-defined]
             for h in hosts
         ):
             return
         time.sleep(0.5)
-    raise AssertionError("the tasks' containers did not start")
+    said = up.communicate(timeout=60)[0] if up.poll() is not None else "(up still running)"
+    raise AssertionError(f"the tasks' containers did not start:\n{said}")
 
 
 def test_ctrl_c_leaves_no_container_on_any_host(
@@ -150,7 +154,7 @@ def test_ctrl_c_leaves_no_container_on_any_host(
     )
     up = _up_in_background(inv, tmp_path / "state")
     try:
-        _wait_for_containers(lab, hosts)
+        _wait_for_containers(lab, hosts, up)
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=120)
     finally:
