@@ -86,9 +86,9 @@ def prune(
     before = _timestamp(older_than)
     hosts = discover_hosts(load(inventory)).hosts
     with Fleet(hosts, concurrency=concurrency) as fleet:
-        looked, failures = fleet.each_settled(lambda m: m.agent.install(look_only=True))
-        present = [h for h, facts in looked.items() if not facts.get("absent")]
-        groups = shared_workdirs(present, looked)
+        looked, failures = fleet.each_settled(lambda m: m.agent.look_in())
+        present = {h: facts for h, facts in looked.items() if facts is not None}
+        groups = shared_workdirs(list(present), present)
         firsts = [fleet.member(g[0]) for g in groups]
         by_first = {g[0]: g for g in groups}
 

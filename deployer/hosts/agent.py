@@ -309,7 +309,7 @@ class Agent(Channel):
     def look(self) -> None:
         """Says hello once without creating anything on the host (read-only verbs)."""
         if self.home is None:
-            self.install(look_only=True)
+            self.look_in()
 
     def collect(
         self,
@@ -413,8 +413,8 @@ class Agent(Channel):
         trip for both), without creating anything on the host. A run's `hosts` come while it is
         active, and for the run `hosts_of` whatever its state."""
         if self.home is None:
-            reply = self.install(look_only=True, runs=True, hosts_of=hosts_of)
-            return [] if self.absent else list(reply["runs"])
+            facts = self.look_in(runs=True, hosts_of=hosts_of)
+            return [] if facts is None else list(facts["runs"])
         if self.absent:
             return []
         request: protocol.RunsRequest = {"hosts_of": hosts_of} if hosts_of else {}

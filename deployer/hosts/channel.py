@@ -43,7 +43,7 @@ class Channel:
         self.python = python
         self.workdir = workdir
         self.home: str | None = None  # absolute workdir, known after install()
-        self.absent = False  # install(look_only=True) found no workdir: the host has no runs
+        self.absent = False  # look_in() found no workdir: the host has no runs
         self.nvidia_smi: bool | None = None  # a hello with `runs` says; None: not asked yet
         # The last hello's reply arrived, whatever it held (the edge may refuse it): the host
         # may hold what that hello reserved, so a failed `up` releases it (preflight.py).
@@ -83,24 +83,29 @@ class Channel:
             raise RuntimeError("Agent.install() must run before the agent directory is known")
         return f"{self.home}/agent/{agent_id()}"
 
+    def look_in(
+        self, *, runs: bool = False, hosts_of: str | None = None
+    ) -> protocol.HelloReply | None:
+        """The hello of a verb that only looks (status, logs, down, prune): it creates nothing
+        on the host, and a host without the workdir holds no run and answers None
+        (`self.absent`), its bootstrap gone."""
+        return self._hello((), look_only=True, runs=runs, hosts_of=hosts_of)
+
     def install(
         self,
         ports: Sequence[int] = (),
         *,
         run_id: str | None = None,
         lease_seconds: float | None = None,
-        look_only: bool = False,
         runs: bool = False,
         hosts_of: str | None = None,
         listen: tuple[Sequence[int], float] | None = None,
         interpreters: protocol.InterpretersQuery | None = None,
         job: str | None = None,
         resume: bool = False,
-    ) -> dict[str, Any]:
-        """Installs this agent version if the host lacks it and returns the `hello` facts.
-
-        `look_only` (status, logs, down): a host without the workdir holds no run, and a verb
-        that only looks must create nothing there; the reply is then `{"absent": True}`.
+    ) -> protocol.HelloReply:
+        """Installs this agent version if the host lacks it and returns the `hello` facts,
+        checked at the edge as protocol.HelloReply.
 
         With a run id, the free `ports` are reserved for that run on the host until it stops or
         its lease lapses (`lease_seconds` without a heartbeat): two `up` of one inventory started
@@ -110,6 +115,36 @@ class Channel:
         `resume` (`up --resume`): the run is there and has ended; the host checks it can be
         resumed, lifts its stop and answers its last `attempt`.
         """
+        facts = self._hello(
+            ports,
+            look_only=False,
+            run_id=run_id,
+            lease_seconds=lease_seconds,
+            runs=runs,
+            hosts_of=hosts_of,
+            listen=listen,
+            interpreters=interpreters,
+            job=job,
+            resume=resume,
+        )
+        if facts is None:  # only a look_only hello may find no workdir: the edge's to refuse
+            raise Edge(self.host, protocol.OP_HELLO).error("absent", "answered a hello to install")
+        return facts
+
+    def _hello(
+        self,
+        ports: Sequence[int],
+        *,
+        look_only: bool,
+        run_id: str | None = None,
+        lease_seconds: float | None = None,
+        runs: bool = False,
+        hosts_of: str | None = None,
+        listen: tuple[Sequence[int], float] | None = None,
+        interpreters: protocol.InterpretersQuery | None = None,
+        job: str | None = None,
+        resume: bool = False,
+    ) -> protocol.HelloReply | None:
         hello: protocol.HelloRequest = {"ports": list(ports)}
         if run_id is not None:
             hello["run_id"], hello["lease_seconds"] = run_id, lease_seconds
@@ -156,19 +191,17 @@ class Channel:
         edge = Edge(self.host, protocol.OP_HELLO)
         # The hello's facts (versions, host names, ids, problems) are printed by preflight and
         # status, and its versions make platform tags: parsed, bounded and cleaned at the edge.
-        if reply.get("absent") is True:  # look_only, and the host has no workdir
-            reply = dict(edge.reply(reply, protocol.AbsentReply))
-        else:
-            reply = dict(edge.reply(reply, protocol.HelloReply))
-            if runs:
-                edge.get(reply, "runs")
-        self.home = reply["workdir"]
-        self.absent = bool(reply.get("absent"))
-        if isinstance(reply.get("nvidia_smi"), bool):
-            self.nvidia_smi = reply["nvidia_smi"]
-        if self.absent:
+        if reply.get("absent") is True and look_only:  # the host has no workdir
+            self.home, self.absent = edge.reply(reply, protocol.AbsentReply)["workdir"], True
             self.close_session()  # the bootstrap answered and left: nothing is installed
-        return reply
+            return None
+        facts = edge.reply(reply, protocol.HelloReply)
+        if runs:
+            edge.get(facts, "runs")
+        self.home, self.absent = facts["workdir"], False
+        if "nvidia_smi" in facts:
+            self.nvidia_smi = facts["nvidia_smi"]
+        return facts
 
     def call(
         self,

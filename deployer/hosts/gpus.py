@@ -96,15 +96,6 @@ def check_gpus(
     return plan, problems, warnings
 
 
-def gpu_reports(facts: Mapping[str, Mapping[str, object]]) -> dict[str, GpuReport]:
-    """The `gpus` replies preflight gathered (under the "gpus" key of each host's facts)."""
-    return {
-        name: GpuReport.from_json(f["gpus"])  # type: ignore[arg-type]
-        for name, f in facts.items()
-        if "gpus" in f
-    }
-
-
 def monitored_hosts(plan: Plan, reports: Mapping[str, GpuReport]) -> set[str]:
     """Hosts whose GPU usage the live view shows: nvidia-smi answered, a task has GPUs."""
     return {

@@ -36,6 +36,7 @@ from deployer.push.sync import CodeFile, Manifest
 from deployer.up.envprogress import OnProgress, Watch, project
 from remote import interpreters as words_of
 from remote import protocol
+from remote.protocol import HelloReply, InterpretersShape
 
 INSTALL_TIMEOUT_S = 3600.0  # a TensorFlow install with CUDA wheels takes minutes, not seconds
 
@@ -71,12 +72,12 @@ def python_words(tasks: Sequence[Task]) -> list[str]:
 
 
 def interpreter_problems(
-    host: str, answer: Mapping[str, object], checked_as: str
+    host: str, answer: InterpretersShape, checked_as: str
 ) -> tuple[list[HostError], list[str]]:
     """Each first word against the interpreter preflight checked: a different one is an error
     naming both, one that is not found a warning."""
-    checked = answer.get("checked")
-    found: Mapping[str, object] = answer.get("found") or {}  # type: ignore[assignment]
+    checked = answer["checked"]
+    found = answer["found"]
     problems, warnings = [], []
     for word, ident in sorted(found.items()):
         if ident is None:
@@ -84,8 +85,8 @@ def interpreter_problems(
                 f"{host}: the tasks' `{word}` is not found on their PATH; preflight checked "
                 f"{checked_as}"
             )
-        elif checked is not None and list(ident) != list(checked):  # type: ignore[call-overload]
-            parts = [str(x) for x in ident]  # type: ignore[attr-defined]
+        elif checked is not None and ident != checked:
+            parts = ident
             said = f"{parts[0]} (venv {parts[1]})" if parts[1:] and parts[1] else parts[0]
             problems.append(
                 HostError(
@@ -131,7 +132,7 @@ class HostEnv:
         return found
 
 
-def identity_of(job: Job, resolved: str, python: str, facts: Mapping[str, object]) -> EnvIdentity:
+def identity_of(job: Job, resolved: str, python: str, facts: HelloReply) -> EnvIdentity:
     """The identity of a venv of `resolved` requirements over a host's configured `python`."""
     return EnvIdentity(
         requirements=resolved,
@@ -156,7 +157,7 @@ class Environments:
     def any(self) -> bool:
         return bool(self.envs)
 
-    def resolve(self, facts: Mapping[str, Mapping[str, object]]) -> list[str]:
+    def resolve(self, facts: Mapping[str, HelloReply]) -> list[str]:
         """Groups hosts by environment hash and resolves each distinct one once, with the
         installer of its platform (uv's wheel, or pip). What to say."""
         job = self.plan.job
@@ -165,10 +166,7 @@ class Environments:
         groups: dict[str, tuple[EnvSpec, HostPlatform, list[str]]] = {}
         for name in sorted(uses_requirements(self.plan)):
             host, f = hosts[name], facts[name]
-            glibc = f.get("glibc")
-            target = HostPlatform.of(
-                str(f.get("python")), str(f.get("machine")), str(glibc) if glibc else None
-            )
+            target = HostPlatform.of(f["python"], f["machine"], f["glibc"])
             wanted = [requirements_of(job, host, t) for t in self.plan.tasks_on(name)]
             for requirements in dict.fromkeys([host.requirements, *wanted]):
                 if requirements is None:
@@ -185,8 +183,9 @@ class Environments:
         known.remember(
             {
                 known.host_key(hosts[n].address, hosts[n].python): {
-                    k: (str(facts[n][k]) if facts[n].get(k) else None)
-                    for k in ("python", "machine", "glibc")
+                    "python": facts[n]["python"],
+                    "machine": facts[n]["machine"],
+                    "glibc": facts[n]["glibc"],
                 }
                 for n in uses_requirements(self.plan)
             }

@@ -28,6 +28,7 @@ from deployer.config.plan import Plan, Task
 from deployer.core.errors import HostError
 from deployer.up.environment import Environments, requirements_of
 from deployer.up.images import task_image
+from remote.protocol import HelloReply
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class TaskPackages:
 
 def known_packages(
     plan: Plan,
-    facts: Mapping[str, Mapping[str, object]],
+    facts: Mapping[str, HelloReply],
     environments: Environments | None = None,
 ) -> list[TaskPackages]:
     """Each rank task's distributions as far as they are known now (a task not known yet is
@@ -54,7 +55,8 @@ def known_packages(
         if not RECORDS[task.framework].packages or task_image(plan, task) is not None:
             continue
         host = hosts[task.host]
-        said: Mapping[str, str] = facts.get(task.host, {}).get("frameworks") or {}  # type: ignore[assignment]
+        hello = facts.get(task.host)
+        said = hello.get("frameworks", {}) if hello is not None else {}
         base = {_normalized(d): v for d, v in said.items()}
         if requirements_of(plan.job, host, task) is None:
             found.append(TaskPackages(task, host.python, base, _HOST_HINT))
@@ -73,7 +75,7 @@ def known_packages(
 
 def problems(
     plan: Plan,
-    facts: Mapping[str, Mapping[str, object]],
+    facts: Mapping[str, HelloReply],
     environments: Environments | None = None,
 ) -> list[HostError]:
     """A framework missing for a task's python, or two versions of one across the tasks."""

@@ -22,49 +22,48 @@ from deployer.core.errors import HostError, HostsFailed
 from deployer.hosts.fleet import Fleet, Member
 from deployer.hosts.gpuhealth import gpu_lines
 from deployer.hosts.gpurelease import prove_released
-from deployer.hosts.gpus import GpuReport, check_gpus, gpu_reports, monitored_hosts, wants_gpus
+from deployer.hosts.gpus import GpuReport, check_gpus, monitored_hosts, wants_gpus
 from deployer.push.sync import Manifest, scan
-from deployer.up import environment, firewall, frameworkrule, netcheck, scriptcheck
+from deployer.up import environment, firewall, netcheck, scriptcheck
 from deployer.up.images import images_by_host
 from remote import protocol
-from remote.protocol import InterpretersQuery
+from remote.protocol import HelloReply, InterpretersQuery
 
 MIN_FREE_DISK = 100 * 1024 * 1024
 
 
-def host_tensorflow(facts: Mapping[str, Mapping[str, object]]) -> list[str]:
+def host_tensorflow(facts: Mapping[str, HelloReply]) -> list[str]:
     """The TensorFlow versions the hosts' pythons hold, for the summary line. Which task runs
     which (host python, venv, image) and whether they agree is tfrule.py's rule."""
-    return sorted({str(f.get("tensorflow")) for f in facts.values() if f.get("tensorflow")})
+    return sorted({f["tensorflow"] for f in facts.values() if f["tensorflow"]})
 
 
 def host_problems(
-    host: str, facts: Mapping[str, object], *, python: str, job: Job, manifest: Manifest
+    host: str, facts: HelloReply, *, python: str, job: Job, manifest: Manifest
 ) -> list[HostError]:
     """Busy TF ports, too little disk. (TensorFlow: tfrule.py, on every task's.)"""
     problems = []
     problems += _busy_ports(host, facts, job.name)
-    free = int(facts.get("disk_free") or 0)  # type: ignore[call-overload]
+    free = facts["disk_free"]
     needed = MIN_FREE_DISK + 2 * manifest.total_bytes
     if free < needed:
         problems.append(
             HostError(
                 host,
-                f"only {free // 2**20} MiB free in {facts.get('workdir')}, "
-                f"need {needed // 2**20} MiB",
+                f"only {free // 2**20} MiB free in {facts['workdir']}, need {needed // 2**20} MiB",
             )
         )
     return problems
 
 
-def _busy_ports(host: str, facts: Mapping[str, object], job: str) -> list[HostError]:
-    busy = [int(p) for p in facts.get("busy_ports") or []]  # type: ignore[attr-defined]
+def _busy_ports(host: str, facts: HelloReply, job: str) -> list[HostError]:
+    busy = facts["busy_ports"]
     if not busy:
         return []
-    held: Mapping[str, str] = facts.get("reserved_by") or {}  # type: ignore[assignment]
+    held = facts["reserved_by"]
     # "running" (a task of that run runs on the host) or "starting" (an `up` of it is between
     # its preflight and its start); an agent older than issue 47 says neither.
-    states: Mapping[str, str] = facts.get("reserved_state") or {}  # type: ignore[assignment]
+    states = facts.get("reserved_state", {})
     runs = {held[str(p)]: states.get(str(p)) for p in sorted(busy) if str(p) in held}
     ports = ", ".join(str(p) for p in busy)
     if runs:
@@ -127,7 +126,7 @@ class Findings:
     # without asking them.
     empty_stores: frozenset[str] = frozenset()
     # Each host's hello facts (its Python, machine and glibc: what its environment resolves for).
-    facts: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
+    facts: Mapping[str, HelloReply] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -261,7 +260,9 @@ def _conclude(
     scanning: _Scan,
     forwarded: Sequence[str],
 ) -> Findings:
-    facts = fleet.each(lambda m: _hello(plan, m, greeted), members, what="preflight failed")
+    hellos = fleet.each(lambda m: _hello(plan, m, greeted), members, what="preflight failed")
+    facts = {name: hello for name, (hello, _) in hellos.items()}
+    reports = {name: gpus for name, (_, gpus) in hellos.items() if gpus is not None}
     manifest = scanning.result()
     # The summary's TensorFlow: the hosts' pythons where no venv or image stands in between.
     tf_versions = host_tensorflow({n: f for n, f in facts.items() if n not in greeted.in_venv})
@@ -274,14 +275,13 @@ def _conclude(
     ]
     interpreters: list[str] = []
     for name, f in facts.items():
-        answer: Mapping[str, object] | None = f.get("interpreters")  # type: ignore[assignment]
+        answer = f.get("interpreters")
         if answer is not None:  # hosts without requirements: the hello answered it
             found, said = environment.interpreter_problems(
                 name, answer, fleet.member(name).agent.python
             )
             problems += found
             interpreters += said
-    reports = gpu_reports(facts)
     final_plan, gpu_problems, warnings = check_gpus(plan, reports)
     warnings = [*final_plan.warnings, *warnings]  # TF's rules, on the counts `gpus = "auto"` learnt
     problems += gpu_problems
@@ -292,14 +292,13 @@ def _conclude(
     if plan.job.firewall:
         problems += firewall.check(fleet, members)
     problems += _tensorboard_missing(plan, fleet)
-    problems += frameworkrule.problems(plan, facts)
     if problems:
         raise HostsFailed(problems)
     warnings += interpreters
     missing = sorted(set(plan.job.forward_env) - set(forwarded))
     if missing:
         warnings.append(f"forward_env: {', '.join(missing)} are not set here")
-    python = sorted({str(f.get("python")) for f in facts.values()})
+    python = sorted({f["python"] for f in facts.values()})
     return Findings(
         plan=final_plan,
         manifest=manifest,
@@ -309,7 +308,7 @@ def _conclude(
         gpu_lines=tuple(gpu_lines(final_plan, reports)),
         summary=f"python {'/'.join(python)}, {_tensorflow_words(final_plan, tf_versions)}",
         workdir_groups=shared_workdirs([m.name for m in members], facts),
-        empty_stores=frozenset(name for name, f in facts.items() if f.get("store_empty") is True),
+        empty_stores=frozenset(name for name, f in facts.items() if f["store_empty"]),
         facts=facts,
     )
 
@@ -334,14 +333,14 @@ def _tensorboard_missing(plan: Plan, fleet: Fleet) -> list[HostError]:
 
 
 def shared_workdirs(
-    hosts: Sequence[str], facts: Mapping[str, Mapping[str, object]]
+    hosts: Sequence[str], facts: Mapping[str, HelloReply]
 ) -> tuple[tuple[str, ...], ...]:
     """Group hosts by the workdir they see, from each hello's `host_id` and `shared_with`.
 
     Two hosts share when either lists the other (of two hellos at one instant only the later is
     sure to see the other's token) or they report the same id (one machine, e.g. loopback).
     """
-    ids = {h: str(facts[h].get("host_id") or "") for h in hosts}
+    ids = {h: facts[h]["host_id"] for h in hosts}
     group = {h: h for h in hosts}  # union-find: each host's representative
 
     def root(h: str) -> str:
@@ -357,7 +356,7 @@ def shared_workdirs(
             group[root(h)] = root(by_id[ids[h]])
         by_id.setdefault(ids[h], h)
     for h in hosts:
-        for other_id in facts[h].get("shared_with") or []:  # type: ignore[attr-defined]
+        for other_id in facts[h]["shared_with"]:
             if other_id in by_id:
                 group[root(by_id[other_id])] = root(h)
     groups: dict[str, list[str]] = {}
@@ -366,7 +365,8 @@ def shared_workdirs(
     return tuple(tuple(g) for g in groups.values())
 
 
-def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
+def _hello(plan: Plan, member: Member, greeted: _Greeted) -> tuple[HelloReply, GpuReport | None]:
+    """The host's hello, and its GPUs where its tasks use them."""
     ports = [t.port for t in plan.tasks_on(member.name) if t.port is not None]
     claim, listen = greeted.claim, greeted.listens.get(member.name)
     words = environment.python_words(plan.tasks_on(member.name))
@@ -391,9 +391,8 @@ def _hello(plan: Plan, member: Member, greeted: _Greeted) -> dict[str, object]:
             greeted.claimed.add(member.name)
     if listen is not None and facts.get("listening"):
         greeted.listened(member.name, listen)
-    if wants_gpus(member.host):
-        facts["gpus"] = member.agent.gpus(claim.run_id)
-    return facts
+    gpus = GpuReport.from_json(member.agent.gpus(claim.run_id)) if wants_gpus(member.host) else None
+    return facts, gpus
 
 
 def _tensorflow_words(plan: Plan, versions: Sequence[str]) -> str:

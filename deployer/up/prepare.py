@@ -28,6 +28,7 @@ from deployer.up.teardown import Teardown
 from deployer.watch.progress import HostProgress, Progress, Ticker, sent_progress
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display, LiveView
+from remote.protocol import HelloReply
 
 
 class Preparation:
@@ -55,7 +56,7 @@ class Preparation:
         self.contacted_hosts = teardown.contacted
         self.refresh_env = refresh_env
         self.environment = Environments(run.plan)  # resolved after preflight (environment.py)
-        self._facts: Mapping[str, Mapping[str, object]] = {}  # the hellos', for tfrule
+        self._facts: Mapping[str, HelloReply] = {}  # the hellos', for tfrule
         self.images = Images(run.plan)  # checked after preflight (images.py)
 
     def preflight(self, *, keep_stand_ins: bool = False, resume: bool = False) -> Findings:
@@ -100,14 +101,14 @@ class Preparation:
 
     def _tensorflow(
         self,
-        facts: Mapping[str, Mapping[str, object]],
+        facts: Mapping[str, HelloReply],
         installed: Mapping[str, Mapping[str, str | None]] | None = None,
     ) -> None:
         """The TensorFlow rule (tfrule.py) on every task known now: at preflight from the hosts'
         pythons, the resolved wheels and the images' trial containers; again after the install,
-        from what each venv answers. At preflight the framework rule (frameworkrule.py) too,
-        on the venv tasks' resolved wheels (preflight checked the host pythons' tasks). Nothing
-        has started either time; the hosts drop the run."""
+        from what each venv answers. At preflight the framework rule (frameworkrule.py) too, its
+        one call, on every task it can know: the host pythons' from their hellos, the venvs'
+        from their resolved wheels. Nothing has started either time; the hosts drop the run."""
         self._facts = facts
         found = tfrule.known_versions(
             self.run.plan, facts, self.environment, self.images, installed
@@ -149,7 +150,7 @@ class Preparation:
             self.view.step(line)
         uses.record([lay.path for lay in self.images.layouts.values()], self.run.run_id)
 
-    def _resolve_environment(self, facts: Mapping[str, Mapping[str, object]]) -> None:
+    def _resolve_environment(self, facts: Mapping[str, HelloReply]) -> None:
         """The job's environment resolved for the hosts' platforms, its wheels for the push to
         carry (environment.py); nothing is sent when it fails, and the hosts drop the run."""
         plan = self.run.plan

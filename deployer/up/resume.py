@@ -27,6 +27,7 @@ from deployer.up.records import Lineage
 from deployer.watch.board import TaskBoard
 from deployer.watch.view import Display
 from remote import protocol
+from remote.protocol import HelloReply
 
 
 class ResumeRefused(UsageError):
@@ -57,7 +58,7 @@ def look_for(
 
 def go_on(
     found: Resumable,
-    facts: Mapping[str, Mapping[str, object]],
+    facts: Mapping[str, HelloReply],
     board: TaskBoard,
     archive: LogArchive,
 ) -> Lineage:
@@ -168,7 +169,7 @@ def _refuse_succeeded(runs: list[HostRun], plan: Plan, again: str) -> None:
         )
 
 
-def next_attempt(facts: Mapping[str, Mapping[str, object]]) -> int:
+def next_attempt(facts: Mapping[str, HelloReply]) -> int:
     """One more than the run's last attempt on any host (each resuming hello says its own)."""
     said = [f.get("attempt") for f in facts.values()]
     return 1 + max((a for a in said if isinstance(a, int)), default=0)

@@ -37,7 +37,7 @@ def room_problems(fleet: Fleet, members: Sequence[Member], findings: Findings) -
     code = manifest.total_bytes
     by_hash = manifest.by_hash()
     mine = {m.name: [by_hash[s] for s in manifest.extras_for([m.name])] for m in members}
-    free = {m.name: int(findings.facts.get(m.name, {}).get("disk_free") or 0) for m in members}  # type: ignore[call-overload]
+    free = {m.name: findings.facts[m.name]["disk_free"] for m in members}
     tight = [m for m in members if free[m.name] < needed(code, mine[m.name])]
     empty = [m for m in tight if m.name in findings.empty_stores]
     asked = fleet.each(
@@ -51,7 +51,7 @@ def room_problems(fleet: Fleet, members: Sequence[Member], findings: Findings) -
     for host, lack in sorted(lacking.items()):
         need = needed(code, lack)
         if free[host] < need:
-            workdir = findings.facts.get(host, {}).get("workdir")
+            workdir = findings.facts[host]["workdir"]
             problems.append(
                 HostError(
                     host,

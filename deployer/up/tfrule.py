@@ -34,6 +34,7 @@ from deployer.core.errors import HostError, HostsFailed
 from deployer.core.text import join_names
 from deployer.up.environment import Environments, requirements_of
 from deployer.up.images import Images, task_image
+from remote.protocol import HelloReply
 
 # Wheel names (normalized, as wheel files spell them) that are TensorFlow.
 _TF_WHEELS = ("tensorflow", "tensorflow_cpu", "tensorflow_gpu", "tf_nightly", "tensorflow_intel")
@@ -59,7 +60,7 @@ def tasks_needing_tensorflow(plan: Plan) -> list[Task]:
 
 def known_versions(
     plan: Plan,
-    facts: Mapping[str, Mapping[str, object]],
+    facts: Mapping[str, HelloReply],
     environments: Environments,
     images: Images,
     installed: Mapping[str, Mapping[str, str | None]] | None = None,
@@ -78,7 +79,7 @@ def known_versions(
             continue
         requirements = requirements_of(plan.job, host, task)
         if requirements is None:
-            found.append(_of(task, host.python, facts.get(task.host, {}).get("tensorflow")))
+            found.append(_of(task, host.python, _host_tensorflow(facts, task.host)))
             continue
         venv = _venv_version(plan.job, task, environments, facts, installed)
         if venv is not None:
@@ -90,7 +91,7 @@ def _venv_version(
     job: Job,
     task: Task,
     environments: Environments,
-    facts: Mapping[str, Mapping[str, object]],
+    facts: Mapping[str, HelloReply],
     installed: Mapping[str, Mapping[str, str | None]] | None,
 ) -> TaskTensorflow | None:
     venv = environments.runtime(task).venv
@@ -110,7 +111,7 @@ def _venv_version(
         return _of(
             task,
             f"{where} over {env.identity.interpreter.path}",
-            facts.get(task.host, {}).get("tensorflow"),
+            _host_tensorflow(facts, task.host),
         )
     return _of(task, where, None)
 
@@ -187,3 +188,10 @@ def summary(found: Sequence[TaskTensorflow]) -> str:
     """`tensorflow 2.21.0` (several: joined with /; none known: -)."""
     versions = sorted({t.version for t in found if t.version is not None})
     return f"tensorflow {'/'.join(versions) or '-'}"
+
+
+def _host_tensorflow(facts: Mapping[str, HelloReply], host: str) -> str | None:
+    """The TensorFlow version the host's python holds, as its hello said (None: none, or no
+    hello from it)."""
+    hello = facts.get(host)
+    return hello["tensorflow"] if hello is not None else None
