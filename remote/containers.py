@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -215,8 +216,10 @@ def run_argv(
 
 
 # The trial's command: the image's Python (the tasks', else python3, else python) says its
-# TensorFlow, read from
-# package metadata (importing TF costs seconds); an image without Python says "-" all the same.
+# TensorFlow and its FRAMEWORKS (set before this text: `trial`), read from package metadata
+# (importing them costs seconds); an image without Python says "tensorflow -" all the same. The
+# image's Python may be any, 3.6 too: without importlib.metadata (3.7 and older) it says
+# "frameworks ?", not read, which is not the same as none installed ("frameworks read").
 _TF_PROBE = (
     "try:\n"
     "    from importlib import metadata\n"
@@ -230,12 +233,30 @@ _TF_PROBE = (
     "    except Exception:\n"
     "        pass\n"
     "print('tensorflow', found)\n"
+    "for d in FRAMEWORKS if metadata is not None else ():\n"
+    "    try:\n"
+    "        print('framework', d, metadata.version(d))\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "print('frameworks', '?' if metadata is None else 'read')\n"
 )
 _TRIAL_SH = (
     'probe="$1"; shift; for p in "$@" python3 python; do '
     'if command -v "$p" >/dev/null 2>&1; then '
     '"$p" -I -c "$probe" || echo "tensorflow ?"; exit 0; fi; done; echo "tensorflow -"'
 )
+# What of the trial's output is read: the probe's lines are its last, a few short ones; whatever
+# else an image prints (its Python is the image's, so any text at all) is not looked at.
+_TRIAL_TAIL = 4096
+# A version as a dist-info's METADATA says it (PEP 440: "2.13.0+cpu", "1!0.4.dev3").
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.+!_-]{0,63}")
+
+
+class Trial(NamedTuple):
+    """What a trial container's Python read of the image."""
+
+    tensorflow: str | None  # None: none, or no Python in the image
+    frameworks: dict[str, str] | None  # those asked for that it has; None: not read
 
 
 def trial(
@@ -246,12 +267,13 @@ def trial(
     mounts: Sequence[str],
     rootless: bool,
     pythons: Sequence[str] = (),
-) -> str | None:
+    frameworks: Sequence[str] = (),
+) -> Trial:
     """One throwaway container of `image`, made as a task's is (init, host network, user,
     mounts, /bin/sh), run to its end and removed: what a task's start needs of this host's
     runtime (cgroups, namespaces, the init, the mounts), proved before anything starts. Returns
-    the image's TensorFlow version as the first of `pythons` (the tasks' first words), else
-    python3, else python, finds it (None: none, or no Python in the image); raises
+    the image's TensorFlow version and which of the `frameworks` distributions it has, as the
+    first of `pythons` (the tasks' first words), else python3, else python, finds them; raises
     ContainerError with the runtime's words when the container cannot run."""
     name = container_name(run_id, "preflight-trial")
     argv = run_argv(
@@ -268,7 +290,7 @@ def trial(
         rootless=rootless,
     )
     argv[1:2] = ["run", "--rm"]
-    argv += ["sh", _TF_PROBE, *pythons]
+    argv += ["sh", f"FRAMEWORKS = {tuple(frameworks)!r}\n" + _TF_PROBE, *pythons]
     try:
         code, out, err = _run(argv)
     finally:
@@ -276,9 +298,24 @@ def trial(
     if code != 0:
         said = (err.strip() or out.strip() or "no output").splitlines()[-1]
         raise ContainerError(f"exit {code}: {said}")
-    words = [line.split() for line in out.splitlines() if line.startswith("tensorflow ")]
-    version = words[-1][1] if words and len(words[-1]) == 2 else "-"
-    return None if version in ("-", "?") else version
+    return parse_trial(out, frameworks)
+
+
+def parse_trial(out: str, frameworks: Sequence[str]) -> Trial:
+    """The trial's output as values, read strictly: its last _TRIAL_TAIL characters only, a
+    framework only of those asked for and with a version's shape, none at all unless the probe
+    said it read them."""
+    words = [line.split() for line in out[-_TRIAL_TAIL:].splitlines()]
+    said = [w for w in words if w[:1] == ["tensorflow"]]
+    version = said[-1][1] if said and len(said[-1]) == 2 else "-"
+    tensorflow = None if version in ("-", "?") else version
+    if ["frameworks", "read"] not in words:
+        return Trial(tensorflow, None)
+    found: dict[str, str] = {}
+    for w in words:
+        if len(w) == 3 and w[0] == "framework" and w[1] in frameworks and _VERSION.fullmatch(w[2]):
+            found.setdefault(w[1], w[2])
+    return Trial(tensorflow, found)
 
 
 def returncode(status: int) -> int:

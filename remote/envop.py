@@ -3,8 +3,9 @@
 The wheels arrive as contents of the store (sent once, through the fan-out, like code); this op
 gives them their file names (venvs.link_wheels), builds or reuses WORKDIR/envs/<hash>/
 (venvs.ensure: once per host and environment, under a lock that holds on shared homes), and
-answers what preflight must check in that venv: its Python, its TensorFlow, and whether each
-task's first word is the venv's interpreter once the venv is activated.
+answers what preflight must check in that venv: its Python, its TensorFlow, its frameworks beside
+TensorFlow (torch, jax, keras: the framework rule's, deployer/up/frameworkrule.py), and whether
+each task's first word is the venv's interpreter once the venv is activated.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import hostfacts
 import hostid
 import interpreters
 import layout
@@ -22,18 +24,36 @@ import params
 import protocol
 import venvs
 
-# The venv's Python version and TensorFlow version, read from package metadata (importing
-# TensorFlow costs seconds); -I: the host's PYTHON* variables cannot point elsewhere.
+# The venv's Python version, its TensorFlow and its frameworks beside TensorFlow, read from
+# package metadata (importing TensorFlow or torch costs seconds), one `WORD VALUE...` per line;
+# -I: the host's PYTHON* variables cannot point elsewhere.
 _PROBE = (
     "import sys\n"
     "from importlib import metadata\n"
-    "print(sys.version.split()[0])\n"
-    "for d in ('tensorflow', 'tensorflow-cpu', 'tensorflow-gpu', 'tf-nightly'):\n"
+    "def found(d):\n"
     "    try:\n"
-    "        print(metadata.version(d)); break\n"
+    "        return metadata.version(d)\n"
     "    except metadata.PackageNotFoundError:\n"
-    "        pass\n"
+    "        return None\n"
+    "print('python', sys.version.split()[0])\n"
+    f"for d in {hostfacts.TF_DISTRIBUTIONS!r}:\n"
+    "    v = found(d)\n"
+    "    if v:\n"
+    "        print('tensorflow', v); break\n"
+    f"for d in {hostfacts.FRAMEWORK_DISTRIBUTIONS!r}:\n"
+    "    v = found(d)\n"
+    "    if v:\n"
+    "        print('framework', d, v)\n"
 )
+_FRAMEWORKS = hostfacts.FRAMEWORK_DISTRIBUTIONS  # the only names a probe's line may give
+
+
+class _Probed(NamedTuple):
+    """What the venv's own interpreter says of itself."""
+
+    python: str
+    tensorflow: str | None
+    frameworks: dict[str, str]  # those of hostfacts.FRAMEWORK_DISTRIBUTIONS it has
 
 
 def op_env(req: dict[str, Any]) -> protocol.EnvReply:
@@ -65,7 +85,7 @@ def op_env(req: dict[str, Any]) -> protocol.EnvReply:
         )
     except venvs.EnvError as exc:
         raise params.AgentError(str(exc)) from None
-    version, tensorflow = _probe(venv)
+    probed = _probe(venv)
     path = interpreters.venv_env(str(venv), os.environ).get("PATH")
     return {
         "venv": str(venv),
@@ -73,8 +93,9 @@ def op_env(req: dict[str, Any]) -> protocol.EnvReply:
         "waited": bool(result["waited"]),
         "installer": result["installer"],
         "seconds": float(result["seconds"]),
-        "python": version,
-        "tensorflow": tensorflow,
+        "python": probed.python,
+        "tensorflow": probed.tensorflow,
+        "frameworks": probed.frameworks,
         "interpreters": interpreters.answer(str(venv / "bin" / "python"), words, path),
     }
 
@@ -128,9 +149,9 @@ def _wheel(item: Any) -> tuple[str, str]:
     return item[0], params.check_hash(item[1])
 
 
-def _probe(venv: Path) -> tuple[str, str | None]:
-    """(Python version, TensorFlow version or None) as the venv's own interpreter sees them:
-    with system_site_packages, a TensorFlow of the base python counts, as it does for tasks."""
+def _probe(venv: Path) -> _Probed:
+    """The venv's Python, TensorFlow and frameworks as its own interpreter sees them: with
+    system_site_packages, those of the base python count, as they do for tasks."""
     try:
         done = subprocess.run(
             [str(venv / "bin" / "python"), "-I", "-c", _PROBE],
@@ -141,8 +162,22 @@ def _probe(venv: Path) -> tuple[str, str | None]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         said = f"the environment's python {venv}/bin/python does not run: {exc}"
         raise params.AgentError(said) from None
-    lines = done.stdout.split()
-    if done.returncode != 0 or not lines:
-        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise params.AgentError(f"the environment's python {venv}/bin/python does not run: {said}")
-    return lines[0], (lines[1] if len(lines) > 1 else None)
+    probed = _parsed(done.stdout) if done.returncode == 0 else None
+    if probed is None:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise params.AgentError(f"the environment's python {venv}/bin/python does not run: {why}")
+    return probed
+
+
+def _parsed(out: str) -> _Probed | None:
+    """The probe's lines as values (None without its Python's): a line of another shape, or a
+    framework the probe did not ask for, is left out."""
+    python, tensorflow, frameworks = None, None, {}
+    for words in map(str.split, out.splitlines()):
+        if len(words) == 2 and words[0] == "python":
+            python = words[1]
+        elif len(words) == 2 and words[0] == "tensorflow":
+            tensorflow = words[1]
+        elif len(words) == 3 and words[0] == "framework" and words[1] in _FRAMEWORKS:
+            frameworks[words[1]] = words[2]
+    return None if python is None else _Probed(python, tensorflow, frameworks)

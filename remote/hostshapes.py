@@ -271,7 +271,7 @@ class EnvProgressReply(TypedDict):
     complete: bool  # the venv is built (its marker is there)
 
 
-class EnvReply(TypedDict):
+class EnvFacts(TypedDict):
     venv: str
     built: bool  # false: a complete venv of this hash was reused
     waited: bool  # another build of it (another host of a shared workdir, another job) ran first
@@ -280,6 +280,12 @@ class EnvReply(TypedDict):
     python: str  # the venv's Python version
     tensorflow: str | None  # the TensorFlow version installed in the venv (null: none)
     interpreters: InterpretersShape  # checked: the venv's python
+
+
+class EnvReply(EnvFacts, total=False):
+    # The frameworks beside TensorFlow the venv's python has (hostfacts.FRAMEWORK_DISTRIBUTIONS,
+    # from package metadata, none imported), as the hello's `frameworks`: {"torch": "2.13.0"}
+    frameworks: dict[str, str]
 
 
 class ImageBase(TypedDict):
@@ -310,6 +316,9 @@ class ImageFacts(TypedDict):
 class ImageReply(ImageFacts, total=False):
     tried: bool  # a throwaway container of the image ran here (the image is present)
     tensorflow: str | None  # the image's TensorFlow (its python3's), null: none or no Python
+    # The same python's frameworks beside TensorFlow, as the hello's `frameworks`; absent: not
+    # read (no Python, or one without importlib.metadata: 3.7 and older)
+    frameworks: dict[str, str]
 
 
 # The replies of the ops with several actions, one shape per action (Union: `|` between

@@ -5,8 +5,9 @@
   store (pulled now with `pull`: the hosts' own registry access) and built for this host's
   platform, and one throwaway container of it, made as a task's is, runs to its end (`runtime
   info` passes on a host whose runtime cannot create a container: no cgroup mounts). That
-  container also says the image's TensorFlow version. Each failure is one sentence naming what
-  to fix; nothing of the run starts.
+  container also says the image's TensorFlow version and its frameworks beside it (torch, jax,
+  keras: the framework rule's). Each failure is one sentence naming what to fix; nothing of the
+  run starts.
 - `load` (after the push, `image_from = "controller"`): the push left the image's blobs in the
   store (named by sha256, as an OCI layout names them); the layout is assembled from hard links
   into the store, loaded into the runtime's store, and removed again; then the same throwaway
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import containers
+import hostfacts
 import layout
 import params
 import procs
@@ -78,15 +80,19 @@ def op_image(req: dict[str, Any]) -> protocol.ImageReply:
         "image_platform": have,
     }
     if present:
+        tried = _trial(req, runtime, image, bool(info["rootless"]))
         reply["tried"] = True
-        reply["tensorflow"] = _trial(req, runtime, image, bool(info["rootless"]))
+        reply["tensorflow"] = tried.tensorflow
+        if tried.frameworks is not None:
+            reply["frameworks"] = tried.frameworks
     return reply
 
 
-def _trial(req: dict[str, Any], runtime: str, image: str, rootless: bool) -> str | None:
+def _trial(req: dict[str, Any], runtime: str, image: str, rootless: bool) -> containers.Trial:
     """A throwaway container of the image, as a task's would be: a runtime that cannot run
     one (no cgroup mounts, a missing init, a mount that is not there) fails here, naming the
-    host, not at start as a task failure. The image's TensorFlow version, or None."""
+    host, not at start as a task failure. The image's TensorFlow and frameworks, as its
+    Python read them (the hello's FRAMEWORK_DISTRIBUTIONS, for the framework rule)."""
     mounts = params.param(req, "mounts", list, [])
     if not all(isinstance(m, str) and m.startswith("/") for m in mounts):
         raise params.AgentError("mounts must be absolute paths (PATH:ro)")
@@ -103,6 +109,7 @@ def _trial(req: dict[str, Any], runtime: str, image: str, rootless: bool) -> str
             mounts=list(dict.fromkeys([workdir, *mounts])),
             rootless=rootless,
             pythons=pythons[:8],
+            frameworks=hostfacts.FRAMEWORK_DISTRIBUTIONS,
         )
     except containers.ContainerError as exc:
         raise params.AgentError(

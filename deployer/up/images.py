@@ -5,9 +5,10 @@ pulled by the hosts or sent from here, and the container each task runs in.
   every host with an image task: runtime usable by the login user, GPU runtime for GPU tasks,
   image present (with `image_from = "hosts"` pulled now, once per host) and of the host's
   platform, and one throwaway container of it run as a task's would be (a runtime that cannot
-  create containers fails here, not at start). With `image_from = "controller"` an image some
-  host lacks is saved here once as an OCI layout (deployer/envs/images.py) and its platform
-  checked against those hosts'; its trial container runs after the load.
+  create containers fails here, not at start), which reads the image's TensorFlow and
+  frameworks. With `image_from = "controller"` an image some host lacks is saved here once as an
+  OCI layout (deployer/envs/images.py) and its platform checked against those hosts'; its trial
+  container runs after the load.
 - `Images.extras`: the layout's blobs, contents of the push like the environment's wheels: the
   store dedupes them by digest, so a re-deploy sends only the layers a host's store lacks.
 - `Images.load`, after the push: the `image` op's load on the hosts that lack the image.
@@ -55,6 +56,8 @@ class Images:
     """Every host's images for one `up`, where they come from, and how each host runs them."""
 
     plan: Plan
+    # host -> image -> its check's (or load's) reply: with the trial's `tensorflow` and
+    # `frameworks`, which the TensorFlow and framework rules read (tfrule.py, frameworkrule.py)
     checked: dict[str, dict[str, protocol.ImageReply]] = field(default_factory=dict)
     layouts: dict[str, oci.OciLayout] = field(default_factory=dict)  # image -> saved here
 

@@ -103,22 +103,24 @@ class Preparation:
         self,
         facts: Mapping[str, HelloReply],
         installed: Mapping[str, Mapping[str, str | None]] | None = None,
+        frameworks: frameworkrule.Installed | None = None,
     ) -> None:
-        """The TensorFlow rule (tfrule.py) on every task known now: at preflight from the hosts'
-        pythons, the resolved wheels and the images' trial containers; again after the install,
-        from what each venv answers. At preflight the framework rule (frameworkrule.py) too, its
-        one call, on every task it can know: the host pythons' from their hellos, the venvs'
-        from their resolved wheels. Nothing has started either time; the hosts drop the run."""
+        """The TensorFlow rule (tfrule.py) and the framework rule (frameworkrule.py) on every
+        task known now: at preflight from the hosts' pythons, the resolved wheels and the
+        images' trial containers; again after the install, from what each venv answered
+        (`installed`: its TensorFlow, `frameworks`: its torch, jax, keras), which is how a venv
+        of the hosts' own index is known at all, and from the trial after an image's load.
+        Nothing has started either time; the hosts drop the run."""
         self._facts = facts
-        found = tfrule.known_versions(
-            self.run.plan, facts, self.environment, self.images, installed
-        )
+        plan = self.run.plan
+        found = tfrule.known_versions(plan, facts, self.environment, self.images, installed)
         try:
-            said = tfrule.check(self.run.plan.job, found)
-            if installed is None:
-                problems = frameworkrule.problems(self.run.plan, facts, self.environment)
-                if problems:
-                    raise HostsFailed(problems)
+            said = tfrule.check(plan.job, found)
+            problems = frameworkrule.problems(
+                plan, facts, self.environment, self.images, frameworks
+            )
+            if problems:
+                raise HostsFailed(problems)
         except BaseException:
             self.fleet.each_settled(lambda m: m.agent.release(self.run.run_id), self.members)
             raise
@@ -170,8 +172,10 @@ class Preparation:
 
     def install_environment(self) -> None:
         """The `env` op on every host with requirements (a built env is reused at once): each
-        task's interpreter from then on; then the TensorFlow rule on what the venvs answered."""
+        task's interpreter from then on; then the TensorFlow and framework rules on what the
+        venvs answered (and the images' trial containers, after a load)."""
         installed: dict[str, dict[str, str | None]] = {}
+        frameworks: dict[str, dict[str, dict[str, str]]] = {}
         if self.environment.any:
             hosts = [m for m in self.members if m.name in self.environment.envs]
             self.view.phase(f"installing the job's environment on {plural(len(hosts), 'host')}")
@@ -189,12 +193,16 @@ class Preparation:
             for line in [*(f"warning: {w}" for w in warnings), *self.environment.lines(done)]:
                 self.view.step(line)
             installed = {h: {r["venv"]: r["tensorflow"] for r in rs} for h, rs in done.items()}
+            frameworks = {
+                h: {r["venv"]: r["frameworks"] for r in rs if "frameworks" in r}
+                for h, rs in done.items()
+            }
         loading = Progress("loading the job's image on the hosts that lack it")
         with Ticker(self.view, loading) if self.images.lacking() else contextlib.nullcontext():
             loaded = self.images.load(self.fleet, self.members, self.run.run_id)
         for line in loaded:
             self.view.step(line)
-        self._tensorflow(self._facts, installed)
+        self._tensorflow(self._facts, installed, frameworks)
         self.run.runtimes = {
             t.name: self.environment.runtime(t).in_container(self.images.container(t))
             for t in self.run.plan.tasks

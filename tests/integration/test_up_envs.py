@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.lab import VENV_PYTHON, Lab
+from tests.support.agent import call, ok
 from tests.support.lab_cli import tfdeploy
 from tests.support.wheels import make_wheel
 
@@ -133,6 +134,31 @@ def test_a_venv_without_its_frameworks_distribution_is_refused_before_anything_i
     said = result.stdout + result.stderr
     assert re.search(r"torch is not installed for venv [0-9a-f]{12} \(worker:0", said), said
     assert "Traceback" not in said and "pushed" not in said and "starting" not in said, said
+
+
+def test_the_env_op_reads_the_frameworks_of_a_venv_from_the_hosts_own_index(
+    workdir: Path, run_id: str, index: Path
+) -> None:
+    """`wheels_from = "hosts"`: the host's pip installs from its own configuration (here the
+    PIP_* variables of `index`, which the agent inherits), so the controller never sees the
+    wheels and only the venv can say which torch it holds; the env op reads it from the venv's
+    package metadata for the framework rule (deployer/up/frameworkrule.py). Nothing is
+    imported: this torch's module would end any python that imports it."""
+    make_wheel(index, "torch", "2.13.0", files={"torch.py": b"raise SystemExit('imported')\n"})
+    reply = ok(
+        call(
+            workdir,
+            "env",
+            run_id=run_id,
+            hash="frameworks1",
+            python=BASE,
+            requirements="torch==2.13.0\ntinypkg==1.0\n",
+            wheels=[],
+            online=True,
+        )
+    )
+    assert (reply["built"], reply["tensorflow"]) == (True, None), reply
+    assert reply["frameworks"] == {"torch": "2.13.0"}, reply
 
 
 @pytest.mark.needs_tf(reason="preflight checks TensorFlow in the venv; the task only finds it")

@@ -1,6 +1,7 @@
 """Preflight proves a container can start (issue 47): a host whose runtime answers `podman info`
 but cannot create a container (no cgroup mounts: runc's `no cgroup mount found`) fails `check`
-by name, in the runtime's words, instead of passing it and failing every task at start."""
+by name, in the runtime's words, instead of passing it and failing every task at start. The
+same trial container reads the image's TensorFlow and frameworks for preflight's rules."""
 
 # ruff: noqa: F811  # the shared fixtures (tests/support/image_jobs.py) are parameters here
 
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import secrets
 import shlex
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,3 +98,55 @@ def test_an_images_tensorflow_is_compared_with_the_host_pythons(
         assert f"{h2.name}: TensorFlow 2.15.1 for worker:0 ({PYTHON_TF215})" in said, said
     finally:
         lab.podman(h1, f"rmi -f {shlex.quote(image)}")  # type: ignore[attr-defined]
+
+
+def _torch_venv(where: Path, version: str) -> Path:
+    """A venv of the lab's /usr/bin/python3 (no pip: well under a second) whose only package is
+    a torch dist-info of `version`: its METADATA, no module (read, never imported)."""
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(where)], check=True)
+    info = next(where.glob("lib/python3*/site-packages")) / f"torch-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    return where
+
+
+def test_an_images_torch_is_read_by_its_trial_and_compared_with_the_host_pythons(
+    controller_podman: Lab, inventory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`framework = "torch"`: the trial container reads the image's torch through the tasks'
+    own python (a venv mounted read-only, as the test above mounts the lab's TF venv), and the
+    framework rule compares it with a host python's. Before, image tasks were left out of the
+    framework rule: `check` said ok, and the versions met at the first collective."""
+    lab = controller_podman
+    h1, h2 = lab.hosts[:2]
+    image = f"localhost/tfdeploy-i47/torch:{secrets.token_hex(4)}"
+    lab.import_test_image(h1, image)  # type: ignore[attr-defined]
+    shared = Path(tempfile.mkdtemp(prefix="tfd-torch-", dir="/var/tmp"))  # hosts' /tmp: their own
+    try:
+        in_image = _torch_venv(shared / "image", "2.12.0")
+        on_host = _torch_venv(shared / "host", "2.13.0")
+        subprocess.run(["chmod", "-R", "a+rX", str(shared)], check=True)
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "train.py").write_text("")
+        job = {
+            "framework": "torch",
+            "command": f"{in_image}/bin/python train.py",
+            "container_mounts": ["/usr:ro", "/lib:ro", "/lib64:ro", f"{in_image}:ro"],
+            "role_commands": {"worker": "python train.py"},  # h2's python, on the host
+        }
+        inv = inventory(
+            [[{"role": "chief"}], [{"role": "worker"}]],
+            code=code,
+            job=job,
+            hosts=[h1, h2],
+            per_host={h1.name: {"image": image}, h2.name: {"python": f"{on_host}/bin/python"}},
+        )
+        result = tfdeploy("check", str(inv), state=tmp_path / "state", check_rc=3)
+        said = " ".join((result.stdout + result.stderr).split())
+        assert f"{h1.name}: torch 2.12.0 (image {image})" in said, said
+        both = f"{h1.name} and {h2.name}: one version on every host"
+        assert f"{h2.name}: torch 2.13.0 hint: {both}" in said, said
+    finally:
+        lab.podman(h1, f"rmi -f {shlex.quote(image)}")  # type: ignore[attr-defined]
+        shutil.rmtree(shared, ignore_errors=True)

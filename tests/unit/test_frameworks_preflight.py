@@ -1,6 +1,7 @@
 """Preflight's framework rule (up/frameworkrule.py), a framework job's TensorFlow default, and the
 failure report's hint for a script under the wrong convention (watch/convention.py): both read
-each framework's record (config/frameworks.py)."""
+each framework's record (config/frameworks.py). Also what the rule reads of a host: the image
+trial's output (remote/containers.py), and the env and image replies' `frameworks` at the edge."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from deployer.config.frameworks import RECORDS, WRONG_CONVENTION_HINT, Framework
 from deployer.config.inventory import load_inventory
 from deployer.config.plan import Plan, Task, make_plan
+from deployer.core.errors import HostError
 from deployer.envs.wheelhouse import Wheel
+from deployer.hosts.replies import Edge
+from deployer.hosts.task_runtime import TaskRuntime
 from deployer.up import frameworkrule
 from deployer.up.environment import Environments
+from deployer.up.images import Images
 from deployer.watch.convention import convention_hint
-from remote import hostfacts
+from remote import containers, hostfacts, protocol
 from tests.support.aws import cli
 
 HOSTS = """
@@ -142,6 +149,179 @@ def test_a_venv_from_the_hosts_index_and_an_image_are_not_known_before_the_impor
     in_image = 'framework = "torch"\nimage = "localhost/x:1"'
     plan = _plan(tmp_path, in_image)
     assert frameworkrule.known_packages(plan, _facts({}, {}), _Resolved(plan, [])) == []
+
+
+VENV = "/home/u/.tfdeploy/envs/1a2b3c4d5e6f7a8b"
+
+
+class _Installed(_Resolved):
+    """Every requirements task's venv installed at VENV, from the hosts' own index (no
+    wheelhouse here: `wheels_from = "hosts"`)."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan, [])
+        self.env.wheelhouse = None
+
+    def runtime(self, task: Task) -> TaskRuntime:
+        return TaskRuntime("python3", venv=VENV)
+
+
+def test_a_venv_from_the_hosts_index_is_checked_on_what_its_env_op_answered(
+    tmp_path: Path,
+) -> None:
+    from_hosts = 'framework = "torch"\nrequirements = ["torch"]\nwheels_from = "hosts"'
+    plan = _plan(tmp_path, from_hosts)
+    envs = _Installed(plan)
+    installed = {"10.0.0.1": {VENV: TORCH}, "10.0.0.2": {VENV: {}}}
+    found = frameworkrule.problems(plan, _facts({}, {}), envs, installed=installed)
+    assert [(p.host, p.cause) for p in found] == [
+        ("10.0.0.2", f'torch is not installed for venv {VENV} (worker:1 reads framework = "torch")')
+    ]
+    assert "requirements" in (found[0].hint or "")
+    installed["10.0.0.2"][VENV] = {"Torch": "2.12.0"}  # as a dist-info may spell it
+    found = frameworkrule.problems(plan, _facts({}, {}), envs, installed=installed)
+    assert [(p.host, p.cause) for p in found] == [
+        ("10.0.0.1", f"torch 2.13.0+cpu (venv {VENV})"),
+        ("10.0.0.2", f"torch 2.12.0 (venv {VENV})"),
+    ]
+    # A venv whose env op said nothing of its frameworks (an older agent): still not known.
+    assert frameworkrule.problems(plan, _facts({}, {}), envs, installed={}) == []
+
+
+def test_a_venvs_answer_outweighs_its_wheels_once_installed(tmp_path: Path) -> None:
+    """Once installed, the venv's own python says what a task imports (with
+    system_site_packages the base python's too): its answer replaces what its wheels said."""
+    plan = _plan(tmp_path, 'framework = "torch"\nrequirements = ["torch"]')
+    envs = _Installed(plan)
+    envs.env.wheelhouse = SimpleNamespace(wheels=(Wheel("torch-2.12.0-py3-none-any.whl", "0", 1),))
+    before = frameworkrule.problems(plan, _facts({}, {}), envs)
+    assert before == []  # both on the resolved torch 2.12.0
+    installed = {"10.0.0.1": {VENV: TORCH}, "10.0.0.2": {VENV: {"torch": "2.12.0"}}}
+    after = frameworkrule.problems(plan, _facts({}, {}), envs, installed=installed)
+    assert [p.cause for p in after] == [
+        f"torch 2.13.0+cpu (venv {VENV})",
+        f"torch 2.12.0 (venv {VENV})",
+    ]
+
+
+IMAGE = "localhost/x:1"
+
+
+def _tried(
+    frameworks: dict[str, dict[str, str] | None],
+) -> dict[str, dict[str, protocol.ImageReply]]:
+    """Each host's check of IMAGE: its trial ran, and read these frameworks (None: none read,
+    as an image's Python without importlib.metadata says)."""
+    checked = {}
+    for host, said in frameworks.items():
+        reply: protocol.ImageReply = {
+            "runtime": "podman",
+            "rootless": False,
+            "platform": "linux/amd64",
+            "present": True,
+            "pulled": False,
+            "image_platform": "linux/amd64",
+            "tried": True,
+            "tensorflow": None,
+        }
+        if said is not None:
+            reply["frameworks"] = said
+        checked[host] = {IMAGE: reply}
+    return checked
+
+
+def test_an_image_task_is_checked_on_what_its_trial_container_read(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, f'framework = "keras"\nimage = "{IMAGE}"')
+    images = Images(plan)
+    images.checked = _tried({"10.0.0.1": KERAS, "10.0.0.2": {"keras": "3.14.0"}})
+    found = frameworkrule.problems(plan, _facts({}, {}), images=images)
+    assert [(p.host, p.cause) for p in found] == [
+        (
+            "10.0.0.2",
+            f'jax is not installed for image {IMAGE} (worker:1 reads framework = "keras")',
+        ),
+        (
+            "10.0.0.2",
+            f'jaxlib is not installed for image {IMAGE} (worker:1 reads framework = "keras")',
+        ),
+        ("10.0.0.1", f"keras 3.15.1 (image {IMAGE})"),
+        ("10.0.0.2", f"keras 3.14.0 (image {IMAGE})"),
+    ]
+    assert "install jax in the image" in (found[0].hint or "")
+    # Not read (an image's Python 3.7), or no trial on that host yet (an image sent from here
+    # is tried after its load): not known, so not checked.
+    images.checked = _tried({"10.0.0.1": KERAS, "10.0.0.2": None})
+    assert frameworkrule.problems(plan, _facts({}, {}), images=images) == []
+    del images.checked["10.0.0.2"]
+    assert [k.task.name for k in frameworkrule.known_packages(plan, {}, images=images)] == [
+        "worker:0"
+    ]
+    # The hello says the host python's, which the image's tasks do not run.
+    assert frameworkrule.problems(plan, _facts(KERAS, {})) == []
+
+
+PROBE_LINES = "tensorflow 2.21.0\nframework torch 2.13.0+cpu\nframeworks read\n"
+
+
+@pytest.mark.parametrize(
+    ("out", "tensorflow", "frameworks"),
+    [
+        (PROBE_LINES, "2.21.0", {"torch": "2.13.0+cpu"}),
+        # no Python in the image; a Python without importlib.metadata (3.6, 3.7): not read
+        ("tensorflow -\n", None, None),
+        ("tensorflow -\nframeworks ?\n", None, None),
+        # an image prints what it likes before: only the probe's last lines are read
+        ("\x1b]52;c;x\x07" + "x" * 100_000 + "\n" + PROBE_LINES, "2.21.0", {"torch": "2.13.0+cpu"}),
+        # ... and after: lines that far back are not read at all
+        (PROBE_LINES + "y" * 100_000 + "\n", None, None),
+        # a name not asked for, a version of no version's shape, a line of another shape
+        (
+            "framework evil 1.0\nframework jax $(reboot)\nframework keras 3.15.1 extra\n"
+            f"framework jaxlib {'9' * 80}\nframework torch 2.13.0\nframework torch 1.0\n"
+            "tensorflow -\nframeworks read\n",
+            None,
+            {"torch": "2.13.0"},
+        ),
+    ],
+)
+def test_the_trials_output_is_read_strictly(
+    out: str, tensorflow: str | None, frameworks: dict[str, str] | None
+) -> None:
+    said = containers.parse_trial(out, hostfacts.FRAMEWORK_DISTRIBUTIONS)
+    assert said == containers.Trial(tensorflow, frameworks)
+
+
+ENV_REPLY = {
+    "venv": VENV,
+    "built": True,
+    "waited": False,
+    "installer": "pip",
+    "seconds": 1.0,
+    "python": "3.11.7",
+    "tensorflow": None,
+    "interpreters": {"checked": [f"{VENV}/bin/python", VENV], "found": {}},
+}
+
+
+def test_the_env_and_image_replies_frameworks_pass_the_edge_as_the_hellos_do() -> None:
+    """Typed (a text per name), cleaned of escape sequences, bounded in length: the edge reads
+    a field by its type and name, so `frameworks` is read alike in the three replies."""
+    said = {"torch\x1b[2J": "2.13.0\x1b]0;owned\x07"}
+    env = Edge("h1", protocol.OP_ENVIRONMENT).reply(
+        {**ENV_REPLY, "frameworks": said}, protocol.EnvReply
+    )
+    image = Edge("h1", protocol.OP_IMAGE).reply(
+        _tried({"h1": said})["h1"][IMAGE], protocol.ImageReply
+    )
+    assert env["frameworks"] == image["frameworks"] == {"torch": "2.13.0"}
+    assert "frameworks" not in Edge("h1", protocol.OP_ENVIRONMENT).reply(
+        ENV_REPLY, protocol.EnvReply
+    )
+    for bad in ({"torch": 2}, {"torch": "9" * 70_000}, ["torch"]):
+        with pytest.raises(HostError, match="frameworks"):
+            Edge("h1", protocol.OP_ENVIRONMENT).reply(
+                {**ENV_REPLY, "frameworks": bad}, protocol.EnvReply
+            )
 
 
 def test_the_hello_reads_every_distribution_a_record_needs() -> None:
