@@ -423,6 +423,7 @@ OPS: dict[str, Callable[[dict[str, Any]], Mapping[str, object]]] = {
     protocol.OP_IMAGE: _deferred("imageop", "op_image"),
     protocol.OP_ENV_PROGRESS: _deferred("envop", "op_env_progress"),
     protocol.OP_KEEP: _deferred("keeper", "op_keep"),
+    protocol.OP_PROFILE: _deferred("profiling", "op_profile"),
 }
 
 

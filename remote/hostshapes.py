@@ -161,6 +161,38 @@ class FetchReply(TypedDict):
     raw: int  # the bytes after the reply line (with `hash`, FETCH_TRAILER of them too)
 
 
+class ProfileBase(TypedDict):
+    run_id: str
+    seconds: float  # how long each trace lasts (at most MAX_PROFILE_SECONDS)
+    start_in: float  # each trace starts this long after the host read the request
+    stamp: str  # this capture's folder in each task's directory: profile/<stamp>/
+
+
+class ProfileRequest(ProfileBase, total=False):
+    tasks: list[str]  # only these (role:index); absent: every task of the run on the host
+
+
+class ProfiledShape(TypedDict):
+    """One task of a `profile` reply: traced, or why not."""
+
+    name: str
+    serves: bool  # it has a profiler port ([job] profiler, a TensorFlow task)
+    traced: bool
+    why: str | None  # not traced: not running, no profiler port, the trace's own error
+    started_after: float | None  # seconds from the request's arrival to the trace's start
+    files: int  # the trace files written (.xplane.pb)
+    folder: str | None  # where: the task's profile/<stamp>/ on this host (absolute)
+
+
+class ProfileReply(TypedDict):
+    tasks: list[ProfiledShape]
+
+
+MAX_PROFILE_SECONDS: Final = 300.0  # one trace; TensorFlow keeps a whole trace in memory
+MAX_PROFILE_START_IN: Final = 120.0
+PROFILE_WRITE_SECONDS: Final = 90.0  # past the trace: the server serializes it, the client writes
+
+
 class IdleBase(TypedDict):
     minutes: float
 

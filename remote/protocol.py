@@ -36,6 +36,7 @@ OP_ENVIRONMENT: Final = "env"
 OP_IMAGE: Final = "image"
 OP_ENV_PROGRESS: Final = "envprogress"
 OP_KEEP: Final = "keep"
+OP_PROFILE: Final = "profile"
 OPS: Final = (
     OP_HELLO,
     OP_HAVE,
@@ -59,6 +60,7 @@ OPS: Final = (
     OP_IMAGE,
     OP_ENV_PROGRESS,
     OP_KEEP,
+    OP_PROFILE,
 )
 # The ops whose processes outlive the session that asked: on a Slurm node a session started as a
 # job step hands them to the allocation's holder step (holder.py), which outlives every session.
@@ -165,6 +167,13 @@ METRICS_ENV: Final = "TFDEPLOY_METRICS"
 # The job's checkpoint folder on this host ([job] checkpoint_dir), set by the agent at the start:
 # the same for every attempt and every later run of the job (taskops.checkpoint_path).
 CHECKPOINT_ENV: Final = "TFDEPLOY_CHECKPOINT_DIR"
+# The port a TF task's profiler server listens on ([job] profiler, docs/profile.md), planned by
+# the controller per task; PROFILER_START_ENV = "tfdeploy" when tfdeploy starts the server in the
+# task (taskside/sitecustomize.py), "task" when the task's own code does.
+PROFILER_PORT_ENV: Final = "TFDEPLOY_PROFILER_PORT"
+PROFILER_START_ENV: Final = "TFDEPLOY_PROFILER_START"
+PROFILER_BY_TFDEPLOY: Final = "tfdeploy"
+PROFILER_BY_TASK: Final = "task"
 TASK_ENV_NAMES: Final = (
     RUN_ID_ENV,
     TASK_ENV,
@@ -172,6 +181,8 @@ TASK_ENV_NAMES: Final = (
     HOST_ID_ENV,
     METRICS_ENV,
     CHECKPOINT_ENV,
+    PROFILER_PORT_ENV,
+    PROFILER_START_ENV,
 )
 
 # An op's result may carry, under this key, a function that writes raw bytes to the agent's

@@ -25,6 +25,7 @@ import protocol
 METRICS_FILE = "metrics.jsonl"
 HELPER = "tfdeploy_metrics.py"
 HELPER_DIR = "lib"  # in the task's directory: what the task's PYTHONPATH gets
+PROFILER_STARTER = "tfdeploy_profiler.py"  # [job] profiler = true: lib/sitecustomize.py
 MAX_LINE = 2048  # a longer line is skipped: no metrics record needs more
 MAX_LINES = 256  # per task and reply
 DEFAULT_BUDGET = 64 * 1024  # bytes of metric lines per reply, all tasks together
@@ -44,23 +45,31 @@ def metrics_path(task_dir: Path) -> Path:
 
 def task_env(task_dir: Path, env: dict[str, str]) -> dict[str, str]:
     """TFDEPLOY_METRICS, and the helper's folder first on PYTHONPATH (copied into the task's
-    directory, which a container task sees too: the workdir is mounted at its own path)."""
+    directory, which a container task sees too: the workdir is mounted at its own path). With
+    [job] profiler = true the profiler's starter goes there too, as the folder's
+    sitecustomize.py (taskside/tfdeploy_profiler.py says why)."""
     lib = task_dir / HELPER_DIR
-    here = Path(__file__).resolve().parent
-    # Installed on a host, the helper lies beside this file; in a checkout, in taskside/.
-    source = here / HELPER if (here / HELPER).is_file() else here / "taskside" / HELPER
-    try:
-        lib.mkdir(mode=0o700, exist_ok=True)
-        shutil.copyfile(str(source), str(lib / HELPER))
-        os.chmod(str(lib / HELPER), 0o600)
-    except OSError:
-        pass  # no helper: the task can still write the file itself
+    _copy_helper(HELPER, lib / HELPER)
+    if env.get(protocol.PROFILER_START_ENV) == protocol.PROFILER_BY_TFDEPLOY:
+        _copy_helper(PROFILER_STARTER, lib / "sitecustomize.py")
     path = env.get("PYTHONPATH")
     return {
         **env,
         protocol.METRICS_ENV: str(metrics_path(task_dir)),
         "PYTHONPATH": str(lib) + (os.pathsep + path if path else ""),
     }
+
+
+def _copy_helper(name: str, to: Path) -> None:
+    here = Path(__file__).resolve().parent
+    # Installed on a host, the helpers lie beside this file; in a checkout, in taskside/.
+    source = here / name if (here / name).is_file() else here / "taskside" / name
+    try:
+        to.parent.mkdir(mode=0o700, exist_ok=True)
+        shutil.copyfile(str(source), str(to))
+        os.chmod(str(to), 0o600)
+    except OSError:
+        pass  # no helper: the task can still write its metrics, or start its profiler, itself
 
 
 def new_lines(task_dir: Path, offset: int, budget: int) -> tuple[int, list[str]]:

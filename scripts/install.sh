@@ -80,10 +80,11 @@ fi
 if "$VENV/bin/python" -m pip show -q tfdeploy >/dev/null 2>&1; then
   "$VENV/bin/python" -m pip uninstall -q -y tfdeploy
 fi
-# pyproject.toml's dependencies and dev extra, read by the venv's Python 3.11+ (tomllib).
+# pyproject.toml's dependencies, dev and tensorboard extras, read by the venv's Python 3.11+ (tomllib).
 mapfile -t DEPS < <("$VENV/bin/python" -c 'import tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))')
+extras = p["optional-dependencies"]
+print("\n".join(p["dependencies"] + extras["dev"] + extras["tensorboard"]))')
 "$VENV/bin/python" "${PIP[@]}" \
   "tensorflow-cpu==$TF_VERSION" "tensorboard==$TF_VERSION" scikit-learn "${DEPS[@]}"
 echo "installed: $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])') venv at $VENV"

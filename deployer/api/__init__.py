@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getat
     from deployer.api.handle import LogLine, Result, Run, TaskState, attach
     from deployer.api.inventories import InventoryLike
     from deployer.api.logs import read_logs
+    from deployer.api.profiles import Profiled, profile
     from deployer.api.views import View, terminal_view
     from deployer.config.plan import Plan, Task
     from deployer.core.errors import (
@@ -68,6 +69,8 @@ _HOMES = {
     "attach": "deployer.api.handle",
     "InventoryLike": "deployer.api.inventories",
     "read_logs": "deployer.api.logs",
+    "Profiled": "deployer.api.profiles",
+    "profile": "deployer.api.profiles",
     "View": "deployer.api.views",
     "terminal_view": "deployer.api.views",
     "Plan": "deployer.config.plan",
@@ -116,6 +119,7 @@ __all__ = [
     "NetworkBlocked",
     "PlainView",
     "Plan",
+    "Profiled",
     "PullResult",
     "Result",
     "Run",
@@ -132,6 +136,7 @@ __all__ = [
     "environments",
     "execute",
     "plan",
+    "profile",
     "pull",
     "read_logs",
     "status",

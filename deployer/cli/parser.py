@@ -277,6 +277,32 @@ def build_parser() -> argparse.ArgumentParser:
     _concurrency_arg(pull_)
     pull_.set_defaults(handler=verbs.pull_verb)
 
+    profile = subparsers.add_parser(
+        "profile",
+        help="trace every TensorFlow task of a running run at once and bring the traces home",
+    )
+    _target_args(
+        profile,
+        "run_id",
+        "a run id, or an inventory file: its job's newest run on the hosts, said on stderr",
+    )
+    profile.add_argument(
+        "--seconds", type=float, default=3.0, help="how long each trace lasts (default: 3)"
+    )
+    profile.add_argument(
+        "--task",
+        action="append",
+        type=_task_name,
+        help="only this task (repeatable), e.g. worker:0",
+    )
+    profile.add_argument(
+        "--to",
+        default="tfdeploy-runs",
+        help="into DIR/RUN_ID/profile/STAMP/ROLE-INDEX/ (default: ./tfdeploy-runs)",
+    )
+    _concurrency_arg(profile)
+    profile.set_defaults(handler=verbs.profile_verb)
+
     tunnel = subparsers.add_parser(
         "tunnel", help="forward a local port to a port on a task's host, over SSH"
     )

@@ -219,6 +219,22 @@ NOTHING_MATCHED_HINT = (
 )
 
 
+def profile_verb(args: argparse.Namespace, env: Env) -> int:
+    result = api.profile(
+        args.run_id,
+        inventory=args.inventory,
+        seconds=args.seconds,
+        tasks=args.task,
+        to=args.to,
+        concurrency=args.concurrency,
+        say=lambda note: env.err.print(Text(clean_text(note)), style="yellow"),
+    )
+    view = api.PlainView(env.raw_out)
+    for line in result.lines():
+        view.step(line)
+    return ExitStatus.INCOMPLETE if result.missed or result.failures else ExitStatus.OK
+
+
 def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
     view = api.PlainView(env.raw_out)
     with api.tunnel(

@@ -36,6 +36,7 @@ from deployer.config.model import (
     Job,
     NetcheckMode,
     Notify,
+    Profiler,
     SSHSettings,
     Strategy,
     TaskSpec,
@@ -302,6 +303,8 @@ def _parse_job(t: Table, directory: Path) -> Job:
         keeper=t.boolean("keeper", _JOB.keeper),
         checkpoint_dir=_checkpoint_dir(t),
         firewall=t.boolean("firewall", _JOB.firewall),
+        profiler=_profiler(t),
+        profiler_port=t.integer("profiler_port", _JOB.profiler_port, minimum=1, maximum=65535),
         netcheck=_netcheck(t),
         strategy=Strategy(t.choice("strategy", [s.value for s in Strategy], _JOB.strategy)),
         framework=framework,
@@ -567,6 +570,15 @@ def _netcheck(t: Table) -> NetcheckMode:
     if not t.has("netcheck"):
         return _JOB.netcheck
     return NetcheckMode.AUTO if written else NetcheckMode.OFF
+
+
+def _profiler(t: Table) -> Profiler:
+    """`profiler = true` (tfdeploy starts the server), `false`, or "task" (the task's code)."""
+    try:
+        written = t.boolean("profiler", False)
+    except InventoryError:  # not a boolean: then "task" (or the modes' own names)
+        return Profiler(t.choice("profiler", [p.value for p in Profiler], _JOB.profiler))
+    return Profiler.TFDEPLOY if written else Profiler.OFF
 
 
 def read_gpu_count(t: Table) -> tuple[int, bool]:

@@ -10,6 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from deployer.config.frameworks import Framework
+from remote import protocol
 
 
 class FailurePolicy(StrEnum):
@@ -27,6 +28,15 @@ class NetcheckMode(StrEnum):
     FULL = "full"  # every one, at any size
     SAMPLED = "sampled"  # a sample, at any size
     OFF = "off"  # none (false, --no-netcheck)
+
+
+class Profiler(StrEnum):
+    """job.profiler: who starts TensorFlow's profiler server in each TF task, on the port
+    tfdeploy plans for it (TFDEPLOY_PROFILER_PORT), for `tfdeploy profile` (docs/profile.md)."""
+
+    OFF = "off"  # no server, no port (false)
+    TFDEPLOY = protocol.PROFILER_BY_TFDEPLOY  # tfdeploy starts it once TF is imported (true)
+    TASK = protocol.PROFILER_BY_TASK  # the task's own code starts it on TFDEPLOY_PROFILER_PORT
 
 
 class Strategy(StrEnum):
@@ -234,6 +244,8 @@ class Job:
     # the user's (shared storage), never removed.
     checkpoint_dir: str | None = None
     firewall: bool = False  # TF ports accept only the cluster's own addresses during the run
+    profiler: Profiler = Profiler.OFF  # TF tasks serve TensorFlow's profiler (`tfdeploy profile`)
+    profiler_port: int = 9012  # each host's first profiler port; its next TF task the next one
     strategy: Strategy = Strategy.AUTO  # the tf.distribute strategy, for plan's rules (tfrules.py)
     # The cluster convention the tasks read (config/frameworks.py): TF_CONFIG, or the variables
     # of Keras 3, JAX or torchrun; per role with role_frameworks.

@@ -17,7 +17,7 @@ from functools import cached_property
 from deployer.config.containers import check_images
 from deployer.config.frameworks import RANK_ROLES, RECORDS, Framework, Rank, ranks
 from deployer.config.inventory import Inventory
-from deployer.config.model import FailurePolicy, Host, Job, TaskSpec
+from deployer.config.model import FailurePolicy, Host, Job, Profiler, TaskSpec
 from deployer.config.roles import (
     AWAITED_ROLES,
     BUILTIN_SERVER,
@@ -49,6 +49,9 @@ RESERVED_ENV = {
     protocol.METRICS_ENV: "remove it: it names the task's metrics file (docs/metrics.md)",
     protocol.CHECKPOINT_ENV: "remove it; use checkpoint_dir = ... in [job]: every host makes "
     "the folder and names it there",
+    protocol.PROFILER_PORT_ENV: "remove it; use profiler_port = ... in [job]: each TF task gets "
+    "its own port from there",
+    protocol.PROFILER_START_ENV: 'remove it; use profiler = true or "task" in [job]',
 }
 
 
@@ -78,6 +81,10 @@ class Task:
     rank: Rank | None = field(default=None, repr=False)  # outside TensorFlow: its rank
     # [job] checkpoint_dir: its host resolves it, makes it and sets TFDEPLOY_CHECKPOINT_DIR.
     checkpoint_dir: str | None = None
+    # [job] profiler: the port its TensorFlow profiler server listens on (`tfdeploy profile`),
+    # and who starts that server; None: a task that serves none (off, or not TensorFlow).
+    profiler_port: int | None = None
+    profiler: Profiler = Profiler.OFF
 
     @property
     def name(self) -> str:
@@ -91,6 +98,16 @@ class Task:
             **self.cluster_env,
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus),
             protocol.TASK_ENV: self.name,
+            **self.profiler_env,
+        }
+
+    @property
+    def profiler_env(self) -> dict[str, str]:
+        if self.profiler_port is None:
+            return {}
+        return {
+            protocol.PROFILER_PORT_ENV: str(self.profiler_port),
+            protocol.PROFILER_START_ENV: self.profiler.value,
         }
 
     @property
@@ -206,6 +223,8 @@ def make_plan(inventory: Inventory) -> Plan:
     tasks = tuple(
         _finish_task(s, inventory, shared, frameworks[s.name], ranks.get(s.name)) for s in slots
     )
+    if inventory.job.profiler is not Profiler.OFF:
+        tasks = _with_profiler_ports(tasks, inventory.job, file)
     if inventory.job.tensorboard is not None:
         tasks += (_tensorboard_task(inventory, tasks, file),)
     if not any(t.awaited for t in tasks):
@@ -238,6 +257,13 @@ def _tensorboard_task(inventory: Inventory, tasks: tuple[Task, ...], file: str) 
             f"{board.port} is a TF port on {beside.host}",
             hint="give TensorBoard another port (default 6006)",
         )
+    if any(t.profiler_port == board.port for t in tasks if t.host == beside.host):
+        raise InventoryError(
+            file,
+            "job.tensorboard.port",
+            f"{board.port} is a profiler port on {beside.host}",
+            hint="give TensorBoard another port (default 6006), or the profiler (profiler_port)",
+        )
     host = next(h for h in inventory.hosts if h.name == beside.host)
     python = shlex.quote(host.python)  # the host's interpreter, which has TensorFlow
     command = (
@@ -255,6 +281,31 @@ def _tensorboard_task(inventory: Inventory, tasks: tuple[Task, ...], file: str) 
         own_env={},
         cluster_json=beside.cluster_json,
     )
+
+
+def _with_profiler_ports(tasks: tuple[Task, ...], job: Job, file: str) -> tuple[Task, ...]:
+    """Each TensorFlow task its profiler port: on each host, from job.profiler_port up, one per
+    TF task in plan order, none of them a TF port of that host (docs/profile.md)."""
+    taken = {(t.address, t.port) for t in tasks if t.port is not None}
+    next_port: dict[str, int] = {}
+    out = []
+    for t in tasks:
+        if t.framework is not Framework.TENSORFLOW:
+            out.append(t)
+            continue
+        port = next_port.get(t.host, job.profiler_port)
+        while (t.address, port) in taken:
+            port += 1
+        if port > 65535:
+            raise InventoryError(
+                file,
+                "job.profiler_port",
+                f"{t.name} on host {t.host!r} would get profiler port {port}, above 65535",
+                hint="give the profiler a lower first port (profiler_port = ...)",
+            )
+        next_port[t.host] = port + 1
+        out.append(dataclasses.replace(t, profiler_port=port, profiler=job.profiler))
+    return tuple(out)
 
 
 def _place_tasks(inventory: Inventory) -> list[_Slot]:

@@ -238,6 +238,29 @@ class Agent(Channel):
         (runtime, platforms): cleaned at the edge like the hello's."""
         return self.ask(ops.IMAGE, request, timeout)
 
+    def profile(
+        self,
+        run_id: str,
+        stamp: str,
+        *,
+        seconds: float,
+        start_in: float,
+        tasks: Sequence[str] | None = None,
+    ) -> list[protocol.ProfiledShape]:
+        """TensorFlow traces of the run's tasks here (remote/profiling.py), each into its task's
+        profile/<stamp>/, all starting `start_in` seconds after the host reads the request: each
+        task traced, or why not (the host's words, cleaned at the edge)."""
+        request: protocol.ProfileRequest = {
+            "run_id": run_id,
+            "stamp": stamp,
+            "seconds": seconds,
+            "start_in": start_in,
+        }
+        if tasks is not None:
+            request["tasks"] = list(tasks)
+        budget = start_in + seconds + protocol.PROFILE_WRITE_SECONDS + 30
+        return list(self.ask(ops.PROFILE, request, budget)["tasks"])
+
     def gpus(self, run_id: str | None = None) -> dict[str, Any]:
         """The `gpus` reply, bounded and its texts cleaned at the edge (GPU names, driver words
         are printed), each GPU index once; deployer.hosts.gpus.GpuReport.from_json reads it.

@@ -119,6 +119,7 @@ NUMBERS: dict[str, Range] = {
     "used_memory": AMOUNT,
     "utilization": PERCENT,
     "seconds": AMOUNT,
+    "started_after": AMOUNT,
     "minutes": AMOUNT,
 }
 

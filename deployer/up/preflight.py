@@ -367,7 +367,9 @@ def shared_workdirs(
 
 def _hello(plan: Plan, member: Member, greeted: _Greeted) -> tuple[HelloReply, GpuReport | None]:
     """The host's hello, and its GPUs where its tasks use them."""
-    ports = [t.port for t in plan.tasks_on(member.name) if t.port is not None]
+    tasks = plan.tasks_on(member.name)
+    # TF ports and profiler ports: free, and reserved for the run until its tasks bind them.
+    ports = [p for t in tasks for p in (t.port, t.profiler_port) if p is not None]
     claim, listen = greeted.claim, greeted.listens.get(member.name)
     words = environment.python_words(plan.tasks_on(member.name))
     asked: InterpretersQuery | None = None

@@ -165,7 +165,7 @@ def test_the_stable_names_are_exported() -> None:
             *("TfdeployError", "UsageError", "InventoryError", "LocalError", "HostError"),
             *("HostsFailed", "NetworkBlocked", "JobFailed", "Interrupted", "ExitStatus"),
             *("status", "read_logs", "down", "pull", "tunnel", "execute", "terminal_view"),
-            *("RunsFound", "Forward", "Executed", "environments"),
+            *("RunsFound", "Forward", "Executed", "environments", "profile", "Profiled"),
         ]
     )
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()

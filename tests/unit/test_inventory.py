@@ -177,9 +177,9 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
             "container_mounts, container_runtime, "
             "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, framework, "
             "image, image_from, installer, keeper, lease_seconds, max_restarts, "
-            "name, netcheck, notify, on_failure, port, python, require_tensorflow, requirements, "
-            "restart_backoff, retry_exit_codes, role_commands, role_frameworks, role_images, "
-            "role_requirements, "
+            "name, netcheck, notify, on_failure, port, profiler, profiler_port, python, "
+            "require_tensorflow, requirements, restart_backoff, retry_exit_codes, role_commands, "
+            "role_frameworks, role_images, role_requirements, "
             "secret_env, setup, stall_timeout, start_timeout, stop_grace, strategy, "
             "system_site_packages, tensorboard, wheels_from, workdir)",
             "did you mean 'command'?",

@@ -308,6 +308,7 @@ WIRE: list[tuple[Any, ...]] = [
     (P.OP_IMAGE, P.ImageBase, P.ImageRequest, P.ImageReply),
     (P.OP_ENV_PROGRESS, P.EnvProgressRequest, P.EnvProgressReply),
     (P.OP_KEEP, P.KeepBase, P.KeepRequest, *P.KeepReply.__args__),
+    (P.OP_PROFILE, P.ProfileBase, P.ProfileRequest, P.ProfileReply, P.ProfiledShape),
 ]
 
 
