@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from deployer.api.actions import (
     ARTIFACTS_TIMEOUT_S,
@@ -21,6 +21,7 @@ from deployer.api.actions import (
     waiting_artifacts,
 )
 from deployer.api.inventories import InventoryLike, load
+from deployer.api.runcost import status_costs
 from deployer.config.inventory import discover_hosts
 from deployer.config.sources import SourceTable
 from deployer.core.errors import HostError, UsageError
@@ -30,6 +31,7 @@ from deployer.results.gpuuse import with_gpu_use
 from deployer.results.metricsync import keep_ended
 from deployer.results.pull import PullResult
 from deployer.results.runs import HostRun, resolve, survey_runs
+from deployer.sources.costs import RunCost
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class RunsFound:
     artifacts_waiting: tuple[str, ...] = ()
     # What the host sources say beside the runs (a Slurm allocation: pending, running, time left)
     sources: tuple[SourceTable, ...] = ()
+    # What each run's machines cost (EC2 instances), by run id: runs on other hosts have none
+    costs: Mapping[str, RunCost] = field(default_factory=dict)
 
     def missing(self) -> UsageError:
         """The error for a run asked for by id that no host has."""
@@ -74,8 +78,9 @@ def status(target: str, *, inventory: str | None = None) -> RunsFound:
         keep_ended(fleet, survey.runs, survey.failures)  # the history learns what ended
     waiting = tuple(waiting_artifacts(survey.runs, found.inventory.job))
     sources = tuple(t for t in found.inventory.tables if t.in_status)
+    costs = status_costs(runs, found.inventory.tables)  # after keep_ended: ended runs' ends
     return RunsFound(
-        runs, survey.failures, found.run_id, survey.nothing_found(found), waiting, sources
+        runs, survey.failures, found.run_id, survey.nothing_found(found), waiting, sources, costs
     )
 
 

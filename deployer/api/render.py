@@ -30,6 +30,7 @@ from remote import protocol
 
 if TYPE_CHECKING:  # runs reaches the hosts (paramiko); rendering a plan must not load it
     from deployer.results.runs import HostRun
+    from deployer.sources.costs import RunCost
 
 
 def _gpu_text(task: Task, auto: bool = False) -> str:
@@ -192,7 +193,11 @@ def _sources_document(plan: Plan) -> dict[str, Any]:
 
 
 def status_table(
-    runs: Sequence[HostRun], height: int | None = None, *, brief_ended: bool = False
+    runs: Sequence[HostRun],
+    height: int | None = None,
+    *,
+    brief_ended: bool = False,
+    costs: Mapping[str, RunCost] | None = None,
 ) -> RenderableType:
     """One heading and one table per run, newest first, readable at 80 columns.
 
@@ -207,7 +212,11 @@ def status_table(
 
     With `brief_ended`, a run with no task left running is one line (its outcome counted): the
     hosts keep every run, and a table for each old run buries the one that is running.
+
+    `costs` (run id -> what its EC2 instances cost): a line under the run's heading, and
+    after an ended run's counts.
     """
+    costs = costs or {}
     by_run: dict[str, list[HostRun]] = {}
     for r in runs:
         by_run.setdefault(r.run_id, []).append(r)
@@ -218,13 +227,15 @@ def status_table(
     parts: list[RenderableType] = []
     for run_id, host_runs in by_run.items():
         if run_id not in ended:
+            cost = costs.get(run_id)
             parts += [
                 _run_heading(run_id, host_runs),
+                *([Text(f"  {cost.line()}")] if cost else []),
                 *_recovery_lines(host_runs),
                 *_run_tasks(host_runs, at_most),
                 Text(""),
             ]
-    parts += [_ended_line(run_id, by_run[run_id]) for run_id in listed]
+    parts += [_ended_line(run_id, by_run[run_id], costs.get(run_id)) for run_id in listed]
     if len(listed) < len(ended):
         parts.append(Text(f"… {plural(len(ended) - len(listed), 'older ended run')}"))
     if ended:
@@ -249,7 +260,7 @@ def _recovery_lines(host_runs: list[HostRun]) -> list[Text]:
     return lines
 
 
-def _ended_line(run_id: str, host_runs: list[HostRun]) -> Text:
+def _ended_line(run_id: str, host_runs: list[HostRun], cost: RunCost | None = None) -> Text:
     """`run ID: ended, counts`, one line at 80 columns: the id already says job and date."""
     line = Text()
     line.append(f"run {run_id}", style="bold")
@@ -258,6 +269,8 @@ def _ended_line(run_id: str, host_runs: list[HostRun]) -> Text:
     restarts = sum(r.restarts for r in host_runs)
     if restarts:
         line.append(f", {plural(restarts, 'restart')} by its keeper")
+    if cost is not None:
+        line.append(f", {cost.line() if cost.usd is None else 'cost ' + cost.cell()}")
     _note_failed_evaluators(line, host_runs)
     return line
 
@@ -443,9 +456,14 @@ def _ended_text(task: TaskStatus) -> str:
     return f"exited {code}"
 
 
-def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) -> str:
+def status_json(
+    runs: Sequence[HostRun],
+    unreachable: Sequence[HostError] = (),
+    costs: Mapping[str, RunCost] | None = None,
+) -> str:
     """One document for scripts: the runs the hosts reported, and the hosts that could not be
-    asked (`unreachable`: host and why), so one dead host does not hide the others' answers."""
+    asked (`unreachable`: host and why), so one dead host does not hide the others' answers;
+    `costs`: what each run's EC2 instances cost, by run id (a run has one, its hosts many)."""
     return json.dumps(
         {
             "runs": [
@@ -478,6 +496,9 @@ def status_json(runs: Sequence[HostRun], unreachable: Sequence[HostError] = ()) 
                 for r in runs
             ],
             "unreachable": [{"host": f.host, "error": f.cause} for f in unreachable],
+            # per run id: usd (null: unknown, and why), running (so far), each group's
+            # instances with their price source (deployer/sources/costs.py RunCost.to_json)
+            "costs": {run_id: cost.to_json() for run_id, cost in (costs or {}).items()},
         },
         indent=2,
     )

@@ -36,9 +36,11 @@ from typing import Any
 
 from deployer.api import charts
 from deployer.api.charts import e as _e
+from deployer.api.runcost import run_cost
 from deployer.core.errors import UsageError
 from deployer.core.text import duration, human_size
 from deployer.results import metricstore, runstore
+from deployer.sources.costs import MachineCost, RunCost, stamp, usd_text
 
 W = charts.W
 POINTS_DRAWN = charts.POINTS  # a series is drawn from this many points at most
@@ -77,6 +79,7 @@ def write_report(run_id: str, out: Path | None = None) -> Path:
         usage,
         runstore.journal(run_id),
         streams,
+        cost=run_cost(run_id),
     )
     target = out or runstore.RunFolder.of(run_id).report
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a run's facts: private
@@ -165,10 +168,13 @@ def render_page(
     usage: Mapping[str, metricstore.Series],
     journal: metricstore.Series,
     streams: Streams | None = None,
+    *,
+    cost: RunCost | None = None,
 ) -> str:
     """The page of sane facts and outcome (sane_facts, sane_outcome), the series as the store
     reads them (checked: results/runstore.py; what they skipped is said) and the records
-    the charts are drawn from (`streams`; else the series' own records)."""
+    the charts are drawn from (`streams`; else the series' own records); `cost`: what the
+    run's EC2 instances cost (api/runcost.py), a row of the facts and a table per instance."""
     entries = journal.records
     if streams is None:
         streams = Streams(
@@ -185,7 +191,8 @@ def render_page(
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>tfdeploy report {_e(run_id)}</title><style>{CSS}{charts.CSS}</style></head><body>",
         f"<h1>Run {_e(run_id)}</h1>",
-        _facts(facts, outcome),
+        _facts(facts, outcome, cost),
+        _cost_table(cost),
         _skipped(metrics, usage, journal),
         "<h2>Timeline</h2>",
         _timeline(facts, entries, outcome),
@@ -445,7 +452,7 @@ def _skipped(
     return f"<h2>Skipped</h2><ul class='skipped'>{''.join(items)}</ul>" if items else ""
 
 
-def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
+def _facts(facts: dict[str, Any], outcome: dict[str, Any], cost: RunCost | None = None) -> str:
     began, ended = facts["began"], outcome["ended"]
     rows = [
         ("job", facts.get("job")),
@@ -458,6 +465,7 @@ def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
         ("duration", duration(ended - began) if began and ended else "-"),
         ("outcome", f"{outcome['outcome']} {outcome['why']}".strip()),
         *_restart_rows(outcome),
+        *([("cost", cost.line())] if cost else []),
     ]
     table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     exits = {**facts["exits"], **outcome["exits"]}
@@ -472,6 +480,36 @@ def _facts(facts: dict[str, Any], outcome: dict[str, Any]) -> str:
         "<tr><th>task</th><th>host</th><th>exit</th><th>TF_CONFIG</th><th>env</th></tr>"
         f"{tasks}</table>"
     )
+
+
+def _cost_table(cost: RunCost | None) -> str:
+    """Each instance of the run (its group, type, market and zone, the time it counted for, its
+    cost and the price's source, or why it has none), each group's sum after its instances, and
+    above them the total with when it was priced."""
+    if cost is None:
+        return ""
+    rows = []
+    for g in cost.groups:
+        rows += [_instance_row(g.group, m) for m in g.machines]
+        summed = usd_text(g.usd) if g.usd is not None else f"unknown: {g.unknown}"
+        rows.append((g.group, "all", g.describe(), "", "", summed, ", ".join(g.sources) or "-"))
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    head = "".join(f"<th>{h}</th>" for h in COST_COLUMNS)
+    total = f"{cost.cell()} in all" if cost.usd is not None else cost.line()
+    running = ", so far: the run goes on" if cost.running else ""
+    return (
+        f"<h2>Cost</h2><p>{_e(total)}, priced {_e(stamp(cost.priced_at))}{running}</p>"
+        f"<table class='cost'><tr>{head}</tr>{body}</table>"
+    )
+
+
+COST_COLUMNS = ("group", "instance", "type", "zone", "counted", "USD", "price")
+
+
+def _instance_row(group: str, m: MachineCost) -> tuple[str, ...]:
+    spent = usd_text(m.usd) if m.usd is not None else f"unknown: {m.unknown}"
+    counted = duration(m.hours * 3600)
+    return (group, m.id, f"{m.kind}, {m.market}", m.zone, counted, spent, m.source or "-")
 
 
 def _restart_rows(outcome: dict[str, Any]) -> list[tuple[str, str]]:

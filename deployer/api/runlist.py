@@ -1,6 +1,8 @@
 """`tfdeploy runs`: every run this machine started or saw, from its local state (run records,
 archives, and the facts, outcome and metrics kept beside them: results/runstore.py), so a
 run whose hosts are gone still lists. `-i INVENTORY` adds what that inventory's hosts say now.
+A run on EC2 instances also says what they cost (api/runcost.py), the one part of a listing
+that may ask the network: AWS's price APIs, for a run whose cost is not final and kept yet.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from deployer.api.runcost import recorded_cost
 from deployer.core.lines import clean
 from deployer.core.text import duration, plural
 from deployer.results import metricstore, runstore
 from deployer.results.state import RUN_ID
+from deployer.sources.costs import RunCost
 
 STATES = ("succeeded", "failed", "stopped", "running", "unknown")
 NAMED = 4  # damaged records named per run in the table (all of them in --json)
@@ -39,9 +43,14 @@ class RunSummary:
     restarts: int = 0  # how often its keeper restarted it (the job, or a task alone)
     resumed: int = 0  # how often `up --resume` continued it (docs/up.md "Resuming a run")
     damage: tuple[str, ...] = ()  # the run's local records that could not be read, named
+    cost: RunCost | None = None  # what its machines cost; None: none a source prices
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"hosts": list(self.hosts), "damage": list(self.damage)}
+        return asdict(self) | {
+            "hosts": list(self.hosts),
+            "damage": list(self.damage),
+            "cost": self.cost.to_json() if self.cost else None,
+        }
 
 
 def local_runs() -> list[RunSummary]:
@@ -88,6 +97,7 @@ def summary(run_id: str) -> RunSummary:
         restarts=metricstore.count_value(ended.get("restarts")),
         resumed=len(_objects(facts.get("resumed"))),
         damage=(*documents.damage(), *damage),
+        cost=recorded_cost(run_id, facts, ended, record),
     )
 
 
@@ -160,7 +170,9 @@ def with_hosts(
 def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
     """The runs as a table, and below it each run whose local records are damaged, named."""
     table = Table()
-    for name in ("run", "job", "hosts", "started", "duration", "outcome", "step", "final"):
+    priced = any(r.cost for r in runs)  # the column only where a run ran on priced machines
+    columns = ("run", "job", "hosts", "started", "duration", "outcome", "step", "final")
+    for name in (*columns, "cost") if priced else columns:
         table.add_column(name, overflow="fold")
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
@@ -170,6 +182,7 @@ def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
         if r.resumed:
             outcome += " (resumed)" if r.resumed == 1 else f" (resumed {r.resumed} times)"
         final = ", ".join(f"{k} {v:.4g}" for k, v in list(r.final.items())[:3])
+        cost = [r.cost.cell() if r.cost else "-"] if priced else []
         table.add_row(
             r.run_id,
             r.job,
@@ -179,8 +192,10 @@ def runs_table(runs: Sequence[RunSummary]) -> RenderableType:
             outcome,
             "-" if r.last_step is None else str(r.last_step),
             final or "-",
+            *cost,
         )
-    notes = [_damage_note(r) for r in runs if r.damage]
+    notes = [Text(f"run {r.run_id}: {r.cost.line()}") for r in runs if r.cost]
+    notes += [_damage_note(r) for r in runs if r.damage]
     return Group(table, *notes) if notes else table
 
 

@@ -105,13 +105,14 @@ def status_verb(args: argparse.Namespace, env: Env) -> int:
     for table in found.sources if not args.json else ():
         env.out.print(source_table(table))
     if args.json:
-        env.raw_out.write(status_json(runs, found.failures) + "\n")
+        env.raw_out.write(status_json(runs, found.failures, found.costs) + "\n")
     elif runs:
         # A pipe or file gets every task of every run, ended or not (scripts read them); a
         # terminal folds to its height and an ended run to one line, unless --all or a run named.
         fit = env.out.is_terminal and not args.all
         brief = fit and found.run_id is None
-        env.out.print(status_table(runs, env.out.height if fit else None, brief_ended=brief))
+        height = env.out.height if fit else None
+        env.out.print(status_table(runs, height, brief_ended=brief, costs=found.costs))
     for run_id in found.artifacts_waiting if not args.json else ():
         env.err.print(
             Text(

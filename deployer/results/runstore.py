@@ -10,6 +10,9 @@ What the folder holds:
   resume); `outcome.json` (Outcome): how it ended, written by `up`, or by the first verb that
   learns the end of a detached run; `metric_offsets.json`: where each task's metrics file was
   read up to, so nothing is read or stored twice.
+- `cost.json`: what the run's machines cost (deployer/sources/costs.py RunCost), kept once
+  the figure is final (the run ended, every price had): the prices and the instances' ends it
+  came from are not all to be had later.
 - `journal.jsonl` (JournalEntry), `metrics/<role>-<i>.jsonl`, `usage/<role>-<i>.jsonl`: series,
   bounded and sampled as results/metricstore.py keeps a series (each with its
   `.history.jsonl` and `.index.json`); the metrics record's shape is the reply edge's
@@ -51,6 +54,7 @@ OUTCOME = "outcome.json"
 OFFSETS = "metric_offsets.json"
 ARCHIVE_INDEX = "archive.json"
 REPORT = "report.html"
+COST = "cost.json"
 DOCUMENT_BYTES = 32 * 1024 * 1024  # a document at most (128 hosts' facts: ~200 kB)
 
 METRICS = metricstore.Kind("metrics", metricstore.metric_record)
@@ -102,6 +106,10 @@ class RunFolder:
     def report(self) -> Path:
         return self.path / REPORT
 
+    @property
+    def cost(self) -> Path:
+        return self.path / COST
+
 
 def runs_root() -> Path:
     return state_dir() / RUNS
@@ -147,6 +155,8 @@ class Facts(TypedDict, total=False):
     exits: dict[str, str | None]
     started_at: dict[str, float | None]
     ended_at: dict[str, float | None]
+    # what the host sources found, as `plan --json` lists it ("instances": EC2's): a run's cost
+    machines: dict[str, list[dict[str, Any]]]
 
 
 class Outcome(TypedDict, total=False):
@@ -208,6 +218,14 @@ def read_record(run_id: str) -> Document:
     """The run's record as a plain document, for readers that take what they can of it
     (`runs`, `prune --local`); results/state.py `load` is the strict reader."""
     return _read(RunFolder.of(run_id).record)
+
+
+def read_cost(run_id: str) -> Document:
+    return _read(RunFolder.of(run_id).cost)
+
+
+def write_cost(run_id: str, cost: Mapping[str, object]) -> None:
+    _write(RunFolder.of(run_id).cost, dict(cost))
 
 
 def read_archive_index(run_id: str) -> dict[str, Any]:

@@ -17,6 +17,9 @@ from deployer.config.sources import SourceReader, SourceReaders
 
 # Table name -> module with `read`; imported only by an inventory that has the table.
 MODULES = {"aws": "deployer.sources.aws", "slurm": "deployer.sources.slurm"}
+# The `plan --json` key of a source's machines -> the module whose `price` says what they cost
+# (deployer/sources/costs.py); imported only for a run that has such machines.
+PRICING = {"instances": "deployer.sources.aws.cost"}
 
 
 def _reader(module: str) -> SourceReader:

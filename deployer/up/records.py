@@ -60,6 +60,8 @@ def run_facts(plan: Plan, run_id: str, began: float, hide: Callable[[str], str])
         "image": job.image,
         "requirements": [str(r) for r in getattr(job, "requirements", None) or ()],
         "hosts": [{"name": h.name, "address": h.address} for h in plan.hosts],
+        # what the host sources found (EC2 instances: type, market, zone, launch): its cost
+        "machines": {t.json_key: list(t.documents) for t in plan.inventory.tables},
         "tasks": [
             {
                 "name": t.name,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +22,7 @@ from deployer.core.errors import InventoryError
 from deployer.sources.aws.settings import (
     INSTALL_HINT,
     LAUNCHED_TAG,
+    LINUX,
     PAGE_SIZE,
     AwsSettings,
     DiscoveryError,
@@ -43,6 +44,8 @@ class Instance:
     group: str  # key of the [[aws.hosts]] entry that matched it
     spot: bool = False
     ours: bool = False  # tfdeploy launched it (tagged LAUNCHED_TAG): `down --terminate` may end it
+    platform: str = LINUX  # EC2's PlatformDetails: what its price is listed under
+    tenancy: str = "default"  # shared hardware; "dedicated" and "host" are priced apart
 
     def address(self, kind: str) -> str | None:
         return self.public_ip if kind == "public" else self.private_ip
@@ -63,6 +66,7 @@ def discover_all(settings: AwsSettings, file: str, preview: bool = False) -> Dis
     rest; with `preview`, stand-ins for them are listed after the running ones.
     """
     client = client_for(settings)
+    where = {"region": _region(client), "profile": settings.profile}
     seen: dict[str, str] = {}
     instances: list[Instance] = []
     hosts: list[Host] = []
@@ -89,7 +93,7 @@ def discover_all(settings: AwsSettings, file: str, preview: bool = False) -> Dis
             instances.append(instance)
             hosts.append(host_of(instance, group, file, settings.metadata_url))
     return Discovered(
-        hosts=tuple(hosts), instances=tuple(instances), table=instances_table(instances)
+        hosts=tuple(hosts), instances=tuple(instances), table=instances_table(instances, where)
     )
 
 
@@ -132,7 +136,9 @@ def _botocore_session(profile: str | None) -> Any:
     return session
 
 
-def client_for(settings: AwsSettings) -> Any:
+def client_for(settings: AwsSettings, service: str = "ec2", config: Any = None) -> Any:
+    """A boto3 client for `service` in the settings' region and profile (`config`: botocore's
+    timeouts and retries, where the caller wants its own)."""
     try:
         import boto3
         import botocore.exceptions
@@ -144,7 +150,7 @@ def client_for(settings: AwsSettings) -> Any:
         session = boto3.Session(
             botocore_session=_botocore_session(settings.profile), region_name=settings.region
         )
-        return session.client("ec2")
+        return session.client(service, config=config)
     except botocore.exceptions.ProfileNotFound:
         raise DiscoveryError(
             f"AWS profile {settings.profile!r} is not configured on this machine",
@@ -215,7 +221,18 @@ def instance_of(raw: dict[str, Any], group: str) -> Instance:
         group=group,
         spot=raw.get("InstanceLifecycle") == "spot",
         ours=LAUNCHED_TAG in tags,
+        platform=platform_of(raw),
+        tenancy=str(raw.get("Placement", {}).get("Tenancy") or "default"),
     )
+
+
+def platform_of(raw: dict[str, Any]) -> str:
+    """EC2's PlatformDetails ("Linux/UNIX", "Windows", "Red Hat Enterprise Linux"...); where it
+    is missing (EC2 stand-ins), `Platform`, which EC2 sets to "windows" for Windows only."""
+    details = raw.get("PlatformDetails")
+    if isinstance(details, str) and details:
+        return details
+    return "Windows" if raw.get("Platform") == "windows" else LINUX
 
 
 def host_of(instance: Instance, group: HostGroup, file: str, metadata_url: str) -> Host:
@@ -266,8 +283,12 @@ def _row(i: Instance) -> tuple[str, ...]:
 COLUMNS = ("instance", "Name", "type", "market", "zone", "private IP", "public IP", "group")
 
 
-def instances_table(instances: Sequence[Instance]) -> SourceTable:
-    """How `plan` shows the fleet: one row per instance in host order, and the same as JSON."""
+def instances_table(
+    instances: Sequence[Instance], where: Mapping[str, str | None] | None = None
+) -> SourceTable:
+    """How `plan` shows the fleet: one row per instance in host order, and the same as JSON
+    (each document with the region and profile it was found with: `up` keeps the documents
+    in the run's facts, and a run's cost is asked with them: deployer/sources/aws/cost.py)."""
     to_launch = sum(1 for i in instances if i.planned)
     title = f"{len(instances)} EC2 instances (running, from [aws])"
     if to_launch:
@@ -278,7 +299,7 @@ def instances_table(instances: Sequence[Instance]) -> SourceTable:
         columns=COLUMNS,
         rows=tuple(instance_rows(instances)),
         json_key="instances",
-        documents=tuple(_document(i) for i in instances),
+        documents=tuple(_document(i) | dict(where or {}) for i in instances),
         to_launch=to_launch,
     )
 
@@ -295,4 +316,6 @@ def _document(i: Instance) -> dict[str, Any]:
         "group": i.group,
         "spot": i.spot,
         "by_tfdeploy": i.ours,
+        "platform": i.platform,
+        "tenancy": i.tenancy,
     }

@@ -23,6 +23,7 @@ from deployer.config.sources import Discovered, Say
 from deployer.core.errors import ExitStatus, InventoryError, TfdeployError
 from deployer.core.text import plural
 from deployer.sources import launching
+from deployer.sources.aws import ends
 from deployer.sources.aws.discovery import (
     Instance,
     client_for,
@@ -113,7 +114,14 @@ def provision(
 
 
 def _terminator(client: Any) -> Any:
-    return lambda ids: _call(client, "terminate_instances", InstanceIds=list(ids))
+    return lambda ids: _terminate(client, ids)
+
+
+def _terminate(client: Any, ids: Sequence[str]) -> None:
+    """Terminates `ids`, and keeps when: EC2 forgets a terminated instance within about an
+    hour, and a run's cost needs its end later (ends.py)."""
+    _call(client, "terminate_instances", InstanceIds=list(ids))
+    ends.note(dict.fromkeys(ids, time.time()))
 
 
 def _wait_for_ssh(hosts: Sequence[Host], deadline: float, say: Say, clock: Any) -> None:
@@ -329,7 +337,7 @@ def launched_instances(settings: AwsSettings) -> list[Instance]:
 
 def terminate(settings: AwsSettings, ids: Sequence[str]) -> None:
     if ids:
-        _call(client_for(settings), "terminate_instances", InstanceIds=list(ids))
+        _terminate(client_for(settings), ids)
 
 
 # ---- EC2 calls ---------------------------------------------------------------------------------
@@ -388,7 +396,7 @@ def replace_host(settings: AwsSettings, file: str, gone: Host, say: Say) -> Host
     reply = _call(client, "describe_instances", InstanceIds=[gone.name])
     old = [instance_of(raw, group.key) for raw in _raw_instances(reply)]
     if any(i.ours for i in old):
-        _call(client, "terminate_instances", InstanceIds=[gone.name])
+        _terminate(client, [gone.name])
         say(f"terminated {gone.name}, which tfdeploy launched")
     order = Order(group, 1, launch_request(client, group, 1, settings.job))
     with launching.ended_on_failure(_terminator(client), None) as launched:

@@ -29,6 +29,7 @@ TERMINATE_AFTER = ANY_TIME  # a launch group's terminate_after: one of these
 MAX_LAUNCH = 16  # instances one `up` may launch unless [aws] max_launch says otherwise
 IDLE_MINUTES = 60.0
 LAUNCH_FILTERS = ("instance-type",)  # besides tag:*, what a group that launches may filter by
+LINUX = "Linux/UNIX"  # EC2's PlatformDetails of a plain Linux instance: the one tfdeploy prices
 
 
 class DiscoveryError(TfdeployError):
