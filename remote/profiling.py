@@ -49,7 +49,7 @@ if wait > 0:
     time.sleep(wait)
 began = time.time()
 try:
-    trace("grpc://127.0.0.1:" + port, logdir, int(float(seconds) * 1000), num_tracing_attempts=1)
+    trace("grpc://127.0.0.1:" + port, logdir, int(float(seconds) * 1000), num_tracing_attempts=2)
 except Exception as exc:
     said(error=first_line(exc), began=began)
     sys.exit(4)

@@ -20,6 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getattr__ below
+    from deployer.api.boards import Board, tensorboard
     from deployer.api.deploy import check, environments, plan, up
     from deployer.api.fleetwide import Executed, RunsFound, down, execute, pull, status
     from deployer.api.forward import Forward, tunnel
@@ -50,6 +51,8 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time, __getat
 # `from deployer.api import PullResult` need none of it. Every `deployer.api.*` import goes
 # through this package, so an eager one here would make each command pay for all of them.
 _HOMES = {
+    "Board": "deployer.api.boards",
+    "tensorboard": "deployer.api.boards",
     "check": "deployer.api.deploy",
     "environments": "deployer.api.deploy",
     "plan": "deployer.api.deploy",
@@ -105,6 +108,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Board",
     "Executed",
     "ExitStatus",
     "Forward",
@@ -140,6 +144,7 @@ __all__ = [
     "pull",
     "read_logs",
     "status",
+    "tensorboard",
     "terminal_view",
     "tunnel",
     "up",

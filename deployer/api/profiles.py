@@ -71,13 +71,21 @@ class Profiled:
         return max(starts) - min(starts) if len(starts) > 1 else None
 
     def lines(self) -> list[str]:
-        """What the CLI prints: each task, then where the traces are and how to open them."""
-        said = []
-        for t in self.traces:
-            if t.folder is None:
-                said.append(f"{t.task} on {t.host}: not traced: {t.why}")
-            else:
-                said.append(f"{t.task} on {t.host}: traced for {self.seconds:g} s")
+        """What the CLI prints: each task that serves a profiler, the ones that serve none, then
+        where the traces are and how to open them."""
+        serving = [t for t in self.traces if t.serves]
+        said = [
+            f"{t.task} on {t.host}: traced for {self.seconds:g} s"
+            if t.folder is not None
+            else f"{t.task} on {t.host}: not traced: {t.why}"
+            for t in serving
+        ]
+        others = [f"{t.task} on {t.host}" for t in self.traces if not t.serves]
+        if others:
+            said.append(
+                f"no profiler in {', '.join(others)}: not TensorFlow tasks, or the job's "
+                "profiler is off ([job] profiler = true)"
+            )
         said += [f"{f.host}: not asked: {f.cause}" for f in self.failures]
         spread = self.spread
         if spread is not None and spread > IN_STEP_S:
@@ -86,12 +94,12 @@ class Profiled:
                 "TensorFlow late): compare their steps, not their clocks"
             )
         said.append(
-            f"profile: {len(self.traced)} of {len(self.traces)} tasks traced, in {self.folder}/ "
-            "(a folder per task)"
+            f"profile: {len(self.traced)} of {len(serving)} tasks with a profiler traced, in "
+            f"{self.folder}/ (a folder per task)"
         )
         said.append(
-            f"open it: tensorboard --logdir {self.folder} (the Profile tab; "
-            "pip install 'tfdeploy-cluster[tensorboard]'), or: xprof --logdir "
+            f"open it: tfdeploy tensorboard {self.run_id}, or tensorboard --logdir {self.folder} "
+            "(the Profile tab; pip install 'tfdeploy-cluster[tensorboard]'), or xprof --logdir "
             f"{self.folder} --port 8791"
         )
         return said

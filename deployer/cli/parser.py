@@ -303,6 +303,25 @@ def build_parser() -> argparse.ArgumentParser:
     _concurrency_arg(profile)
     profile.set_defaults(handler=verbs.profile_verb)
 
+    board = subparsers.add_parser(
+        "tensorboard",
+        help="a TensorBoard here over what a run wrote: its events (pulled as it runs), profiles",
+    )
+    _target_args(
+        board,
+        "run_id",
+        "a run id, or an inventory file: its job's newest run on the hosts, said on stderr",
+    )
+    board.add_argument(
+        "--port", type=int, default=6006, help="its port on 127.0.0.1 (default: 6006; 0: any free)"
+    )
+    board.add_argument(
+        "--to",
+        default="tfdeploy-runs",
+        help="the run's folder is DIR/RUN_ID/, as for pull and profile (default: ./tfdeploy-runs)",
+    )
+    board.set_defaults(handler=verbs.tensorboard_verb)
+
     tunnel = subparsers.add_parser(
         "tunnel", help="forward a local port to a port on a task's host, over SSH"
     )

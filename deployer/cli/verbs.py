@@ -236,6 +236,23 @@ def profile_verb(args: argparse.Namespace, env: Env) -> int:
     return ExitStatus.INCOMPLETE if result.missed or result.failures else ExitStatus.OK
 
 
+def tensorboard_verb(args: argparse.Namespace, env: Env) -> int:
+    view = api.PlainView(env.raw_out)
+    say = lambda note: env.err.print(Text(clean_text(note)), style="yellow")  # noqa: E731
+    with api.tensorboard(
+        args.run_id, inventory=args.inventory, port=args.port, to=args.to, say=say
+    ) as board:
+        view.step(
+            f"TensorBoard at {board.url} over {board.folder}/ (the run's events, pulled while it "
+            "runs, and its profiles); Ctrl-C stops it"
+        )
+        try:
+            board.serve(view.step)
+        except KeyboardInterrupt:
+            return ExitStatus.OK
+    return ExitStatus.OK
+
+
 def tunnel_verb(args: argparse.Namespace, env: Env) -> int:
     view = api.PlainView(env.raw_out)
     with api.tunnel(

@@ -166,6 +166,7 @@ def test_the_stable_names_are_exported() -> None:
             *("HostsFailed", "NetworkBlocked", "JobFailed", "Interrupted", "ExitStatus"),
             *("status", "read_logs", "down", "pull", "tunnel", "execute", "terminal_view"),
             *("RunsFound", "Forward", "Executed", "environments", "profile", "Profiled"),
+            *("tensorboard", "Board"),
         ]
     )
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()

@@ -6,6 +6,7 @@ tests/integration/test_profile.py's."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,17 @@ def test_the_profile_op_names_each_task_it_cannot_trace(workdir: Path) -> None:
     assert refused["ok"] is False and "seconds must be above 0" in refused["error"]
     bad_stamp = call(workdir, "profile", run_id="r1", seconds=1, start_in=0, stamp="../x")
     assert bad_stamp["ok"] is False and "stamp" in bad_stamp["error"]
+
+
+def test_tensorboard_refuses_a_port_in_use_before_asking_any_host() -> None:
+    from deployer.api import UsageError, tensorboard
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with (
+            pytest.raises(UsageError, match=f"port {port} is in use"),
+            tensorboard("no-such-run", port=port),
+        ):
+            pass
