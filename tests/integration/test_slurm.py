@@ -393,7 +393,8 @@ attempt = int(os.environ["TFDEPLOY_ATTEMPT"])
 print(f"attempt {attempt} starts at step {step}", flush=True)
 for _ in range(5 if attempt else 10**6):
     step += 1
-    ckpt.write_text(str(step))
+    ckpt.with_suffix(".tmp").write_text(str(step))
+    os.replace(ckpt.with_suffix(".tmp"), ckpt)  # a task killed mid-write leaves the last one
     time.sleep(0.2)
 print(f"attempt {attempt} ended at step {step}", flush=True)
 """
