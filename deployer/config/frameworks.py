@@ -123,7 +123,9 @@ RECORDS: dict[Framework, FrameworkRecord] = {
             variables=("TF_CONFIG",),
             values=None,
             packages=(),
-            signs=("TF_CONFIG",),
+            # A script reading os.environ["TF_CONFIG"] where it was not set; the bare name is no
+            # sign (a torch script that prints its environment says it and failed otherwise).
+            signs=("KeyError: 'TF_CONFIG'",),
         ),
     )
 }

@@ -358,6 +358,12 @@ def test_a_torch_script_under_tf_config_gets_the_framework_key_as_hint() -> None
     hint = convention_hint(keras, Framework.TENSORFLOW)
     assert hint is not None and 'framework = "keras" or framework = "jax"' in hint
     assert convention_hint(["ValueError: loss is nan"], Framework.TENSORFLOW) is None
+    tf_script = ["    config = json.loads(os.environ['TF_CONFIG'])", "KeyError: 'TF_CONFIG'"]
+    hint = convention_hint(tf_script, Framework.TORCH)
+    assert hint is not None and 'framework = "tensorflow"' in hint
+    # The name alone in a line the script printed is no sign of a TF_CONFIG reader.
+    printed = ["env: TF_CONFIG unset, RANK=1", "RuntimeError: CUDA out of memory"]
+    assert convention_hint(printed, Framework.TORCH) is None
 
 
 def test_plan_json_and_plan_print_each_ranks_variables(tmp_path: Path) -> None:
