@@ -319,13 +319,17 @@ def op_runs(req: dict[str, Any]) -> protocol.RunsReply:
 
 def _recoveries(run_dir: Path) -> protocol.RecoveredShape:
     """The keeper's restarts of the run, where it kept its record (this host ran it): their
-    count, and the newest of them."""
+    count, and the newest of them; and why its guard stopped the run, if one did."""
     if not (run_dir / "keeper.json").is_file():
         return {"restarts": 0, "recoveries": []}
     import keeper
 
     count, newest = keeper.recoveries(run_dir)
-    return {"restarts": count, "recoveries": newest}
+    found: protocol.RecoveredShape = {"restarts": count, "recoveries": newest}
+    why = keeper.guard_stop(run_dir)
+    if why is not None:
+        found["guard_stop"] = why
+    return found
 
 
 def _kept(workdir: Path, run_id: str) -> bool:

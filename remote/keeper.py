@@ -13,7 +13,9 @@ lapses, and no run is left orphaned. The rules are the controller's (deployer/wa
   task again as recorded, TFDEPLOY_ATTEMPT one higher, at most max_restarts times;
 - "restart": the failed task alone started again, at most max_restarts times per task;
 - otherwise, or with no restart left: every task stopped, the run failed;
-- every awaited task exited 0: evaluators get evaluator_grace, the rest is stopped, done.
+- every awaited task exited 0: evaluators get evaluator_grace, the rest is stopped, done;
+- before any of these, its guards (guards.py): the run's cost reached `max_cost`, or every GPU of
+  it sat below `gpu_idle_stop`'s floor for its window: every task stopped, the run stopped.
 
 What it did is kept in `keeper.json` in its run folder (attempts, each restart's cause, the
 outcome), for `status` and the tests; it leaves when the run ends.
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import daemon
+import guards
 import keepwire
 import kept
 import layout
@@ -79,6 +82,9 @@ class Keeper:
         self.record = record  # this keeper's daemon record (`alive`, a whole-run stop read it)
         self.notifier = notify.Notifier(plan.get("notify"), lambda s: self.note({"notify": s}))
         self.requeued_job = requeued_job  # started again by its allocation's holder (rejoin.py)
+        gpus = [(t["host"], i) for t in self.tasks for i in t.get("gpus") or []]
+        self.guards = guards.Guards.from_plan(plan.get("guards") or {}, gpus, time.monotonic())
+        self.gpu_samples = guards.GpuSamples()  # the wardens' last, for the idle guard
 
     # ---- talking to the wardens ----------------------------------------------------------
 
@@ -112,11 +118,15 @@ class Keeper:
 
     def poll_one(self, host: str, asked: float) -> None:
         ports = [t["port"] for t in self.tasks if t["host"] == host and t.get("port")]
+        request: dict[str, Any] = {"ask": warden.POLL, "ports": ports}
+        if self.guards.wants_gpus(host):
+            request["gpus"] = True
         try:
             timeout = min(ASK_TIMEOUT_S, max(1.0, self.loss_after / 3))
-            reply = self.ask(host, {"ask": warden.POLL, "ports": ports}, timeout)
+            reply = self.ask(host, request, timeout)
         except (OSError, keepwire.WireError):
             return
+        self.gpu_samples.note(host, reply.get("gpus"), time.monotonic())
         with self.lock:
             if asked < self.fresh_after:
                 return  # asked before the last restart: the old attempt's word
@@ -171,6 +181,7 @@ class Keeper:
     def judge(self) -> None:
         """One look at the run: raises Ended when it is over; restarts what the policy says."""
         now = time.monotonic()
+        self.guard(now)
         with self.lock:
             lost = [h for h, t in self.heard.items() if now - t > self.loss_after]
         if lost:
@@ -194,6 +205,18 @@ class Keeper:
         if awaited and all(_succeeded(statuses.get(n)) for n in awaited):
             self.finish()
             raise Ended("succeeded", "")
+
+    def guard(self, now: float) -> None:
+        """The run's guards (guards.py): one that says so stops every task and the run. Its
+        words are noted first, so that whoever watches the tasks stop can say why (`status`,
+        `attach`: the runs op reads them, guard_stop)."""
+        said = self.guards.look(now, self.gpu_samples.fresh(now))
+        if said is None:
+            return
+        name, why = said
+        self.note({"guard": name, "why": why})
+        self.stop_all(tolerant=True)
+        raise Ended("stopped", why, guard=name)
 
     def on_failure(self, name: str, status: dict[str, Any]) -> None:
         cause = f"{name} {_outcome(status)}"
@@ -309,7 +332,7 @@ class Keeper:
         except Ended as end:
             outcome = {"outcome": end.outcome, "why": end.why, "attempt": self.attempt}
             # A stop by Slurm's requeue (no stop marker of tfdeploy's) is rejoined, no other end.
-            final = end.outcome != "stopped" or layout.run_stopped(self.run_dir)
+            final = end.outcome != "stopped" or end.guard or layout.run_stopped(self.run_dir)
             if final:
                 rejoin.forget(self.run_dir)
             self.note({"ended": outcome})
@@ -360,11 +383,12 @@ class Keeper:
 
 
 class Ended(Exception):
-    """The run is over: its outcome (succeeded, failed, stopped) and why."""
+    """The run is over: its outcome (succeeded, failed, stopped) and why; `guard`: the guard
+    that stopped it (guards.py), if one did."""
 
-    def __init__(self, outcome: str, why: str) -> None:
+    def __init__(self, outcome: str, why: str, guard: str = "") -> None:
         super().__init__(outcome)
-        self.outcome, self.why = outcome, why
+        self.outcome, self.why, self.guard = outcome, why, guard
 
 
 NOT_RESTARTED = (protocol.REASON_STOPPED, protocol.REASON_LEASE_EXPIRED, protocol.REASON_PREEMPTED)
@@ -500,6 +524,18 @@ def recoveries(run_dir: Path) -> tuple[int, list[protocol.RecoveryShape]]:
     return whole, found[-MAX_RECOVERIES:]
 
 
+def guard_stop(run_dir: Path) -> str | None:
+    """Why the keeper's guard stopped the run (`its cost reached max_cost $25.00 (spent
+    $25.01)`), from its record; None where none did, or this host kept no record. Noted before
+    the stop, so a watcher that sees the tasks stop can already say why."""
+    state = layout.read_json(run_dir / STATE_FILE)
+    events = state.get("events") if isinstance(state, dict) else None
+    for event in reversed(events if isinstance(events, list) else []):
+        if isinstance(event, dict) and "guard" in event and isinstance(event.get("why"), str):
+            return str(event["why"])[:300]
+    return None
+
+
 def _recovery(event: dict[str, Any]) -> protocol.RecoveryShape:
     attempt = event.get("restart_job")
     task = event.get("restart")
@@ -572,7 +608,14 @@ def check_plan(plan: dict[str, Any], run_id: str) -> dict[str, Any]:
         if not isinstance(task, dict) or params.param(task, "host", str) not in names:
             raise params.AgentError("each of the keeper's tasks needs one of its hosts")
         params.task_dirname(params.param(task, "name", str))
+        gpus = params.param(task, "gpus", list, [])
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in gpus):
+            raise params.AgentError("a keeper's task's gpus must be GPU indices")
     params.param(policy, "on_failure", str)
+    try:
+        guards.Guards.from_plan(params.param(plan, "guards", dict, {}), (), 0.0)
+    except ValueError as exc:
+        raise params.AgentError(str(exc)) from None
     told = params.param(plan, "notify", dict, None)
     if told is not None:
         for key in ("webhook", "command"):

@@ -137,13 +137,20 @@ class RunShape(RunBase, total=False):
     # of them, newest last (at most 20).
     restarts: int
     recoveries: list[RecoveryShape]
+    # On the keeper's host, once its guard stopped the run (remote/guards.py): why, in words.
+    guard_stop: str
 
 
-class RecoveredShape(TypedDict):
-    """A run's keeper's restarts as a runs reply carries them (remote/agent.py)."""
-
+class _Recovered(TypedDict):
     restarts: int
     recoveries: list[RecoveryShape]
+
+
+class RecoveredShape(_Recovered, total=False):
+    """A run's keeper's restarts as a runs reply carries them (remote/agent.py), and why its
+    guard stopped the run, where one did."""
+
+    guard_stop: str
 
 
 class HelloFacts(TypedDict):

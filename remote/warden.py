@@ -8,6 +8,7 @@ only about its own run, and only the ops a policy needs:
 
 - `poll`: the run's task states here, and a heartbeat (the run's lease, as the controller's
   polls were): the keeper gone, the hosts stop the run by the lease rule, so it is never orphaned;
+  with `gpus`, this host's GPU utilization for the keeper's idle-GPU guard (guards.py);
 - `stop`: named tasks of the run (and what escaped them), as a whole-job restart stops them;
 - `restart`: named tasks started again exactly as the controller's start recorded them, with
   only TFDEPLOY_ATTEMPT changed (taskops.relaunch): no command the controller did not send;
@@ -40,6 +41,7 @@ import rejoin
 POLL, STOP, RESTART, END = "poll", "stop", "restart", "end"
 WARDEN_OPS = (POLL, STOP, RESTART, END)
 ACCEPT_WAIT_S = 1.0
+GPU_SAMPLE_S = 10.0  # nvidia-smi at most this often for the idle guard, whose window is minutes
 
 
 def start(req: dict[str, Any]) -> dict[str, Any]:
@@ -89,10 +91,11 @@ def _serve(sock: socket.socket, workdir: Path, run_dir: Path, secret: bytes, idl
     sock.settimeout(ACCEPT_WAIT_S)
     ended = threading.Event()
     last = [time.monotonic()]
+    gpus = GpuSampler()
 
     def answer(conn: socket.socket) -> None:
         with conn:
-            done = _answer_one(conn, workdir, run_dir, secret)
+            done = _answer_one(conn, workdir, run_dir, secret, gpus)
         if done is not None:
             last[0] = time.monotonic()
             if done:
@@ -113,7 +116,9 @@ def _serve(sock: socket.socket, workdir: Path, run_dir: Path, secret: bytes, idl
         sock.close()
 
 
-def _answer_one(conn: socket.socket, workdir: Path, run_dir: Path, secret: bytes) -> bool | None:
+def _answer_one(
+    conn: socket.socket, workdir: Path, run_dir: Path, secret: bytes, gpus: GpuSampler
+) -> bool | None:
     """One connection: None when it proved nothing; else whether the run is over."""
     conn.settimeout(keepwire.IO_TIMEOUT_S)
     nonce = keepwire.new_nonce()
@@ -124,7 +129,7 @@ def _answer_one(conn: socket.socket, workdir: Path, run_dir: Path, secret: bytes
     except (OSError, keepwire.WireError):
         return None
     try:
-        reply: dict[str, Any] = {"ok": True, **_op(request, workdir, run_dir)}
+        reply: dict[str, Any] = {"ok": True, **_op(request, workdir, run_dir, gpus)}
     except (params.AgentError, layout.StoppedRun, OSError) as exc:
         reply = {"ok": False, "error": str(exc)[:2000]}
     with contextlib.suppress(OSError):
@@ -132,7 +137,7 @@ def _answer_one(conn: socket.socket, workdir: Path, run_dir: Path, secret: bytes
     return isinstance(request, dict) and request.get("ask") == END
 
 
-def _op(request: Any, workdir: Path, run_dir: Path) -> dict[str, Any]:
+def _op(request: Any, workdir: Path, run_dir: Path, gpus: GpuSampler) -> dict[str, Any]:
     if not isinstance(request, dict) or request.get("ask") not in WARDEN_OPS:
         raise params.AgentError(f"a warden answers only {', '.join(WARDEN_OPS)}")
     if request.get("run_id") != run_dir.name:
@@ -140,7 +145,11 @@ def _op(request: Any, workdir: Path, run_dir: Path) -> dict[str, Any]:
     op = request["ask"]
     if op == POLL:
         layout.touch(run_dir / "lease")  # the keeper's poll is the run's heartbeat
-        return {"tasks": _with_metrics_bytes(run_dir), "listening": _listening(request)}
+        found: dict[str, Any] = {
+            "tasks": _with_metrics_bytes(run_dir),
+            "listening": _listening(request),
+        }
+        return {**found, "gpus": gpus.read()} if request.get("gpus") is True else found
     if op == END:  # the keeper ended the run: no lease is renewed from now on
         layout.drop_lease(run_dir)
         if request.get("final") is True:  # and no requeue brings it back (rejoin.py)
@@ -195,3 +204,47 @@ def _with_metrics_bytes(run_dir: Path) -> list[dict[str, Any]]:
         except (OSError, params.AgentError):
             status["metrics_bytes"] = 0
     return statuses
+
+
+class GpuSampler:
+    """This host's GPU utilization for the keeper's idle-GPU guard: nvidia-smi runs on a thread
+    of its own at most every GPU_SAMPLE_S, and a poll answers the last sample with its age, so
+    a poll never waits for it (a hung driver must not make its host look lost). None: no sample
+    yet, no nvidia-smi here, or one that failed; the guard counts no idle time on it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sample: tuple[float, list[list[float]]] | None = None
+        self.asked = -GPU_SAMPLE_S  # when the last sample began (monotonic)
+        self.busy = False
+
+    def read(self) -> dict[str, Any] | None:
+        now = time.monotonic()
+        with self.lock:
+            if not self.busy and now - self.asked >= GPU_SAMPLE_S:
+                self.busy, self.asked = True, now
+                threading.Thread(target=self._take, daemon=True).start()
+            if self.sample is None:
+                return None
+            at, utilization = self.sample
+        return {"age": round(now - at, 3), "utilization": utilization}
+
+    def _take(self) -> None:
+        found = None
+        try:
+            found = _utilization()
+        finally:
+            with self.lock:
+                self.busy = False
+                self.sample = None if found is None else (time.monotonic(), found)
+
+
+def _utilization() -> list[list[float]] | None:
+    """[[GPU index, utilization %], ...] as nvidia-smi reports them (gpuinfo.py); None where
+    the host has none or it failed."""
+    import gpuinfo
+
+    reply = gpuinfo.op_gpus({})
+    if reply["nvidia_smi"] is None or reply["error"] is not None:
+        return None
+    return [[g["index"], g["utilization"]] for g in reply["gpus"] if g["utilization"] is not None]

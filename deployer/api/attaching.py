@@ -22,6 +22,7 @@ from deployer.core.text import join_names
 from deployer.hosts.fleet import DEFAULT_CONCURRENCY, Fleet, Member
 from deployer.results.metricsync import keep_ended
 from deployer.results.runs import HostRun, Target, resolve, survey_runs
+from deployer.watch.guards import holder_guard
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import Poller
 from deployer.watch.runstate import RunState
@@ -103,6 +104,7 @@ def _hold(watching: Watch, fleet: Fleet, runs: list[HostRun], run_id: str) -> No
     leased = [r.host for r in runs if r.leased]
     if kept:
         watching.keeper_alive = _asks(fleet.member(kept[0]), run_id, "kept")
+        watching.holder_guard = holder_guard([fleet.member(h) for h in kept], run_id)
     elif leased:
         watching.keeper_alive = _asks(fleet.member(leased[0]), run_id, "leased")
         watching.holder = "its `up`"

@@ -272,6 +272,7 @@ def _ended_line(run_id: str, host_runs: list[HostRun], cost: RunCost | None = No
     if cost is not None:
         line.append(f", {cost.line() if cost.usd is None else 'cost ' + cost.cell()}")
     _note_failed_evaluators(line, host_runs)
+    _note_guard_stop(line, host_runs)
     return line
 
 
@@ -335,7 +336,16 @@ def _run_heading(run_id: str, host_runs: list[HostRun]) -> Text:
     if facts:
         heading.append(f" ({', '.join(facts)})")
     _note_failed_evaluators(heading, host_runs)
+    _note_guard_stop(heading, host_runs)
     return heading
+
+
+def _note_guard_stop(line: Text, host_runs: list[HostRun]) -> None:
+    """Its keeper's guard stopped the run (max_cost, gpu_idle_stop): say why, where its tasks'
+    `stopped` alone would read as a `down`."""
+    why = next((r.guard_stop for r in host_runs if r.guard_stop), None)
+    if why:
+        line.append(f"; stopped by its keeper: {why}", style="bold yellow")
 
 
 def _note_failed_evaluators(line: Text, host_runs: list[HostRun]) -> None:
@@ -484,6 +494,8 @@ def status_json(
                     # first new step record)
                     "restarts": r.restarts,
                     "recoveries": [dataclasses.asdict(x) for x in r.recoveries],
+                    # on the keeper's host, once its guard stopped the run: why; else null
+                    "guard_stop": r.guard_stop,
                     # evaluators of this host that ended by themselves without success
                     "failed_evaluators": [t.name for t in _failed_evaluators(r)],
                     # a running task's GPU use: {gpus, memory_mib, utilization}, else null

@@ -299,6 +299,7 @@ def _parse_job(t: Table, directory: Path) -> Job:
         restart_backoff=t.number("restart_backoff", _JOB.restart_backoff),
         retry_exit_codes=_retry_exit_codes(t),
         stall_timeout=t.number("stall_timeout", _JOB.stall_timeout, minimum=1),
+        gpu_idle_stop=jobtables.gpu_idle_stop(t),
         lease_seconds=t.number("lease_seconds", _JOB.lease_seconds, minimum=5),
         keeper=t.boolean("keeper", _JOB.keeper),
         checkpoint_dir=_checkpoint_dir(t),

@@ -1,4 +1,5 @@
-"""The job's tables by role and by host: container images, frameworks, requirements, mounts.
+"""The job's tables by role and by host: container images, frameworks, requirements, mounts; and
+the idle-GPU guard's table.
 
 Each reads one key of an inventory table (config/schema.py) into the model's value, with the
 inventory's file, key and fix in every error; inventory.py calls them for [job] and [[hosts]].
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from deployer.config import containers
 from deployer.config.frameworks import Framework
-from deployer.config.model import Requirements
+from deployer.config.model import GpuIdleStop, Requirements
 from deployer.config.roles import ROLE_NAMES, TF_ROLES
 from deployer.config.schema import Table
 
@@ -102,3 +103,26 @@ def role_requirements(t: Table, code: Path) -> dict[str, Requirements]:
             )
     roles.finish()
     return read
+
+
+def gpu_idle_stop(t: Table) -> GpuIdleStop | None:
+    """`gpu_idle_stop = { below = 5, minutes = 30 }`: both required, the floor a utilization in
+    percent above 0 (a GPU at 0 % is below any), the window a positive number of minutes."""
+    guard = t.sub_table("gpu_idle_stop")  # read even when absent: a typo gets its "did you mean"
+    if not t.has("gpu_idle_stop"):
+        return None
+    example = "e.g. gpu_idle_stop = { below = 5, minutes = 30 }"
+    below = guard.number("below", None)
+    minutes = guard.number("minutes", None)
+    guard.finish()  # a misspelt key first: its "did you mean" says more than what is missing
+    if below is None or minutes is None:
+        guard.fail("below" if below is None else "minutes", f"is missing: {example}")
+    if not 0 < below <= 100:
+        guard.fail(
+            "below", f"expected a utilization in percent above 0 and at most 100, got {below:g}"
+        )
+    if minutes <= 0:
+        guard.fail(
+            "minutes", f"expected a window of more than 0 minutes ({example}), got {minutes:g}"
+        )
+    return GpuIdleStop(below=below, minutes=minutes)

@@ -202,6 +202,16 @@ NOTIFY_EVENTS = ("started", "recovered", "failed", "finished")
 
 
 @dataclass(frozen=True)
+class GpuIdleStop:
+    """[job] gpu_idle_stop: the run stops once every GPU its tasks were given has been below
+    `below` % utilization for `minutes` (docs/up.md, "Guards"). Applied by whoever holds the run:
+    its keeper, or an attached `up`."""
+
+    below: float  # percent, 0 < below <= 100
+    minutes: float  # the window, > 0
+
+
+@dataclass(frozen=True)
 class Notify:
     """[job.notify]: who hears of the run's turns (docs/up.md, "Notifications"). Fired by
     whoever holds the run: its keeper (on the keeper's host) or `up` (on this machine)."""
@@ -236,6 +246,7 @@ class Job:
     restart_backoff: float = 10.0  # seconds before the first whole-job restart; doubles, <= 5 min
     retry_exit_codes: tuple[int, ...] | None = None  # restart-job: exit codes worth a retry
     stall_timeout: float | None = None  # fail when awaited tasks are silent this long
+    gpu_idle_stop: GpuIdleStop | None = None  # stop the run when its GPUs sit idle this long
     lease_seconds: float = 60.0  # hosts stop a non-detached run whose controller is this silent
     keeper: bool = True  # detached runs (attached restarting ones) go to a keeper (up/handover.py)
     # The job's checkpoint folder on each host, TFDEPLOY_CHECKPOINT_DIR to every task: every

@@ -54,6 +54,9 @@ class SourceTable:
     # `status` shows it above the runs (a Slurm allocation's state and time left); a table of
     # what merely exists (EC2 instances) stays `plan`'s.
     in_status: bool = False
+    # The most these machines may cost a run, in USD (`[aws] max_cost`): the run's cost guard
+    # stops it there (deployer/up/guards.py prices them; None: no cap).
+    max_cost: float | None = None
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ def keep_runs(fleet: Fleet, runs: Sequence[HostRun]) -> None:
         recoveries = [x.line() for r in of_run for x in r.recoveries]  # the keeper's host's
         restarts = sum(r.restarts for r in of_run)
         ended = outcome(tasks, recoveries, restarts)
+        guarded = next((r.guard_stop for r in of_run if r.guard_stop), None)
+        if guarded and ended["outcome"] == "stopped":  # by its keeper's guard, not `down`
+            ended["why"] = guarded
         with contextlib.suppress(OSError):  # a full disk: the history is a convenience
             runstore.write_outcome(run_id, ended)
 

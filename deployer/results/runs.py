@@ -93,6 +93,7 @@ class HostRun:
     leased: bool = False
     recoveries: tuple[Recovery, ...] = ()  # its keeper's newest restarts, on the keeper's host
     restarts: int = 0  # how many restarts its keeper made in all (recoveries: the newest 20)
+    guard_stop: str | None = None  # why its keeper's guard stopped it, on the keeper's host
 
     @property
     def active(self) -> bool:
@@ -283,6 +284,7 @@ def _host_run(host: str, raw: object, lists: _HostLists) -> HostRun:
         leased=r.get("leased") is True,
         recoveries=recoveries,
         restarts=max(restarts or 0, len(recoveries)),
+        guard_stop=text(r["guard_stop"])[:300] if isinstance(r.get("guard_stop"), str) else None,
     )
 
 

@@ -29,6 +29,7 @@ from deployer.up import resume
 from deployer.up.artifacts import ArtifactsPull
 from deployer.up.cutshort import CutShort
 from deployer.up.dashboard import Dashboard
+from deployer.up.guards import arm
 from deployer.up.letgo import LetGo
 from deployer.up.notifying import RunNotifier
 from deployer.up.prepare import Preparation
@@ -37,6 +38,7 @@ from deployer.up.recovery import Recovery
 from deployer.up.start import StartPhase
 from deployer.up.teardown import Teardown
 from deployer.watch.board import TaskBoard
+from deployer.watch.guards import GuardStopped
 from deployer.watch.loop import RestartJob, Watch
 from deployer.watch.poller import POLL_WAIT_S, Poller
 from deployer.watch.runstate import RunState
@@ -204,6 +206,11 @@ class Deployment:
             self.outcome = {"outcome": "running" if self.options.detach else "succeeded"}
             self._tell_end("finished", "succeeded")
             return code
+        except GuardStopped as exc:  # stopped on purpose: max_cost, gpu_idle_stop (guards.py)
+            self.outcome = {"outcome": "stopped", "why": exc.why}
+            self._tell_end("finished", "stopped", exc.why)
+            self.cut_short.after_failure()
+            raise
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Terminated)
             self.outcome = {"outcome": "stopped", "why": "interrupted"}
             self._tell_end("finished", "stopped", "interrupted")
@@ -229,6 +236,9 @@ class Deployment:
         found = None
         if self.options.resume is not None:  # `up --resume RUN`: the run, found (resume.py)
             found = resume.look_for(self.fleet, self.plan, self.run_id, self.archive, self.view)
+        # max_cost priced and gpu_idle_stop armed, or refused, before anything starts.
+        began = self.lineage.began if found is None else found.began
+        self.watching.guards = arm(self.plan, began, self.clock(), detached=self.options.detach)
         # The push's first request stops the network check's stand-ins on each host (and a
         # stop of the run does, should it fail before): one round trip less.
         findings = self.prepare.preflight(keep_stand_ins=True, resume=found is not None)

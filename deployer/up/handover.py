@@ -6,7 +6,8 @@ to a laptop that sleeps or an `up` that is killed (kept_attached): every host st
 the run (remote/warden.py) on its cluster address, and the first host starts the run's keeper
 (remote/keeper.py) with the plan, the policy and every warden's port. From then on the keeper's
 polls are the run's heartbeat (the lease stays on: if the keeper's host dies, the others stop
-the run), it restarts what the policy says, and it ends the run when the job is done. The
+the run), it restarts what the policy says, applies the run's guards (max_cost and
+gpu_idle_stop, priced and armed by up/guards.py), and it ends the run when the job is done. The
 wardens answer only the keeper, proved with a secret made here for this run and sent over SSH.
 """
 
@@ -62,11 +63,18 @@ def keeper_alive(member: Member, run_id: str) -> Callable[[], bool | None]:
 
 
 def hand_over(
-    fleet: Fleet, members: Sequence[Member], plan: Plan, run_id: str, attempt: int = 0
+    fleet: Fleet,
+    members: Sequence[Member],
+    plan: Plan,
+    run_id: str,
+    attempt: int = 0,
+    *,
+    guards: Mapping[str, Any] | None = None,
 ) -> str:
     """Starts the wardens and the keeper; returns the keeper's host. A host that cannot start
     its warden fails the `up` (its teardown stops the run): half a kept run is no kept run.
-    `attempt`: the run's attempt now (a resumed run's), which the keeper's restarts follow."""
+    `attempt`: the run's attempt now (a resumed run's), which the keeper's restarts follow;
+    `guards`: the run's guards as they stand now (remote/guards.py Guards.plan)."""
     secret = secrets.token_hex(32)
     idle = 2 * plan.job.lease_seconds + 60
 
@@ -77,7 +85,8 @@ def hand_over(
     keeper = members[0]
     if not failures:
         try:
-            keeper.agent.keep(run_id, secret, keeper_plan(plan, members, ports, attempt))
+            told = keeper_plan(plan, members, ports, attempt, guards=guards)
+            keeper.agent.keep(run_id, secret, told)
         except HostError as exc:
             failures = [exc]
     if failures:
@@ -91,9 +100,16 @@ def hand_over(
 
 
 def keeper_plan(
-    plan: Plan, members: Sequence[Member], ports: Mapping[str, int], attempt: int = 0
+    plan: Plan,
+    members: Sequence[Member],
+    ports: Mapping[str, int],
+    attempt: int = 0,
+    *,
+    guards: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The run as the keeper reads it (docs/PROTOCOL.md, `keep`)."""
+    """The run as the keeper reads it (docs/PROTOCOL.md, `keep`); `guards`: max_cost's
+    numbers and gpu_idle_stop's, which the keeper applies from now on (each task's `gpus` say
+    which GPUs are the run's)."""
     job = plan.job
     waves = {t.name: i for i, group in enumerate(start_groups(plan)) for t in group}
     return {
@@ -110,6 +126,7 @@ def keeper_plan(
                 "restartable": role(t.role).restartable_alone,
                 "wave": waves.get(t.name, 0),
                 "port": t.port,
+                "gpus": list(t.gpus),
             }
             for t in plan.tasks
         ],
@@ -126,4 +143,5 @@ def keeper_plan(
         "notify": notify_config(job.notify),
         "interval": KEEP_INTERVAL_S,
         "loss_after": job.lease_seconds,
+        **({"guards": dict(guards)} if guards else {}),
     }

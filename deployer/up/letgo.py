@@ -14,6 +14,7 @@ from deployer.core.errors import HostsFailed
 from deployer.core.text import plural
 from deployer.hosts.fleet import Fleet, Member
 from deployer.up.handover import hand_over, keeper_alive, kept, kept_attached
+from deployer.watch.guards import holder_guard
 from deployer.watch.loop import Watch
 from deployer.watch.runstate import RunState
 from deployer.watch.view import Display
@@ -53,7 +54,7 @@ class LetGo:
         failure policy with its keeper (or, with `keeper = false`, nowhere)."""
         plan, run_id = self.run.plan, self.run.run_id
         if kept(plan):
-            where = hand_over(self.fleet, self.hosts.members, plan, run_id, self.run.board.attempt)
+            where = self._hand_over()
             self.view.step(
                 f"run {run_id} is running detached, kept by its keeper on {where}: its "
                 f'failure policy (on_failure = "{plan.job.on_failure}") goes on without '
@@ -86,12 +87,26 @@ class LetGo:
         plan, run_id = self.run.plan, self.run.run_id
         if not kept_attached(plan) or self.watching.keeper_alive is not None:
             return
-        where = hand_over(self.fleet, self.hosts.members, plan, run_id, self.run.board.attempt)
+        where = self._hand_over()
         self.watching.keeper_alive = keeper_alive(self.fleet.member(where), run_id)
+        self.watching.holder_guard = holder_guard([self.fleet.member(where)], run_id)
         self.view.step(
             f"run {run_id} is kept by its keeper on {where}: its failure policy (on_failure "
             f'= "{plan.job.on_failure}") and lease go on if this machine sleeps or this '
             "`up` dies; Ctrl-C stops it"
+        )
+
+    def _hand_over(self) -> str:
+        """The run to its keeper, with its guards as they stand now (the cost spent so far):
+        from here the keeper applies them. Returns the keeper's host."""
+        guards = self.watching.guards
+        return hand_over(
+            self.fleet,
+            self.hosts.members,
+            self.run.plan,
+            self.run.run_id,
+            self.run.board.attempt,
+            guards=guards.plan(self.watching.clock()) if guards is not None else None,
         )
 
     def await_keeper(self) -> None:

@@ -22,10 +22,12 @@ from deployer.hosts.gpus import GpuMonitor
 from deployer.watch.board import may_restart, retryable
 from deployer.watch.contact import Loss
 from deployer.watch.deadlines import DeadlineNotes
+from deployer.watch.guards import GuardStopped, holder_words, verdict
 from deployer.watch.poller import Poller, Tick
 from deployer.watch.runstate import OnRun
 from deployer.watch.view import Display
 from remote import protocol
+from remote.guards import Guards
 
 
 class RestartJob(Exception):
@@ -73,6 +75,10 @@ class Watch(OnRun):
         self._out_of_touch: set[str] = set()  # kept: hosts lost to this controller, said once
         self._failure_seen = 0.0  # kept: when this watch saw the failure being restarted
         self.holder_ended_run = False  # kept: the keeper ended the run itself (it told its end)
+        # The run's guards (up/guards.py), applied here while no keeper holds the run; then
+        # `holder_guard` asks the keeper's host why it stopped the run (watch/guards.py).
+        self.guards: Guards | None = None
+        self.holder_guard: Callable[[], str | None] | None = None
 
     @property
     def gpu_monitor(self) -> GpuMonitor | None:
@@ -111,6 +117,7 @@ class Watch(OnRun):
             now = self.clock()
             self.longest_pause, looked = max(self.longest_pause, now - looked), now
             self.tick()
+            self._guard()
             if self.keeper_alive and self._all_succeeded(awaited):
                 break  # the keeper then stops the servers: their stop is the job's end, no failure
             failed = self.board.first_failure(awaited, self.plan.job)
@@ -217,11 +224,31 @@ class Watch(OnRun):
                 unknown_since is not None and now - unknown_since > self.poller.contact.loss_after
             )
             if alive is False or lost:
+                self._holder_stopped()
                 self.holder_ended_run = alive is False  # and said so ([job.notify])
                 self.tick(heartbeat=True, tolerate=True)
                 who = self.holder
                 why = f"{who}'s host cannot be asked" if lost else f"{who} ended the run"
                 raise self.failure(failed, f"failed; {why} without restarting it")
+
+    def _guard(self) -> None:
+        """The run's guards (remote/guards.py): this watch's own while it holds the run; once a
+        keeper holds it, what the keeper said when one of its guards stopped the run."""
+        if self.keeper_alive is not None:
+            self._holder_stopped()
+        elif self.guards is not None:
+            why = verdict(self.guards, self.clock(), self.gpu_monitor, self.plan)
+            if why is not None:
+                self.view.step(f"{why}: stopping the run")
+                raise GuardStopped(self.run_id, why)
+
+    def _holder_stopped(self) -> None:
+        why = holder_words(self.board, self.holder_guard)
+        if why is not None:
+            self.holder_ended_run = True  # the keeper told the run's end
+            self.tick(heartbeat=True, tolerate=True)  # the tasks' last lines
+            self.view.step(f"{self.holder} stopped the run: {why}")
+            raise GuardStopped(self.run_id, why, by=self.holder)
 
     def await_holder_end(self, within: float) -> bool:
         """A kept run whose awaited tasks succeeded: until its keeper ended it (evaluators'

@@ -176,7 +176,7 @@ def test_code_is_relative_to_the_inventory_not_the_cwd(
             "artifacts_to, checkpoint_dir, code, command, "
             "container_mounts, container_runtime, "
             "env, evaluator_failure, evaluator_grace, fanout, firewall, forward_env, framework, "
-            "image, image_from, installer, keeper, lease_seconds, max_restarts, "
+            "gpu_idle_stop, image, image_from, installer, keeper, lease_seconds, max_restarts, "
             "name, netcheck, notify, on_failure, port, profiler, profiler_port, python, "
             "require_tensorflow, requirements, restart_backoff, retry_exit_codes, role_commands, "
             "role_frameworks, role_images, role_requirements, "

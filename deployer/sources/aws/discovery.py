@@ -92,9 +92,8 @@ def discover_all(settings: AwsSettings, file: str, preview: bool = False) -> Dis
             seen[instance.id] = group.key
             instances.append(instance)
             hosts.append(host_of(instance, group, file, settings.metadata_url))
-    return Discovered(
-        hosts=tuple(hosts), instances=tuple(instances), table=instances_table(instances, where)
-    )
+    table = dataclasses.replace(instances_table(instances, where), max_cost=settings.max_cost)
+    return Discovered(hosts=tuple(hosts), instances=tuple(instances), table=table)
 
 
 def planned(group: HostGroup, running: int, *, start: int) -> list[Instance]:

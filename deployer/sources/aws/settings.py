@@ -99,6 +99,7 @@ class AwsSettings:
     max_launch: int = MAX_LAUNCH
     metadata_url: str = METADATA_URL  # how spot hosts reach their metadata service
     launch_timeout: float = 600.0  # running, host keys in the console, SSH answering
+    max_cost: float | None = None  # USD: a run stops when its instances cost this much
 
     @property
     def launches(self) -> bool:
@@ -134,9 +135,22 @@ def parse_settings(t: Table, context: SourceContext) -> AwsSettings:
         max_launch=t.integer("max_launch", MAX_LAUNCH, minimum=1, maximum=1000),
         metadata_url=_url(t, "metadata_url", METADATA_URL),
         launch_timeout=t.number("launch_timeout", 600.0, minimum=1.0) or 600.0,
+        max_cost=_max_cost(t),
     )
     t.finish()
     return settings
+
+
+def _max_cost(t: Table) -> float | None:
+    """`max_cost = 25.0`: USD above 0, what the run's instances may cost it (docs/aws.md)."""
+    value = t.number("max_cost", None)
+    if value is not None and value <= 0:
+        t.fail(
+            "max_cost",
+            f"expected what the run may cost in USD, above 0 (e.g. max_cost = 25.0), got {value:g}",
+            hint="leave max_cost out for no cap",
+        )
+    return value
 
 
 def _filters(g: Table) -> dict[str, tuple[str, ...]]:
