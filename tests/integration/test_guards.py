@@ -115,7 +115,11 @@ def _spot_instances(ec2: Any, lab: Lab, job: str) -> list[str]:
     asked for; its first Amazon image is Windows, which tfdeploy does not price)."""
     network = ipaddress.ip_network(f"{lab.hosts[0].address}/16", strict=False)
     vpc = ec2.create_vpc(CidrBlock=str(network))["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=str(network))["Subnet"]["SubnetId"]
+    # A zone moto has a spot price for: its history has none for us-east-1e, and a subnet
+    # without a zone lands in any of the six.
+    zone = f"{REGION}a"
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=str(network), AvailabilityZone=zone)
+    subnet_id = subnet["Subnet"]["SubnetId"]
     images = ec2.describe_images(Owners=["amazon"])["Images"]
     image = next(i["ImageId"] for i in images if i.get("Platform") != "windows")
     market = {"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time"}}
@@ -126,7 +130,7 @@ def _spot_instances(ec2: Any, lab: Lab, job: str) -> list[str]:
             MinCount=1,
             MaxCount=1,
             InstanceType="g5.xlarge",
-            SubnetId=subnet,
+            SubnetId=subnet_id,
             PrivateIpAddress=host.address,
             InstanceMarketOptions=market,
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
